@@ -1,0 +1,30 @@
+// Byte quantities: parsing "64MiB" / "4G" / "1.5GB" and printing 1.5 GiB. Sizes are always bytes
+// in std::size_t (suffix _bytes in names); element counts are never mixed in (suffix _elems).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace strata {
+
+inline constexpr std::size_t KiB = 1024;
+inline constexpr std::size_t MiB = 1024 * KiB;
+inline constexpr std::size_t GiB = 1024 * MiB;
+
+// Accepts an integer or decimal number followed by an optional unit: B, K/KiB/KB, M/MiB/MB,
+// G/GiB/GB, T/TiB/TB (K, M, G, T and the *iB forms are powers of 1024; KB, MB, GB, TB powers of
+// 1000), case-insensitive, optional space. Returns false on anything else.
+bool parse_bytes(std::string_view text, std::size_t* out_bytes);
+
+// Like parse_bytes but throws ConfigError naming `where` and the accepted forms.
+std::size_t parse_bytes_or_throw(std::string_view text, std::string_view where);
+
+// Counts with a metric suffix: "100M" -> 100'000'000, "1.5B"/"1.5G" -> 1'500'000'000, "10k".
+bool parse_count(std::string_view text, std::uint64_t* out);
+
+// "0 B", "512 B", "4.0 KiB", "1.50 GiB".
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace strata
