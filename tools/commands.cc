@@ -2,7 +2,6 @@
 #include "tools/commands.h"
 
 #include <cstdio>
-#include <map>
 
 #include <spdlog/spdlog.h>
 
@@ -10,32 +9,40 @@
 #include "core/log.h"
 
 namespace strata::tools {
-namespace {
-template <typename Register>
-void add(CLI::App& app, CommandTable& table, Register reg) {
-  CommandFn fn;
-  const std::size_t before = app.get_subcommands({}).size();
-  reg(app, &fn);
-  auto subs = app.get_subcommands({});
-  if (subs.size() > before) table[subs.back()] = std::move(fn);
-}
-}  // namespace
 
 void register_commands(CLI::App& app, CommandTable& table) {
-  add(app, table, register_doctor);
+  register_doctor(app, table);
+  register_eval(app, table);
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks, each beside its same-run yardstick");
+  bench->require_subcommand(1);
+  register_bench_io(*bench, table);
+  register_bench_adam(*bench, table);
+  register_bench_model(*bench, table);
 }
+
+namespace {
+// The innermost selected subcommand.
+const CLI::App* selected_leaf(const CLI::App& app) {
+  const CLI::App* node = &app;
+  for (;;) {
+    auto subs = node->get_subcommands();
+    if (subs.empty()) return node;
+    node = subs.front();
+  }
+}
+}  // namespace
 
 int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level) {
   try {
     LogOptions log;
     log.level = parse_log_level(log_level, "--log-level");
     init_logging(log);
-    for (CLI::App* sub : app.get_subcommands()) {
-      auto it = table.find(sub);
-      if (it != table.end() && it->second) return it->second();
+    auto it = table.find(selected_leaf(app));
+    if (it == table.end() || !it->second) {
+      std::fprintf(stderr, "strata: no command selected; see strata --help\n");
+      return 1;
     }
-    std::fprintf(stderr, "strata: no command selected; see strata --help\n");
-    return 1;
+    return it->second();
   } catch (const InternalError& e) {
     std::fprintf(stderr, "strata: internal error: %s\n", e.what());
     return 2;

@@ -1,5 +1,5 @@
-// Registration of the `strata` subcommands. Each command file provides a `register_X` that adds
-// its CLI11 subcommand and sets the function run when it is selected.
+// Registration of the `strata` subcommands. Each command file provides a `register_X(parent,
+// table)` that adds its CLI11 subcommand under `parent` and puts the function to run into `table`.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -12,15 +12,20 @@ namespace strata::tools {
 
 // The function a registered subcommand runs; returns the process exit code.
 using CommandFn = std::function<int()>;
-
 // Which function each subcommand runs; owned by main().
 using CommandTable = std::map<const CLI::App*, CommandFn>;
 
 void register_commands(CLI::App& app, CommandTable& table);
-// Runs the selected subcommand with logging set up; turns errors into one line and an exit code.
+// Runs the selected (innermost) subcommand with logging set up; turns errors into one line and
+// an exit code: 1 for bad input or a failed check of the environment, 2 for internal errors.
 int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level);
 
-// One per command file.
-void register_doctor(CLI::App& app, CommandFn* run);
+// One per command file (tools/<name>.cc).
+void register_doctor(CLI::App& app, CommandTable& table);
+void register_eval(CLI::App& app, CommandTable& table);
+// Under `strata bench` (tools/bench.cc creates the parent).
+void register_bench_io(CLI::App& bench, CommandTable& table);
+void register_bench_adam(CLI::App& bench, CommandTable& table);
+void register_bench_model(CLI::App& bench, CommandTable& table);
 
 }  // namespace strata::tools

@@ -6,11 +6,11 @@
 
 namespace strata::tools {
 
-void register_doctor(CLI::App& app, CommandFn* run) {
+void register_doctor(CLI::App& app, CommandTable& table) {
   auto* cmd = app.add_subcommand("doctor", "report what this machine offers an offload run");
   auto dir = std::make_shared<std::string>(".");
   cmd->add_option("--dir", *dir, "directory that will hold NVMe swap files");
-  *run = [dir] {
+  table[cmd] = [dir] {
     std::printf("strata doctor: (report not yet implemented) dir=%s\n", dir->c_str());
     return 0;
   };
