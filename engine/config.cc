@@ -1,0 +1,334 @@
+// Parsing of the training config (see engine/config.h).
+#include "engine/config.h"
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "engine/config_reader.h"
+
+namespace strata {
+namespace {
+
+constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 60;
+
+OffloadConfig parse_offload(ConfigReader r, bool is_param) {
+  OffloadConfig c;
+  std::string device = "none";
+  r.get_choice("device", &device, {"none", "cpu", "nvme"});
+  c.device = device == "cpu" ? OffloadDevice::Cpu : device == "nvme" ? OffloadDevice::Nvme : OffloadDevice::None;
+  r.get_string_list("nvme_path", &c.nvme_paths);
+  r.get_bool("pin_memory", &c.pin_memory);
+  r.get_int("buffer_count", &c.buffer_count, 1, 1024);
+  if (is_param) {
+    r.get_count("buffer_size", &c.buffer_size_elems, 1, kMaxCount);
+    r.get_count("max_in_cpu", &c.max_in_cpu_elems, 0, kMaxCount);
+  } else {
+    r.ignored("pipeline_read");   // Strata always pipelines NVMe reads and writes
+    r.ignored("pipeline_write");
+    r.ignored("fast_init");
+    r.unsupported("ratio", "partial optimizer offload is not implemented; offload all of it or none");
+  }
+  if (c.device == OffloadDevice::Nvme && c.nvme_paths.empty()) {
+    r.fail("nvme_path", "device is \"nvme\" but no nvme_path is given; set it to a directory on a local NVMe drive "
+                        "(or a list of directories, one per drive)");
+  }
+  for (const auto& p : c.nvme_paths) {
+    if (p.empty()) r.fail("nvme_path", "an empty directory name; give the directory that holds the swap files");
+  }
+  r.finish();
+  return c;
+}
+
+ZeroConfig parse_zero(ConfigReader r) {
+  ZeroConfig z;
+  r.get_int("stage", &z.stage, 0, 3);
+  z.offload_param = parse_offload(r.section("offload_param"), /*is_param=*/true);
+  z.offload_optimizer = parse_offload(r.section("offload_optimizer"), /*is_param=*/false);
+  r.get_count("sub_group_size", &z.sub_group_size_elems, 1, kMaxCount);
+  r.get_count("stage3_max_live_parameters", &z.max_live_parameters_elems, 0, kMaxCount);
+  r.get_count("stage3_prefetch_bucket_size", &z.prefetch_bucket_size_elems, 0, kMaxCount);
+  r.get_count("stage3_param_persistence_threshold", &z.param_persistence_threshold_elems, 0, kMaxCount);
+  r.get_count("stage3_max_reuse_distance", &z.max_reuse_distance_elems, 0, kMaxCount);
+  r.get_count("reduce_bucket_size", &z.reduce_bucket_size_elems, 1, kMaxCount);
+  r.get_count("allgather_bucket_size", &z.allgather_bucket_size_elems, 1, kMaxCount);
+  r.get_bool("overlap_comm", &z.overlap_comm);
+  r.get_bool("contiguous_gradients", &z.contiguous_gradients);
+  r.get_int("mics_shard_size", &z.sharding_factor, 0, 1 << 20);
+  r.ignored("reduce_scatter");
+  r.ignored("allgather_partitions");
+  r.ignored("round_robin_gradients");
+  r.ignored("stage3_gather_16bit_weights_on_model_save");  // --save-weights always gathers
+  r.ignored("stage3_gather_fp16_weights_on_model_save");
+  r.ignored("ignore_unused_parameters");
+  r.ignored("elastic_checkpoint");
+  r.ignored("memory_efficient_linear");
+  r.unsupported("cpu_offload", "use \"offload_optimizer\": {\"device\": \"cpu\"}");
+  r.unsupported("cpu_offload_params", "use \"offload_param\": {\"device\": \"cpu\"}");
+  r.unsupported("zero_hpz_partition_size", "use mics_shard_size for hybrid sharding");
+  r.unsupported("zero_quantized_weights", "quantized communication is not implemented");
+  r.unsupported("zero_quantized_gradients", "quantized communication is not implemented");
+  r.unsupported("zeropp_loco_param", "quantized communication is not implemented");
+  r.unsupported("mics_hierarchical_params_gather", "hierarchical gathers are not implemented");
+  r.unsupported("offload_param_ratio", "partial parameter offload is not implemented");
+  r.finish();
+  if (z.offload_param.device != OffloadDevice::None && z.stage != 3) {
+    r.fail("offload_param", fmt::format("parameter offload needs stage 3 (stage is {}); set zero_optimization.stage=3",
+                                        z.stage));
+  }
+  if (z.offload_optimizer.device != OffloadDevice::None && z.stage == 0) {
+    r.fail("offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3; set zero_optimization.stage");
+  }
+  return z;
+}
+
+AioConfig parse_aio(ConfigReader r) {
+  AioConfig a;
+  r.get_bytes("block_size", &a.block_size_bytes, 4096);
+  if (a.block_size_bytes % 4096 != 0) r.fail("block_size", "must be a multiple of 4096 bytes (O_DIRECT alignment)");
+  r.get_int("queue_depth", &a.queue_depth, 1, 4096);
+  r.get_int("thread_count", &a.thread_count, 1, 256);
+  r.get_bool("single_submit", &a.single_submit);
+  r.get_bool("overlap_events", &a.overlap_events);
+  r.get_choice("engine", &a.engine, {"auto", "io_uring", "threads"});
+  r.unsupported("use_gds", "GPUDirect Storage is not implemented; NVMe data goes through pinned host buffers");
+  r.finish();
+  return a;
+}
+
+OptimizerConfig parse_optimizer(ConfigReader r) {
+  OptimizerConfig o;
+  r.get_choice("type", &o.type, {"AdamW", "Adam", "SGD", "Lion", "adamw", "adam", "sgd", "lion"});
+  if (o.type == "adamw") o.type = "AdamW";
+  if (o.type == "adam") o.type = "Adam";
+  if (o.type == "sgd") o.type = "SGD";
+  if (o.type == "lion") o.type = "Lion";
+  if (o.type == "Lion") {
+    o.beta1 = 0.9;
+    o.beta2 = 0.99;
+  }
+  ConfigReader p = r.section("params");
+  p.get_double("lr", &o.lr, 0.0, 1e3);
+  nlohmann::json betas;
+  p.get_raw("betas", &betas);
+  if (!betas.is_null()) {
+    if (!betas.is_array() || betas.size() != 2 || !betas[0].is_number() || !betas[1].is_number()) {
+      p.fail("betas", "expected two numbers [beta1, beta2], e.g. [0.9, 0.999]");
+    }
+    o.beta1 = betas[0].get<double>();
+    o.beta2 = betas[1].get<double>();
+    if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1)) {
+      p.fail("betas", fmt::format("[{}, {}]: each beta must be in [0, 1)", o.beta1, o.beta2));
+    }
+  }
+  p.get_double("eps", &o.eps, std::numeric_limits<double>::min(), 1.0);
+  p.get_double("weight_decay", &o.weight_decay, 0.0, 1e3);
+  p.get_double("momentum", &o.momentum, 0.0, 0.999999);
+  p.get_bool("bias_correction", &o.bias_correction);
+  p.ignored("torch_adam");
+  p.ignored("adam_w_mode");
+  p.unsupported("amsgrad", "AMSGrad is not implemented");
+  p.finish();
+  r.unsupported("legacy_fusion", "not applicable");
+  r.finish();
+  return o;
+}
+
+SchedulerConfig parse_scheduler(ConfigReader r) {
+  SchedulerConfig s;
+  if (!r.has("type")) {
+    r.finish();
+    return s;
+  }
+  r.get_choice("type", &s.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
+  ConfigReader p = r.section("params");
+  p.get_double("warmup_min_lr", &s.warmup_min_lr, 0.0, 1e3);
+  p.get_double("warmup_max_lr", &s.warmup_max_lr, 0.0, 1e3);
+  p.get_int("warmup_num_steps", &s.warmup_num_steps, 0, std::numeric_limits<std::int64_t>::max());
+  p.get_int("total_num_steps", &s.total_num_steps, 0, std::numeric_limits<std::int64_t>::max());
+  p.get_choice("warmup_type", &s.warmup_type, {"log", "linear"});
+  p.get_double("cos_min_ratio", &s.cos_min_ratio, 0.0, 1.0);
+  p.finish();
+  if ((s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") && s.total_num_steps <= s.warmup_num_steps) {
+    p.fail("total_num_steps", fmt::format("{} must exceed warmup_num_steps ({}) for {}", s.total_num_steps,
+                                          s.warmup_num_steps, s.type));
+  }
+  r.finish();
+  return s;
+}
+
+StrataConfig parse_strata(ConfigReader r) {
+  StrataConfig s;
+  r.get_bool("exact", &s.exact);
+  r.get_count("seed", &s.seed, 0, std::numeric_limits<std::uint64_t>::max());
+  r.get_raw("model", &s.model);
+  if (!s.model.is_string() && !s.model.is_object()) r.fail("model", "expected a model name (e.g. \"tiny\") or an object of fields");
+  {
+    ConfigReader d = r.section("data");
+    d.get_string("train", &s.data.train);
+    d.get_string("validation", &s.data.validation);
+    d.get_choice("format", &s.data.format, {"auto", "text", "tokens"});
+    d.get_int("seq_len", &s.data.seq_len, 2, 1 << 20);
+    d.get_double("validation_fraction", &s.data.validation_fraction, 0.0, 0.5);
+    d.finish();
+  }
+  r.get_string("init_weights", &s.init_weights);
+  {
+    ConfigReader d = r.section("device");
+    std::string kind = "auto";
+    d.get_choice("kind", &kind, {"auto", "sim", "cuda"});
+    s.device.kind = kind == "sim" ? DeviceChoice::Sim : kind == "cuda" ? DeviceChoice::Cuda : DeviceChoice::Auto;
+    d.get_bytes("memory", &s.device.memory_bytes, 0);
+    d.get_double("h2d_gbps", &s.device.h2d_gbps, 0.0, 1e4);
+    d.get_double("d2h_gbps", &s.device.d2h_gbps, 0.0, 1e4);
+    d.get_double("latency_us", &s.device.latency_us, 0.0, 1e6);
+    d.finish();
+  }
+  {
+    ConfigReader c = r.section("checkpoint");
+    c.get_string("dir", &s.checkpoint.dir);
+    c.get_int("interval_steps", &s.checkpoint.interval_steps, 0, std::numeric_limits<std::int64_t>::max());
+    c.get_double("interval_minutes", &s.checkpoint.interval_minutes, 0.0, 1e7);
+    c.get_int("keep", &s.checkpoint.keep, 1, 1000);
+    c.finish();
+    if ((s.checkpoint.interval_steps > 0 || s.checkpoint.interval_minutes > 0) && s.checkpoint.dir.empty()) {
+      c.fail("dir", "a checkpoint interval is set but no directory; set strata.checkpoint.dir");
+    }
+  }
+  r.get_int("steps", &s.steps, 0, std::numeric_limits<std::int64_t>::max());
+  r.get_string("metrics", &s.metrics_path);
+  r.get_string("trace", &s.trace_path);
+  r.get_raw("tiling", &s.tiling);
+  if (!s.tiling.is_object()) r.fail("tiling", "expected an object of per-layer tiling settings");
+  r.finish();
+  return s;
+}
+
+}  // namespace
+
+std::string_view offload_device_name(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::None: return "none";
+    case OffloadDevice::Cpu: return "cpu";
+    case OffloadDevice::Nvme: return "nvme";
+  }
+  return "?";
+}
+
+std::string_view precision_name(Precision p) {
+  switch (p) {
+    case Precision::Fp32: return "fp32";
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp16: return "fp16";
+  }
+  return "?";
+}
+
+TrainConfig parse_train_config(const nlohmann::json& root, const std::string& source) {
+  ConfigReader r(root, source);
+  TrainConfig c;
+  c.source = source;
+  c.raw = root;
+  r.get_int("train_micro_batch_size_per_gpu", &c.micro_batch_size, 1, 1 << 20);
+  r.get_int("gradient_accumulation_steps", &c.gradient_accumulation_steps, 1, 1 << 20);
+  r.get_int("train_batch_size", &c.train_batch_size, 0, std::numeric_limits<std::int64_t>::max());
+  r.get_double("gradient_clipping", &c.gradient_clipping, 0.0, 1e12);
+  r.get_int("steps_per_print", &c.steps_per_print, 1, 1 << 30);
+
+  bool bf16 = false;
+  bool fp16 = false;
+  {
+    ConfigReader b = r.section("bf16");
+    b.get_bool("enabled", &bf16);
+    b.ignored("immediate_grad_update");
+    b.finish();
+  }
+  {
+    ConfigReader f = r.section("fp16");
+    f.get_bool("enabled", &fp16);
+    f.get_double("loss_scale", &c.fp16.loss_scale, 0.0, 1e38);
+    f.get_int("initial_scale_power", &c.fp16.initial_scale_power, 0, 127);
+    f.get_int("loss_scale_window", &c.fp16.loss_scale_window, 1, 1 << 30);
+    f.get_int("hysteresis", &c.fp16.hysteresis, 1, 1 << 20);
+    f.get_bool("consecutive_hysteresis", &c.fp16.consecutive_hysteresis);
+    f.get_double("min_loss_scale", &c.fp16.min_loss_scale, 0.0, 1e38);
+    f.ignored("auto_cast");
+    f.finish();
+  }
+  if (bf16 && fp16) r.fail("fp16", "fp16.enabled and bf16.enabled are both true; enable at most one");
+  c.precision = bf16 ? Precision::Bf16 : fp16 ? Precision::Fp16 : Precision::Fp32;
+
+  c.zero = parse_zero(r.section("zero_optimization"));
+  c.aio = parse_aio(r.section("aio"));
+  c.optimizer = parse_optimizer(r.section("optimizer"));
+  c.scheduler = parse_scheduler(r.section("scheduler"));
+  c.strata = parse_strata(r.section("strata"));
+
+  r.ignored("wall_clock_breakdown");
+  r.ignored("zero_allow_untested_optimizer");
+  r.ignored("memory_breakdown");
+  r.ignored("dump_state");
+  const char* not_here = "it is not part of Strata";
+  r.unsupported("amp", "use bf16 or fp16 (Strata has no apex/amp mode)");
+  r.unsupported("activation_checkpointing", "set strata.model.checkpoint_activations=true instead");
+  r.unsupported("pipeline", "pipeline parallelism is not implemented");
+  r.unsupported("tensor_parallel", "tensor parallelism is not implemented");
+  r.unsupported("flops_profiler", not_here);
+  r.unsupported("tensorboard", "use strata.metrics (JSON lines) instead");
+  r.unsupported("wandb", "use strata.metrics (JSON lines) instead");
+  r.unsupported("csv_monitor", "use strata.metrics (JSON lines) instead");
+  r.unsupported("comms_logger", not_here);
+  r.unsupported("compression_training", not_here);
+  r.unsupported("sparse_attention", not_here);
+  r.unsupported("elasticity", not_here);
+  r.unsupported("data_efficiency", not_here);
+  r.unsupported("curriculum_learning", not_here);
+  r.unsupported("autotuning", not_here);
+  r.unsupported("communication_data_type", "Strata communicates in the working dtype (fp32 in exact mode)");
+  r.unsupported("prescale_gradients", "gradients are averaged after reduction");
+  r.unsupported("gradient_predivide_factor", "gradients are averaged after reduction");
+  r.unsupported("sparse_gradients", not_here);
+  r.finish();
+
+  if (c.strata.exact && c.precision != Precision::Fp32) {
+    throw ConfigError(fmt::format("{}: strata.exact is true but {} is enabled; exact mode is fp32 everywhere: disable "
+                                  "{}.enabled or set strata.exact=false",
+                                  source, precision_name(c.precision), precision_name(c.precision)));
+  }
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) {
+    throw ConfigError(fmt::format("config file '{}' cannot be opened: {}; pass an existing file with --config", path,
+                                  errno_text(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.byte is the offset of the error; turn it into line:column.
+    const std::string s = text.str();
+    std::size_t line = 1, column = 1;
+    for (std::size_t i = 0; i + 1 < e.byte && i < s.size(); ++i) {
+      if (s[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    throw ConfigError(fmt::format("config file '{}' is not valid JSON at line {}, column {}: {}", path, line, column,
+                                  e.what()));
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+  return parse_train_config(root, overrides.empty() ? path : fmt::format("{} (with --set)", path));
+}
+
+}  // namespace strata

@@ -1,0 +1,150 @@
+// The training config: a DeepSpeed-style JSON (DESIGN.md, "Interfaces people already know") plus a
+// `strata` section, parsed into typed, validated structs.
+//
+// Units follow DeepSpeed where DeepSpeed has the key: stage3_* sizes, sub_group_size and bucket
+// sizes are element counts (suffix _elems); aio.block_size and the strata.* sizes are bytes.
+// Unknown keys fail with the nearest known key; DeepSpeed keys that Strata does not support fail
+// saying so (engine/config_reader.h). Numbers given as "auto" keep the default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace strata {
+
+enum class OffloadDevice { None, Cpu, Nvme };
+enum class DeviceChoice { Auto, Sim, Cuda };
+enum class Precision { Fp32, Bf16, Fp16 };
+
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::None;
+  std::vector<std::string> nvme_paths;  // nvme_path: one directory per drive; striped over all
+  bool pin_memory = true;
+  int buffer_count = 4;
+  std::uint64_t buffer_size_elems = 100'000'000;  // offload_param.buffer_size
+  std::uint64_t max_in_cpu_elems = 1'000'000'000;
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  OffloadConfig offload_param;
+  OffloadConfig offload_optimizer;
+  std::uint64_t sub_group_size_elems = 1'000'000'000;
+  std::uint64_t max_live_parameters_elems = 1'000'000'000;   // stage3_max_live_parameters
+  std::uint64_t prefetch_bucket_size_elems = 50'000'000;     // stage3_prefetch_bucket_size
+  std::uint64_t param_persistence_threshold_elems = 100'000;  // stage3_param_persistence_threshold
+  std::uint64_t max_reuse_distance_elems = 1'000'000'000;
+  std::uint64_t reduce_bucket_size_elems = 500'000'000;
+  std::uint64_t allgather_bucket_size_elems = 500'000'000;
+  bool overlap_comm = true;
+  bool contiguous_gradients = true;
+  int sharding_factor = 0;  // mics_shard_size: 0 = shard over the whole world
+};
+
+struct AioConfig {
+  std::uint64_t block_size_bytes = 1 << 20;
+  int queue_depth = 32;
+  int thread_count = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+  std::string engine = "auto";  // strata extension: auto | io_uring | threads
+};
+
+struct LossScaleConfig {
+  double loss_scale = 0;  // 0: dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // AdamW | Adam | SGD | Lion
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;  // SGD
+  bool bias_correction = true;
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (constant) | WarmupLR | WarmupDecayLR | WarmupCosineLR
+  double warmup_min_lr = 0;
+  double warmup_max_lr = 1e-3;
+  std::int64_t warmup_num_steps = 1000;
+  std::int64_t total_num_steps = 0;
+  std::string warmup_type = "log";
+  double cos_min_ratio = 0.0001;
+};
+
+struct DeviceConfig {
+  DeviceChoice kind = DeviceChoice::Auto;
+  std::uint64_t memory_bytes = 0;  // sim: the capacity (required); cuda: an optional cap
+  double h2d_gbps = 0;            // sim: modeled link; 0 = memcpy speed
+  double d2h_gbps = 0;
+  double latency_us = 0;
+};
+
+struct CheckpointConfig {
+  std::string dir;
+  std::int64_t interval_steps = 0;
+  double interval_minutes = 0;
+  int keep = 2;
+};
+
+struct DataConfig {
+  std::string train = "fortunes";  // "fortunes", a text file, or a token file
+  std::string validation;
+  std::string format = "auto";     // auto | text | tokens
+  int seq_len = 64;
+  double validation_fraction = 0.1;  // for corpora split by Strata
+};
+
+struct StrataConfig {
+  bool exact = false;
+  std::uint64_t seed = 1234;
+  nlohmann::json model = "tiny";  // a name or an object of fields; interpreted by models/
+  DataConfig data;
+  std::string init_weights;
+  DeviceConfig device;
+  CheckpointConfig checkpoint;
+  std::int64_t steps = 100;
+  std::string metrics_path;  // JSON lines, one per step
+  std::string trace_path;    // Chrome-trace JSON
+  nlohmann::json tiling = nlohmann::json::object();  // interpreted by the tiling code
+};
+
+struct TrainConfig {
+  std::string source;  // the file the config came from, for messages
+  int micro_batch_size = 1;  // train_micro_batch_size_per_gpu
+  int gradient_accumulation_steps = 1;
+  std::int64_t train_batch_size = 0;  // 0: derived; else must equal micro * accum * data-parallel world
+  double gradient_clipping = 0;       // 0: off
+  int steps_per_print = 1;
+  Precision precision = Precision::Fp32;
+  LossScaleConfig fp16;
+  ZeroConfig zero;
+  AioConfig aio;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  StrataConfig strata;
+  nlohmann::json raw;  // the config after overrides, as written into checkpoints
+};
+
+// Parses `root` (after overrides). `source` names the file in messages. Throws ConfigError.
+TrainConfig parse_train_config(const nlohmann::json& root, const std::string& source);
+
+// Reads a JSON file (with a clear error for a missing file or bad JSON, with line and column),
+// applies `overrides` ("key.path=value"), and parses it.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+std::string_view offload_device_name(OffloadDevice d);
+std::string_view precision_name(Precision p);
+
+}  // namespace strata

@@ -1,0 +1,257 @@
+// ConfigReader (see engine/config_reader.h).
+#include "engine/config_reader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace strata {
+namespace {
+
+std::string describe(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return fmt::format("{} {}", v.type_name(), text);
+}
+
+bool is_auto(const nlohmann::json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+}  // namespace
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+ConfigReader::ConfigReader(const nlohmann::json& object, std::string source, std::string path)
+    : object_(object.is_null() ? nlohmann::json::object() : object), source_(std::move(source)), path_(std::move(path)) {
+  if (!object_.is_object()) {
+    throw ConfigError(fmt::format("{}: '{}' must be an object, found {}", source_, path_.empty() ? "<top>" : path_,
+                                  describe(object_)));
+  }
+}
+
+std::string ConfigReader::key_path(std::string_view key) const {
+  return path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key);
+}
+
+void ConfigReader::fail(std::string_view key, std::string_view problem) const {
+  throw ConfigError(fmt::format("{}: {}: {}", source_, key_path(key), problem));
+}
+
+bool ConfigReader::has(std::string_view key) const { return object_.contains(std::string(key)); }
+
+const nlohmann::json* ConfigReader::find(std::string_view key) {
+  known_.emplace(key);
+  auto it = object_.find(std::string(key));
+  if (it == object_.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+void ConfigReader::get_bool(std::string_view key, bool* out) {
+  const auto* v = find(key);
+  if (v == nullptr) return;
+  if (!v->is_boolean()) fail(key, fmt::format("expected true or false, found {}", describe(*v)));
+  *out = v->get<bool>();
+}
+
+void ConfigReader::get_int(std::string_view key, std::int64_t* out, std::int64_t min, std::int64_t max) {
+  const auto* v = find(key);
+  if (v == nullptr || is_auto(*v)) return;
+  std::int64_t value = 0;
+  if (v->is_number_integer()) {
+    value = v->get<std::int64_t>();
+  } else if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
+             std::fabs(v->get<double>()) < 9e18) {
+    value = static_cast<std::int64_t>(v->get<double>());
+  } else {
+    fail(key, fmt::format("expected an integer, found {}", describe(*v)));
+  }
+  if (value < min || value > max) fail(key, fmt::format("{} is out of range; allowed {}..{}", value, min, max));
+  *out = value;
+}
+
+void ConfigReader::get_int(std::string_view key, int* out, int min, int max) {
+  std::int64_t value = *out;
+  get_int(key, &value, min, max);
+  *out = static_cast<int>(value);
+}
+
+void ConfigReader::get_count(std::string_view key, std::uint64_t* out, std::uint64_t min, std::uint64_t max) {
+  const auto* v = find(key);
+  if (v == nullptr || is_auto(*v)) return;
+  double value = 0;
+  if (v->is_number()) {
+    value = v->get<double>();
+    if (v->is_number_unsigned()) value = static_cast<double>(v->get<std::uint64_t>());
+  } else if (v->is_string()) {
+    std::uint64_t parsed = 0;
+    const std::string text = v->get<std::string>();
+    char* end = nullptr;
+    const double d = std::strtod(text.c_str(), &end);
+    if (end != nullptr && *end == '\0' && !text.empty()) {
+      value = d;
+    } else if (parse_count(text, &parsed)) {
+      value = static_cast<double>(parsed);
+    } else {
+      fail(key, fmt::format("expected a count such as 1e9 or 500M, found {}", describe(*v)));
+    }
+  } else {
+    fail(key, fmt::format("expected a count such as 1e9 or 500M, found {}", describe(*v)));
+  }
+  if (!(value >= 0) || std::floor(value) != value || value > 1.8e19) {
+    fail(key, fmt::format("expected a non-negative whole count, found {}", describe(*v)));
+  }
+  const auto count = static_cast<std::uint64_t>(value);
+  if (count < min || count > max) fail(key, fmt::format("{} is out of range; allowed {}..{}", count, min, max));
+  *out = count;
+}
+
+void ConfigReader::get_double(std::string_view key, double* out, double min, double max) {
+  const auto* v = find(key);
+  if (v == nullptr || is_auto(*v)) return;
+  if (!v->is_number()) fail(key, fmt::format("expected a number, found {}", describe(*v)));
+  const double value = v->get<double>();
+  if (!std::isfinite(value) || value < min || value > max) {
+    fail(key, fmt::format("{} is out of range; allowed {}..{}", value, min, max));
+  }
+  *out = value;
+}
+
+void ConfigReader::get_bytes(std::string_view key, std::uint64_t* out, std::uint64_t min) {
+  const auto* v = find(key);
+  if (v == nullptr || is_auto(*v)) return;
+  std::size_t bytes = 0;
+  if (v->is_number_unsigned() || (v->is_number_integer() && v->get<std::int64_t>() >= 0)) {
+    bytes = v->get<std::uint64_t>();
+  } else if (v->is_number_float() && v->get<double>() >= 0 && std::floor(v->get<double>()) == v->get<double>()) {
+    bytes = static_cast<std::size_t>(v->get<double>());
+  } else if (!v->is_string() || !parse_bytes(v->get<std::string>(), &bytes)) {
+    fail(key, fmt::format("expected a byte size such as 67108864 or \"64MiB\", found {}", describe(*v)));
+  }
+  if (bytes < min) fail(key, fmt::format("{} is too small; at least {}", format_bytes(bytes), format_bytes(min)));
+  *out = bytes;
+}
+
+void ConfigReader::get_string(std::string_view key, std::string* out) {
+  const auto* v = find(key);
+  if (v == nullptr) return;
+  if (!v->is_string()) fail(key, fmt::format("expected a string, found {}", describe(*v)));
+  *out = v->get<std::string>();
+}
+
+void ConfigReader::get_choice(std::string_view key, std::string* out, const std::vector<std::string>& allowed) {
+  std::string value = *out;
+  get_string(key, &value);
+  if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+    fail(key, fmt::format("'{}' is not one of: {}", value, fmt::join(allowed, ", ")));
+  }
+  *out = value;
+}
+
+void ConfigReader::get_string_list(std::string_view key, std::vector<std::string>* out) {
+  const auto* v = find(key);
+  if (v == nullptr) return;
+  if (v->is_string()) {
+    *out = {v->get<std::string>()};
+    return;
+  }
+  if (!v->is_array()) fail(key, fmt::format("expected a string or a list of strings, found {}", describe(*v)));
+  std::vector<std::string> values;
+  for (const auto& item : *v) {
+    if (!item.is_string()) fail(key, fmt::format("expected a list of strings, found an element {}", describe(item)));
+    values.push_back(item.get<std::string>());
+  }
+  *out = std::move(values);
+}
+
+void ConfigReader::get_raw(std::string_view key, nlohmann::json* out) {
+  const auto* v = find(key);
+  if (v != nullptr) *out = *v;
+}
+
+ConfigReader ConfigReader::section(std::string_view key) {
+  const auto* v = find(key);
+  if (v != nullptr && !v->is_object()) fail(key, fmt::format("expected an object {{...}}, found {}", describe(*v)));
+  return ConfigReader(v != nullptr ? *v : nlohmann::json::object(), source_, key_path(key));
+}
+
+void ConfigReader::unsupported(std::string_view key, std::string_view advice) {
+  known_.emplace(key);
+  if (has(key)) fail(key, fmt::format("this DeepSpeed key is not supported by Strata; {}", advice));
+}
+
+void ConfigReader::ignored(std::string_view key) {
+  if (find(key) != nullptr) spdlog::debug("{}: {}: accepted for DeepSpeed compatibility, no effect", source_, key_path(key));
+}
+
+void ConfigReader::finish() const {
+  for (const auto& [key, value] : object_.items()) {
+    if (known_.count(key) != 0) continue;
+    std::string best;
+    std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+    for (const auto& candidate : known_) {
+      const std::size_t d = edit_distance(key, candidate);
+      if (d < best_distance) {
+        best_distance = d;
+        best = candidate;
+      }
+    }
+    std::string hint;
+    if (!best.empty() && best_distance <= std::max<std::size_t>(3, key.size() / 3)) {
+      hint = fmt::format("; did you mean '{}'?", best);
+    } else if (!known_.empty()) {
+      std::vector<std::string> names(known_.begin(), known_.end());
+      hint = fmt::format("; known keys here: {}", fmt::join(names, ", "));
+    }
+    fail(key, fmt::format("unknown key{}", hint));
+  }
+}
+
+void apply_override(nlohmann::json& root, std::string_view assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0) {
+    throw ConfigError(fmt::format("--set '{}': expected key.path=value, e.g. --set zero_optimization.stage=3", assignment));
+  }
+  const std::string path(assignment.substr(0, eq));
+  const std::string text(assignment.substr(eq + 1));
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;
+
+  nlohmann::json* node = &root;
+  std::size_t start = 0;
+  for (;;) {
+    const auto dot = path.find('.', start);
+    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) throw ConfigError(fmt::format("--set '{}': empty key in the path '{}'", assignment, path));
+    if (!node->is_object()) {
+      throw ConfigError(fmt::format("--set '{}': '{}' is not an object, so it has no key '{}'", assignment,
+                                    path.substr(0, start > 0 ? start - 1 : 0), part));
+    }
+    if (dot == std::string::npos) {
+      (*node)[part] = value;
+      return;
+    }
+    nlohmann::json& child = (*node)[part];
+    if (child.is_null()) child = nlohmann::json::object();
+    node = &child;
+    start = dot + 1;
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,78 @@
+// ConfigReader: walks a JSON config object and reads typed, validated fields out of it.
+//
+// The set of known keys of a section is exactly the set of keys the code asks for, so the schema
+// cannot drift from the parser. finish() then reports any key nobody asked for as an error naming
+// its full path and the nearest known key ("zero_optimization.stgae: unknown key; did you mean
+// 'stage'?"). Keys that DeepSpeed has and Strata deliberately does not support are declared with
+// unsupported(), and produce a message saying so and what to use instead.
+//
+// Every error is a ConfigError naming the config file, the key path, what was found and what is
+// allowed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace strata {
+
+class ConfigReader {
+ public:
+  // `source` names the file (or "--set") in messages; `path` is the key path of `object` ("" at top).
+  ConfigReader(const nlohmann::json& object, std::string source, std::string path = "");
+
+  bool has(std::string_view key) const;
+
+  // Each getter marks `key` as known. When the key is absent (or, for numbers, "auto") the output
+  // keeps its current value, which is the default.
+  void get_bool(std::string_view key, bool* out);
+  void get_int(std::string_view key, std::int64_t* out, std::int64_t min, std::int64_t max);
+  void get_int(std::string_view key, int* out, int min, int max);
+  // Element counts and similar: accepts 1e9, 1000000000, "1e9", "auto".
+  void get_count(std::string_view key, std::uint64_t* out, std::uint64_t min, std::uint64_t max);
+  void get_double(std::string_view key, double* out, double min, double max);
+  // Byte sizes: accepts a number of bytes or a string like "64MiB".
+  void get_bytes(std::string_view key, std::uint64_t* out, std::uint64_t min = 0);
+  void get_string(std::string_view key, std::string* out);
+  void get_choice(std::string_view key, std::string* out, const std::vector<std::string>& allowed);
+  void get_string_list(std::string_view key, std::vector<std::string>* out);
+  // Any JSON value, kept raw for a higher layer to interpret (e.g. strata.model).
+  void get_raw(std::string_view key, nlohmann::json* out);
+
+  // A nested object; absent -> an empty object, so defaults apply. Wrong type -> error.
+  ConfigReader section(std::string_view key);
+
+  // A DeepSpeed key Strata does not support: present -> error with `advice`.
+  void unsupported(std::string_view key, std::string_view advice);
+  // A DeepSpeed key accepted for compatibility but without effect in Strata (logged at debug).
+  void ignored(std::string_view key);
+
+  // Throws for any key of this object nobody asked for. Call after all getters and sections.
+  void finish() const;
+
+  std::string key_path(std::string_view key) const;
+  [[noreturn]] void fail(std::string_view key, std::string_view problem) const;
+
+ private:
+  const nlohmann::json* find(std::string_view key);
+
+  nlohmann::json object_;
+  std::string source_;
+  std::string path_;
+  std::set<std::string, std::less<>> known_;
+};
+
+// Edit distance, for "did you mean" suggestions.
+std::size_t edit_distance(std::string_view a, std::string_view b);
+
+// Applies `key.path=value` to `root`: value is parsed as JSON when it is valid JSON (numbers, true,
+// false, null, arrays, objects, quoted strings), else taken as a plain string. Intermediate objects
+// are created. Throws ConfigError naming the override when the path crosses a non-object.
+void apply_override(nlohmann::json& root, std::string_view assignment);
+
+}  // namespace strata

@@ -1,0 +1,195 @@
+// Tests of the training config parser: defaults, every error kind the issue names (unknown key with
+// the nearest known key, wrong type, out of range, unsupported DeepSpeed key), --set overrides.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "engine/config.h"
+#include "engine/config_reader.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+
+// Parses and returns the ConfigError message, or "" if parsing succeeded.
+std::string error_of(const json& j) {
+  try {
+    parse_train_config(j, "test.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsFromEmptyObject) {
+  const TrainConfig c = parse_train_config(json::object(), "test.json");
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_EQ(c.micro_batch_size, 1);
+  EXPECT_EQ(c.precision, Precision::Fp32);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::None);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_EQ(c.strata.model, "tiny");
+}
+
+TEST(Config, FullDeepSpeedStyleConfig) {
+  const json j = json::parse(R"({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "sub_group_size": 1e8, "stage3_max_live_parameters": "auto",
+      "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e4,
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp/a", "buffer_count": 5, "buffer_size": 1e8},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ["/tmp/a", "/tmp/b"], "pipeline_read": true}},
+    "aio": {"block_size": 1048576, "queue_depth": 16},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 3e-4}},
+    "strata": {"seed": 7, "model": {"arch": "gpt2", "n_layer": 2}, "device": {"kind": "sim", "memory": "64MiB"},
+               "data": {"seq_len": 128}, "checkpoint": {"dir": "ck", "interval_steps": 20, "keep": 3}}
+  })");
+  const TrainConfig c = parse_train_config(j, "test.json");
+  EXPECT_EQ(c.micro_batch_size, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_EQ(c.precision, Precision::Bf16);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_EQ(c.zero.sub_group_size_elems, 100'000'000u);
+  EXPECT_EQ(c.zero.max_live_parameters_elems, 1'000'000'000u);  // "auto" keeps the default
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::Nvme);
+  ASSERT_EQ(c.zero.offload_optimizer.nvme_paths.size(), 2u);
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_paths[1], "/tmp/b");
+  EXPECT_EQ(c.aio.queue_depth, 16);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_EQ(c.strata.device.kind, DeviceChoice::Sim);
+  EXPECT_EQ(c.strata.device.memory_bytes, 64u << 20);
+  EXPECT_EQ(c.strata.data.seq_len, 128);
+  EXPECT_EQ(c.strata.checkpoint.keep, 3);
+  EXPECT_EQ(c.strata.model["n_layer"], 2);
+}
+
+TEST(Config, UnknownKeyNamesPathAndNearestKey) {
+  const std::string msg = error_of(json::parse(R"({"zero_optimization": {"stgae": 3}})"));
+  EXPECT_NE(msg.find("test.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("zero_optimization.stgae"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean 'stage'"), std::string::npos) << msg;
+
+  const std::string top = error_of(json::parse(R"({"train_micro_batch_size_per_gpuu": 3})"));
+  EXPECT_NE(top.find("did you mean 'train_micro_batch_size_per_gpu'"), std::string::npos) << top;
+
+  const std::string nested = error_of(json::parse(R"({"strata": {"device": {"memroy": "1GiB"}}})"));
+  EXPECT_NE(nested.find("strata.device.memroy"), std::string::npos) << nested;
+  EXPECT_NE(nested.find("'memory'"), std::string::npos) << nested;
+}
+
+TEST(Config, WrongTypeSaysWhatWasFound) {
+  const std::string msg = error_of(json::parse(R"({"zero_optimization": {"stage": "three"}})"));
+  EXPECT_NE(msg.find("zero_optimization.stage"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected an integer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("three"), std::string::npos) << msg;
+
+  const std::string section = error_of(json::parse(R"({"zero_optimization": 3})"));
+  EXPECT_NE(section.find("expected an object"), std::string::npos) << section;
+
+  const std::string boolean = error_of(json::parse(R"({"bf16": {"enabled": "yes"}})"));
+  EXPECT_NE(boolean.find("bf16.enabled"), std::string::npos) << boolean;
+  EXPECT_NE(boolean.find("true or false"), std::string::npos) << boolean;
+}
+
+TEST(Config, OutOfRangeSaysTheRange) {
+  const std::string msg = error_of(json::parse(R"({"zero_optimization": {"stage": 4}})"));
+  EXPECT_NE(msg.find("out of range"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0..3"), std::string::npos) << msg;
+
+  EXPECT_NE(error_of(json::parse(R"({"optimizer": {"params": {"betas": [0.9, 1.0]}}})")).find("[0, 1)"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"optimizer": {"params": {"eps": 0}}})")).find("optimizer.params.eps"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"optimizer": {"params": {"lr": -1}}})")).find("out of range"), std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"aio": {"block_size": 5000}})")).find("multiple of 4096"), std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"device": {"memory": "lots"}}})")).find("byte size"),
+            std::string::npos);
+}
+
+TEST(Config, UnsupportedDeepSpeedKeySaysSo) {
+  const std::string msg = error_of(json::parse(R"({"zero_optimization": {"cpu_offload": true}})"));
+  EXPECT_NE(msg.find("not supported by Strata"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offload_optimizer"), std::string::npos) << msg;
+  EXPECT_NE(error_of(json::parse(R"({"aio": {"use_gds": true}})")).find("GPUDirect"), std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"pipeline": {}})")).find("not supported"), std::string::npos);
+}
+
+TEST(Config, ConsistencyChecks) {
+  EXPECT_NE(error_of(json::parse(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})")).find("at most one"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"zero_optimization": {"offload_param": {"device": "cpu"}}})")).find("stage 3"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"))
+                .find("nvme_path"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"exact": true}, "bf16": {"enabled": true}})")).find("exact"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"checkpoint": {"interval_steps": 5}}})")).find("strata.checkpoint.dir"),
+            std::string::npos);
+}
+
+TEST(Config, OverridesSetNestedValues) {
+  json root = json::parse(R"({"zero_optimization": {"stage": 1}})");
+  apply_override(root, "zero_optimization.stage=3");
+  apply_override(root, "strata.device.memory=64MiB");
+  apply_override(root, "bf16.enabled=true");
+  apply_override(root, "zero_optimization.offload_optimizer.nvme_path=[\"/a\",\"/b\"]");
+  EXPECT_EQ(root["zero_optimization"]["stage"], 3);
+  EXPECT_EQ(root["strata"]["device"]["memory"], "64MiB");
+  EXPECT_EQ(root["bf16"]["enabled"], true);
+  EXPECT_EQ(root["zero_optimization"]["offload_optimizer"]["nvme_path"].size(), 2u);
+}
+
+TEST(Config, BadOverridesAreRejected) {
+  json root = json::parse(R"({"zero_optimization": {"stage": 1}})");
+  EXPECT_THROW(apply_override(root, "novalue"), ConfigError);
+  EXPECT_THROW(apply_override(root, "=3"), ConfigError);
+  EXPECT_THROW(apply_override(root, "zero_optimization..stage=3"), ConfigError);
+  try {
+    apply_override(root, "zero_optimization.stage.x=1");
+    FAIL() << "crossing a number must fail";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not an object"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Config, LoadFileReportsMissingFileAndBadJsonWithLine) {
+  try {
+    load_train_config("/nonexistent/strata.json", {});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/strata.json"), std::string::npos);
+  }
+  const std::string path = testing::TempDir() + "/bad_config.json";
+  {
+    std::ofstream out(path);
+    out << "{\n  \"zero_optimization\": {\n    \"stage\": 3,\n  }\n}\n";
+  }
+  try {
+    load_train_config(path, {});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("line 4"), std::string::npos) << e.what();
+  }
+  {
+    std::ofstream out(path);
+    out << "{\"zero_optimization\": {\"stage\": 1}}\n";
+  }
+  const TrainConfig c = load_train_config(path, {"zero_optimization.stage=2"});
+  EXPECT_EQ(c.zero.stage, 2);
+  std::remove(path.c_str());
+}
+
+TEST(Config, EditDistance) {
+  EXPECT_EQ(edit_distance("stage", "stage"), 0u);
+  EXPECT_EQ(edit_distance("stgae", "stage"), 2u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+}
+
+}  // namespace
+}  // namespace strata
