@@ -8,13 +8,18 @@
 //    STRATA_CHECK family below, which throws InternalError carrying file:line, the failing call or
 //    condition, and the library's error code and text. The CUDA/cuBLAS/NCCL members live in
 //    core/cuda_check.h so that host-only code never includes CUDA headers.
+//
+// In CUDA translation units (.cu) fmt is not included (nvcc's front end cannot evaluate fmt's
+// consteval format checks), so there STRATA_CHECK takes a plain message string without arguments.
 #pragma once
 
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
+#if !defined(__CUDACC__)
 #include <fmt/format.h>
+#endif
 
 namespace strata {
 
@@ -75,12 +80,21 @@ std::string errno_text(int err);
 }  // namespace strata
 
 // STRATA_CHECK(cond, fmt, args...): throws InternalError("file:line: check failed: cond: message").
+#if defined(__CUDACC__)
+#define STRATA_CHECK(cond, message)                                                      \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      ::strata::detail::check_failed(__FILE__, __LINE__, #cond, message);                \
+    }                                                                                    \
+  } while (0)
+#else
 #define STRATA_CHECK(cond, ...)                                                          \
   do {                                                                                   \
     if (!(cond)) [[unlikely]] {                                                          \
       ::strata::detail::check_failed(__FILE__, __LINE__, #cond, ::fmt::format(__VA_ARGS__)); \
     }                                                                                    \
   } while (0)
+#endif
 
 // STRATA_CHECK_ERRNO(call): for POSIX calls returning -1 and setting errno. Evaluates to the result.
 #define STRATA_CHECK_ERRNO(call)                                                         \

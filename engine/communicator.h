@@ -1,0 +1,79 @@
+// Communicator: the collectives ZeRO needs, each enqueued on a device stream (DESIGN.md, "engine").
+//
+// Backends: `local` (one rank: collectives are copies), `mpi` (OpenMPI over host memory, used with
+// the sim device, whose device memory is host memory), and `nccl` (cuda device; the unique id is
+// broadcast over MPI). Multi-rank runs start with `mpirun -np N strata train ...`.
+//
+// Note [Deterministic reduction]: in exact mode every sum across ranks is taken in one fixed order,
+// a pairwise tree over rank indices ((r0 + r1) + (r2 + r3)), computed identically on every rank and
+// independent of the transport's algorithm. reduce_scatter is done as an exchange (each rank
+// receives every rank's copy of its chunk) followed by that tree sum; all_reduce is reduce_scatter
+// followed by all_gather. The engine builds the whole gradient sum on the same tree (over
+// micro-batch units), so world sizes 1, 2 and 4 give the same bits. In fast mode the transport's
+// own reductions are used.
+//
+// Ordering rule (as NCCL's): collectives of one communicator must be issued in the same order on
+// every rank; enqueue them on one stream, or order the streams with events.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/device/device.h"
+#include "core/dtype.h"
+
+namespace strata {
+
+enum class ReduceOp { Sum, Max };
+enum class ReductionOrder { Fast, Deterministic };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string backend() const = 0;
+
+  // recv holds world_size * count elements: rank r's `send` lands at recv + r * count.
+  virtual void all_gather(const void* send, void* recv, std::size_t count_elems, DType dtype, Stream& stream) = 0;
+  // send holds world_size * recv_count elements; rank r receives the reduction of chunk r.
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t recv_count_elems, DType dtype, ReduceOp op,
+                              Stream& stream) = 0;
+  virtual void all_reduce(const void* send, void* recv, std::size_t count_elems, DType dtype, ReduceOp op,
+                          Stream& stream) = 0;
+  virtual void broadcast(void* buffer, std::size_t count_elems, DType dtype, int root, Stream& stream) = 0;
+  // Blocks the host until every rank of this communicator has reached the barrier.
+  virtual void barrier() = 0;
+  // Host-side reductions of small scalars (loss, overflow flags, norms), always deterministic.
+  virtual double all_reduce_host(double value, ReduceOp op) = 0;
+  // Host-side broadcast of a small byte buffer (bootstrap ids, config checks).
+  virtual void broadcast_host_bytes(void* data, std::size_t bytes, int root) = 0;
+
+  // A communicator over the ranks with the same `color`, ordered by `key` (MPI_Comm_split); used
+  // for hybrid sharding (shard groups of F ranks and replica groups across them).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+struct CommunicatorOptions {
+  ReductionOrder order = ReductionOrder::Deterministic;
+};
+
+// The world communicator for this process: `local` when not started by mpirun (no MPI
+// initialisation at all), else `mpi` for the sim device or `nccl` for the cuda device.
+// Throws DeviceError if the cuda device is asked for in a build without NCCL.
+std::unique_ptr<Communicator> make_world_communicator(Device& device, const CommunicatorOptions& options);
+
+// True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE or PMI_SIZE set).
+bool launched_by_mpi();
+
+// The single-rank communicator (no MPI).
+std::unique_ptr<Communicator> make_local_communicator();
+
+// Sums `world` arrays of `count` elements each (contributions[r] is rank r's) into `out` in the
+// fixed pairwise-tree order of Note [Deterministic reduction]. fp32 accumulation; bf16/fp16
+// inputs are converted, summed in fp32 and rounded once. `out` may alias contributions[0].
+void tree_reduce_host(const void* const* contributions, int world, void* out, std::size_t count_elems, DType dtype,
+                      ReduceOp op);
+
+}  // namespace strata
