@@ -4,9 +4,9 @@
 //   * ordering: Stream (an ordered queue of copies, host functions and kernels) and Event;
 //   * page-locking of host memory: Device is the HostMemoryPinner that core/host_buffer uses.
 //
-// Two backends implement it: `sim` (core/device/sim_device.h), device memory that is host memory
+// Two backends implement it: `sim` (core/device/sim_device.cc, sim_allocator.h), device memory that is host memory
 // behind a hard capacity cap, streams run by worker threads, copies throttled to a modeled link;
-// and `cuda` (core/device/cuda_device.h), the same contract over the CUDA runtime.
+// and `cuda` (core/device/cuda_device_cuda.cc), the same contract over the CUDA runtime.
 //
 // Contract shared by both backends (tests in tests/core hold the sim backend to it):
 //  * Work on one stream runs in enqueue order. Work on different streams is unordered unless an

@@ -32,6 +32,36 @@ std::size_t checked_alignment(const SimAllocatorOptions& options) {
   return std::max<std::size_t>(options.alignment_bytes, 256);
 }
 
+#if defined(STRATA_DEBUG_POISON)
+// Fills [begin, begin + bytes) with kSimPoisonByte, skipping whole pages that are not resident:
+// they were never written (or were given back), read as zeros, and hold no stale data; touching
+// them would commit memory (a freed 32 GiB block of a large arena would commit 32 GiB).
+void poison_resident(std::byte* begin, std::size_t bytes) {
+  const std::size_t page = page_bytes();
+  const auto addr = reinterpret_cast<std::uintptr_t>(begin);
+  const std::uintptr_t first_page = (addr + page - 1) & ~(std::uintptr_t{page} - 1);
+  const std::uintptr_t end_page = (addr + bytes) & ~(std::uintptr_t{page} - 1);
+  if (bytes < 16 * page || end_page <= first_page) {
+    std::memset(begin, kSimPoisonByte, bytes);
+    return;
+  }
+  std::memset(begin, kSimPoisonByte, first_page - addr);  // partial head page
+  std::memset(reinterpret_cast<void*>(end_page), kSimPoisonByte, addr + bytes - end_page);  // partial tail
+  constexpr std::size_t kWindowPages = 4096;
+  unsigned char resident[kWindowPages];
+  for (std::uintptr_t window = first_page; window < end_page; window += kWindowPages * page) {
+    const std::size_t pages = std::min<std::size_t>(kWindowPages, (end_page - window) / page);
+    if (::mincore(reinterpret_cast<void*>(window), pages * page, resident) != 0) {
+      std::memset(reinterpret_cast<void*>(window), kSimPoisonByte, pages * page);  // unknown: poison all
+      continue;
+    }
+    for (std::size_t i = 0; i < pages; ++i) {
+      if ((resident[i] & 1) != 0) std::memset(reinterpret_cast<void*>(window + i * page), kSimPoisonByte, page);
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 SimAllocator::SimAllocator(const SimAllocatorOptions& options)
@@ -166,13 +196,14 @@ void SimAllocator::scrub_freed(std::size_t freed_offset, std::size_t freed_bytes
 #if defined(STRATA_DEBUG_POISON)
   (void)merged_offset;
   (void)merged_bytes;
-  std::memset(base_ + freed_offset, kSimPoisonByte, freed_bytes);
+  poison_resident(base_ + freed_offset, freed_bytes);
 #else
   if (freed_bytes < release_pages_min_bytes_) return;
   // Extend by up to a page into the merged free block on each side: a page shared with a
   // neighbour that was already free is now entirely free and can go too.
   const std::size_t page = page_bytes();
-  const auto addr_begin = reinterpret_cast<std::uintptr_t>(base_ + std::max(merged_offset, freed_offset - std::min(freed_offset, page)));
+  const std::size_t begin_offset = std::max(merged_offset, freed_offset - std::min(freed_offset, page));
+  const auto addr_begin = reinterpret_cast<std::uintptr_t>(base_ + begin_offset);
   const auto addr_end = reinterpret_cast<std::uintptr_t>(
       base_ + std::min(merged_offset + merged_bytes, freed_offset + freed_bytes + page));
   const std::uintptr_t first_page = (addr_begin + page - 1) & ~(std::uintptr_t{page} - 1);

@@ -12,7 +12,9 @@
 // `release_pages_min_bytes` goes back to the OS (madvise MADV_DONTNEED), so the process's RSS
 // tracks live allocations, not the peak. With STRATA_DEBUG_POISON (Debug builds) freed memory is
 // instead filled with kSimPoisonByte, so a read through a dangling pointer shows up as 0xDB bytes
-// rather than as plausible old data. Both happen under the allocator's mutex: done outside it, a
+// rather than as plausible old data; whole pages that are not resident (never written: they read
+// as zeros and hold no stale data) are skipped, so freeing a huge untouched block commits nothing.
+// Both happen under the allocator's mutex: done outside it, a
 // concurrent allocation could receive the block and have its fresh contents zapped.
 #pragma once
 
