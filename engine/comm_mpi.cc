@@ -152,8 +152,10 @@ class MpiCommunicator final : public Communicator {
   void all_gather_now(const void* send, void* recv, std::size_t count, DType dtype) {
     const std::size_t esize = dtype_bytes(dtype);
     if (count <= kPieceElems) {
-      STRATA_MPI_CHECK(MPI_Allgather(send, static_cast<int>(count), mpi_type(dtype), recv, static_cast<int>(count),
-                                     mpi_type(dtype), stream_comm_));
+      // In place when this rank's block already sits in its slot of `recv` (MPI forbids aliasing).
+      const bool in_place = send == static_cast<const char*>(recv) + static_cast<std::size_t>(rank_) * count * esize;
+      STRATA_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), mpi_type(dtype), recv,
+                                     static_cast<int>(count), mpi_type(dtype), stream_comm_));
       return;
     }
     std::vector<char> tmp(kPieceElems * esize * static_cast<std::size_t>(world_));

@@ -1,0 +1,599 @@
+// ZeroEngine: ZeRO stages 0-3 with trace-based prefetch and exact gradient sums (see
+// engine/zero_engine.h for the design and Note [Exact gradient sums]).
+#include "engine/zero_engine.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <tbb/parallel_for.h>
+
+#include "core/error.h"
+#include "optim/cpu_exec.h"
+#include "optim/grad_stats.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+
+namespace strata {
+
+namespace {
+
+DType working_dtype_of(const TrainConfig& c) {
+  switch (c.precision) {
+    case Precision::Bf16: return DType::BF16;
+    case Precision::Fp16: return DType::F16;
+    case Precision::Fp32: return DType::F32;
+  }
+  return DType::F32;
+}
+
+// dst[i] = float(src[i]) for a run of elements, in parallel (element-wise: deterministic).
+void widen(float* dst, const void* src, DType dtype, std::size_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t i = r.begin(); i < r.end(); ++i) {
+      switch (dtype) {
+        case DType::F32: dst[i] = static_cast<const float*>(src)[i]; break;
+        case DType::BF16: dst[i] = bf16_to_f32(static_cast<const bf16*>(src)[i]); break;
+        case DType::F16: dst[i] = f16_to_f32(static_cast<const fp16*>(src)[i]); break;
+      }
+    }
+  });
+}
+
+// dst[i] = left[i] + dst[i] (the left operand is the older partial sum: tree order matters).
+void add_left(float* dst, const float* left, std::size_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t i = r.begin(); i < r.end(); ++i) dst[i] = left[i] + dst[i];
+  });
+}
+
+void narrow(void* dst, const float* src, DType dtype, std::size_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t i = r.begin(); i < r.end(); ++i) {
+      switch (dtype) {
+        case DType::F32: static_cast<float*>(dst)[i] = src[i]; break;
+        case DType::BF16: static_cast<bf16*>(dst)[i] = f32_to_bf16(src[i]); break;
+        case DType::F16: static_cast<fp16*>(dst)[i] = f32_to_f16(src[i]); break;
+      }
+    }
+  });
+}
+
+optim::ParamGroup make_optimizer(const OptimizerConfig& o) {
+  const std::string where = "optimizer.params";
+  if (o.type == "SGD") {
+    optim::SgdParams p;
+    p.lr = o.lr;
+    p.momentum = o.momentum;
+    p.weight_decay = o.weight_decay;
+    return optim::ParamGroup::sgd(where, p);
+  }
+  if (o.type == "Lion") {
+    optim::LionParams p;
+    p.lr = o.lr;
+    p.beta1 = o.beta1;
+    p.beta2 = o.beta2;
+    p.weight_decay = o.weight_decay;
+    return optim::ParamGroup::lion(where, p);
+  }
+  optim::AdamParams p;
+  p.lr = o.lr;
+  p.beta1 = o.beta1;
+  p.beta2 = o.beta2;
+  p.eps = o.eps;
+  p.weight_decay = o.weight_decay;
+  p.bias_correction = o.bias_correction ? optim::BiasCorrection::On : optim::BiasCorrection::Off;
+  return optim::ParamGroup::adam(where, o.type == "Adam" ? optim::OptimizerKind::Adam : optim::OptimizerKind::AdamW, p);
+}
+
+}  // namespace
+
+struct ZeroEngine::Group {
+  explicit Group(const ParamGroupSpec& spec, int shard_count) : layout(spec, shard_count) {}
+
+  GroupLayout layout;
+  bool sharded_params = false;  // stage 3, above the persistence threshold
+  std::size_t state_offset = 0;  // this rank's master/moments start here in the flat buffer
+  std::size_t state_elems = 0;
+  std::size_t grad_elems = 0;  // elements of the reduced gradient this rank accumulates
+  std::size_t grad_offset = 0;  // where the optimizer's gradient starts inside the accumulator
+
+  DeviceMemory w_full;   // gathered working weights kept resident (empty: aliases master)
+  DeviceMemory w_shard;  // sharded_params: this rank's shard of W (empty: aliases master)
+  DeviceMemory master;
+  DeviceMemory moment1;
+  DeviceMemory moment2;
+
+  DeviceMemory gathered;  // stage 3: the full W while gathered
+  std::unique_ptr<Event> gathered_event;
+  Stream* last_use_stream = nullptr;
+  int live = 0;
+
+  DeviceMemory micro_grad;  // this micro-batch's full gradients, working dtype
+  std::unique_ptr<Event> grad_event;
+  int ready_count = 0;
+  bool reduced_this_micro = false;
+  int units = 0;                     // micro-batches combined this step
+  std::vector<DeviceMemory> levels;  // exact: binary-counter partial sums (fp32, grad_elems)
+  DeviceMemory accum;                // fast: one fp32 accumulator
+
+  void* w_full_ptr() const { return w_full.empty() ? master.data() : w_full.data(); }
+  void* w_shard_ptr() const { return w_shard.empty() ? master.data() : w_shard.data(); }
+};
+
+struct ZeroEngine::Impl {
+  explicit Impl(const TrainConfig& c) : optimizer(make_optimizer(c.optimizer)) {}
+  optim::ParamGroup optimizer;
+  std::unique_ptr<optim::LossScaler> scaler;
+  optim::CpuExec exec = optim::default_cpu_exec();
+  std::unique_ptr<Event> weights_event;  // recorded after the step publishes new weights
+  bool weights_event_recorded = false;
+};
+
+ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& world,
+                       std::vector<ParamGroupSpec> groups, const InitFn& init)
+    : config_(config),
+      device_(device),
+      world_(world),
+      topo_(make_shard_topology(world.world_size(), world.rank(), config.zero.stage, config.zero.sharding_factor)),
+      working_dtype_(working_dtype_of(config)),
+      accumulation_(config.gradient_accumulation_steps),
+      specs_(std::move(groups)),
+      impl_(std::make_unique<Impl>(config)) {
+  if (device.kind() != DeviceKind::Sim) {
+    throw DeviceError(fmt::format("the ZeRO engine of this version runs on the sim device; {} is not wired yet "
+                                  "(set strata.device.kind=sim)",
+                                  device.name()));
+  }
+  const int stage = config.zero.stage;
+  if (topo_.world_size > 1 && (std::popcount(static_cast<unsigned>(topo_.world_size)) != 1) && config.strata.exact) {
+    spdlog::warn("exact mode: world size {} is not a power of two; results are deterministic but not bit-identical "
+                 "to other world sizes (Note [Exact gradient sums])",
+                 topo_.world_size);
+  }
+  if (config.precision == Precision::Fp16) {
+    optim::LossScalerConfig sc;
+    sc.static_loss_scale = config.fp16.loss_scale;
+    sc.initial_scale_power = config.fp16.initial_scale_power;
+    sc.loss_scale_window = config.fp16.loss_scale_window;
+    sc.hysteresis = config.fp16.hysteresis;
+    sc.consecutive_hysteresis = config.fp16.consecutive_hysteresis;
+    sc.min_loss_scale = config.fp16.min_loss_scale;
+    impl_->scaler = std::make_unique<optim::LossScaler>(sc, "fp16");
+  }
+  shard_comm_ = world_.split(topo_.shard_group(), topo_.rank);
+  replica_comm_ = world_.split(topo_.shard_index(), topo_.rank);
+  comm_stream_ = device_.create_stream("zero.comm");
+  impl_->weights_event = device_.create_event();
+
+  const int shard_count = stage == 0 ? 1 : topo_.sharding_factor;
+  const int shard = stage == 0 ? 0 : topo_.shard_index();
+  const std::size_t wbytes = dtype_bytes(working_dtype_);
+  const bool adam = impl_->optimizer.kind() == optim::OptimizerKind::AdamW ||
+                    impl_->optimizer.kind() == optim::OptimizerKind::Adam;
+  ready_per_micro_.assign(specs_.size(), 0);
+
+  for (std::size_t g = 0; g < specs_.size(); ++g) {
+    auto G = std::make_unique<Group>(specs_[g], shard_count);
+    const GroupLayout& L = G->layout;
+    G->sharded_params = stage == 3 && L.payload_elems() > config.zero.param_persistence_threshold_elems;
+    G->state_offset = stage == 0 ? 0 : L.shard_begin(shard);
+    G->state_elems = stage == 0 ? L.total_elems() : L.shard_elems();
+    G->grad_elems = stage >= 2 ? L.shard_elems() : L.total_elems();
+    G->grad_offset = stage == 1 ? G->state_offset : 0;
+    G->gathered_event = device_.create_event();
+    G->grad_event = device_.create_event();
+
+    std::vector<float> host(L.total_elems(), 0.0f);
+    for (std::size_t t = 0; t < L.slots().size(); ++t) {
+      const TensorSlot& s = L.slots()[t];
+      init(g, t, std::span<float>(host.data() + s.offset_elems, s.elems));
+    }
+    G->master = device_.allocate(G->state_elems * sizeof(float), "optim.master");
+    comm_stream_->copy_h2d(G->master.data(), host.data() + G->state_offset, G->state_elems * sizeof(float));
+    G->moment1 = device_.allocate(G->state_elems * sizeof(float), "optim.moments");
+    comm_stream_->memset(G->moment1.data(), 0, G->state_elems * sizeof(float));
+    if (adam) {
+      G->moment2 = device_.allocate(G->state_elems * sizeof(float), "optim.moments");
+      comm_stream_->memset(G->moment2.data(), 0, G->state_elems * sizeof(float));
+    }
+    std::vector<std::uint16_t> narrow_host;
+    const void* w_source = host.data();
+    if (working_dtype_ != DType::F32) {
+      narrow_host.resize(L.total_elems());
+      narrow(narrow_host.data(), host.data(), working_dtype_, L.total_elems());
+      w_source = narrow_host.data();
+    }
+    const bool alias_full = working_dtype_ == DType::F32 && stage == 0;
+    const bool alias_shard = working_dtype_ == DType::F32 && G->sharded_params;
+    if (G->sharded_params && !alias_shard) {
+      G->w_shard = device_.allocate(L.shard_elems() * wbytes, "param.w");
+      comm_stream_->copy_h2d(G->w_shard.data(), static_cast<const char*>(w_source) + L.shard_begin(shard) * wbytes,
+                             L.shard_elems() * wbytes);
+    } else if (!G->sharded_params && !alias_full) {
+      G->w_full = device_.allocate(L.total_elems() * wbytes, "param.w");
+      comm_stream_->copy_h2d(G->w_full.data(), w_source, L.total_elems() * wbytes);
+    }
+    // The host staging vectors die at the end of this iteration: wait for the copies.
+    comm_stream_->synchronize();
+    groups_.push_back(std::move(G));
+  }
+  spdlog::debug("zero engine: stage {}, {} groups, world {}, sharding factor {}, working dtype {}", stage, specs_.size(),
+                topo_.world_size, topo_.sharding_factor, dtype_name(working_dtype_));
+}
+
+ZeroEngine::~ZeroEngine() {
+  // Let queued communication that still reads our buffers finish before they are freed. The
+  // caller's compute streams are the caller's to drain (they may already be gone).
+  try {
+    if (comm_stream_) comm_stream_->synchronize();
+  } catch (const std::exception& e) {
+    spdlog::error("zero engine shutdown: {}", e.what());
+  }
+}
+
+ZeroEngine::Group& ZeroEngine::group(std::size_t g) {
+  STRATA_CHECK(g < groups_.size(), "param group {} of {}", g, groups_.size());
+  return *groups_[g];
+}
+
+GroupViews ZeroEngine::views_of(std::size_t g, void* base, DType dtype) const {
+  GroupViews v;
+  for (const TensorSlot& s : groups_[g]->layout.slots()) {
+    v.tensors.push_back(static_cast<char*>(base) + s.offset_elems * dtype_bytes(dtype));
+  }
+  return v;
+}
+
+void ZeroEngine::start_gather(std::size_t g) {
+  Group& G = group(g);
+  const std::size_t total = G.layout.total_elems();
+  const std::size_t wbytes = dtype_bytes(working_dtype_);
+  G.gathered = device_.allocate(total * wbytes, "param.gathered");
+  live_elems_ += total;
+  if (G.layout.shard_count() == 1) {
+    comm_stream_->copy_d2d(G.gathered.data(), G.w_shard_ptr(), total * wbytes);
+  } else {
+    shard_comm_->all_gather(G.w_shard_ptr(), G.gathered.data(), G.layout.shard_elems(), working_dtype_, *comm_stream_);
+  }
+  comm_stream_->record(*G.gathered_event);
+  ++gathers_;
+}
+
+void ZeroEngine::prefetch_after(std::size_t position) {
+  std::size_t ahead = 0;
+  for (std::size_t i = position; i < trace_.size(); ++i) {
+    Group& G = group(trace_[i].group);
+    if (!G.sharded_params || !G.gathered.empty()) continue;
+    const std::size_t total = G.layout.total_elems();
+    if (ahead + total > config_.zero.prefetch_bucket_size_elems ||
+        live_elems_ + total > config_.zero.max_live_parameters_elems) {
+      break;
+    }
+    try {
+      start_gather(trace_[i].group);
+    } catch (const OutOfMemoryError&) {
+      break;  // prefetch is an optimization: the demand fetch will try again when it is needed
+    }
+    ahead += total;
+    ++prefetched_;
+  }
+}
+
+GroupViews ZeroEngine::acquire_params(std::size_t g, ParamPhase phase, Stream* stream) {
+  STRATA_CHECK(stream != nullptr, "the ZeRO engine needs a compute stream (group {})", g);
+  Group& G = group(g);
+  recording_.push_back(TraceEntry{g, phase});
+  if (trace_valid_) {
+    if (trace_pos_ < trace_.size() && trace_[trace_pos_].group == g && trace_[trace_pos_].phase == phase) {
+      ++trace_pos_;
+    } else {
+      spdlog::debug("prefetch trace: acquisition {} is group {} but the trace says otherwise; re-recording",
+                    recording_.size() - 1, g);
+      trace_valid_ = false;
+    }
+  }
+  if (!G.sharded_params) {
+    if (impl_->weights_event_recorded) stream->wait(*impl_->weights_event);
+    ++G.live;
+    return views_of(g, G.w_full_ptr(), working_dtype_);
+  }
+  if (G.gathered.empty()) start_gather(g);
+  stream->wait(*G.gathered_event);
+  ++G.live;
+  G.last_use_stream = stream;
+  if (trace_valid_) prefetch_after(trace_pos_);
+  return views_of(g, G.gathered.data(), working_dtype_);
+}
+
+void ZeroEngine::release_params(std::size_t g, Stream* stream) {
+  Group& G = group(g);
+  STRATA_CHECK(G.live > 0, "release of group {} ({}) that is not acquired", g, G.layout.name());
+  if (--G.live > 0 || !G.sharded_params) return;
+  G.last_use_stream = stream;
+  // Keep the gathered weights when the trace says the group is needed again inside the window.
+  if (trace_valid_) {
+    std::size_t window = 0;
+    for (std::size_t i = trace_pos_; i < trace_.size(); ++i) {
+      if (trace_[i].group == g) return;
+      window += group(trace_[i].group).layout.total_elems();
+      if (window > config_.zero.prefetch_bucket_size_elems) break;
+    }
+  }
+  live_elems_ -= G.layout.total_elems();
+  stream->release_after(std::move(G.gathered));
+}
+
+GroupViews ZeroEngine::acquire_grads(std::size_t g, Stream* stream) {
+  STRATA_CHECK(stream != nullptr, "the ZeRO engine needs a compute stream (group {})", g);
+  STRATA_CHECK(micro_index_ >= 0, "acquire_grads outside begin_micro_batch/end_micro_batch");
+  Group& G = group(g);
+  STRATA_CHECK(!G.reduced_this_micro, "group {} ({}) gradients acquired after they were reduced", g,
+               G.layout.name());
+  const std::size_t bytes = G.layout.total_elems() * dtype_bytes(working_dtype_);
+  if (G.micro_grad.empty()) {
+    G.micro_grad = device_.allocate(bytes, "grad.micro");
+    stream->memset(G.micro_grad.data(), 0, bytes);
+  }
+  return views_of(g, G.micro_grad.data(), working_dtype_);
+}
+
+void ZeroEngine::grads_ready(std::size_t g, Stream* stream) {
+  Group& G = group(g);
+  ++G.ready_count;
+  stream->record(*G.grad_event);
+  if (!first_micro_batch_ever_ && G.ready_count == ready_per_micro_[g]) reduce_micro_grads(g);
+}
+
+void ZeroEngine::begin_micro_batch() {
+  STRATA_CHECK(micro_index_ < 0, "begin_micro_batch twice without end_micro_batch");
+  micro_index_ = groups_.empty() ? 0 : groups_.front()->units;
+  STRATA_CHECK(micro_index_ < accumulation_, "micro-batch {} of a step of {} (call step())", micro_index_ + 1,
+               accumulation_);
+}
+
+void ZeroEngine::reduce_micro_grads(std::size_t g) {
+  Group& G = group(g);
+  const std::size_t wbytes = dtype_bytes(working_dtype_);
+  const GroupLayout& L = G.layout;
+  if (G.micro_grad.empty()) {
+    // This group got no gradient this micro-batch: its unit gradient is zero, but it still takes
+    // its place in the sum so every rank runs the same collectives in the same order.
+    G.micro_grad = device_.allocate(L.total_elems() * wbytes, "grad.micro");
+    comm_stream_->memset(G.micro_grad.data(), 0, L.total_elems() * wbytes);
+  } else {
+    comm_stream_->wait(*G.grad_event);
+  }
+  DeviceMemory reduced = device_.allocate(G.grad_elems * wbytes, "grad.reduced");
+  if (config_.zero.stage >= 2) {
+    if (L.shard_count() == 1) {
+      comm_stream_->copy_d2d(reduced.data(), G.micro_grad.data(), G.grad_elems * wbytes);
+    } else {
+      shard_comm_->reduce_scatter(G.micro_grad.data(), reduced.data(), G.grad_elems, working_dtype_, ReduceOp::Sum,
+                                  *comm_stream_);
+    }
+    if (topo_.replica_count() > 1) {
+      replica_comm_->all_reduce(reduced.data(), reduced.data(), G.grad_elems, working_dtype_, ReduceOp::Sum,
+                                *comm_stream_);
+    }
+  } else {
+    world_.all_reduce(G.micro_grad.data(), reduced.data(), G.grad_elems, working_dtype_, ReduceOp::Sum, *comm_stream_);
+  }
+  comm_stream_->release_after(std::move(G.micro_grad));
+  combine_unit(g, std::move(reduced), G.grad_elems);
+  G.reduced_this_micro = true;
+}
+
+void ZeroEngine::combine_unit(std::size_t g, DeviceMemory reduced, std::size_t elems) {
+  Group& G = group(g);
+  const DType dtype = working_dtype_;
+  const void* src = reduced.data();
+  if (!config_.strata.exact) {
+    if (G.accum.empty()) {
+      G.accum = device_.allocate(elems * sizeof(float), "grad.accum");
+      float* dst = G.accum.as<float>();
+      comm_stream_->launch_host([dst, src, dtype, elems] { widen(dst, src, dtype, elems); });
+    } else {
+      float* dst = G.accum.as<float>();
+      DeviceMemory tmp = device_.allocate(elems * sizeof(float), "grad.accum");
+      float* t = tmp.as<float>();
+      comm_stream_->launch_host([dst, t, src, dtype, elems] {
+        widen(t, src, dtype, elems);
+        add_left(dst, t, elems);  // dst = t + dst: order is irrelevant in fast mode
+      });
+      comm_stream_->release_after(std::move(tmp));
+    }
+  } else {
+    // Binary counter (Note [Exact gradient sums]): unit a merges with the partial sums at the
+    // levels of a's trailing one bits, older sums on the left, then lands one level up.
+    const auto a = static_cast<unsigned>(G.units);
+    const int merges = std::countr_one(a);
+    DeviceMemory carry = device_.allocate(elems * sizeof(float), "grad.accum");
+    float* c = carry.as<float>();
+    std::vector<const float*> lefts;
+    for (int k = 0; k < merges; ++k) lefts.push_back(G.levels[static_cast<std::size_t>(k)].as<float>());
+    comm_stream_->launch_host([c, src, dtype, elems, lefts] {
+      widen(c, src, dtype, elems);
+      for (const float* left : lefts) add_left(c, left, elems);
+    });
+    for (int k = 0; k < merges; ++k) comm_stream_->release_after(std::move(G.levels[static_cast<std::size_t>(k)]));
+    if (G.levels.size() <= static_cast<std::size_t>(merges)) G.levels.resize(static_cast<std::size_t>(merges) + 1);
+    G.levels[static_cast<std::size_t>(merges)] = std::move(carry);
+  }
+  comm_stream_->release_after(std::move(reduced));
+  ++G.units;
+}
+
+void ZeroEngine::end_micro_batch() {
+  STRATA_CHECK(micro_index_ >= 0, "end_micro_batch without begin_micro_batch");
+  // Groups not reduced yet (every group in the very first micro-batch, whose per-group counts are
+  // being learned; groups without gradients) are reduced now, in group order on every rank.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    Group& G = *groups_[g];
+    if (!G.reduced_this_micro) reduce_micro_grads(g);
+    if (first_micro_batch_ever_) ready_per_micro_[g] = G.ready_count;
+    G.ready_count = 0;
+    G.reduced_this_micro = false;
+  }
+  first_micro_batch_ever_ = false;
+  micro_index_ = -1;
+}
+
+StepResult ZeroEngine::step(double lr) {
+  STRATA_CHECK(micro_index_ < 0, "step() inside a micro-batch");
+  for (auto& G : groups_) {
+    STRATA_CHECK(G->units == accumulation_, "step() after {} of {} micro-batches of group {}", G->units, accumulation_,
+                 G->layout.name());
+  }
+  // Host sync, on purpose: whether to skip, the clip coefficient and the loss scale are host
+  // decisions that need every gradient reduced first.
+  comm_stream_->synchronize();
+
+  // Fold each group's partial sums into one fp32 gradient (exact: lowest level first, each higher
+  // level on the left; fast: the accumulator).
+  std::vector<float*> final_grads(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    Group& G = *groups_[g];
+    if (!config_.strata.exact) {
+      final_grads[g] = G.accum.as<float>();
+      continue;
+    }
+    float* acc = nullptr;
+    for (auto& level : G.levels) {
+      if (level.empty()) continue;
+      if (acc == nullptr) {
+        acc = level.as<float>();
+      } else {
+        add_left(acc, level.as<float>(), G.grad_elems);
+      }
+    }
+    final_grads[g] = acc;
+  }
+
+  // Global norm: one partial per optimizer block, summed over all blocks in model order. Ranks
+  // whose gradients are shards gather the partials of their shard group first.
+  double sum_squares = 0.0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    Group& G = *groups_[g];
+    const std::size_t blocks = (G.grad_elems + optim::kCpuBlockElems - 1) / optim::kCpuBlockElems;
+    std::vector<double> partials(blocks);
+    tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
+      const std::size_t begin = b * optim::kCpuBlockElems;
+      const std::size_t n = std::min(optim::kCpuBlockElems, G.grad_elems - begin);
+      const optim::GradSpan span{final_grads[g] + begin, DType::F32, n};
+      optim::CpuExec serial{impl_->exec.simd, nullptr};
+      partials[b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), serial).sum_squares;
+    });
+    std::vector<double> all = partials;
+    if (config_.zero.stage >= 2 && G.layout.shard_count() > 1) {
+      all.resize(blocks * static_cast<std::size_t>(G.layout.shard_count()));
+      for (int r = 0; r < G.layout.shard_count(); ++r) {
+        std::vector<double> part = partials;
+        shard_comm_->broadcast_host_bytes(part.data(), part.size() * sizeof(double), r);
+        std::copy(part.begin(), part.end(), all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * blocks));
+      }
+    }
+    for (double p : all) sum_squares += p;
+  }
+
+  StepResult result;
+  result.lr = lr;
+  const double loss_scale = impl_->scaler ? impl_->scaler->scale() : 1.0;
+  result.loss_scale = loss_scale;
+  const double units = static_cast<double>(accumulation_) * topo_.world_size;
+  const bool finite = std::isfinite(sum_squares);
+  result.grad_norm = std::sqrt(sum_squares) / (loss_scale * units);
+  if (!finite) {
+    result.applied = false;
+    if (impl_->scaler) impl_->scaler->update(true);
+  } else {
+    if (impl_->scaler) impl_->scaler->update(false);
+    const double clip = optim::clip_coefficient(result.grad_norm, config_.gradient_clipping);
+    const auto grad_scale = static_cast<float>(clip / (loss_scale * units));
+    impl_->optimizer.set_lr(lr);
+    std::vector<optim::OptimShard> shards;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      Group& G = *groups_[g];
+      optim::OptimShard s;
+      s.master = std::span<float>(G.master.as<float>(), G.state_elems);
+      s.moment1 = std::span<float>(G.moment1.as<float>(), G.state_elems);
+      if (!G.moment2.empty()) s.moment2 = std::span<float>(G.moment2.as<float>(), G.state_elems);
+      s.grad = optim::GradRef{final_grads[g] + G.grad_offset, DType::F32};
+      if (working_dtype_ != DType::F32) {
+        void* out = G.sharded_params ? G.w_shard.data()
+                                     : G.w_full.as<char>() + G.state_offset * dtype_bytes(working_dtype_);
+        s.out = optim::LowPrecisionOut{out, working_dtype_};
+      }
+      shards.push_back(s);
+    }
+    impl_->optimizer.step(shards, grad_scale, impl_->exec);
+    // Publish: groups whose W is a full resident copy gather every shard's new values into it.
+    for (auto& G : groups_) {
+      if (G->sharded_params || config_.zero.stage == 0) continue;
+      const std::size_t wbytes = dtype_bytes(working_dtype_);
+      const void* mine = working_dtype_ == DType::F32 ? G->master.data()
+                                                      : G->w_full.as<char>() + G->state_offset * wbytes;
+      if (G->layout.shard_count() == 1) {
+        if (mine != G->w_full.data()) comm_stream_->copy_d2d(G->w_full.data(), mine, G->state_elems * wbytes);
+      } else {
+        shard_comm_->all_gather(mine, G->w_full.data(), G->layout.shard_elems(), working_dtype_, *comm_stream_);
+      }
+    }
+    comm_stream_->record(*impl_->weights_event);
+    impl_->weights_event_recorded = true;
+  }
+
+  // Reset for the next step: gradients, gathered copies (now stale), the trace.
+  for (auto& G : groups_) {
+    for (auto& level : G->levels) comm_stream_->release_after(std::move(level));
+    G->levels.clear();
+    if (!G->accum.empty()) comm_stream_->release_after(std::move(G->accum));
+    G->units = 0;
+    if (!G->gathered.empty()) {
+      STRATA_CHECK(G->live == 0, "step() while group {} is still acquired", G->layout.name());
+      live_elems_ -= G->layout.total_elems();
+      Stream* s = G->last_use_stream != nullptr ? G->last_use_stream : comm_stream_.get();
+      s->release_after(std::move(G->gathered));
+    }
+  }
+  if (!trace_valid_ || trace_pos_ != trace_.size() || recording_.size() != trace_.size()) {
+    if (!trace_.empty()) spdlog::debug("prefetch trace replaced: {} acquisitions", recording_.size());
+    trace_ = recording_;
+  }
+  recording_.clear();
+  trace_valid_ = true;
+  trace_pos_ = 0;
+  return result;
+}
+
+std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) {
+  Group& G = group(g);
+  STRATA_CHECK(tensor < G.layout.slots().size(), "tensor {} of group {}", tensor, G.layout.name());
+  const std::size_t total = G.layout.total_elems();
+  std::vector<float> full(total);
+  if (config_.zero.stage == 0 || G.layout.shard_count() == 1) {
+    comm_stream_->copy_d2h(full.data(), G.master.data(), total * sizeof(float));
+  } else {
+    DeviceMemory tmp = device_.allocate(total * sizeof(float), "io.gather");
+    shard_comm_->all_gather(G.master.data(), tmp.data(), G.layout.shard_elems(), DType::F32, *comm_stream_);
+    comm_stream_->copy_d2h(full.data(), tmp.data(), total * sizeof(float));
+    comm_stream_->release_after(std::move(tmp));
+  }
+  comm_stream_->synchronize();
+  const TensorSlot& s = G.layout.slots()[tensor];
+  return std::vector<float>(full.begin() + static_cast<std::ptrdiff_t>(s.offset_elems),
+                            full.begin() + static_cast<std::ptrdiff_t>(s.offset_elems + s.elems));
+}
+
+std::size_t ZeroEngine::model_state_device_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& [tag, b] : device_.memory_stats().bytes_by_tag) {
+    if (tag.rfind("param.", 0) == 0 || tag.rfind("optim.", 0) == 0 || tag.rfind("grad.", 0) == 0) bytes += b;
+  }
+  return bytes;
+}
+
+}  // namespace strata

@@ -1,0 +1,143 @@
+// ZeroEngine: ZeRO stages 0-3 behind the ParamProvider contract (engine/param_provider.h).
+//
+// Per param group (engine/partition.h: one flat buffer, padded into shard_count aligned shards):
+//   stage 0: full working weights W, full fp32 master/moments on every rank;
+//   stage 1: full W; master/moments sharded; full gradients (all-reduce);
+//   stage 2: full W; master/moments and gradients sharded (reduce-scatter);
+//   stage 3: W sharded too: acquire_params gathers the full W into a temporary buffer on the
+//            engine's communication stream and release_params frees it; groups under
+//            stage3_param_persistence_threshold stay gathered.
+// With a sharding factor F, state is sharded over groups of F consecutive ranks and replicated
+// across the groups (gradients: reduce-scatter inside the group, then all-reduce across groups).
+//
+// Prefetch: the first step records the order of acquisitions (the trace); later steps gather ahead
+// along it, bounded by stage3_prefetch_bucket_size (elements in flight ahead) and
+// stage3_max_live_parameters (elements gathered at once), and keep a released group when its next
+// use is inside that window. A different order replaces the trace. Fetches are ordered with events:
+// the compute stream waits on the gather's event, the free waits on the compute stream.
+//
+// Note [Exact gradient sums]: a step's gradient is the sum of W*A unit gradients (W ranks, A
+// micro-batches), unit u = a*W + r being micro-batch a of rank r (the data sampler hands out units
+// by that index). In exact mode the sum is taken on one fixed pairwise tree over u: each
+// micro-batch's gradients are reduced across ranks right away on the tree over ranks
+// (Note [Deterministic reduction], engine/communicator.h), and the per-micro-batch results are
+// combined across micro-batches by a binary counter (log2(A)+1 partial buffers) whose merges are
+// the upper levels of the same tree. For W and A powers of two the result has the same bits for any
+// split of W*A into ranks and micro-batches, any stage and any sharding factor. The global gradient
+// norm is summed per optimizer block (blocks never straddle shards) and then over all blocks in
+// model order, so it too is independent of the partitioning. In fast mode the micro-batch results
+// are simply added into one fp32 accumulator.
+//
+// The optimizer (optim/) runs where the state lives: on the sim device, whose memory is host
+// memory, the CPU kernels update the shards in place. This version of the engine runs on the sim
+// device; on the cuda device it refuses with a clear message (the kernels it needs exist, the
+// wiring is not written yet).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/device/device.h"
+#include "engine/communicator.h"
+#include "engine/config.h"
+#include "engine/param_provider.h"
+#include "engine/partition.h"
+
+namespace strata {
+
+struct StepResult {
+  bool applied = true;      // false: non-finite gradients, the step was skipped (fp16)
+  double grad_norm = 0.0;   // of the mean gradient, before clipping
+  double loss_scale = 1.0;  // the scale the gradients carried
+  double lr = 0.0;
+};
+
+class ZeroEngine final : public ParamProvider {
+ public:
+  // Fills `out` (the tensor's elements, fp32) with the initial value of tensor `tensor` of group
+  // `group`. Must give the same values on every rank.
+  using InitFn = std::function<void(std::size_t group, std::size_t tensor, std::span<float> out)>;
+
+  ZeroEngine(const TrainConfig& config, Device& device, Communicator& world, std::vector<ParamGroupSpec> groups,
+             const InitFn& init);
+  ~ZeroEngine() override;
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  // ParamProvider.
+  std::span<const ParamGroupSpec> groups() const override { return specs_; }
+  GroupViews acquire_params(std::size_t group, ParamPhase phase, Stream* stream) override;
+  void release_params(std::size_t group, Stream* stream) override;
+  GroupViews acquire_grads(std::size_t group, Stream* stream) override;
+  void grads_ready(std::size_t group, Stream* stream) override;
+
+  // Brackets one micro-batch's forward and backward (index 0..A-1 within the step).
+  void begin_micro_batch();
+  void end_micro_batch();
+  // Ends the step: finishes the reductions, takes the global norm, clips, runs the optimizer with
+  // learning rate `lr`, and publishes the new working weights. Every rank must call it.
+  StepResult step(double lr);
+
+  // The working dtype of W and of the gradients the model writes.
+  DType working_dtype() const { return working_dtype_; }
+  int micro_batches_per_step() const { return accumulation_; }
+  const ShardTopology& topology() const { return topo_; }
+  // Full fp32 master weights of one tensor, gathered (every rank must call it; all get the values).
+  std::vector<float> gather_master(std::size_t group, std::size_t tensor);
+  // Device bytes held for model state (weights, master, moments, gradients) right now.
+  std::size_t model_state_device_bytes() const;
+  // How many gathers the prefetcher issued ahead of use, and how many acquisitions found their
+  // group already gathered (tests and the progress line).
+  std::uint64_t prefetched_gathers() const { return prefetched_; }
+  std::uint64_t gathers() const { return gathers_; }
+
+ private:
+  struct Group;
+  struct TraceEntry {
+    std::size_t group;
+    ParamPhase phase;
+  };
+
+  Group& group(std::size_t g);
+  GroupViews views_of(std::size_t g, void* base, DType dtype) const;
+  void start_gather(std::size_t g);
+  void prefetch_after(std::size_t position);
+  void reduce_micro_grads(std::size_t g);
+  void combine_unit(std::size_t g, DeviceMemory reduced, std::size_t elems);
+  void finish_gradients();
+
+  TrainConfig config_;
+  Device& device_;
+  Communicator& world_;
+  std::unique_ptr<Communicator> shard_comm_;
+  std::unique_ptr<Communicator> replica_comm_;
+  ShardTopology topo_;
+  DType working_dtype_;
+  int accumulation_;
+  std::vector<ParamGroupSpec> specs_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::unique_ptr<Stream> comm_stream_;
+
+  // Trace-based prefetch.
+  std::vector<TraceEntry> trace_;
+  std::vector<TraceEntry> recording_;
+  bool trace_valid_ = false;
+  std::size_t trace_pos_ = 0;
+  std::size_t live_elems_ = 0;
+
+  // Micro-batch bookkeeping.
+  int micro_index_ = -1;
+  bool first_micro_batch_ever_ = true;
+  std::vector<int> ready_per_micro_;  // grads_ready calls per group per micro-batch (from the first)
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::uint64_t prefetched_ = 0;
+  std::uint64_t gathers_ = 0;
+};
+
+}  // namespace strata

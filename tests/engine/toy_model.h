@@ -1,0 +1,162 @@
+// A toy model for the engine tests, written against ParamProvider exactly as the real decoders
+// are: a tied embedding E [V, D] used at the input and the output, L residual blocks
+// x <- x + tanh(W x + b), and a squared-error loss on the tied output logits E x. Its forward and
+// backward run as host functions on the compute stream, and it exercises what matters to the
+// engine: many groups, a group acquired twice per pass (tied weights, gradients accumulated from two
+// places), forward then reverse order. Unit u of step s reads tokens derived from (s, u) only, so
+// any split of units over ranks and micro-batches sees the same data (Note [Exact gradient sums]).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/device/device.h"
+#include "engine/param_provider.h"
+
+namespace strata::testing_toy {
+
+struct ToyShape {
+  int vocab = 16;
+  int dim = 24;
+  int layers = 3;
+  int tokens = 6;  // per unit
+};
+
+inline std::vector<ParamGroupSpec> toy_groups(const ToyShape& s, DType dtype) {
+  std::vector<ParamGroupSpec> groups;
+  groups.push_back({"embed", {{"embed.weight", {s.vocab, s.dim}, dtype}}});
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "blocks." + std::to_string(l);
+    groups.push_back({p, {{p + ".w", {s.dim, s.dim}, dtype}, {p + ".b", {s.dim}, dtype}}});
+  }
+  return groups;
+}
+
+// Deterministic init: the same on every rank.
+inline void toy_init(std::size_t group, std::size_t tensor, std::span<float> out) {
+  std::uint64_t h = 0x9E3779B97F4A7C15ull * (group * 7 + tensor + 1);
+  for (auto& v : out) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 29;
+    v = (static_cast<float>(h % 2001) / 1000.0f - 1.0f) * (tensor == 1 ? 0.05f : 0.3f);
+  }
+}
+
+inline int toy_token(std::int64_t step, std::int64_t unit, int t, int vocab) {
+  std::uint64_t h = static_cast<std::uint64_t>(step * 1000003 + unit * 7919 + t * 104729 + 17);
+  h ^= h >> 31;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 29;
+  return static_cast<int>(h % static_cast<std::uint64_t>(vocab));
+}
+
+// Runs forward and backward of one unit through `provider` on `stream`; returns the loss (after
+// synchronizing the stream). Weights and gradients are fp32 here (exact mode).
+inline float toy_forward_backward(ParamProvider& provider, Stream& stream, const ToyShape& s, std::int64_t step,
+                                  std::int64_t unit) {
+  const int V = s.vocab, D = s.dim, L = s.layers, T = s.tokens;
+  struct Acts {
+    std::vector<std::vector<float>> x;  // [T][(L+1)*D]
+    std::vector<std::vector<float>> a;  // tanh outputs [T][L*D]
+    std::vector<std::vector<float>> dx;  // [T][D]
+    float loss = 0;
+  };
+  auto acts = std::make_shared<Acts>();
+  acts->x.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>((L + 1) * D)));
+  acts->a.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>(L * D)));
+  acts->dx.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>(D)));
+  std::vector<int> tok(static_cast<std::size_t>(T + 1));
+  for (int t = 0; t <= T; ++t) tok[static_cast<std::size_t>(t)] = toy_token(step, unit, t, V);
+
+  // Forward: embedding lookup.
+  auto E = provider.acquire_params(0, ParamPhase::Forward, &stream);
+  stream.launch_host([acts, tok, E = static_cast<const float*>(E[0]), T, D, L] {
+    for (int t = 0; t < T; ++t) {
+      for (int d = 0; d < D; ++d) acts->x[t][d] = E[tok[static_cast<std::size_t>(t)] * D + d];
+    }
+    (void)L;
+  });
+  provider.release_params(0, &stream);
+  for (int l = 0; l < L; ++l) {
+    auto P = provider.acquire_params(static_cast<std::size_t>(1 + l), ParamPhase::Forward, &stream);
+    stream.launch_host([acts, W = static_cast<const float*>(P[0]), b = static_cast<const float*>(P[1]), T, D, l] {
+      for (int t = 0; t < T; ++t) {
+        const float* x = &acts->x[t][static_cast<std::size_t>(l * D)];
+        float* xn = &acts->x[t][static_cast<std::size_t>((l + 1) * D)];
+        for (int i = 0; i < D; ++i) {
+          float h = b[i];
+          for (int j = 0; j < D; ++j) h += W[i * D + j] * x[j];
+          const float a = std::tanh(h);
+          acts->a[t][static_cast<std::size_t>(l * D + i)] = a;
+          xn[i] = x[i] + a;
+        }
+      }
+    });
+    provider.release_params(static_cast<std::size_t>(1 + l), &stream);
+  }
+  // Output through the tied embedding, loss and its gradient, backward of the output use.
+  auto E2 = provider.acquire_params(0, ParamPhase::Forward, &stream);
+  auto dE = provider.acquire_grads(0, &stream);
+  stream.launch_host([acts, tok, E = static_cast<const float*>(E2[0]), dEp = static_cast<float*>(dE[0]), T, D, V, L] {
+    float loss = 0;
+    for (int t = 0; t < T; ++t) {
+      const float* x = &acts->x[t][static_cast<std::size_t>(L * D)];
+      for (int v = 0; v < V; ++v) {
+        float y = 0;
+        for (int d = 0; d < D; ++d) y += E[v * D + d] * x[d];
+        const float target = v == tok[static_cast<std::size_t>(t + 1)] ? 1.0f : 0.0f;
+        const float dy = (y - target) / static_cast<float>(T);
+        loss += 0.5f * (y - target) * (y - target) / static_cast<float>(T);
+        for (int d = 0; d < D; ++d) {
+          dEp[v * D + d] += dy * x[d];
+          acts->dx[t][d] += E[v * D + d] * dy;
+        }
+      }
+    }
+    acts->loss = loss;
+  });
+  provider.grads_ready(0, &stream);
+  provider.release_params(0, &stream);
+  // Backward through the blocks, in reverse.
+  for (int l = L - 1; l >= 0; --l) {
+    auto P = provider.acquire_params(static_cast<std::size_t>(1 + l), ParamPhase::Backward, &stream);
+    auto G = provider.acquire_grads(static_cast<std::size_t>(1 + l), &stream);
+    stream.launch_host([acts, W = static_cast<const float*>(P[0]), dW = static_cast<float*>(G[0]),
+                        db = static_cast<float*>(G[1]), T, D, l] {
+      for (int t = 0; t < T; ++t) {
+        const float* x = &acts->x[t][static_cast<std::size_t>(l * D)];
+        std::vector<float> dh(static_cast<std::size_t>(D));
+        for (int i = 0; i < D; ++i) {
+          const float a = acts->a[t][static_cast<std::size_t>(l * D + i)];
+          dh[static_cast<std::size_t>(i)] = acts->dx[t][i] * (1.0f - a * a);
+        }
+        std::vector<float> dxn(acts->dx[t]);
+        for (int i = 0; i < D; ++i) {
+          db[i] += dh[static_cast<std::size_t>(i)];
+          for (int j = 0; j < D; ++j) {
+            dW[i * D + j] += dh[static_cast<std::size_t>(i)] * x[j];
+            dxn[static_cast<std::size_t>(j)] += W[i * D + j] * dh[static_cast<std::size_t>(i)];
+          }
+        }
+        acts->dx[t] = dxn;
+      }
+    });
+    provider.grads_ready(static_cast<std::size_t>(1 + l), &stream);
+    provider.release_params(static_cast<std::size_t>(1 + l), &stream);
+  }
+  // Backward of the input embedding use: the same group's gradients, acquired a second time.
+  auto dE2 = provider.acquire_grads(0, &stream);
+  stream.launch_host([acts, tok, dEp = static_cast<float*>(dE2[0]), T, D] {
+    for (int t = 0; t < T; ++t) {
+      for (int d = 0; d < D; ++d) dEp[tok[static_cast<std::size_t>(t)] * D + d] += acts->dx[t][d];
+    }
+  });
+  provider.grads_ready(0, &stream);
+  stream.synchronize();
+  return acts->loss;
+}
+
+}  // namespace strata::testing_toy
