@@ -24,7 +24,7 @@ std::size_t parse_bytes_or_throw(std::string_view text, std::string_view where);
 // Counts with a metric suffix: "100M" -> 100'000'000, "1.5B"/"1.5G" -> 1'500'000'000, "10k".
 bool parse_count(std::string_view text, std::uint64_t* out);
 
-// "0 B", "512 B", "4.0 KiB", "1.50 GiB".
+// "0 B", "512 B", "4.00 KiB", "1.50 GiB".
 std::string format_bytes(std::size_t bytes);
 
 }  // namespace strata

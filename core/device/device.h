@@ -167,7 +167,7 @@ struct SimDeviceOptions {
 };
 std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options);
 
-// CUDA devices. Built only with STRATA_HAVE_CUDA; otherwise cuda_device_count() is 0 and
+// CUDA devices. Built only with STRATA_HAVE_CUDA; otherwise list_cuda_devices() returns an empty list with `why` set and
 // make_cuda_device throws DeviceError saying the build has no CUDA backend.
 struct CudaDeviceInfo {
   int ordinal = 0;

@@ -1,0 +1,667 @@
+// The `cuda` backend of the Device abstraction (contract in core/device/device.h) over the CUDA
+// runtime: device memory from a stream-ordered pool of Strata's own (cudaMemPoolCreate +
+// cudaMallocFromPoolAsync / cudaFreeAsync) under Strata's own capacity accounting, non-blocking
+// cudaStreams, cudaEvents, cudaMemcpyAsync / cudaMemsetAsync, host functions through
+// cudaLaunchHostFunc, and page-locking through cudaHostRegister. No GPU is available where Strata
+// is developed, so this file is verified by compilation (warnings as errors) and by review; the
+// per-element math its kernels run is shared with the host and tested there.
+//
+// Note [Cuda lifetimes]: as on sim, the Device owns a shared CudaState (pool, allocation table,
+// pin registry, and every stream and event it handed out); DeviceMemory, Stream and Event hold it
+// weakly. While the state is alive, destroying a Stream or Event destroys its CUDA handle; when
+// the Device goes, the state's destructor waits for the device's streams, frees every live
+// allocation, and destroys the pool, streams and events — so a Stream/Event/DeviceMemory that
+// outlives its Device finds the state expired, throws DeviceError when used, and does nothing
+// when destroyed.
+//
+// Note [Cuda capacity]: the capacity is the memory limit (or, without one, the free memory when
+// the device was opened). Allocations are rounded up to 256 bytes and counted against it before
+// the pool is asked, so the cap holds even though the pool itself would grow to the whole GPU; a
+// pool failure is reported the same way (OutOfMemoryError with format_memory_report). The pool
+// keeps freed memory up to the capacity (release threshold) instead of returning it to the driver
+// at every synchronization. Its internal fragmentation is not visible through the runtime API, so
+// largest_free_block_bytes reports the free bytes.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/cuda_check.h"
+#include "core/device/device.h"
+#include "core/error.h"
+#include "core/units.h"
+
+namespace strata {
+namespace {
+
+constexpr std::size_t kAllocGranularityBytes = 256;
+
+std::string cuda_text(cudaError_t err) { return fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err)); }
+
+// The runtime's current device is per host thread and callers come from any thread: every call
+// that depends on it runs inside one of these, which restores the caller's device afterwards.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int ordinal) {
+    STRATA_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != ordinal) STRATA_CUDA_CHECK(cudaSetDevice(ordinal));
+    restore_ = previous_ != ordinal;
+  }
+  // For noexcept paths (release, destructors): failures are logged, not thrown.
+  ScopedDevice(int ordinal, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) return;
+    restore_ = previous_ != ordinal && cudaSetDevice(ordinal) == cudaSuccess;
+  }
+  ~ScopedDevice() {
+    if (restore_) (void)cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+void log_if_failed(cudaError_t err, const char* what, const std::string& device_name) noexcept {
+  if (err != cudaSuccess) spdlog::error("{}: {} failed: {}", device_name, what, cuda_text(err));
+}
+
+// What DeviceMemory, Stream and Event share with the Device (Note [Cuda lifetimes]).
+class CudaState final : public detail::DeviceMemoryReleaser {
+ public:
+  CudaState(int ordinal_in, std::string name_in, std::size_t capacity) : ordinal(ordinal_in), name(std::move(name_in)) {
+    stats_.capacity_bytes = capacity;
+    ScopedDevice on(ordinal);
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = ordinal;
+    STRATA_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    try {
+      std::uint64_t keep_bytes = capacity;  // Note [Cuda capacity]
+      STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_bytes));
+      STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
+    } catch (...) {
+      (void)cudaMemPoolDestroy(pool_);
+      throw;
+    }
+  }
+
+  ~CudaState() override {
+    ScopedDevice on(ordinal, std::nothrow);
+    std::lock_guard lock(mutex_);
+    // Work still queued may read or write the memory freed below.
+    for (cudaStream_t s : streams_) log_if_failed(cudaStreamSynchronize(s), "cudaStreamSynchronize", name);
+    for (const auto& [ptr, a] : allocations_) log_if_failed(cudaFreeAsync(ptr, alloc_stream_), "cudaFreeAsync", name);
+    log_if_failed(cudaStreamSynchronize(alloc_stream_), "cudaStreamSynchronize", name);
+    for (const auto& [ptr, bytes] : pinned_) {
+      spdlog::warn("{}: host memory at {} ({}) was still pinned when the device was destroyed; unpinning it", name,
+                   ptr, format_bytes(bytes));
+      log_if_failed(cudaHostUnregister(ptr), "cudaHostUnregister", name);
+    }
+    for (cudaEvent_t e : events_) log_if_failed(cudaEventDestroy(e), "cudaEventDestroy", name);
+    for (cudaStream_t s : streams_) log_if_failed(cudaStreamDestroy(s), "cudaStreamDestroy", name);
+    log_if_failed(cudaStreamDestroy(alloc_stream_), "cudaStreamDestroy", name);
+    log_if_failed(cudaMemPoolDestroy(pool_), "cudaMemPoolDestroy", name);
+  }
+
+  CudaState(const CudaState&) = delete;
+  CudaState& operator=(const CudaState&) = delete;
+
+  // The allocation is usable on every stream when this returns: Device::allocate is not stream
+  // ordered, so the pool's stream-ordered allocation is synchronized once, on an internal stream
+  // that carries nothing else (cheap when the pool already holds the memory).
+  void* allocate(std::size_t bytes, std::string_view tag) {
+    const std::size_t rounded = (bytes + kAllocGranularityBytes - 1) / kAllocGranularityBytes * kAllocGranularityBytes;
+    {
+      std::lock_guard lock(mutex_);
+      if (stats_.allocated_bytes + rounded > stats_.capacity_bytes) {
+        ++stats_.failed_allocations;
+        throw_out_of_memory_locked(bytes, tag, "over the device's capacity");
+      }
+      stats_.allocated_bytes += rounded;  // reserved now, so concurrent callers cannot overshoot
+    }
+    void* ptr = nullptr;
+    cudaError_t err = cudaSuccess;
+    {
+      ScopedDevice on(ordinal);
+      err = cudaMallocFromPoolAsync(&ptr, bytes, pool_, alloc_stream_);
+      if (err == cudaSuccess) {
+        err = cudaStreamSynchronize(alloc_stream_);
+        if (err != cudaSuccess) (void)cudaFreeAsync(ptr, alloc_stream_);
+      }
+    }
+    std::lock_guard lock(mutex_);
+    if (err != cudaSuccess) {
+      stats_.allocated_bytes -= rounded;
+      ++stats_.failed_allocations;
+      (void)cudaGetLastError();  // allocation failures are not sticky; clear the runtime's last error
+      if (err == cudaErrorMemoryAllocation) throw_out_of_memory_locked(bytes, tag, "the CUDA memory pool is exhausted");
+      STRATA_CUDA_CHECK(err);
+    }
+    const std::string tag_name(tag);
+    allocations_.emplace(ptr, Allocation{rounded, tag_name, nullptr});
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    const std::size_t tag_bytes = stats_.bytes_by_tag[tag_name] += rounded;
+    std::size_t& tag_peak = stats_.peak_bytes_by_tag[tag_name];
+    tag_peak = std::max(tag_peak, tag_bytes);
+    ++stats_.live_allocations;
+    ++stats_.total_allocations;
+    return ptr;
+  }
+
+  // DeviceMemory's destructor: frees on the internal stream (the caller has ensured, per the
+  // contract, that no stream still uses the memory), or on the stream release_after named.
+  void release(void* ptr) noexcept override {
+    cudaStream_t stream = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = allocations_.find(ptr);
+      if (it == allocations_.end()) {
+        spdlog::error("{}: release of {} which is not a live allocation of this device", name, ptr);
+        return;
+      }
+      const Allocation& a = it->second;
+      stream = a.free_on != nullptr ? a.free_on : alloc_stream_;
+      stats_.allocated_bytes -= a.bytes;
+      auto tag = stats_.bytes_by_tag.find(a.tag);
+      tag->second -= a.bytes;
+      if (tag->second == 0) stats_.bytes_by_tag.erase(tag);
+      --stats_.live_allocations;
+      allocations_.erase(it);
+    }
+    ScopedDevice on(ordinal, std::nothrow);
+    log_if_failed(cudaFreeAsync(ptr, stream), "cudaFreeAsync", name);
+  }
+
+  // Stream::release_after: the next release of `ptr` frees it in `stream`'s order. False if `ptr`
+  // is not an allocation of this device.
+  bool free_on_stream(void* ptr, cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    auto it = allocations_.find(ptr);
+    if (it == allocations_.end()) return false;
+    it->second.free_on = stream;
+    return true;
+  }
+
+  MemoryStats stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_locked();
+  }
+
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    stats_.peak_bytes_by_tag = stats_.bytes_by_tag;
+  }
+
+  // cudaHostRegister of a large buffer takes a while, so it runs outside the lock; the registry
+  // entry is claimed first so that two threads cannot pin the same memory.
+  void pin(void* ptr, std::size_t bytes) {
+    if (ptr == nullptr || bytes == 0) {
+      throw DeviceError(fmt::format("{}: pin_host({}, {} bytes): nothing to pin; pass a non-empty host buffer", name,
+                                    ptr, bytes));
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (!pinned_.emplace(ptr, 0).second) {
+        throw DeviceError(fmt::format("{}: pin_host({}): this host memory is already pinned; unpin it first", name, ptr));
+      }
+    }
+    cudaError_t err = cudaSuccess;
+    {
+      ScopedDevice on(ordinal, std::nothrow);
+      err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+    }
+    std::lock_guard lock(mutex_);
+    if (err != cudaSuccess) {
+      pinned_.erase(ptr);
+      (void)cudaGetLastError();
+      throw DeviceError(fmt::format(
+          "{}: cannot page-lock {} of host memory at {}: cudaHostRegister: {}. Pinned memory is limited by "
+          "`ulimit -l` (RLIMIT_MEMLOCK) and by the machine's RAM; raise the limit or use smaller pinned buffers",
+          name, format_bytes(bytes), ptr, cuda_text(err)));
+    }
+    pinned_[ptr] = bytes;
+    stats_.pinned_host_bytes += bytes;
+  }
+
+  void unpin(void* ptr) noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      auto it = pinned_.find(ptr);
+      if (it == pinned_.end()) {
+        spdlog::error("{}: unpin_host({}) of memory this device did not pin", name, ptr);
+        return;
+      }
+      stats_.pinned_host_bytes -= it->second;
+      pinned_.erase(it);
+    }
+    ScopedDevice on(ordinal, std::nothrow);
+    log_if_failed(cudaHostUnregister(ptr), "cudaHostUnregister", name);
+  }
+
+  // Streams and events are registered so that the state's destructor can destroy the ones that
+  // outlive the Device (Note [Cuda lifetimes]).
+  void add_stream(cudaStream_t s) {
+    std::lock_guard lock(mutex_);
+    streams_.insert(s);
+  }
+  void destroy_stream(cudaStream_t s) noexcept {
+    std::lock_guard lock(mutex_);
+    if (streams_.erase(s) == 0) return;
+    ScopedDevice on(ordinal, std::nothrow);
+    // cudaStreamDestroy returns at once and lets queued work finish, as a Stream's destructor should.
+    log_if_failed(cudaStreamDestroy(s), "cudaStreamDestroy", name);
+  }
+  void add_event(cudaEvent_t e) {
+    std::lock_guard lock(mutex_);
+    events_.insert(e);
+  }
+  void destroy_event(cudaEvent_t e) noexcept {
+    std::lock_guard lock(mutex_);
+    if (events_.erase(e) == 0) return;
+    ScopedDevice on(ordinal, std::nothrow);
+    log_if_failed(cudaEventDestroy(e), "cudaEventDestroy", name);
+  }
+
+  const int ordinal;
+  const std::string name;
+
+ private:
+  struct Allocation {
+    std::size_t bytes;     // rounded, as counted
+    std::string tag;
+    cudaStream_t free_on;  // set by release_after; null: the internal stream
+  };
+
+  MemoryStats stats_locked() const {
+    MemoryStats s = stats_;
+    s.free_bytes = s.capacity_bytes - std::min(s.capacity_bytes, s.allocated_bytes);
+    s.largest_free_block_bytes = s.free_bytes;  // Note [Cuda capacity]
+    return s;
+  }
+
+  [[noreturn]] void throw_out_of_memory_locked(std::size_t bytes, std::string_view tag, std::string_view why) const {
+    throw OutOfMemoryError(fmt::format("cannot allocate {} for '{}' on {}: {}\n{}", format_bytes(bytes), tag, name, why,
+                                       format_memory_report(name, stats_locked())));
+  }
+
+  mutable std::mutex mutex_;
+  cudaMemPool_t pool_ = nullptr;
+  cudaStream_t alloc_stream_ = nullptr;
+  MemoryStats stats_;
+  std::unordered_map<void*, Allocation> allocations_;
+  std::map<void*, std::size_t> pinned_;
+  std::set<cudaStream_t> streams_;
+  std::set<cudaEvent_t> events_;
+};
+
+[[noreturn]] void throw_destroyed(std::string_view device_name, std::string_view owner, std::string_view what) {
+  throw DeviceError(fmt::format("device {} was destroyed; {} was used afterwards ({}). Streams, events and device "
+                                "memory must not outlive their Device: destroy them first",
+                                device_name, owner, what));
+}
+
+std::shared_ptr<CudaState> lock_alive(const std::weak_ptr<CudaState>& weak, std::string_view device_name,
+                                      std::string_view owner, std::string_view what) {
+  auto state = weak.lock();
+  if (!state) throw_destroyed(device_name, owner, what);
+  return state;
+}
+
+// The sticky error of one stream: the first exception thrown by one of its host functions.
+class StreamFailure {
+ public:
+  void set(std::string what) {
+    std::lock_guard lock(mutex_);
+    if (!message_) message_ = std::move(what);
+    failed_.store(true, std::memory_order_release);
+  }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  void rethrow(std::string_view stream_name, std::string_view device_name) const {
+    if (!failed()) return;
+    std::lock_guard lock(mutex_);
+    throw DeviceError(fmt::format("stream '{}' on {}: earlier work on this stream failed: {}", stream_name,
+                                  device_name, *message_));
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::atomic<bool> failed_{false};
+  std::optional<std::string> message_;
+};
+
+// A launch_host function on its way through cudaLaunchHostFunc; owned by the trampoline once the
+// launch succeeded.
+struct HostTask {
+  std::function<void()> fn;
+  std::shared_ptr<StreamFailure> failure;
+};
+
+// Runs on a CUDA runtime thread; must not call CUDA. Once the stream has failed, later host work
+// is skipped (it may depend on what failed), as on sim.
+void CUDART_CB run_host_task(void* data) noexcept {
+  std::unique_ptr<HostTask> task(static_cast<HostTask*>(data));
+  if (task->failure->failed()) return;
+  try {
+    task->fn();
+  } catch (const std::exception& e) {
+    task->failure->set(e.what());
+  } catch (...) {
+    task->failure->set("a host function threw an exception that is not a std::exception");
+  }
+}
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(const std::shared_ptr<CudaState>& state, cudaEvent_t event)
+      : state_(state), device_name_(state->name), event_(event) {}
+  ~CudaEvent() override {
+    if (auto state = state_.lock()) state->destroy_event(event_);
+  }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  bool query() override {
+    auto state = usable("Event::query");
+    ScopedDevice on(state->ordinal);
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaErrorNotReady) return false;
+    STRATA_CUDA_CHECK(err);
+    return true;
+  }
+
+  void synchronize() override {
+    auto state = usable("Event::synchronize");
+    ScopedDevice on(state->ordinal);
+    STRATA_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
+
+  double elapsed_ms_since(const Event& start) override {
+    const auto* begin = dynamic_cast<const CudaEvent*>(&start);
+    if (begin == nullptr) {
+      throw DeviceError(fmt::format("Event::elapsed_ms_since on {}: the start event belongs to another backend",
+                                    device_name_));
+    }
+    auto state = usable("Event::elapsed_ms_since");
+    auto begin_state = begin->usable("Event::elapsed_ms_since");  // held: keeps the start's device alive
+    float ms = 0;
+    ScopedDevice on(state->ordinal);
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, begin->event_, event_));
+    return ms;
+  }
+
+  // Checks for the device's life and for a record; `what` names the caller for the message.
+  std::shared_ptr<CudaState> usable(std::string_view what) const {
+    auto state = lock_alive(state_, device_name_, "an event", what);
+    if (!recorded_.load(std::memory_order_acquire)) {
+      throw DeviceError(fmt::format("{} on an event of {} that was never recorded: record it on a stream first "
+                                    "(CUDA would treat it as complete and hide an ordering bug)",
+                                    what, device_name_));
+    }
+    return state;
+  }
+  std::shared_ptr<CudaState> alive(std::string_view what) const {
+    return lock_alive(state_, device_name_, "an event", what);
+  }
+  void mark_recorded() { recorded_.store(true, std::memory_order_release); }
+  cudaEvent_t handle() const { return event_; }
+
+ private:
+  std::weak_ptr<CudaState> state_;
+  const std::string device_name_;
+  const cudaEvent_t event_;
+  std::atomic<bool> recorded_{false};
+};
+
+template <typename EventT>  // Event or const Event
+auto& as_cuda_event(EventT& event, std::string_view what, std::string_view device_name) {
+  auto* e = dynamic_cast<std::conditional_t<std::is_const_v<EventT>, const CudaEvent, CudaEvent>*>(&event);
+  if (e == nullptr) {
+    throw DeviceError(fmt::format("{} on {}: the event was not created by a cuda device; use Device::create_event of "
+                                  "this device",
+                                  what, device_name));
+  }
+  return *e;
+}
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(const std::shared_ptr<CudaState>& state, Device* device, std::string name, cudaStream_t stream)
+      : state_(state), device_(device), device_name_(state->name), name_(std::move(name)), stream_(stream) {}
+  ~CudaStream() override {
+    if (auto state = state_.lock()) state->destroy_stream(stream_);
+  }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  Device& device() override {
+    auto state = lock_alive(state_, device_name_, stream_label(), "Stream::device");
+    return *device_;
+  }
+  const std::string& name() const override { return name_; }
+
+  void copy_h2d(void* dst_device, const void* src_host, std::size_t bytes) override {
+    copy(dst_device, src_host, bytes, cudaMemcpyHostToDevice, "copy_h2d");
+  }
+  void copy_d2h(void* dst_host, const void* src_device, std::size_t bytes) override {
+    copy(dst_host, src_device, bytes, cudaMemcpyDeviceToHost, "copy_d2h");
+  }
+  void copy_d2d(void* dst_device, const void* src_device, std::size_t bytes) override {
+    copy(dst_device, src_device, bytes, cudaMemcpyDeviceToDevice, "copy_d2d");
+  }
+
+  void memset(void* dst_device, int value, std::size_t bytes) override {
+    auto state = enter("memset");
+    if (bytes == 0) return;
+    ScopedDevice on(state->ordinal);
+    STRATA_CUDA_CHECK(cudaMemsetAsync(dst_device, value, bytes, stream_));
+  }
+
+  void launch_host(std::function<void()> fn) override {
+    auto state = enter("launch_host");
+    if (!fn) throw DeviceError(fmt::format("{}: launch_host got an empty function", stream_label()));
+    auto task = std::make_unique<HostTask>(HostTask{std::move(fn), failure_});
+    ScopedDevice on(state->ordinal);
+    STRATA_CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_task, task.get()));
+    task.release();  // the trampoline owns it now
+  }
+
+  void release_after(DeviceMemory memory) override {
+    if (memory.empty()) return;
+    auto state = enter("release_after");
+    if (!state->free_on_stream(memory.data(), stream_)) {
+      throw DeviceError(fmt::format("{}: release_after got memory that was not allocated by {}; release memory on a "
+                                    "stream of its own device",
+                                    stream_label(), device_name_));
+    }
+    memory.reset();  // -> CudaState::release -> cudaFreeAsync on this stream
+  }
+
+  void record(Event& event) override {
+    auto state = enter("record");
+    CudaEvent& e = as_cuda_event(event, "Stream::record", device_name_);
+    auto event_state = e.alive("Stream::record");
+    if (event_state->ordinal != state->ordinal) {
+      throw DeviceError(fmt::format("{}: record of an event created by {}; CUDA records an event only on a stream of "
+                                    "its own GPU (waiting on it from another GPU is fine)",
+                                    stream_label(), event_state->name));
+    }
+    ScopedDevice on(state->ordinal);
+    STRATA_CUDA_CHECK(cudaEventRecord(e.handle(), stream_));
+    e.mark_recorded();
+  }
+
+  void wait(const Event& event) override {
+    auto state = enter("wait");
+    const CudaEvent& e = as_cuda_event(event, "Stream::wait", device_name_);
+    auto event_state = e.usable("Stream::wait");  // never recorded -> DeviceError (device.h)
+    ScopedDevice on(state->ordinal);
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.handle(), 0));
+  }
+
+  void synchronize() override {
+    auto state = lock_alive(state_, device_name_, stream_label(), "Stream::synchronize");
+    {
+      ScopedDevice on(state->ordinal);
+      STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    failure_->rethrow(name_, device_name_);
+  }
+
+  void* native_handle() override { return stream_; }
+
+ private:
+  std::string stream_label() const { return fmt::format("stream '{}' on {}", name_, device_name_); }
+
+  // Every enqueue: the device must be alive and the stream must not have failed (device.h: a
+  // sticky error is rethrown by any later enqueue).
+  std::shared_ptr<CudaState> enter(std::string_view what) {
+    auto state = lock_alive(state_, device_name_, stream_label(), what);
+    failure_->rethrow(name_, device_name_);
+    return state;
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, std::string_view what) {
+    auto state = enter(what);
+    if (bytes == 0) return;
+    ScopedDevice on(state->ordinal);
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+  }
+
+  std::weak_ptr<CudaState> state_;
+  Device* const device_;
+  const std::string device_name_;
+  const std::string name_;
+  const cudaStream_t stream_;
+  const std::shared_ptr<StreamFailure> failure_ = std::make_shared<StreamFailure>();
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(std::shared_ptr<CudaState> state) : state_(std::move(state)) {}
+
+  DeviceKind kind() const override { return DeviceKind::Cuda; }
+  std::string name() const override { return state_->name; }
+  std::size_t capacity_bytes() const override { return state_->stats().capacity_bytes; }
+
+  DeviceMemory allocate(std::size_t bytes, std::string_view tag) override {
+    if (bytes == 0) {
+      throw DeviceError(fmt::format("{}: allocate(0 bytes) for '{}': a zero-byte allocation is a caller bug",
+                                    state_->name, tag));
+    }
+    void* ptr = state_->allocate(bytes, tag);
+    return DeviceMemory(ptr, bytes, std::weak_ptr<detail::DeviceMemoryReleaser>(state_));
+  }
+  MemoryStats memory_stats() const override { return state_->stats(); }
+  void reset_peak_stats() override { state_->reset_peak(); }
+
+  std::unique_ptr<Stream> create_stream(std::string_view name) override {
+    cudaStream_t s = nullptr;
+    {
+      ScopedDevice on(state_->ordinal);
+      STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    }
+    state_->add_stream(s);  // from here on the state destroys it, whatever happens below
+    return std::make_unique<CudaStream>(state_, this, std::string(name), s);
+  }
+
+  std::unique_ptr<Event> create_event() override {
+    cudaEvent_t e = nullptr;
+    {
+      ScopedDevice on(state_->ordinal);
+      STRATA_CUDA_CHECK(cudaEventCreate(&e));  // timing enabled: elapsed_ms_since needs it
+    }
+    state_->add_event(e);
+    return std::make_unique<CudaEvent>(state_, e);
+  }
+
+  void pin_host(void* ptr, std::size_t bytes) override { state_->pin(ptr, bytes); }
+  void unpin_host(void* ptr) noexcept override { state_->unpin(ptr); }
+
+ private:
+  std::shared_ptr<CudaState> state_;
+};
+
+}  // namespace
+
+std::vector<CudaDeviceInfo> list_cuda_devices(std::string* why) {
+  std::vector<CudaDeviceInfo> out;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why != nullptr) *why = fmt::format("the CUDA runtime found no usable device: {}", cuda_text(err));
+    return out;
+  }
+  if (count == 0) {
+    if (why != nullptr) *why = "the CUDA driver reports no devices";
+    return out;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    const cudaError_t prop_err = cudaGetDeviceProperties(&prop, i);
+    if (prop_err != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (why != nullptr) *why += fmt::format("cuda:{} skipped: {}; ", i, cuda_text(prop_err));
+      continue;
+    }
+    out.push_back(CudaDeviceInfo{i, prop.name, prop.totalGlobalMem, prop.major, prop.minor});
+  }
+  return out;
+}
+
+std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options) {
+  std::string why;
+  const std::vector<CudaDeviceInfo> devices = list_cuda_devices(&why);
+  const auto info = std::find_if(devices.begin(), devices.end(),
+                                 [&](const CudaDeviceInfo& d) { return d.ordinal == options.ordinal; });
+  if (info == devices.end()) {
+    std::string have;
+    for (const CudaDeviceInfo& d : devices) have += fmt::format(" cuda:{} ({})", d.ordinal, d.name);
+    throw DeviceError(fmt::format("cannot open cuda:{}: {}. Devices found:{}. Choose one of them, or use the sim device "
+                                  "(strata.device.kind = \"sim\")",
+                                  options.ordinal, why.empty() ? "no such device" : why, have.empty() ? " none" : have));
+  }
+  int pools_supported = 0;
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&pools_supported, cudaDevAttrMemoryPoolsSupported, info->ordinal));
+  if (pools_supported == 0) {
+    throw DeviceError(fmt::format("cuda:{} ({}) does not support stream-ordered memory pools (cudaMallocAsync), which "
+                                  "Strata's cuda backend needs; update the NVIDIA driver",
+                                  info->ordinal, info->name));
+  }
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  {
+    ScopedDevice on(info->ordinal);
+    STRATA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  }
+  if (options.memory_limit_bytes > total_bytes) {
+    throw ConfigError(fmt::format("device memory limit {} for cuda:{} ({}) is more than its {} of memory; lower the "
+                                  "limit (strata.device.memory) or use 0 for all free memory",
+                                  format_bytes(options.memory_limit_bytes), info->ordinal, info->name,
+                                  format_bytes(total_bytes)));
+  }
+  const std::size_t capacity = options.memory_limit_bytes != 0 ? options.memory_limit_bytes : free_bytes;
+  auto state = std::make_shared<CudaState>(info->ordinal, fmt::format("cuda:{} ({})", info->ordinal, info->name), capacity);
+  return std::make_unique<CudaDevice>(std::move(state));
+}
+
+}  // namespace strata
