@@ -147,10 +147,12 @@ SchedulerConfig parse_scheduler(ConfigReader r) {
   ConfigReader p = r.section("params");
   p.get_double("warmup_min_lr", &s.warmup_min_lr, 0.0, 1e3);
   p.get_double("warmup_max_lr", &s.warmup_max_lr, 0.0, 1e3);
-  p.get_int("warmup_num_steps", &s.warmup_num_steps, 0, std::numeric_limits<std::int64_t>::max());
+  p.get_int("warmup_num_steps", &s.warmup_num_steps, 1, std::numeric_limits<std::int64_t>::max());
   p.get_int("total_num_steps", &s.total_num_steps, 0, std::numeric_limits<std::int64_t>::max());
   p.get_choice("warmup_type", &s.warmup_type, {"log", "linear"});
   p.get_double("cos_min_ratio", &s.cos_min_ratio, 0.0, 1.0);
+  p.get_double("warmup_min_ratio", &s.warmup_min_ratio, 0.0, 1.0);
+  p.ignored("last_batch_iteration");
   p.finish();
   if ((s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") && s.total_num_steps <= s.warmup_num_steps) {
     p.fail("total_num_steps", fmt::format("{} must exceed warmup_num_steps ({}) for {}", s.total_num_steps,

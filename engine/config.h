@@ -80,6 +80,7 @@ struct SchedulerConfig {
   std::int64_t warmup_num_steps = 1000;
   std::int64_t total_num_steps = 0;
   std::string warmup_type = "log";
+  double warmup_min_ratio = 0.0;  // WarmupCosineLR
   double cos_min_ratio = 0.0001;
 };
 
