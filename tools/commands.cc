@@ -11,6 +11,7 @@
 namespace strata::tools {
 
 void register_commands(CLI::App& app, CommandTable& table) {
+  register_train(app, table);
   register_doctor(app, table);
   register_eval(app, table);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks, each beside its same-run yardstick");

@@ -1,0 +1,23 @@
+// `strata train [--config FILE] [--set k.path=v ...] [--steps N] [--save-weights OUT]`: the main
+// job (tools/trainer.h). Runs under `mpirun -np N` as well.
+#include "tools/commands.h"
+#include "tools/trainer.h"
+
+namespace strata::tools {
+
+void register_train(CLI::App& app, CommandTable& table) {
+  auto* cmd = app.add_subcommand("train", "train a model (default config: configs/demo.json)");
+  auto options = std::make_shared<TrainOptions>();
+  auto steps = std::make_shared<std::int64_t>(-1);
+  cmd->add_option("--config", options->config_path, "DeepSpeed-style JSON config (default: configs/demo.json)");
+  cmd->add_option("--set", options->overrides, "override a config key: --set zero_optimization.stage=3 (repeatable)");
+  cmd->add_option("--steps", *steps, "number of optimizer steps (overrides strata.steps)");
+  cmd->add_option("--save-weights", options->save_weights, "write the final weights (fp32 safetensors) from rank 0");
+  table[cmd] = [options, steps] {
+    if (*steps >= 0) options->steps = *steps;
+    run_training(*options);
+    return 0;
+  };
+}
+
+}  // namespace strata::tools

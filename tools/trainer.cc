@@ -1,0 +1,288 @@
+// The training loop (see tools/trainer.h).
+#include "tools/trainer.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/device/device.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/units.h"
+#include "engine/communicator.h"
+#include "engine/config.h"
+#include "engine/lr_schedule.h"
+#include "engine/zero_engine.h"
+#include "models/decoder.h"
+#include "models/hf_names.h"
+#include "models/model_config.h"
+#include "models/param_init.h"
+#include "models/safetensors.h"
+#include "models/token_data.h"
+
+namespace strata::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
+  const DeviceConfig& d = cfg.strata.device;
+  if (d.kind == DeviceChoice::Cuda) {
+    throw ConfigError(fmt::format("{}: strata.device.kind is \"cuda\", but the training engine of this version runs "
+                                  "on the sim device only; set strata.device.kind=sim",
+                                  cfg.source));
+  }
+  SimDeviceOptions o;
+  o.capacity_bytes = d.memory_bytes > 0 ? d.memory_bytes : std::size_t{1} << 30;
+  o.h2d_gbps = d.h2d_gbps;
+  o.d2h_gbps = d.d2h_gbps;
+  o.latency_us = d.latency_us;
+  return make_sim_device(o);
+}
+
+models::ModelConfig model_config_of(const TrainConfig& cfg, bool* checkpointing) {
+  *checkpointing = false;
+  models::ModelConfig m;
+  if (cfg.strata.model.is_string()) {
+    m = models::model_config_by_name(cfg.strata.model.get<std::string>());
+  } else {
+    nlohmann::json j = cfg.strata.model;
+    if (j.contains("checkpoint_activations")) {
+      if (!j["checkpoint_activations"].is_boolean()) {
+        throw ConfigError(fmt::format("{}: strata.model.checkpoint_activations must be true or false", cfg.source));
+      }
+      *checkpointing = j["checkpoint_activations"].get<bool>();
+      j.erase("checkpoint_activations");
+    }
+    m = models::model_config_from_json(j);
+  }
+  switch (cfg.precision) {
+    case Precision::Fp32: m.dtype = DType::F32; break;
+    case Precision::Bf16: m.dtype = DType::BF16; break;
+    case Precision::Fp16: m.dtype = DType::F16; break;
+  }
+  m.validate();
+  if (cfg.strata.data.seq_len > m.max_seq_len) {
+    throw ConfigError(fmt::format("{}: strata.data.seq_len = {} exceeds the model's max_seq_len {}; lower seq_len",
+                                  cfg.source, cfg.strata.data.seq_len, m.max_seq_len));
+  }
+  return m;
+}
+
+// The token file to train on: the fortunes corpus (tokenized once into `cache_dir`), a token file,
+// or a text file tokenized by bytes.
+std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, const std::string& cache_dir) {
+  const DataConfig& d = cfg.strata.data;
+  std::string path;
+  if (d.train == "fortunes") {
+    path = cache_dir + "/train.tok";  // prepare_fortunes_token_files writes train.tok and val.tok
+    if (comm.rank() == 0) {
+      std::filesystem::create_directories(cache_dir);
+      if (!std::filesystem::exists(path)) models::prepare_fortunes_token_files(cache_dir);
+    }
+  } else {
+    const bool text = d.format == "text" || (d.format == "auto" && std::filesystem::path(d.train).extension() == ".txt");
+    if (!text) return d.train;
+    path = cache_dir + "/" + std::filesystem::path(d.train).filename().string() + ".tok";
+    if (comm.rank() == 0) {
+      std::ifstream in(d.train, std::ios::binary);
+      if (!in) {
+        throw ConfigError(fmt::format("{}: strata.data.train: cannot open '{}': {}", cfg.source, d.train,
+                                      errno_text(errno)));
+      }
+      const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::filesystem::create_directories(cache_dir);
+      models::write_token_file(path, models::ByteTokenizer::encode(content), models::ByteTokenizer::kVocabSize);
+    }
+  }
+  comm.barrier();
+  return path;
+}
+
+void save_weights(const std::string& out, const models::ModelConfig& model, ZeroEngine& engine, int rank) {
+  std::vector<std::vector<float>> values;
+  std::vector<models::SafetensorsTensorOut> tensors;
+  const auto groups = engine.groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) values.push_back(engine.gather_master(g, t));
+  }
+  if (rank != 0) return;
+  std::size_t i = 0;
+  for (const auto& group : groups) {
+    for (const auto& t : group.tensors) {
+      tensors.push_back(models::SafetensorsTensorOut{t.name, DType::F32, t.shape, values[i++].data()});
+    }
+  }
+  models::write_safetensors(out, tensors,
+                            {{"format", "strata"}, {"model", model.name},
+                             {"arch", std::string(models::architecture_name(model.arch))}});
+  spdlog::info("wrote {} tensors to {}", tensors.size(), out);
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& options) {
+  TrainConfig cfg = load_train_config(options.config_path, options.overrides);
+  if (options.steps) {
+    if (*options.steps < 0) throw ConfigError(fmt::format("--steps {} must be >= 0", *options.steps));
+    cfg.strata.steps = *options.steps;
+  }
+  auto device = make_device(cfg);
+  CommunicatorOptions copt;
+  copt.order = cfg.strata.exact ? ReductionOrder::Deterministic : ReductionOrder::Fast;
+  auto comm = make_world_communicator(*device, copt);
+  const int rank = comm->rank();
+  const int world = comm->world_size();
+  if (world > 1) {
+    LogOptions log;
+    log.rank = rank;
+    log.world_size = world;
+    log.level = spdlog::get_level();
+    init_logging(log);
+  }
+  if (cfg.train_batch_size > 0 &&
+      cfg.train_batch_size != static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.gradient_accumulation_steps * world) {
+    throw ConfigError(fmt::format("{}: train_batch_size {} != train_micro_batch_size_per_gpu {} x "
+                                  "gradient_accumulation_steps {} x world size {}; fix one of them or drop "
+                                  "train_batch_size",
+                                  cfg.source, cfg.train_batch_size, cfg.micro_batch_size,
+                                  cfg.gradient_accumulation_steps, world));
+  }
+
+  bool checkpointing = false;
+  const models::ModelConfig model = model_config_of(cfg, &checkpointing);
+  const std::string cache_dir = cfg.strata.checkpoint.dir.empty() ? "strata-run/data" : cfg.strata.checkpoint.dir + "/data";
+  const std::string data_path = prepare_training_data(cfg, *comm, cache_dir);
+  models::TokenFile data = models::TokenFile::open(data_path);
+  data.check_vocab(model.vocab_size);
+  const std::int64_t seq = cfg.strata.data.seq_len;
+  const std::int64_t micro = cfg.micro_batch_size;
+  if (data.size() < static_cast<std::size_t>(seq + 2)) {
+    throw FormatError(fmt::format("training data '{}' has {} tokens, fewer than one window of seq_len {} + 1",
+                                  data_path, data.size(), seq));
+  }
+
+  models::DecoderOptions dopt;
+  dopt.checkpointing = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
+  models::Decoder decoder(model, dopt);
+  const auto groups = decoder.param_groups();
+  const std::uint64_t seed = cfg.strata.seed;
+  std::unique_ptr<models::SafetensorsFile> init_file;
+  if (!cfg.strata.init_weights.empty()) init_file = std::make_unique<models::SafetensorsFile>(models::SafetensorsFile::open(cfg.strata.init_weights));
+  const auto init = [&](std::size_t g, std::size_t t, std::span<float> out) {
+    const ParamTensorSpec& spec = groups[g].tensors[t];
+    if (!init_file) {
+      models::init_tensor_gpt2_style(model, spec, seed, out);
+      return;
+    }
+    const models::SafetensorsEntry* e = init_file->find(spec.name);
+    if (e == nullptr) {
+      throw FormatError(fmt::format("strata.init_weights '{}' has no tensor '{}'; it must hold Strata-named weights of "
+                                    "model '{}' (strata train --save-weights writes such files)",
+                                    init_file->path(), spec.name, model.name));
+    }
+    if (e->shape != spec.shape) {
+      throw FormatError(fmt::format("strata.init_weights '{}': tensor '{}' has shape {}, the model needs {}",
+                                    init_file->path(), spec.name, models::format_shape(e->shape),
+                                    models::format_shape(spec.shape)));
+    }
+    init_file->read(*e, DType::F32, out.data());
+  };
+  ZeroEngine engine(cfg, *device, *comm, groups, init);
+  init_file.reset();
+
+  auto stream = device->create_stream("compute");
+  models::DecoderRuntime rt;
+  rt.ctx.kind = DeviceKind::Sim;
+  rt.ctx.stream = stream.get();
+  rt.device = device.get();
+
+  models::BatchSampler sampler(data, micro, seq, seed);
+  std::vector<std::int32_t> inputs(static_cast<std::size_t>(micro * seq)), targets(inputs.size());
+  const int accumulation = cfg.gradient_accumulation_steps;
+  const std::int64_t units = static_cast<std::int64_t>(accumulation) * world;
+  const std::int64_t tokens_per_step = units * micro * seq;
+
+  std::unique_ptr<std::ofstream> metrics;
+  if (rank == 0 && !cfg.strata.metrics_path.empty()) {
+    metrics = std::make_unique<std::ofstream>(cfg.strata.metrics_path, std::ios::app);
+    if (!*metrics) throw ConfigError(fmt::format("strata.metrics: cannot open '{}' for appending", cfg.strata.metrics_path));
+  }
+  if (rank == 0) {
+    spdlog::info("model {} ({} arch): {:.2f}M parameters, {} groups; stage {}, world {}, {} x {} x {} sequences of {} "
+                 "tokens per step; device {} capped at {}",
+                 model.name, models::architecture_name(model.arch), static_cast<double>(models::param_count(model)) / 1e6,
+                 groups.size(), cfg.zero.stage, world, micro, accumulation, world, seq, device->name(),
+                 format_bytes(device->capacity_bytes()));
+  }
+
+  TrainSummary summary;
+  const auto start = Clock::now();
+  for (std::int64_t s = 0; s < cfg.strata.steps; ++s) {
+    const auto step_start = Clock::now();
+    double loss_sum = 0;
+    for (int a = 0; a < accumulation; ++a) {
+      const std::int64_t unit = static_cast<std::int64_t>(a) * world + rank;
+      sampler.restore(models::SamplerState{seed, static_cast<std::uint64_t>((s * units + unit) * micro)});
+      sampler.next(inputs.data(), targets.data());
+      engine.begin_micro_batch();
+      const models::LossSum loss = decoder.forward_backward(rt, engine, inputs.data(), targets.data(), micro, seq,
+                                                            1.0f / static_cast<float>(micro * seq));
+      engine.end_micro_batch();
+      loss_sum += loss.mean();
+    }
+    const double lr = lr_for_step(cfg.scheduler, cfg.optimizer.lr, s);
+    const StepResult result = engine.step(lr);
+    const double loss = comm->all_reduce_host(loss_sum, ReduceOp::Sum) / static_cast<double>(units);
+    const double seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+    const auto stats = device->memory_stats();
+    if (s == 0) summary.first_loss = loss;
+    summary.last_loss = loss;
+    summary.steps = s + 1;
+    summary.peak_device_bytes = std::max(summary.peak_device_bytes, stats.peak_allocated_bytes);
+    if (rank == 0) {
+      if (!options.quiet && (s % cfg.steps_per_print == 0 || s + 1 == cfg.strata.steps)) {
+        spdlog::info("step {}/{} | loss {:.4f} | lr {:.3g} | grad norm {:.3f}{} | {:.0f} tok/s | device {} (peak {})",
+                     s + 1, cfg.strata.steps, loss, lr, result.grad_norm, result.applied ? "" : " (skipped)",
+                     static_cast<double>(tokens_per_step) / seconds, format_bytes(stats.allocated_bytes),
+                     format_bytes(stats.peak_allocated_bytes));
+      }
+      if (metrics) {
+        *metrics << nlohmann::json{{"step", s + 1},
+                                   {"loss", loss},
+                                   {"lr", lr},
+                                   {"grad_norm", result.grad_norm},
+                                   {"applied", result.applied},
+                                   {"loss_scale", result.loss_scale},
+                                   {"tokens", tokens_per_step},
+                                   {"seconds", seconds},
+                                   {"device_bytes", stats.allocated_bytes},
+                                   {"device_peak_bytes", stats.peak_allocated_bytes}}
+                        .dump()
+                 << "\n";
+        metrics->flush();
+      }
+    }
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  summary.tokens_per_second = elapsed > 0 ? static_cast<double>(tokens_per_step * summary.steps) / elapsed : 0;
+  stream->synchronize();
+  if (!options.save_weights.empty()) save_weights(options.save_weights, model, engine, rank);
+  if (rank == 0 && summary.steps > 0) {
+    spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
+                 summary.first_loss, summary.last_loss, summary.tokens_per_second,
+                 format_bytes(summary.peak_device_bytes), format_bytes(device->capacity_bytes()));
+  }
+  return summary;
+}
+
+}  // namespace strata::tools

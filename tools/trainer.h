@@ -1,0 +1,36 @@
+// The training loop behind `strata train`: config -> device -> communicator -> model -> ZeRO
+// engine -> data -> steps, with a progress line per step, JSON-lines metrics and a summary.
+//
+// Unit u = a * world + rank (micro-batch a of rank r) of step s reads the sampler windows
+// [(s * units + u) * micro, ... + micro): every split of a step's units over ranks and micro-batches
+// reads the same sequences, which is what lets exact mode give the same weights for any world size
+// and accumulation (engine/zero_engine.h, Note [Exact gradient sums]).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata::tools {
+
+struct TrainOptions {
+  std::string config_path = "configs/demo.json";
+  std::vector<std::string> overrides;        // --set key.path=value
+  std::optional<std::int64_t> steps;         // --steps N (overrides strata.steps)
+  std::string save_weights;                  // --save-weights OUT.safetensors
+  bool quiet = false;                        // no per-step progress lines (tests)
+};
+
+struct TrainSummary {
+  std::int64_t steps = 0;
+  double first_loss = 0;
+  double last_loss = 0;
+  double tokens_per_second = 0;
+  std::size_t peak_device_bytes = 0;
+};
+
+// Runs the whole job on this rank. Throws strata::Error subclasses for bad input.
+TrainSummary run_training(const TrainOptions& options);
+
+}  // namespace strata::tools
