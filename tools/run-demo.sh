@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The README's main-job command: installs what is missing, builds Strata, and runs the main job.
-# Until the trainer lands this is `strata doctor` on ./strata-run, the directory the demo training
-# run will swap into; afterwards it is `strata train` with configs/demo.json.
+# The README's main-job command: installs what is missing, builds Strata, checks the machine
+# (`strata doctor`), and trains the demo model: `strata train` with configs/demo.json (a byte-level
+# GPT on the fortunes corpus, ZeRO stage 3 on the sim device). Extra arguments go to `strata train`,
+# e.g. tools/run-demo.sh --steps 20.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/build.sh build >/dev/null
 mkdir -p strata-run
-exec ./build/bin/strata doctor --dir ./strata-run "$@"
+./build/bin/strata doctor --dir ./strata-run
+exec ./build/bin/strata train --config configs/demo.json "$@"
