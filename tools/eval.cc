@@ -1,14 +1,111 @@
-// Placeholder for `strata eval` until its issue lands: it says so and fails, never pretends.
+// `strata eval`: mean cross-entropy (and perplexity) of given weights on given token data, walking
+// the data in consecutive windows of --seq-len tokens from the start (targets shifted by one), so the
+// figure depends on no seed. Runs the model on the sim device with all weights resident.
 #include "tools/commands.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/device/device.h"
 #include "core/error.h"
+#include "models/decoder.h"
+#include "models/resident_provider.h"
+#include "models/token_data.h"
+#include "models/weights_io.h"
 
 namespace strata::tools {
 
+namespace {
+
+struct EvalOptions {
+  std::string model;
+  std::string weights;
+  std::string data;
+  std::int64_t batches = 0;  // 0: every window
+  std::int64_t seq_len = 0;  // 0: min(256, the model's max_seq_len)
+  std::int64_t batch_size = 4;
+  bool flat_u32 = false;
+  bool json = false;
+};
+
+int run_eval(EvalOptions o) {
+  using namespace strata::models;
+  const ModelConfig config = model_config_by_name(o.model);
+  if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
+  if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
+    throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, config.max_seq_len, config.name));
+  }
+  if (o.batch_size < 1) throw ConfigError("--batch-size must be at least 1");
+  if (o.batches < 0) throw ConfigError("--batches must be positive (or 0 for all windows)");
+  const TokenFile data = TokenFile::open(o.data, o.flat_u32 ? FlatTokenWidth::U32 : FlatTokenWidth::U16);
+  data.check_vocab(config.vocab_size);
+  const ConsecutiveWindows windows(data, o.seq_len);
+  if (windows.count() == 0) {
+    throw ConfigError(fmt::format("--data '{}' has {} tokens, fewer than one window of --seq-len + 1 = {}", o.data,
+                                  data.size(), o.seq_len + 1));
+  }
+  std::int64_t todo = windows.count();
+  if (o.batches > 0) todo = std::min(todo, o.batches * o.batch_size);
+
+  Decoder decoder(config, {});
+  const auto groups = decoder.param_groups();
+  std::size_t param_bytes = 0;
+  for (const auto& g : groups) param_bytes += g.bytes() + 256 * g.tensors.size();
+  SimDeviceOptions dev_opts;
+  dev_opts.capacity_bytes = 2 * param_bytes + decoder.activation_bytes(o.batch_size, o.seq_len, false) + (64u << 20);
+  auto device = make_sim_device(dev_opts);
+  auto stream = device->create_stream("compute");
+  ResidentParamProvider params(groups, device.get());
+  const WeightNaming naming = load_weights(o.weights, config, params, stream.get());
+  const DecoderRuntime rt{{DeviceKind::Sim, stream.get(), nullptr}, device.get()};
+
+  LossSum total;
+  std::vector<std::int32_t> in(static_cast<std::size_t>(o.batch_size * o.seq_len)), tg(in.size());
+  for (std::int64_t w = 0; w < todo; w += o.batch_size) {
+    const std::int64_t b = std::min(o.batch_size, todo - w);
+    for (std::int64_t i = 0; i < b; ++i) windows.window(w + i, in.data() + i * o.seq_len, tg.data() + i * o.seq_len);
+    const LossSum s = decoder.forward_loss(rt, params, in.data(), tg.data(), b, o.seq_len);
+    total.sum += s.sum;
+    total.tokens += s.tokens;
+  }
+  const double loss = total.mean();
+  if (o.json) {
+    nlohmann::json j = {{"model", config.name},   {"weights", o.weights},     {"data", o.data},
+                        {"seq_len", o.seq_len},   {"windows", todo},           {"tokens", total.tokens},
+                        {"loss", loss},           {"perplexity", std::exp(loss)},
+                        {"weight_names", naming == WeightNaming::Strata ? "strata" : "huggingface"}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("model %s, weights %s (%s names), data %s\n", config.name.c_str(), o.weights.c_str(),
+                naming == WeightNaming::Strata ? "Strata" : "Hugging Face", o.data.c_str());
+    std::printf("%lld windows of %lld tokens (%lld tokens): loss %.6f nats/token, perplexity %.4f\n",
+                static_cast<long long>(todo), static_cast<long long>(o.seq_len), static_cast<long long>(total.tokens),
+                loss, std::exp(loss));
+  }
+  return 0;
+}
+
+}  // namespace
+
 void register_eval(CLI::App& app, CommandTable& table) {
-  auto* cmd = app.add_subcommand("eval", "(not built yet)");
-  cmd->allow_extras();
-  table[cmd] = []() -> int { throw Error("'strata eval' is not built yet in this version of Strata"); };
+  auto opts = std::make_shared<EvalOptions>();
+  auto* cmd = app.add_subcommand("eval", "mean cross-entropy of weights on token data (consecutive windows)");
+  cmd->add_option("--model", opts->model, "model name (tiny, gpt2-124m, llama-7b, ...)")->required();
+  cmd->add_option("--weights", opts->weights, "safetensors file (Strata or Hugging Face GPT-2/LLaMA names)")->required();
+  cmd->add_option("--data", opts->data, "token file (Strata, llm.c or flat uint16)")->required();
+  cmd->add_option("--batches", opts->batches, "batches of --batch-size windows to evaluate (default: all)");
+  cmd->add_option("--seq-len", opts->seq_len, "tokens per window (default: 256, or the model's max_seq_len if shorter)");
+  cmd->add_option("--batch-size", opts->batch_size, "windows per forward pass (default 4)");
+  cmd->add_flag("--flat-u32", opts->flat_u32, "a headerless token file holds uint32 tokens (default uint16)");
+  cmd->add_flag("--json", opts->json, "print one JSON object");
+  table[cmd] = [opts]() { return run_eval(*opts); };
 }
 
 }  // namespace strata::tools

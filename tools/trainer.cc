@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/device/device.h"
+#include "core/device/traced_device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
@@ -136,7 +137,15 @@ TrainSummary run_training(const TrainOptions& options) {
     if (*options.steps < 0) throw ConfigError(fmt::format("--steps {} must be >= 0", *options.steps));
     cfg.strata.steps = *options.steps;
   }
-  auto device = make_device(cfg);
+  auto sim_device = make_device(cfg);
+  // With strata.trace, every stream records a timeline (core/device/traced_device.h).
+  std::shared_ptr<TraceRecorder> recorder;
+  std::unique_ptr<Device> traced;
+  if (!cfg.strata.trace_path.empty()) {
+    recorder = std::make_shared<TraceRecorder>();
+    traced = make_traced_device(*sim_device, recorder);
+  }
+  Device* device = traced ? traced.get() : sim_device.get();
   CommunicatorOptions copt;
   copt.order = cfg.strata.exact ? ReductionOrder::Deterministic : ReductionOrder::Fast;
   auto comm = make_world_communicator(*device, copt);
@@ -204,7 +213,7 @@ TrainSummary run_training(const TrainOptions& options) {
   models::DecoderRuntime rt;
   rt.ctx.kind = DeviceKind::Sim;
   rt.ctx.stream = stream.get();
-  rt.device = device.get();
+  rt.device = device;
 
   models::BatchSampler sampler(data, micro, seq, seed);
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(micro * seq)), targets(inputs.size());
@@ -277,6 +286,12 @@ TrainSummary run_training(const TrainOptions& options) {
   summary.tokens_per_second = elapsed > 0 ? static_cast<double>(tokens_per_step * summary.steps) / elapsed : 0;
   stream->synchronize();
   if (!options.save_weights.empty()) save_weights(options.save_weights, model, engine, rank);
+  if (recorder) {
+    const std::string path =
+        world > 1 ? fmt::format("{}.rank{}", cfg.strata.trace_path, rank) : cfg.strata.trace_path;
+    recorder->write_chrome_trace(path, rank);
+    if (rank == 0) spdlog::info("wrote the timeline to {} (open it in chrome://tracing or ui.perfetto.dev)", path);
+  }
   if (rank == 0 && summary.steps > 0) {
     spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
                  summary.first_loss, summary.last_loss, summary.tokens_per_second,

@@ -1,0 +1,142 @@
+// The tracing Device decorator (see core/device/traced_device.h).
+#include "core/device/traced_device.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace strata {
+
+double TraceRecorder::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin_).count();
+}
+
+void TraceRecorder::add(TraceSlice slice) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  slices_.push_back(std::move(slice));
+}
+
+std::vector<TraceSlice> TraceRecorder::slices() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return slices_;
+}
+
+void TraceRecorder::write_chrome_trace(const std::string& path, int rank) const {
+  const auto all = slices();
+  std::vector<std::string> streams;
+  std::string out = "{\"traceEvents\":[\n";
+  bool first = true;
+  auto tid_of = [&](const std::string& s) {
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      if (streams[i] == s) return i;
+    }
+    streams.push_back(s);
+    return streams.size() - 1;
+  };
+  for (const auto& s : all) {
+    const std::size_t tid = tid_of(s.stream);
+    out += fmt::format("{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f},"
+                       "\"args\":{{\"bytes\":{}}}}}",
+                       first ? "" : ",\n", s.op, s.stream, rank, tid, s.begin_us, s.end_us - s.begin_us, s.bytes);
+    first = false;
+  }
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    out += fmt::format("{}{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{},\"args\":{{\"name\":\"{}\"}}}}",
+                       first ? "" : ",\n", rank, i, streams[i]);
+    first = false;
+  }
+  out += "\n]}\n";
+  std::ofstream f(path);
+  if (!f || !(f << out) || !f.flush()) {
+    throw IoError(fmt::format("cannot write the trace to '{}': {}", path, errno_text(errno)), errno);
+  }
+}
+
+namespace {
+
+class TracedStream final : public Stream {
+ public:
+  TracedStream(Device& device, std::unique_ptr<Stream> inner, std::shared_ptr<TraceRecorder> recorder)
+      : device_(device), inner_(std::move(inner)), recorder_(std::move(recorder)) {}
+
+  Device& device() override { return device_; }
+  const std::string& name() const override { return inner_->name(); }
+
+  void copy_h2d(void* dst, const void* src, std::size_t bytes) override {
+    traced("h2d", bytes, [&] { inner_->copy_h2d(dst, src, bytes); });
+  }
+  void copy_d2h(void* dst, const void* src, std::size_t bytes) override {
+    traced("d2h", bytes, [&] { inner_->copy_d2h(dst, src, bytes); });
+  }
+  void copy_d2d(void* dst, const void* src, std::size_t bytes) override {
+    traced("d2d", bytes, [&] { inner_->copy_d2d(dst, src, bytes); });
+  }
+  void memset(void* dst, int value, std::size_t bytes) override {
+    traced("memset", bytes, [&] { inner_->memset(dst, value, bytes); });
+  }
+  void launch_host(std::function<void()> fn) override {
+    auto rec = recorder_;
+    std::string stream = inner_->name();
+    inner_->launch_host([fn = std::move(fn), rec, stream = std::move(stream)] {
+      const double begin = rec->now_us();
+      fn();
+      rec->add(TraceSlice{stream, "host", 0, begin, rec->now_us()});
+    });
+  }
+  void release_after(DeviceMemory memory) override { inner_->release_after(std::move(memory)); }
+  void record(Event& event) override { inner_->record(event); }
+  void wait(const Event& event) override { inner_->wait(event); }
+  void synchronize() override { inner_->synchronize(); }
+  void* native_handle() override { return inner_->native_handle(); }
+
+ private:
+  // Brackets an operation with host functions that stamp its start and end in stream order.
+  template <typename Enqueue>
+  void traced(const char* op, std::size_t bytes, Enqueue enqueue) {
+    auto begin = std::make_shared<double>(0.0);
+    auto rec = recorder_;
+    inner_->launch_host([begin, rec] { *begin = rec->now_us(); });
+    enqueue();
+    std::string stream = inner_->name();
+    inner_->launch_host([begin, rec, stream = std::move(stream), op, bytes] {
+      rec->add(TraceSlice{stream, op, bytes, *begin, rec->now_us()});
+    });
+  }
+
+  Device& device_;
+  std::unique_ptr<Stream> inner_;
+  std::shared_ptr<TraceRecorder> recorder_;
+};
+
+class TracedDevice final : public Device {
+ public:
+  TracedDevice(Device& inner, std::shared_ptr<TraceRecorder> recorder) : inner_(inner), recorder_(std::move(recorder)) {}
+  DeviceKind kind() const override { return inner_.kind(); }
+  std::string name() const override { return inner_.name(); }
+  std::size_t capacity_bytes() const override { return inner_.capacity_bytes(); }
+  DeviceMemory allocate(std::size_t bytes, std::string_view tag) override { return inner_.allocate(bytes, tag); }
+  MemoryStats memory_stats() const override { return inner_.memory_stats(); }
+  void reset_peak_stats() override { inner_.reset_peak_stats(); }
+  std::unique_ptr<Stream> create_stream(std::string_view name) override {
+    return std::make_unique<TracedStream>(*this, inner_.create_stream(name), recorder_);
+  }
+  std::unique_ptr<Event> create_event() override { return inner_.create_event(); }
+  void pin_host(void* ptr, std::size_t bytes) override { inner_.pin_host(ptr, bytes); }
+  void unpin_host(void* ptr) noexcept override { inner_.unpin_host(ptr); }
+
+ private:
+  Device& inner_;
+  std::shared_ptr<TraceRecorder> recorder_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_traced_device(Device& inner, std::shared_ptr<TraceRecorder> recorder) {
+  return std::make_unique<TracedDevice>(inner, std::move(recorder));
+}
+
+}  // namespace strata

@@ -1,0 +1,92 @@
+// GPT-2-style and LLaMA-style decoders, written against param groups (engine/param_provider.h).
+//
+// The decoder owns no parameter memory: for each group it asks the provider for views before use
+// and hands them back after (embedding, blocks in order, head; then the blocks in reverse and the
+// embedding for backward), and it adds its gradients into the provider's gradient views group by
+// group, declaring each group ready when its last contribution is enqueued. GPT-2's head is tied to
+// the embedding: the head acquires the embedding group too.
+//
+// Activation checkpointing keeps only each block's input and recomputes the block in backward
+// (recompute is deterministic, so gradients are bit-identical to the plain backward).
+//
+// Note [Micro-batch invariance]: every matmul is issued per sequence (batched over the sequences
+// of the micro-batch) and every reduction over rows is a running sum in row order (see ops.h), so
+// the gradients of 4 micro-batches of 2 sequences equal those of 1 micro-batch of 8, bit for bit,
+// in fp32. The loss gradient is scaled by the caller's grad_scale (1 / tokens in the whole step).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/device/device.h"
+#include "engine/param_provider.h"
+#include "models/kernels/ops.h"
+#include "models/model_config.h"
+
+namespace strata::models {
+
+enum class Checkpointing { Off, Blocks };
+
+struct DecoderOptions {
+  Checkpointing checkpointing = Checkpointing::Off;
+};
+
+// Where the decoder runs: kernels context, plus the device its activations live on (null: host
+// memory with ctx.stream null, the inline reference run).
+struct DecoderRuntime {
+  KernelContext ctx;
+  Device* device = nullptr;
+};
+
+struct LossSum {
+  double sum = 0;           // sum of per-token cross-entropies (nats)
+  std::int64_t tokens = 0;  // tokens counted (targets >= 0)
+  double mean() const { return tokens > 0 ? sum / static_cast<double>(tokens) : 0.0; }
+};
+
+class Decoder {
+ public:
+  Decoder(ModelConfig config, DecoderOptions options);
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  std::vector<ParamGroupSpec> param_groups() const;
+
+  // Forward, loss and backward of one micro-batch of `batch` sequences of `seq` tokens (host int32
+  // arrays [batch*seq]; a negative target is ignored). Gradients are added into the provider's
+  // gradient views with d(loss)/d(per-token loss) = grad_scale. Returns after the work has run.
+  LossSum forward_backward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
+                           const std::int32_t* targets, std::int64_t batch, std::int64_t seq, float grad_scale);
+
+  // Forward and loss only (evaluation).
+  LossSum forward_loss(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
+                       const std::int32_t* targets, std::int64_t batch, std::int64_t seq);
+
+  // Activation bytes this decoder allocates for a micro-batch of this shape.
+  std::size_t activation_bytes(std::int64_t batch, std::int64_t seq, bool training) const;
+
+  // Activation buffers of one micro-batch shape (defined in decoder.cc; opaque to users).
+  struct Workspace;
+
+ private:
+  LossSum run(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
+              const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool training, float grad_scale);
+  Workspace& workspace(const DecoderRuntime& rt, std::int64_t batch, std::int64_t seq, bool training);
+
+  ModelConfig config_;
+  DecoderOptions options_;
+  std::unique_ptr<Workspace> ws_;
+};
+
+// Gradients of one optimizer step over `micro_batches` micro-batches of `micro_batch` sequences
+// each, taken in order from tokens/targets ([micro_batches * micro_batch * seq]); grad_scale is
+// 1 / (targets counted in the whole step), so the result is the gradient of the step's mean loss.
+// The provider's gradients must be zero (or hold what should be added to). Returns the loss sum.
+LossSum accumulate_step_gradients(Decoder& decoder, const DecoderRuntime& rt, ParamProvider& provider,
+                                  const std::int32_t* tokens, const std::int32_t* targets,
+                                  std::int64_t micro_batches, std::int64_t micro_batch, std::int64_t seq);
+
+}  // namespace strata::models

@@ -1,0 +1,73 @@
+// Per-element math of the model ops, shared by the CPU kernels and the CUDA kernels.
+//
+// Every function here is STRATA_HD (core/hd.h): the CUDA kernels in models/kernels/*.cu call these
+// very functions, so the host test suite exercises the math the GPU runs (DESIGN.md, "Device
+// abstraction"). Keep them small, branch-light and free of host-only calls.
+#pragma once
+
+#include <cmath>
+
+#include "core/hd.h"
+
+namespace strata::models::math {
+
+// GELU, tanh approximation (GPT-2's "gelu_new"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+STRATA_HD float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  const float cube = 0.044715f * x * x * x;
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + cube)));
+}
+
+// d gelu_tanh / dx.
+STRATA_HD float gelu_tanh_grad(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  const float inner = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+  const float t = tanhf(inner);
+  const float sech2 = 1.0f - t * t;
+  const float dinner = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * sech2 * dinner;
+}
+
+STRATA_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// SiLU(g) * u and its two partial derivatives (LLaMA's MLP: down(silu(gate(x)) * up(x))).
+STRATA_HD float swiglu(float gate, float up) { return gate * sigmoid(gate) * up; }
+STRATA_HD float swiglu_dgate(float gate, float up, float dout) {
+  const float s = sigmoid(gate);
+  return dout * up * s * (1.0f + gate * (1.0f - s));
+}
+STRATA_HD float swiglu_dup(float gate, float dout) { return dout * gate * sigmoid(gate); }
+
+// Rotary embedding frequency of pair `i` of a head of `head_dim` (Hugging Face's rotate_half
+// convention: pair i couples elements i and i + head_dim/2): theta^(-2i/head_dim).
+STRATA_HD float rope_inv_freq(int i, int head_dim, float theta) {
+  return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+}
+
+// Rotates the pair (x1, x2) by the angle whose cosine and sine are given. Backward rotates the
+// gradient by the negative angle (pass -sin).
+STRATA_HD void rope_rotate(float x1, float x2, float cos_a, float sin_a, float* out1, float* out2) {
+  *out1 = x1 * cos_a - x2 * sin_a;
+  *out2 = x2 * cos_a + x1 * sin_a;
+}
+
+// Layer norm of one element given the row's mean and reciprocal standard deviation.
+STRATA_HD float layernorm_apply(float x, float mean, float rstd, float w, float b) {
+  return (x - mean) * rstd * w + b;
+}
+
+// The online-softmax running state of one attention query row (flash attention): running max `m`
+// and running sum `l` of exp(s - m). Folding in a new tile maximum returns the factor by which the
+// old sum and the old output accumulator must be scaled.
+STRATA_HD float online_softmax_rescale(float m_old, float m_new) {
+  // exp(-inf - finite) = 0 is what the first tile needs (nothing accumulated yet).
+  return expf(m_old - m_new);
+}
+
+// The gradient of softmax cross-entropy with respect to one logit: (p - [j == target]) * scale.
+STRATA_HD float cross_entropy_dlogit(float logit, float row_max, float inv_sum, bool is_target, float scale) {
+  const float p = expf(logit - row_max) * inv_sum;
+  return (p - (is_target ? 1.0f : 0.0f)) * scale;
+}
+
+}  // namespace strata::models::math

@@ -1,0 +1,130 @@
+// The op set of the models: what a decoder enqueues on a device stream.
+//
+// Every op takes a KernelContext (device kind, stream, BLAS handles; passed explicitly, no globals)
+// and raw device pointers plus a DType for the tensor elements (fp32, bf16 or fp16; statistics such
+// as layer-norm means, log-sum-exps and losses are always fp32, token ids int32). Arithmetic is fp32.
+//
+//  * sim device: the op is enqueued with Stream::launch_host and runs the CPU kernel of
+//    models/kernels/cpu_kernels.h (OpenBLAS sgemm, oneTBB row/element kernels).
+//  * cuda device: not built yet; every op throws DeviceError saying so. The per-element math the
+//    CUDA kernels will share with the CPU path is in models/kernels/op_math.h (STRATA_HD).
+//  * stream == nullptr: the CPU kernel runs inline on the calling thread over host memory. This is
+//    the plain in-memory reference run that DESIGN.md compares the sim device against.
+//
+// Determinism (exact mode): every CPU kernel gives the same bits run to run and for any thread
+// count: rows are independent tasks, and reductions across rows (bias, norm weights, embeddings,
+// attention dK/dV) run in a fixed row order with a running sum, so accumulating in several calls
+// equals accumulating in one (micro-batches give the gradients of one big batch, bit for bit,
+// when the model issues per-sequence calls; see models/decoder.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/device/device.h"
+#include "core/dtype.h"
+
+namespace strata::models {
+
+struct KernelContext {
+  DeviceKind kind = DeviceKind::Sim;
+  Stream* stream = nullptr;         // null: run inline on the calling thread over host memory
+  void* cublas = nullptr;           // cublasHandle_t for the CUDA kernels (not built yet)
+};
+
+enum class Trans { No, Yes };
+
+// C[m,n] (ldc) = alpha * op(A)[m,k] * op(B)[k,n] + beta * C + bias[n], row-major, for `batch` items
+// at the given element strides. A stride_c of 0 with beta = 1 accumulates every item into one C,
+// in item order (how weight gradients are summed over sequences).
+struct MatmulArgs {
+  DType dtype = DType::F32;
+  Trans trans_a = Trans::No;
+  Trans trans_b = Trans::No;
+  std::int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  std::int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  std::int64_t ldb = 0, stride_b = 0;
+  void* c = nullptr;
+  std::int64_t ldc = 0, stride_c = 0;
+  std::int64_t batch = 1;
+  const void* bias = nullptr;  // [n] in dtype, or null
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+void matmul(const KernelContext& ctx, const MatmulArgs& args);
+
+// dbias[cols] += sum over rows of dout[rows, cols] (row stride ld), in row order.
+void bias_grad(const KernelContext& ctx, DType dtype, const void* dout, std::int64_t rows, std::int64_t cols,
+               std::int64_t ld, void* dbias);
+
+// Layer norm over the last dimension; mean and rstd are fp32 [rows], saved for backward.
+void layernorm_forward(const KernelContext& ctx, DType dtype, const void* x, const void* weight, const void* bias,
+                       void* out, float* mean, float* rstd, std::int64_t rows, std::int64_t cols, float eps);
+// dx = (accumulate_dx ? dx : 0) + d(out)/dx; dweight and dbias accumulate in row order.
+enum class Accumulate { No, Yes };
+void layernorm_backward(const KernelContext& ctx, DType dtype, const void* dout, const void* x, const void* weight,
+                        const float* mean, const float* rstd, void* dx, void* dweight, void* dbias,
+                        std::int64_t rows, std::int64_t cols, Accumulate accumulate_dx);
+
+// RMS norm (LLaMA): out = x * rstd * weight with rstd = 1/sqrt(mean(x^2) + eps).
+void rmsnorm_forward(const KernelContext& ctx, DType dtype, const void* x, const void* weight, void* out, float* rstd,
+                     std::int64_t rows, std::int64_t cols, float eps);
+void rmsnorm_backward(const KernelContext& ctx, DType dtype, const void* dout, const void* x, const void* weight,
+                      const float* rstd, void* dx, void* dweight, std::int64_t rows, std::int64_t cols,
+                      Accumulate accumulate_dx);
+
+// GELU (tanh) over n elements; backward dx = dout * gelu'(x).
+void gelu_forward(const KernelContext& ctx, DType dtype, const void* x, void* out, std::int64_t n);
+void gelu_backward(const KernelContext& ctx, DType dtype, const void* x, const void* dout, void* dx, std::int64_t n);
+
+// SwiGLU: gate_up is [rows, 2*hidden] (gate in the first half of each row, up in the second);
+// out[rows, hidden] = silu(gate) * up. Backward writes dgate_up [rows, 2*hidden].
+void swiglu_forward(const KernelContext& ctx, DType dtype, const void* gate_up, void* out, std::int64_t rows,
+                    std::int64_t hidden);
+void swiglu_backward(const KernelContext& ctx, DType dtype, const void* gate_up, const void* dout, void* dgate_up,
+                     std::int64_t rows, std::int64_t hidden);
+
+// Shape of causal multi-head attention with grouped-query heads (q_heads % kv_heads == 0).
+// Element (b, t, h, d) of q lives at q[(b*seq + t) * q_row_stride + h*head_dim + d]; k and v the same
+// with kv heads and their own row strides; out with out_row_stride. lse is fp32 [batch, q_heads, seq].
+struct AttentionShape {
+  std::int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t q_row_stride = 0, kv_row_stride = 0, out_row_stride = 0;
+};
+void attention_forward(const KernelContext& ctx, DType dtype, const AttentionShape& shape, const void* q,
+                       const void* k, const void* v, void* out, float* lse);
+// Recomputes the softmax tiles from q, k, v and lse (memory stays O(seq)); writes dq, dk, dv (same
+// layouts as q, k, v; they may be parts of one packed dqkv buffer).
+void attention_backward(const KernelContext& ctx, DType dtype, const AttentionShape& shape, const void* q,
+                        const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
+                        void* dk, void* dv);
+
+// Rotary embedding, in place, of `heads` heads of head_dim at row stride row_stride, rows = batch*seq,
+// position of row r = r % seq. Direction::Inverse rotates back (the backward of Forward).
+enum class RopeDirection { Forward, Inverse };
+void rope(const KernelContext& ctx, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
+          std::int64_t head_dim, std::int64_t row_stride, float theta, RopeDirection direction);
+
+// out[b*seq + t, :] = wte[token, :] + (wpe ? wpe[t, :] : 0). Tokens are int32 in [0, vocab).
+void embedding_forward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* wte,
+                       const void* wpe, void* out, std::int64_t batch, std::int64_t seq, std::int64_t channels);
+// dwte[token, :] += dout (token order); dwpe[t, :] += sum over batch (batch order); dwpe may be null.
+void embedding_backward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* dout,
+                        void* dwte, void* dwpe, std::int64_t batch, std::int64_t seq, std::int64_t channels);
+
+// Fused softmax + cross-entropy over rows of logits [rows, vocab] (row stride ld). losses (fp32 [rows])
+// gets -log softmax[target]; a negative target is ignored (loss 0, gradient 0). With dlogits non-null
+// (it may equal logits), writes (softmax - onehot) * grad_scale.
+void cross_entropy(const KernelContext& ctx, DType dtype, const void* logits, const std::int32_t* targets,
+                   float* losses, void* dlogits, std::int64_t rows, std::int64_t vocab, std::int64_t ld,
+                   float grad_scale);
+
+// out = a + b (out may alias a or b).
+void residual_add(const KernelContext& ctx, DType dtype, const void* a, const void* b, void* out, std::int64_t n);
+
+// dst = convert(src), n elements (round to nearest even).
+void cast(const KernelContext& ctx, DType src_dtype, const void* src, DType dst_dtype, void* dst, std::int64_t n);
+
+}  // namespace strata::models

@@ -1,0 +1,160 @@
+// Token data: the three file formats read back, corrupt and truncated files rejected clearly, the
+// byte tokenizer, the seeded sampler (same seed same batches; resume from a saved position), the
+// consecutive evaluation windows and the fortunes corpus split.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "models/token_data.h"
+
+namespace strata::models {
+namespace {
+
+class TokenDataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/strata_tokens_test_XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string file(const std::string& n) const { return dir_ + "/" + n; }
+  std::string dir_;
+};
+
+std::string open_error(const std::string& path, FlatTokenWidth w = FlatTokenWidth::U16) {
+  try {
+    TokenFile::open(path, w);
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_F(TokenDataTest, ReadsStrataLlmcAndFlatFiles) {
+  std::vector<std::uint32_t> toks = {5, 0, 65535, 17, 3};
+  write_token_file(file("a.tok"), toks, 65536);
+  auto a = TokenFile::open(file("a.tok"));
+  EXPECT_EQ(a.format(), TokenFileFormat::Strata);
+  EXPECT_EQ(a.token_bytes(), 2u);
+  ASSERT_EQ(a.size(), toks.size());
+  for (std::size_t i = 0; i < toks.size(); ++i) EXPECT_EQ(a[i], toks[i]);
+  std::vector<std::uint32_t> wide = {70000, 1};
+  write_token_file(file("w.tok"), wide, 0);
+  auto w = TokenFile::open(file("w.tok"));
+  EXPECT_EQ(w.token_bytes(), 4u);
+  EXPECT_EQ(w[0], 70000u);
+
+  std::vector<std::uint16_t> t16 = {1, 2, 50256, 4};
+  write_llmc_token_file(file("l.bin"), t16);
+  auto l = TokenFile::open(file("l.bin"));
+  EXPECT_EQ(l.format(), TokenFileFormat::LlmC);
+  ASSERT_EQ(l.size(), 4u);
+  EXPECT_EQ(l[2], 50256u);
+
+  std::ofstream(file("flat.bin"), std::ios::binary).write(reinterpret_cast<const char*>(t16.data()), 8);
+  auto f = TokenFile::open(file("flat.bin"));
+  EXPECT_EQ(f.format(), TokenFileFormat::Flat);
+  EXPECT_EQ(f.size(), 4u);
+  EXPECT_EQ(f[3], 4u);
+  auto f32 = TokenFile::open(file("flat.bin"), FlatTokenWidth::U32);
+  EXPECT_EQ(f32.size(), 2u);
+}
+
+TEST_F(TokenDataTest, RejectsTruncatedAndCorruptFiles) {
+  std::vector<std::uint32_t> toks(100, 7);
+  write_token_file(file("a.tok"), toks, 256);
+  std::filesystem::resize_file(file("a.tok"), 64 + 150);
+  EXPECT_NE(open_error(file("a.tok")).find("declares 100 tokens (200 bytes) but the file holds 150"), std::string::npos)
+      << open_error(file("a.tok"));
+  std::filesystem::resize_file(file("a.tok"), 40);
+  EXPECT_NE(open_error(file("a.tok")).find("truncated"), std::string::npos);
+
+  std::vector<std::uint16_t> t16(10, 3);
+  write_llmc_token_file(file("l.bin"), t16);
+  std::filesystem::resize_file(file("l.bin"), 1024 + 19);
+  EXPECT_NE(open_error(file("l.bin")).find("truncated"), std::string::npos) << open_error(file("l.bin"));
+  {
+    std::fstream io(file("l.bin"), std::ios::binary | std::ios::in | std::ios::out);
+    const std::int32_t bad_version = 9;
+    io.seekp(4);
+    io.write(reinterpret_cast<const char*>(&bad_version), 4);
+  }
+  EXPECT_NE(open_error(file("l.bin")).find("unsupported llm.c token file version 9"), std::string::npos);
+
+  std::ofstream(file("odd.bin"), std::ios::binary) << "abc";
+  EXPECT_NE(open_error(file("odd.bin")).find("multiple of 2 bytes"), std::string::npos);
+
+  write_token_file(file("v.tok"), std::vector<std::uint32_t>{1, 2, 300}, 0);
+  auto v = TokenFile::open(file("v.tok"));
+  try {
+    v.check_vocab(256);
+    FAIL() << "token 300 must be rejected for vocab 256";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("token 300 at position 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(TokenFile::open(file("nope.tok")), IoError);
+}
+
+TEST_F(TokenDataTest, ByteTokenizerRoundTrips) {
+  const std::string text = "Hello, \xff\x00 world\n";
+  const auto toks = ByteTokenizer::encode(text);
+  EXPECT_EQ(toks.size(), text.size());
+  EXPECT_EQ(toks[7], 255u);
+  EXPECT_EQ(ByteTokenizer::decode(toks), text);
+}
+
+TEST_F(TokenDataTest, SamplerIsSeededAndResumable) {
+  std::vector<std::uint32_t> toks(1000);
+  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<std::uint32_t>(i % 251);
+  write_token_file(file("a.tok"), toks, 256);
+  auto data = TokenFile::open(file("a.tok"));
+  const std::int64_t B = 3, T = 8;
+  auto draw = [&](BatchSampler& s) {
+    std::vector<std::int32_t> in(B * T), tg(B * T);
+    s.next(in.data(), tg.data());
+    for (std::int64_t i = 0; i < B * T; ++i) EXPECT_EQ(tg[i], static_cast<std::int32_t>((in[i] + 1) % 251)) << "targets shift by one";
+    return in;
+  };
+  BatchSampler a(data, B, T, 42), b(data, B, T, 42), c(data, B, T, 43);
+  const auto a1 = draw(a), a2 = draw(a);
+  EXPECT_EQ(a1, draw(b));
+  EXPECT_NE(a1, draw(c));
+  EXPECT_NE(a1, a2);
+  BatchSampler resumed(data, B, T, 0);
+  resumed.restore({42, B});  // one batch of B windows drawn
+  EXPECT_EQ(draw(resumed), a2);
+}
+
+TEST_F(TokenDataTest, ConsecutiveWindowsWalkFromTheStart) {
+  std::vector<std::uint32_t> toks(21);
+  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<std::uint32_t>(i);
+  write_token_file(file("a.tok"), toks, 256);
+  auto data = TokenFile::open(file("a.tok"));
+  ConsecutiveWindows w(data, 5);
+  EXPECT_EQ(w.count(), 4);
+  std::vector<std::int32_t> in(5), tg(5);
+  w.window(3, in.data(), tg.data());
+  EXPECT_EQ(in, (std::vector<std::int32_t>{15, 16, 17, 18, 19}));
+  EXPECT_EQ(tg, (std::vector<std::int32_t>{16, 17, 18, 19, 20}));
+}
+
+TEST_F(TokenDataTest, FortunesCorpusSplitsDeterministically) {
+  if (!std::filesystem::is_directory(kDefaultFortunesDir)) GTEST_SKIP() << "Debian package 'fortunes' not installed";
+  const TextCorpus c = prepare_fortunes_token_files(file("fortunes"));
+  EXPECT_GT(c.files, 5u);
+  EXPECT_GT(c.entries, 1000u);
+  EXPECT_GT(c.train.size(), 8 * c.validation.size());
+  EXPECT_GT(c.validation.size(), c.train.size() / 20);
+  EXPECT_EQ(c.train.find("\n%\n"), std::string::npos) << "separators are removed";
+  auto train = TokenFile::open(file("fortunes/train.tok"));
+  EXPECT_EQ(train.size(), c.train.size());
+  train.check_vocab(256);
+  EXPECT_EQ(load_fortunes().validation, c.validation);
+}
+
+}  // namespace
+}  // namespace strata::models
