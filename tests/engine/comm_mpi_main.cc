@@ -11,20 +11,9 @@
 #include "core/device/device.h"
 #include "core/dtype.h"
 #include "engine/communicator.h"
+#include "tests/engine/rank_checks.h"
 
 namespace {
-
-int g_passed = 0;
-int g_failed = 0;
-
-void expect(bool ok, int rank, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::fprintf(stderr, "rank %d: FAILED: %s\n", rank, what.c_str());
-  }
-}
 
 // The value rank r contributes at element i: chosen so sums depend on order.
 float contribution(int r, std::size_t i) {
@@ -45,9 +34,10 @@ int main() {
   auto device = make_sim_device(options);
   auto comm = make_world_communicator(*device, CommunicatorOptions{});
   const int rank = comm->rank();
+  testing_mpi::RankChecks checks(rank);
   const int world = comm->world_size();
   auto stream = device->create_stream("comm");
-  expect(comm->backend() == "mpi", rank, "backend is mpi");
+  checks.expect(comm->backend() == "mpi", "backend is mpi");
 
   const std::size_t count = 1000;  // per-rank chunk
   const std::size_t total = count * static_cast<std::size_t>(world);
@@ -75,7 +65,7 @@ int main() {
     tree_reduce_host(ptrs.data(), world, &expected, 1, DType::F32, ReduceOp::Sum);
     if (std::memcmp(&expected, &mine[k], sizeof(float)) != 0) ++bad;
   }
-  expect(bad == 0, rank, "reduce_scatter bit-identical to the tree sum (" + std::to_string(bad) + " wrong)");
+  checks.expect(bad == 0, "reduce_scatter bit-identical to the tree sum (" + std::to_string(bad) + " wrong)");
 
   // all_gather: everyone gets every rank's block.
   for (std::size_t k = 0; k < count; ++k) mine[k] = static_cast<float>(rank * 100000 + static_cast<int>(k));
@@ -89,7 +79,7 @@ int main() {
       if (host[static_cast<std::size_t>(r) * count + k] != static_cast<float>(r * 100000 + static_cast<int>(k))) ++bad;
     }
   }
-  expect(bad == 0, rank, "all_gather (" + std::to_string(bad) + " wrong)");
+  checks.expect(bad == 0, "all_gather (" + std::to_string(bad) + " wrong)");
 
   // all_reduce of an odd count in bf16: identical on every rank, equal to the tree sum rounded once.
   const std::size_t odd = 777;
@@ -109,7 +99,7 @@ int main() {
     tree_reduce_host(ptrs.data(), world, &expected, 1, DType::BF16, ReduceOp::Sum);
     if (expected.bits != out[i].bits) ++bad;
   }
-  expect(bad == 0, rank, "all_reduce bf16 (" + std::to_string(bad) + " wrong)");
+  checks.expect(bad == 0, "all_reduce bf16 (" + std::to_string(bad) + " wrong)");
 
   // broadcast from the last rank.
   for (std::size_t k = 0; k < count; ++k) mine[k] = rank == world - 1 ? static_cast<float>(k) : -1.0f;
@@ -119,20 +109,19 @@ int main() {
   stream->synchronize();
   bad = 0;
   for (std::size_t k = 0; k < count; ++k) bad += mine[k] != static_cast<float>(k);
-  expect(bad == 0, rank, "broadcast");
+  checks.expect(bad == 0, "broadcast");
 
   // Host scalars: sum and NaN-propagating max.
-  expect(comm->all_reduce_host(rank + 1.0, ReduceOp::Sum) == world * (world + 1) / 2.0, rank, "all_reduce_host sum");
+  checks.expect(comm->all_reduce_host(rank + 1.0, ReduceOp::Sum) == world * (world + 1) / 2.0, "all_reduce_host sum");
   const double mx = comm->all_reduce_host(rank == 0 ? NAN : 1.0, ReduceOp::Max);
-  expect(std::isnan(mx), rank, "all_reduce_host max sees a NaN from rank 0");
+  checks.expect(std::isnan(mx), "all_reduce_host max sees a NaN from rank 0");
 
   // Hybrid sharding: groups of 2 consecutive ranks.
   if (world % 2 == 0) {
     auto group = comm->split(rank / 2, rank);
-    expect(group->world_size() == 2 && group->rank() == rank % 2, rank, "split into groups of 2");
-    expect(group->all_reduce_host(1.0, ReduceOp::Sum) == 2.0, rank, "collective inside a group");
+    checks.expect(group->world_size() == 2 && group->rank() == rank % 2, "split into groups of 2");
+    checks.expect(group->all_reduce_host(1.0, ReduceOp::Sum) == 2.0, "collective inside a group");
   }
   comm->barrier();
-  std::printf("rank %d: %d passed, %d failed\n", rank, g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return checks.finish();
 }

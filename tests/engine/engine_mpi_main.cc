@@ -10,6 +10,7 @@
 
 #include "core/device/device.h"
 #include "engine/communicator.h"
+#include "tests/engine/rank_checks.h"
 #include "engine/zero_engine.h"
 #include "tests/engine/toy_model.h"
 
@@ -18,28 +19,10 @@ namespace {
 using namespace strata;
 using testing_toy::ToyShape;
 
-int g_passed = 0;
-int g_failed = 0;
-
-void expect(bool ok, int rank, const std::string& what) {
-  if (ok) {
-    ++g_passed;
-  } else {
-    ++g_failed;
-    std::fprintf(stderr, "rank %d: FAILED: %s\n", rank, what.c_str());
-  }
-}
-
 TrainConfig toy_config(int stage, int accumulation, int factor) {
-  TrainConfig c = parse_train_config(nlohmann::json::object(), "test");
-  c.strata.exact = true;
-  c.zero.stage = stage;
+  TrainConfig c = testing_toy::toy_train_config(stage, accumulation);
   c.zero.sharding_factor = factor;
   c.zero.param_persistence_threshold_elems = 0;
-  c.gradient_accumulation_steps = accumulation;
-  c.gradient_clipping = 0.5;
-  c.optimizer.lr = 2e-2;
-  c.optimizer.weight_decay = 0.01;
   return c;
 }
 
@@ -101,6 +84,7 @@ int main() {
   auto world = make_world_communicator(*bootstrap_device, CommunicatorOptions{});
   auto local = make_local_communicator();
   const int rank = world->rank();
+  testing_mpi::RankChecks checks(rank);
   const int W = world->world_size();
   const ToyShape shape;
   const int steps = 5;
@@ -115,7 +99,7 @@ int main() {
         if (stage == 0 && factor != 0) continue;
         const Run r = run(toy_config(stage, accumulation, factor), *world, steps, shape);
         const std::size_t bad = count_differences(r, reference);
-        expect(bad == 0, rank,
+        checks.expect(bad == 0,
                "world " + std::to_string(W) + " stage " + std::to_string(stage) + " accumulation " +
                    std::to_string(accumulation) + " sharding factor " + std::to_string(factor) + ": " +
                    std::to_string(bad) + " weights differ from the single-rank stage-0 run");
@@ -134,9 +118,8 @@ int main() {
   const double ratio = static_cast<double>(s3.state_bytes) / static_cast<double>(s0.state_bytes);
   std::printf("rank %d: stage 3 model-state bytes %zu vs stage 0 %zu: ratio %.3f (1/W = %.3f)\n", rank, s3.state_bytes,
               s0.state_bytes, ratio, 1.0 / W);
-  expect(ratio <= 1.3 / W, rank, "stage 3 holds about 1/W of stage 0's model state (ratio " + std::to_string(ratio) + ")");
+  checks.expect(ratio <= 1.3 / W, "stage 3 holds about 1/W of stage 0's model state (ratio " + std::to_string(ratio) + ")");
 
   world->barrier();
-  std::printf("rank %d: %d passed, %d failed\n", rank, g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return checks.finish();
 }

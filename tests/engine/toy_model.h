@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "engine/config.h"
 #include "engine/param_provider.h"
 
 namespace strata::testing_toy {
@@ -32,6 +33,18 @@ inline std::vector<ParamGroupSpec> toy_groups(const ToyShape& s, DType dtype) {
     groups.push_back({p, {{p + ".w", {s.dim, s.dim}, dtype}, {p + ".b", {s.dim}, dtype}}});
   }
   return groups;
+}
+
+// The engine config the toy tests train with: exact mode, clipping on (so the global norm matters).
+inline TrainConfig toy_train_config(int stage, int accumulation) {
+  TrainConfig c = parse_train_config(nlohmann::json::object(), "test");
+  c.strata.exact = true;
+  c.zero.stage = stage;
+  c.gradient_accumulation_steps = accumulation;
+  c.gradient_clipping = 0.5;
+  c.optimizer.lr = 2e-2;
+  c.optimizer.weight_decay = 0.01;
+  return c;
 }
 
 // Deterministic init: the same on every rank.

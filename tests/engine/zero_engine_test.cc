@@ -15,16 +15,7 @@ namespace {
 
 using testing_toy::ToyShape;
 
-TrainConfig toy_config(int stage, int accumulation) {
-  TrainConfig c = parse_train_config(nlohmann::json::object(), "test");
-  c.strata.exact = true;
-  c.zero.stage = stage;
-  c.gradient_accumulation_steps = accumulation;
-  c.gradient_clipping = 0.5;
-  c.optimizer.lr = 2e-2;
-  c.optimizer.weight_decay = 0.01;
-  return c;
-}
+TrainConfig toy_config(int stage, int accumulation) { return testing_toy::toy_train_config(stage, accumulation); }
 
 struct RunResult {
   std::vector<std::vector<float>> weights;
