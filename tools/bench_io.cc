@@ -1,14 +1,463 @@
-// Placeholder for `strata bench io` until its issue lands: it says so and fails, never pretends.
-#include "tools/commands.h"
+// `strata bench io`: NVMe bandwidth, IOPS and latency of Strata's I/O engine, beside fio.
+//
+// For every row of the matrix rw x bs x qd it streams --size bytes of each path's test file
+// through the engine with qd requests of bs bytes in flight per path (sequential or a random
+// permutation of the blocks), and prints GB/s (1e9 bytes/s), IOPS and the p50/p99 latency of one
+// request (submit to completion). With --vs-fio it runs fio on the same file with the same
+// parameters (direct=1, ioengine=io_uring, one job per path) alternately with Strata (A B A B, at
+// least 3 pairs, because this kind of disk moves 30-100 % between runs) and prints the medians
+// and the median of the per-pair ratios. The engine defaults are the ones Strata uses for
+// swapping; --request-size, --coalesce, --huge-pages and --fixed-buffers expose the choices of
+// Note [Request size and merging] (offload/uring_engine.cc) so their effect can be measured.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/host_buffer.h"
+#include "core/units.h"
+#include "offload/file.h"
+#include "offload/io_engine.h"
+#include "tools/commands.h"
 
 namespace strata::tools {
+namespace {
+
+using offload::IoOp;
+
+struct BenchIoArgs {
+  std::string dir;
+  std::string paths;
+  std::string size = "4G";
+  std::string bs = "1M";
+  std::string qd = "32";
+  std::string rw = "read";
+  std::string engine = "auto";
+  std::string request_size = "auto";
+  std::string coalesce = "on";
+  std::string huge_pages = "on";
+  std::string fixed_buffers = "on";
+  unsigned batch = 1;
+  bool sqpoll = false;
+  bool vs_fio = false;
+  bool json = false;
+  bool keep_file = false;
+  int pairs = 3;
+};
+
+struct Row {
+  std::string rw;
+  std::size_t bs_bytes = 0;
+  unsigned qd = 0;
+};
+
+struct RunResult {
+  double gbps = 0;
+  double iops = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+bool parse_on_off(const std::string& text, const char* flag) {
+  if (text == "on" || text == "1" || text == "true") return true;
+  if (text == "off" || text == "0" || text == "false") return false;
+  throw ConfigError(fmt::format("{} '{}': use on or off", flag, text));
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct TestFile {
+  std::string dir;
+  std::string path;
+  offload::UniqueFd fd;
+  offload::FileId id = -1;
+};
+
+// One Strata run of a row: every path streams size bytes with qd requests of bs in flight.
+class StrataRun {
+ public:
+  StrataRun(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer, const Row& row,
+            std::uint64_t file_bytes, std::uint32_t seed)
+      : engine_(engine), files_(files), buffer_(buffer), row_(row) {
+    const std::uint64_t blocks = file_bytes / row.bs_bytes;
+    STRATA_CHECK(blocks > 0, "file smaller than one block");
+    const bool random = row.rw.rfind("rand", 0) == 0;
+    op_ = row.rw.find("read") != std::string::npos ? IoOp::Read : IoOp::Write;
+    streams_.resize(files.size());
+    for (auto& s : streams_) {
+      s.order.resize(blocks);
+      std::iota(s.order.begin(), s.order.end(), std::uint64_t{0});
+      if (random) std::shuffle(s.order.begin(), s.order.end(), std::mt19937_64(seed++));
+    }
+    total_ = blocks * files.size();
+    latencies_us_.resize(total_);
+  }
+
+  RunResult run() {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t f = 0; f < files_.size(); ++f) {
+      for (unsigned slot = 0; slot < row_.qd; ++slot) issue(f, slot);
+    }
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return finished_ == total_ || error_; });
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Wait for anything still in flight after an error before the buffers go away.
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return outstanding_ == 0; });
+    }
+    if (error_) std::rethrow_exception(error_);
+    RunResult r;
+    r.gbps = static_cast<double>(total_ * row_.bs_bytes) / seconds / 1e9;
+    r.iops = static_cast<double>(total_) / seconds;
+    std::sort(latencies_us_.begin(), latencies_us_.end());
+    r.p50_us = latencies_us_[latencies_us_.size() / 2];
+    r.p99_us = latencies_us_[std::min(latencies_us_.size() - 1, latencies_us_.size() * 99 / 100)];
+    return r;
+  }
+
+ private:
+  struct Stream {
+    std::vector<std::uint64_t> order;
+    std::size_t next = 0;
+  };
+
+  // Takes the next block of stream f for buffer slot `slot` (mutex_ held); false when done.
+  bool take_next_locked(std::size_t f, unsigned slot, offload::IoRequest* req, std::size_t* index) {
+    Stream& s = streams_[f];
+    if (s.next == s.order.size() || error_) return false;
+    *index = issued_++;
+    ++outstanding_;
+    req->op = op_;
+    req->file = files_[f].id;
+    req->offset_bytes = s.order[s.next++] * row_.bs_bytes;
+    req->buffer = buffer_.data() + (f * row_.qd + slot) * row_.bs_bytes;
+    req->length_bytes = row_.bs_bytes;
+    return true;
+  }
+
+  void issue(std::size_t f, unsigned slot) {
+    offload::IoRequest req;
+    std::size_t index = 0;
+    {
+      std::lock_guard lock(mutex_);
+      if (!take_next_locked(f, slot, &req, &index)) return;
+    }
+    submit(f, slot, req, index);
+  }
+
+  // Completions re-issue on the engine thread, so the queue stays full without a round trip
+  // through this thread. The next request is counted before the finished one is uncounted, so
+  // run() cannot return (and destroy this) while a callback still uses it.
+  void submit(std::size_t f, unsigned slot, const offload::IoRequest& req, std::size_t index) {
+    const auto start = std::chrono::steady_clock::now();
+    engine_.submit(std::span(&req, 1), [this, f, slot, index, start](std::exception_ptr& err) {
+      const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      offload::IoRequest next;
+      std::size_t next_index = 0;
+      bool more = false;
+      {
+        std::lock_guard lock(mutex_);
+        latencies_us_[index] = us;
+        ++finished_;
+        if (err && !error_) error_ = err;
+        more = take_next_locked(f, slot, &next, &next_index);
+        --outstanding_;
+        if (!more) cv_.notify_all();
+      }
+      if (more) submit(f, slot, next, next_index);
+    });
+  }
+
+  offload::IoEngine& engine_;
+  std::vector<TestFile>& files_;
+  std::span<std::byte> buffer_;
+  Row row_;
+  IoOp op_ = IoOp::Read;
+  std::vector<Stream> streams_;
+  std::size_t total_ = 0;
+  std::vector<double> latencies_us_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::size_t issued_ = 0;
+  std::size_t finished_ = 0;
+  std::size_t outstanding_ = 0;
+  std::exception_ptr error_;
+};
+
+// Runs fio with the row's parameters on the same files; returns its GB/s (1e9 bytes/s).
+double run_fio(const std::vector<TestFile>& files, const Row& row, std::uint64_t file_bytes) {
+  std::vector<std::string> args = {"fio", "--output-format=json", "--group_reporting"};
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    args.push_back(fmt::format("--name=strata{}", i));
+    args.push_back("--filename=" + files[i].path);
+    args.push_back(fmt::format("--size={}", file_bytes));
+    args.push_back(fmt::format("--bs={}", row.bs_bytes));
+    args.push_back(fmt::format("--iodepth={}", row.qd));
+    args.push_back("--rw=" + row.rw);
+    args.push_back("--direct=1");
+    args.push_back("--ioengine=io_uring");
+  }
+  int pipefd[2];
+  STRATA_CHECK_ERRNO(::pipe(pipefd));
+  const pid_t pid = ::fork();
+  STRATA_CHECK_ERRNO(pid);
+  if (pid == 0) {
+    ::dup2(pipefd[1], STDOUT_FILENO);
+    ::close(pipefd[0]);
+    ::close(pipefd[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp("fio", argv.data());
+    _exit(127);
+  }
+  ::close(pipefd[1]);
+  std::string out;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::read(pipefd[0], chunk, sizeof chunk);
+    if (n > 0) out.append(chunk, static_cast<std::size_t>(n));
+    else if (n == 0 || errno != EINTR) break;
+  }
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    throw Error(fmt::format("fio failed (exit {}) for rw={} bs={} qd={}; is fio installed and io_uring allowed? "
+                            "Run without --vs-fio to skip it",
+                            WIFEXITED(status) ? WEXITSTATUS(status) : -1, row.rw, row.bs_bytes, row.qd));
+  }
+  // fio may print notes before the JSON document.
+  const auto brace = out.find('{');
+  if (brace == std::string::npos) throw Error("fio printed no JSON result");
+  auto j = nlohmann::json::parse(out.substr(brace));
+  double bytes_per_s = 0;
+  for (const auto& job : j.at("jobs")) {
+    bytes_per_s += job.at("read").at("bw_bytes").get<double>() + job.at("write").at("bw_bytes").get<double>();
+  }
+  return bytes_per_s / 1e9;
+}
+
+void prefill(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer,
+             std::uint64_t file_bytes) {
+  // Reads of never-written (fallocated) blocks return zeros without touching the disk, so every
+  // test file is written once in full before any read row.
+  const std::size_t chunk = std::min<std::size_t>(buffer.size(), 64 * MiB);
+  for (auto& f : files) {
+    for (std::uint64_t off = 0; off < file_bytes; off += chunk) {
+      offload::IoRequest r{IoOp::Write, f.id, off, buffer.data(), static_cast<std::size_t>(std::min<std::uint64_t>(chunk, file_bytes - off))};
+      engine.run(std::span(&r, 1));
+    }
+  }
+}
+
+int run_bench_io(const BenchIoArgs& a) {
+  std::vector<std::string> dirs = split_list(a.paths);
+  if (dirs.empty()) {
+    if (a.dir.empty()) throw ConfigError("strata bench io: give --dir DIR (or --paths D1,D2)");
+    dirs.push_back(a.dir);
+  }
+  const std::uint64_t total_bytes = parse_bytes_or_throw(a.size, "--size");
+  const std::uint64_t file_bytes = total_bytes / dirs.size() / (4 * MiB) * (4 * MiB);
+  std::vector<Row> rows;
+  unsigned max_qd = 0;
+  std::size_t max_bs = 0;
+  for (const auto& rw : split_list(a.rw)) {
+    if (rw != "read" && rw != "write" && rw != "randread" && rw != "randwrite") {
+      throw ConfigError(fmt::format("--rw '{}': use read, write, randread or randwrite (comma-separated)", rw));
+    }
+    for (const auto& bs : split_list(a.bs)) {
+      const std::size_t bs_bytes = parse_bytes_or_throw(bs, "--bs");
+      if (bs_bytes % 4096 != 0 || bs_bytes == 0 || bs_bytes > file_bytes) {
+        throw ConfigError(fmt::format("--bs {}: use a multiple of 4 KiB no larger than each file ({})", bs,
+                                      format_bytes(file_bytes)));
+      }
+      for (const auto& qd : split_list(a.qd)) {
+        const int q = std::stoi(qd);
+        if (q < 1 || q > 1024) throw ConfigError(fmt::format("--qd {}: use 1..1024", qd));
+        rows.push_back(Row{rw, bs_bytes, static_cast<unsigned>(q)});
+        max_qd = std::max(max_qd, static_cast<unsigned>(q));
+        max_bs = std::max(max_bs, bs_bytes);
+      }
+    }
+  }
+  if (rows.empty()) throw ConfigError("strata bench io: the matrix is empty (check --rw, --bs, --qd)");
+  if (a.vs_fio && a.pairs < 3) throw ConfigError("--pairs: at least 3 alternating pairs are needed for a median");
+
+  offload::IoEngineOptions eo;
+  eo.kind = offload::parse_engine_kind(a.engine, "--engine");
+  eo.coalesce = parse_on_off(a.coalesce, "--coalesce") ? offload::Coalesce::On : offload::Coalesce::Off;
+  eo.fixed_buffers =
+      parse_on_off(a.fixed_buffers, "--fixed-buffers") ? offload::FixedBuffers::On : offload::FixedBuffers::Off;
+  eo.sqpoll = a.sqpoll ? offload::SqPoll::On : offload::SqPoll::Off;
+  eo.submit_batch = a.batch;
+  eo.max_request_bytes = a.request_size == "auto" ? offload::default_max_request_bytes(dirs.front())
+                                                  : parse_bytes_or_throw(a.request_size, "--request-size");
+
+  std::vector<TestFile> files;
+  for (const auto& d : dirs) {
+    TestFile f;
+    f.dir = offload::check_directory(d, "--dir");
+    if (auto why = offload::probe_direct_io(f.dir); !why.empty()) {
+      throw ConfigError(fmt::format("{} does not support O_DIRECT ({}); choose a directory on a real drive", f.dir, why));
+    }
+    const std::uint64_t have = offload::free_bytes(f.dir);
+    if (have < file_bytes) {
+      throw ConfigError(fmt::format("{} has {} free but the benchmark needs {}; lower --size", f.dir,
+                                    format_bytes(have), format_bytes(file_bytes)));
+    }
+    f.path = offload::path_inside(f.dir, "strata-bench-io.dat");
+    f.fd = offload::open_inside(f.dir, "strata-bench-io.dat", offload::Direct::On, offload::Truncate::Keep);
+    offload::preallocate(f.fd.get(), f.path, file_bytes);
+    files.push_back(std::move(f));
+  }
+
+  HostBufferOptions bo;
+  const bool huge = parse_on_off(a.huge_pages, "--huge-pages");
+  bo.huge_pages = huge ? HugePages::Transparent : HugePages::Off;
+  bo.alignment_bytes = huge ? 2 * MiB : 4096;
+  const std::size_t buffer_bytes = std::max<std::size_t>(max_qd * max_bs * files.size(), 64 * MiB);
+  HostBuffer buffer = HostBuffer::allocate(buffer_bytes, bo);
+  std::memset(buffer.data(), 0x5C, buffer.size_bytes());  // fault every page in before timing
+  std::span<std::byte> buf(static_cast<std::byte*>(buffer.data()), buffer.size_bytes());
+
+  bool prefilled = false;
+  if (!a.json) {
+    fmt::print("{:>9} {:>8} {:>4} {:>5} {:>8} {:>9} {:>9} {:>9}{}\n", "rw", "bs", "qd", "paths", "GB/s", "IOPS",
+               "p50_us", "p99_us", a.vs_fio ? fmt::format(" {:>9} {:>7}", "fio_GB/s", "ratio") : "");
+  }
+  for (const Row& row : rows) {
+    offload::IoEngineOptions o = eo;
+    o.queue_depth = row.qd * static_cast<unsigned>(files.size());
+    auto engine = offload::make_io_engine(o);
+    for (auto& f : files) f.id = engine->register_file(f.fd.get(), f.path);
+    const std::span<std::byte> spans[] = {buf};
+    engine->register_buffers(spans);
+    if (!prefilled && row.rw.find("read") != std::string::npos) {
+      prefill(*engine, files, buf, file_bytes);
+      prefilled = true;
+    }
+    if (row.rw.find("write") != std::string::npos) prefilled = true;  // a full write pass fills it too
+    const auto info = engine->info();
+    spdlog::info("engine {} [{}], kernel request up to {}", info.name, info.features,
+                 format_bytes(info.max_request_bytes));
+
+    const int runs = a.vs_fio ? a.pairs : 1;
+    std::vector<double> gbps, fio_gbps, ratios, iops, p50, p99;
+    for (int i = 0; i < runs; ++i) {
+      StrataRun run(*engine, files, buf, row, file_bytes, 1234u + static_cast<std::uint32_t>(i));
+      const RunResult r = run.run();
+      gbps.push_back(r.gbps);
+      iops.push_back(r.iops);
+      p50.push_back(r.p50_us);
+      p99.push_back(r.p99_us);
+      if (a.vs_fio) {
+        const double f = run_fio(files, row, file_bytes);
+        fio_gbps.push_back(f);
+        ratios.push_back(f > 0 ? r.gbps / f : 0);
+        spdlog::debug("{} bs={} qd={} pair {}: strata {:.3f} GB/s, fio {:.3f} GB/s", row.rw, row.bs_bytes, row.qd, i,
+                      r.gbps, f);
+      }
+    }
+    for (auto& f : files) engine->unregister_file(f.id);
+    engine.reset();
+
+    if (a.json) {
+      nlohmann::json j = {{"rw", row.rw},
+                          {"bs", row.bs_bytes},
+                          {"qd", row.qd},
+                          {"paths", files.size()},
+                          {"gbps", median(gbps)},
+                          {"iops", median(iops)},
+                          {"p50_us", median(p50)},
+                          {"p99_us", median(p99)},
+                          {"engine", info.name}};
+      if (a.vs_fio) {
+        j["fio_gbps"] = median(fio_gbps);
+        j["ratio"] = median(ratios);
+        j["pairs"] = runs;
+        j["strata_runs_gbps"] = gbps;
+        j["fio_runs_gbps"] = fio_gbps;
+      }
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print("{:>9} {:>8} {:>4} {:>5} {:>8.3f} {:>9.0f} {:>9.0f} {:>9.0f}{}\n", row.rw, format_bytes(row.bs_bytes),
+                 row.qd, files.size(), median(gbps), median(iops), median(p50), median(p99),
+                 a.vs_fio ? fmt::format(" {:>9.3f} {:>6.2f}x", median(fio_gbps), median(ratios)) : "");
+    }
+    std::fflush(stdout);
+  }
+  if (!a.keep_file) {
+    for (auto& f : files) {
+      f.fd.reset();
+      ::unlink(f.path.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
 
 void register_bench_io(CLI::App& bench, CommandTable& table) {
-  auto* cmd = bench.add_subcommand("io", "(not built yet)");
-  cmd->allow_extras();
-  table[cmd] = []() -> int { throw Error("'strata bench io' is not built yet in this version of Strata"); };
+  auto args = std::make_shared<BenchIoArgs>();
+  auto* cmd = bench.add_subcommand("io", "NVMe bandwidth/IOPS/latency of Strata's I/O engine (optionally beside fio)");
+  cmd->add_option("--dir", args->dir, "directory for the test file (on the drive to measure)");
+  cmd->add_option("--paths", args->paths, "comma-separated directories, one test file and stream each (one per drive)");
+  cmd->add_option("--size", args->size, "bytes streamed per run, split over the paths (e.g. 1G, 4G)")->capture_default_str();
+  cmd->add_option("--bs", args->bs, "block size per request; a comma list makes a matrix (4K,64K,1M)")->capture_default_str();
+  cmd->add_option("--qd", args->qd, "requests in flight per path; comma list (1,8,32)")->capture_default_str();
+  cmd->add_option("--rw", args->rw, "read, write, randread, randwrite; comma list")->capture_default_str();
+  cmd->add_flag("--vs-fio", args->vs_fio, "alternate with fio on the same file and print the median ratio");
+  cmd->add_option("--pairs", args->pairs, "Strata/fio pairs per row with --vs-fio (>= 3)")->capture_default_str();
+  cmd->add_flag("--json", args->json, "one JSON object per row");
+  cmd->add_option("--engine", args->engine, "auto, uring or threads")->capture_default_str();
+  cmd->add_option("--request-size", args->request_size, "largest kernel request (auto: the disk's max_sectors_kb)")
+      ->capture_default_str();
+  cmd->add_option("--coalesce", args->coalesce, "merge adjacent requests into one kernel request (on|off)")
+      ->capture_default_str();
+  cmd->add_option("--huge-pages", args->huge_pages, "back the I/O buffers with 2 MiB huge pages (on|off)")
+      ->capture_default_str();
+  cmd->add_option("--fixed-buffers", args->fixed_buffers, "register the buffers with io_uring (on|off)")
+      ->capture_default_str();
+  cmd->add_option("--batch", args->batch, "most requests per io_uring_enter (0: the queue depth)")->capture_default_str();
+  cmd->add_flag("--sqpoll", args->sqpoll, "use a kernel submission-polling thread");
+  cmd->add_flag("--keep-file", args->keep_file, "keep the test file(s) afterwards");
+  table[cmd] = [args]() -> int { return run_bench_io(*args); };
 }
 
 }  // namespace strata::tools

@@ -1,0 +1,302 @@
+// Tests of the I/O engines: round trips of odd sizes and offsets, thousands of concurrent
+// requests, identical files from io_uring and the thread-pool oracle, and the fault-injection
+// matrix (EIO, ENOSPC, short read/write, EAGAIN, EINTR on the Nth operation) over both engines.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "offload/fault.h"
+#include "offload/file.h"
+#include "offload/io_engine.h"
+#include "tests/offload/offload_test_util.h"
+
+namespace strata::offload {
+namespace {
+
+using testing::TempDir;
+
+struct EngineConfig {
+  EngineKind kind;
+  Coalesce coalesce;
+  FixedBuffers fixed;
+  SqPoll sqpoll;
+  const char* name;
+};
+
+std::unique_ptr<IoEngine> make_engine_or_skip(IoEngineOptions o) {
+  try {
+    return make_io_engine(o);
+  } catch (const IoError& e) {
+    return nullptr;  // the caller skips with the reason logged by make_io_engine
+  }
+}
+
+class EngineTest : public ::testing::TestWithParam<EngineConfig> {
+ protected:
+  void SetUp() override {
+    STRATA_SKIP_WITHOUT_DIRECT_IO(dir_.path());
+    IoEngineOptions o;
+    o.kind = GetParam().kind;
+    o.coalesce = GetParam().coalesce;
+    o.fixed_buffers = GetParam().fixed;
+    o.sqpoll = GetParam().sqpoll;
+    o.queue_depth = 16;
+    o.max_request_bytes = 256 * 1024;  // small, so multi-piece requests are exercised
+    o.faults = &faults_;
+    engine_ = make_engine_or_skip(o);
+    if (!engine_) GTEST_SKIP() << "io_uring is not available here";
+    canon_ = check_directory(dir_.path(), "test dir");
+  }
+
+  FileId open_file(const std::string& name, Direct direct = Direct::On) {
+    fds_.push_back(open_inside(canon_, name, direct, Truncate::Truncate));
+    return engine_->register_file(fds_.back().get(), canon_ + "/" + name);
+  }
+
+  TempDir dir_;
+  std::string canon_;
+  FaultInjector faults_;
+  std::unique_ptr<IoEngine> engine_;
+  std::vector<UniqueFd> fds_;
+};
+
+TEST_P(EngineTest, RoundTripsOddSizesAndOffsets) {
+  const FileId f = open_file("odd.bin");
+  // O_DIRECT needs 4 KiB granularity, so "odd" means odd multiples of 4 KiB, straddling pieces.
+  const std::size_t sizes[] = {4096, 3 * 4096, 61 * 4096, 256 * 1024 + 4096, 1024 * 1024 + 5 * 4096};
+  std::uint64_t offset = 7 * 4096;
+  HostBuffer w = testing::aligned_buffer(2 * 1024 * 1024);
+  HostBuffer r = testing::aligned_buffer(2 * 1024 * 1024);
+  auto* wp = static_cast<std::byte*>(w.data());
+  auto* rp = static_cast<std::byte*>(r.data());
+  for (std::size_t k = 0; k < std::size(sizes); ++k) {
+    testing::fill_pattern(wp, sizes[k], k + 1);
+    const IoRequest wr{IoOp::Write, f, offset, wp, sizes[k]};
+    engine_->run(std::span(&wr, 1));
+    std::memset(rp, 0, sizes[k]);
+    const IoRequest rd{IoOp::Read, f, offset, rp, sizes[k]};
+    engine_->run(std::span(&rd, 1));
+    EXPECT_EQ(testing::first_mismatch(rp, sizes[k], k + 1), -1) << "size " << sizes[k] << " at " << offset;
+    offset += sizes[k] + 13 * 4096;
+  }
+}
+
+TEST_P(EngineTest, BufferedFilesTakeUnalignedSizes) {
+  const FileId f = open_file("buffered.bin", Direct::Off);
+  std::vector<std::byte> w(100'003), r(100'003);
+  testing::fill_pattern(w.data(), w.size(), 9);
+  const IoRequest wr{IoOp::Write, f, 12'345, w.data(), w.size()};
+  engine_->run(std::span(&wr, 1));
+  const IoRequest rd{IoOp::Read, f, 12'345, r.data(), r.size()};
+  engine_->run(std::span(&rd, 1));
+  EXPECT_EQ(testing::first_mismatch(r.data(), r.size(), 9), -1);
+}
+
+TEST_P(EngineTest, ThousandsOfConcurrentRequests) {
+  const FileId f = open_file("many.bin");
+  constexpr std::size_t kRequests = 3000;
+  constexpr std::size_t kBlock = 4096;
+  HostBuffer w = testing::aligned_buffer(kRequests * kBlock);
+  HostBuffer r = testing::aligned_buffer(kRequests * kBlock);
+  auto* wp = static_cast<std::byte*>(w.data());
+  auto* rp = static_cast<std::byte*>(r.data());
+  testing::fill_pattern(wp, kRequests * kBlock, 42);
+  // Block k of the buffer goes to a shuffled file position, each submitted as its own batch.
+  std::vector<std::size_t> where(kRequests);
+  for (std::size_t k = 0; k < kRequests; ++k) where[k] = k;
+  std::shuffle(where.begin(), where.end(), std::mt19937(5));
+  std::vector<IoHandle> handles;
+  std::atomic<int> callbacks{0};
+  for (std::size_t k = 0; k < kRequests; ++k) {
+    const IoRequest req{IoOp::Write, f, where[k] * kBlock, wp + k * kBlock, kBlock};
+    handles.push_back(engine_->submit(std::span(&req, 1), [&](std::exception_ptr&) { ++callbacks; }));
+  }
+  wait_all(handles);
+  EXPECT_EQ(callbacks.load(), static_cast<int>(kRequests));
+  handles.clear();
+  for (std::size_t k = 0; k < kRequests; ++k) {
+    const IoRequest req{IoOp::Read, f, where[k] * kBlock, rp + k * kBlock, kBlock};
+    handles.push_back(engine_->submit(std::span(&req, 1)));
+  }
+  for (auto& h : handles) h.wait();
+  for (const auto& h : handles) EXPECT_TRUE(h.poll());
+  EXPECT_EQ(testing::first_mismatch(rp, kRequests * kBlock, 42), -1);
+}
+
+TEST_P(EngineTest, ReadPastEndOfFileIsAnErrorNotZeros) {
+  const FileId f = open_file("short.bin");
+  HostBuffer b = testing::aligned_buffer(64 * 1024);
+  const IoRequest wr{IoOp::Write, f, 0, b.data(), 8192};
+  engine_->run(std::span(&wr, 1));
+  const IoRequest rd{IoOp::Read, f, 0, b.data(), 64 * 1024};
+  try {
+    engine_->run(std::span(&rd, 1));
+    FAIL() << "a read past the end of the file succeeded";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.errno_value(), ENODATA);
+    EXPECT_NE(std::string(e.what()).find("short.bin"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(EngineTest, UnregisteredFileIsRefused) {
+  HostBuffer b = testing::aligned_buffer(4096);
+  const IoRequest rd{IoOp::Read, 77, 0, b.data(), 4096};
+  EXPECT_THROW(engine_->submit(std::span(&rd, 1)), ConfigError);
+}
+
+// ---- fault injection matrix ----
+
+struct FaultCase {
+  FaultKind kind;
+  IoOp op;
+  bool expect_error;
+  int expect_errno;
+};
+
+class FaultTest : public EngineTest {
+ protected:
+  // Writes 8 non-adjacent 64 KiB blocks (so none merge), then reads them back.
+  static constexpr std::size_t kBlocks = 8;
+  static constexpr std::size_t kBlock = 64 * 1024;
+  std::vector<IoRequest> requests(FileId f, IoOp op, std::byte* base) {
+    std::vector<IoRequest> out;
+    for (std::size_t k = 0; k < kBlocks; ++k) out.push_back(IoRequest{op, f, k * 2 * kBlock, base + k * kBlock, kBlock});
+    return out;
+  }
+  void run_case(const FaultCase& c) {
+    const FileId f = open_file("fault.bin");
+    HostBuffer w = testing::aligned_buffer(kBlocks * kBlock);
+    HostBuffer r = testing::aligned_buffer(kBlocks * kBlock);
+    auto* wp = static_cast<std::byte*>(w.data());
+    auto* rp = static_cast<std::byte*>(r.data());
+    testing::fill_pattern(wp, kBlocks * kBlock, 3);
+    if (c.op == IoOp::Write) faults_.add(FaultRule{c.kind, 3, IoOp::Write, 1});
+    auto wr = requests(f, IoOp::Write, wp);
+    std::exception_ptr werr = engine_->submit(wr).wait_error();
+    if (c.op == IoOp::Read) faults_.add(FaultRule{c.kind, 3, IoOp::Read, 1});
+    auto rd = requests(f, IoOp::Read, rp);
+    std::exception_ptr rerr = werr ? nullptr : engine_->submit(rd).wait_error();
+    std::exception_ptr err = werr ? werr : rerr;
+    EXPECT_EQ(faults_.injected(), 1u) << fault_kind_name(c.kind);
+    if (c.expect_error) {
+      ASSERT_TRUE(err) << fault_kind_name(c.kind) << " on " << io_op_name(c.op) << " was not reported";
+      try {
+        std::rethrow_exception(err);
+      } catch (const IoError& e) {
+        const std::string msg = e.what();
+        EXPECT_EQ(e.errno_value(), c.expect_errno) << msg;
+        EXPECT_NE(msg.find("fault.bin"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("at offset"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(io_op_name(c.op)), std::string::npos) << msg;
+      }
+    } else {
+      ASSERT_FALSE(err) << "a retried " << fault_kind_name(c.kind) << " surfaced as an error";
+      EXPECT_EQ(testing::first_mismatch(rp, kBlocks * kBlock, 3), -1) << "wrong data after " << fault_kind_name(c.kind);
+    }
+  }
+};
+
+TEST_P(FaultTest, EioOnWrite) { run_case({FaultKind::Eio, IoOp::Write, true, EIO}); }
+TEST_P(FaultTest, EioOnRead) { run_case({FaultKind::Eio, IoOp::Read, true, EIO}); }
+TEST_P(FaultTest, EnospcOnWrite) { run_case({FaultKind::Enospc, IoOp::Write, true, ENOSPC}); }
+TEST_P(FaultTest, ShortReadIsCompleted) { run_case({FaultKind::ShortTransfer, IoOp::Read, false, 0}); }
+TEST_P(FaultTest, ShortWriteIsCompleted) { run_case({FaultKind::ShortTransfer, IoOp::Write, false, 0}); }
+TEST_P(FaultTest, EagainOnReadIsRetried) { run_case({FaultKind::Eagain, IoOp::Read, false, 0}); }
+TEST_P(FaultTest, EagainOnWriteIsRetried) { run_case({FaultKind::Eagain, IoOp::Write, false, 0}); }
+TEST_P(FaultTest, EintrOnReadIsRetried) { run_case({FaultKind::Eintr, IoOp::Read, false, 0}); }
+
+TEST_P(FaultTest, EndlessEagainGivesUp) {
+  const FileId f = open_file("fault.bin");
+  HostBuffer b = testing::aligned_buffer(kBlock);
+  faults_.add(FaultRule{FaultKind::Eagain, 1, IoOp::Write, 1'000'000});
+  const IoRequest wr{IoOp::Write, f, 0, b.data(), kBlock};
+  try {
+    engine_->run(std::span(&wr, 1));
+    FAIL() << "endless EAGAIN never surfaced";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.errno_value(), EAGAIN) << e.what();
+    EXPECT_NE(std::string(e.what()).find("retries"), std::string::npos) << e.what();
+  }
+}
+
+const EngineConfig kConfigs[] = {
+    {EngineKind::Uring, Coalesce::On, FixedBuffers::On, SqPoll::Off, "uring"},
+    {EngineKind::Uring, Coalesce::Off, FixedBuffers::Off, SqPoll::Off, "uring_plain"},
+    {EngineKind::Uring, Coalesce::On, FixedBuffers::On, SqPoll::On, "uring_sqpoll"},
+    {EngineKind::Threads, Coalesce::Off, FixedBuffers::Off, SqPoll::Off, "threads"},
+};
+std::string config_name(const ::testing::TestParamInfo<EngineConfig>& info) { return info.param.name; }
+INSTANTIATE_TEST_SUITE_P(Engines, EngineTest, ::testing::ValuesIn(kConfigs), config_name);
+INSTANTIATE_TEST_SUITE_P(Engines, FaultTest, ::testing::ValuesIn(kConfigs), config_name);
+
+// ---- io_uring against the oracle ----
+
+std::vector<char> slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(EngineOracle, UringAndThreadsWriteIdenticalFiles) {
+  TempDir dir;
+  STRATA_SKIP_WITHOUT_DIRECT_IO(dir.path());
+  const std::string canon = check_directory(dir.path(), "test dir");
+  IoEngineOptions uo;
+  uo.kind = EngineKind::Uring;
+  uo.max_request_bytes = 128 * 1024;
+  auto uring = make_engine_or_skip(uo);
+  if (!uring) GTEST_SKIP() << "io_uring is not available here";
+  IoEngineOptions to;
+  to.kind = EngineKind::Threads;
+  auto threads = make_io_engine(to);
+
+  constexpr std::size_t kBytes = 6 * 1024 * 1024;
+  HostBuffer src = testing::aligned_buffer(kBytes);
+  testing::fill_pattern(static_cast<std::byte*>(src.data()), kBytes, 11);
+  const std::span<std::byte> reg[] = {src.as<std::byte>()};
+  uring->register_buffers(reg);
+  // The same scattered workload: random-sized (4 KiB multiple) pieces at shuffled positions.
+  std::mt19937 rng(17);
+  std::vector<IoRequest> plan;
+  for (std::uint64_t off = 0; off < kBytes;) {
+    const std::size_t len = std::min<std::size_t>((1 + rng() % 40) * 4096, kBytes - off);
+    plan.push_back(IoRequest{IoOp::Write, 0, off, static_cast<std::byte*>(src.data()) + off, len});
+    off += len;
+  }
+  std::shuffle(plan.begin(), plan.end(), rng);
+  for (auto* e : {uring.get(), threads.get()}) {
+    const std::string name = e == uring.get() ? "uring.bin" : "threads.bin";
+    UniqueFd fd = open_inside(canon, name, Direct::On, Truncate::Truncate);
+    const FileId id = e->register_file(fd.get(), canon + "/" + name);
+    auto reqs = plan;
+    for (auto& r : reqs) r.file = id;
+    e->run(reqs);
+    e->unregister_file(id);
+  }
+  const auto a = slurp(canon + "/uring.bin");
+  const auto b = slurp(canon + "/threads.bin");
+  ASSERT_EQ(a.size(), kBytes);
+  EXPECT_TRUE(a == b) << "io_uring and the thread pool wrote different files";
+  EXPECT_EQ(testing::first_mismatch(reinterpret_cast<const std::byte*>(a.data()), a.size(), 11), -1);
+}
+
+TEST(EngineFactory, ReportsWhatItRuns) {
+  IoEngineOptions o;
+  o.kind = EngineKind::Threads;
+  auto e = make_io_engine(o);
+  EXPECT_EQ(e->info().name, "threads");
+  o.queue_depth = 0;
+  EXPECT_THROW(make_io_engine(o), ConfigError);
+  EXPECT_THROW(parse_engine_kind("libaio", "--engine"), ConfigError);
+}
+
+}  // namespace
+}  // namespace strata::offload
