@@ -5,7 +5,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   libtbb-dev libhwloc-dev hwloc libspdlog-dev libfmt-dev liburing-dev
   libgtest-dev libgmock-dev libopenmpi-dev openmpi-bin libopenblas-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
