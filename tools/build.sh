@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
 shift || true
 bash tools/setup.sh
+# ccache (when installed): paths relative to the checkout, so a fresh clone elsewhere still hits.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 cmake -S . -B "$BUILD_DIR" -G Ninja -DSTRATA_WERROR=ON "$@" >"$BUILD_DIR.configure.log" 2>&1 ||
   { cat "$BUILD_DIR.configure.log"; exit 1; }
 grep -E '^-- Strata:' "$BUILD_DIR.configure.log" || true
