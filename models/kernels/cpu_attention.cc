@@ -116,7 +116,7 @@ void attention_forward(DType dtype, const AttentionShape& shape, const void* q, 
             float sum = 0.0f;
             for (std::int64_t c = 0; c < d; ++c) arow[c] *= corr;
             for (std::int64_t j = 0; j < last; ++j) {
-              const float p = std::exp(srow[j] - m_new);
+              const float p = math::shifted_exp(srow[j], m_new);
               sum += p;
               const float* vrow = tl.v.data() + j * d;
               for (std::int64_t c = 0; c < d; ++c) arow[c] += p * vrow[c];
@@ -129,7 +129,8 @@ void attention_forward(DType dtype, const AttentionShape& shape, const void* q, 
           const float inv = 1.0f / l[static_cast<std::size_t>(i)];
           const std::int64_t o = L.o_index(b, i0 + i, h);
           for (std::int64_t c = 0; c < d; ++c) store<T>(out, o + c, tl.acc[static_cast<std::size_t>(i * d + c)] * inv);
-          lse[L.lse_index(b, h, i0 + i)] = m[static_cast<std::size_t>(i)] + std::log(l[static_cast<std::size_t>(i)]);
+          lse[L.lse_index(b, h, i0 + i)] =
+              math::online_softmax_lse(m[static_cast<std::size_t>(i)], l[static_cast<std::size_t>(i)]);
         }
       }
     });
@@ -169,9 +170,10 @@ void attention_backward(DType dtype, const AttentionShape& shape, const void* q,
         const float row_delta = delta[static_cast<std::size_t>(L.lse_index(b, h, i0 + i))];
         for (std::int64_t j = 0; j < cols; ++j) {
           const bool visible = j0 + j <= i0 + i;
-          const float p = visible ? std::exp(tl.s[static_cast<std::size_t>(i * kTile + j)] - row_lse) : 0.0f;
+          const float p = visible ? math::attention_prob(tl.s[static_cast<std::size_t>(i * kTile + j)], row_lse) : 0.0f;
           tl.s[static_cast<std::size_t>(i * kTile + j)] = p;
-          tl.dp[static_cast<std::size_t>(i * kTile + j)] = p * (tl.dp[static_cast<std::size_t>(i * kTile + j)] - row_delta);
+          tl.dp[static_cast<std::size_t>(i * kTile + j)] =
+              math::attention_dscore(p, tl.dp[static_cast<std::size_t>(i * kTile + j)], row_delta);
         }
       }
     };

@@ -95,9 +95,9 @@ void rope(DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64
   std::vector<float> cos_t(static_cast<std::size_t>(seq * half)), sin_t(cos_t.size());
   for (std::int64_t t = 0; t < seq; ++t) {
     for (std::int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(t) * math::rope_inv_freq(static_cast<int>(i), static_cast<int>(head_dim), theta);
-      cos_t[static_cast<std::size_t>(t * half + i)] = std::cos(angle);
-      sin_t[static_cast<std::size_t>(t * half + i)] = std::sin(angle);
+      const float angle = math::rope_angle(t, static_cast<int>(i), static_cast<int>(head_dim), theta);
+      const auto at = static_cast<std::size_t>(t * half + i);
+      math::rope_cos_sin(angle, &cos_t[at], &sin_t[at]);
     }
   }
   const float sign = direction == RopeDirection::Forward ? 1.0f : -1.0f;

@@ -115,9 +115,9 @@ void cross_entropy(DType dtype, const void* logits, const std::int32_t* targets,
         float row_max = -INFINITY;
         for (std::int64_t j = 0; j < vocab; ++j) row_max = std::max(row_max, load<T>(logits, base + j));
         float sum = 0.0f;
-        for (std::int64_t j = 0; j < vocab; ++j) sum += std::exp(load<T>(logits, base + j) - row_max);
+        for (std::int64_t j = 0; j < vocab; ++j) sum += math::shifted_exp(load<T>(logits, base + j), row_max);
         const bool ignored = target < 0;
-        losses[r] = ignored ? 0.0f : std::log(sum) + row_max - load<T>(logits, base + target);
+        losses[r] = ignored ? 0.0f : math::cross_entropy_loss(row_max, sum, load<T>(logits, base + target));
         if (dlogits == nullptr) continue;
         const float inv_sum = 1.0f / sum;
         const float scale = ignored ? 0.0f : grad_scale;

@@ -25,7 +25,7 @@ void layernorm_forward(DType dtype, const void* x, const void* weight, const voi
           const float d = load<T>(x, base + c) - m;
           var += d * d;
         }
-        const float s = 1.0f / std::sqrt(var / static_cast<float>(cols) + eps);
+        const float s = math::norm_rstd(var, static_cast<float>(cols), eps);
         for (std::int64_t c = 0; c < cols; ++c) {
           store<T>(out, base + c, math::layernorm_apply(load<T>(x, base + c), m, s, load<T>(weight, c), load<T>(bias, c)));
         }
@@ -46,7 +46,7 @@ void layernorm_backward(DType dtype, const void* dout, const void* x, const void
         const std::int64_t base = r * cols;
         float dnorm_mean = 0.0f, dnorm_xhat_mean = 0.0f;
         for (std::int64_t c = 0; c < cols; ++c) {
-          const float xhat = (load<T>(x, base + c) - mean[r]) * rstd[r];
+          const float xhat = math::layernorm_xhat(load<T>(x, base + c), mean[r], rstd[r]);
           const float dnorm = load<T>(dout, base + c) * load<T>(weight, c);
           dnorm_mean += dnorm;
           dnorm_xhat_mean += dnorm * xhat;
@@ -54,9 +54,9 @@ void layernorm_backward(DType dtype, const void* dout, const void* x, const void
         dnorm_mean /= static_cast<float>(cols);
         dnorm_xhat_mean /= static_cast<float>(cols);
         for (std::int64_t c = 0; c < cols; ++c) {
-          const float xhat = (load<T>(x, base + c) - mean[r]) * rstd[r];
+          const float xhat = math::layernorm_xhat(load<T>(x, base + c), mean[r], rstd[r]);
           const float dnorm = load<T>(dout, base + c) * load<T>(weight, c);
-          float g = (dnorm - dnorm_mean - xhat * dnorm_xhat_mean) * rstd[r];
+          float g = math::layernorm_dx(dnorm, xhat, dnorm_mean, dnorm_xhat_mean, rstd[r]);
           if (accumulate_dx == Accumulate::Yes) g += load<T>(dx, base + c);
           store<T>(dx, base + c, g);
         }
@@ -70,7 +70,7 @@ void layernorm_backward(DType dtype, const void* dout, const void* x, const void
       }
       for (std::int64_t r = 0; r < rows; ++r) {
         for (std::int64_t c = c0; c < c1; ++c) {
-          const float xhat = (load<T>(x, r * cols + c) - mean[r]) * rstd[r];
+          const float xhat = math::layernorm_xhat(load<T>(x, r * cols + c), mean[r], rstd[r]);
           const float d = load<T>(dout, r * cols + c);
           dw[c - c0] += d * xhat;
           db[c - c0] += d;
@@ -96,8 +96,10 @@ void rmsnorm_forward(DType dtype, const void* x, const void* weight, void* out, 
           const float v = load<T>(x, base + c);
           ss += v * v;
         }
-        const float s = 1.0f / std::sqrt(ss / static_cast<float>(cols) + eps);
-        for (std::int64_t c = 0; c < cols; ++c) store<T>(out, base + c, load<T>(x, base + c) * s * load<T>(weight, c));
+        const float s = math::norm_rstd(ss, static_cast<float>(cols), eps);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          store<T>(out, base + c, math::rmsnorm_apply(load<T>(x, base + c), s, load<T>(weight, c)));
+        }
         rstd[r] = s;
       }
     });
@@ -114,12 +116,12 @@ void rmsnorm_backward(DType dtype, const void* dout, const void* x, const void* 
         // y = x * s * w, s = (mean(x^2) + eps)^-1/2:  dx = s * (g - xhat * mean(g * xhat)), g = dout * w.
         float dot = 0.0f;
         for (std::int64_t c = 0; c < cols; ++c) {
-          dot += load<T>(dout, base + c) * load<T>(weight, c) * load<T>(x, base + c) * rstd[r];
+          dot += math::rmsnorm_dot_term(load<T>(dout, base + c), load<T>(weight, c), load<T>(x, base + c), rstd[r]);
         }
         dot /= static_cast<float>(cols);
         for (std::int64_t c = 0; c < cols; ++c) {
-          const float xhat = load<T>(x, base + c) * rstd[r];
-          float g = (load<T>(dout, base + c) * load<T>(weight, c) - xhat * dot) * rstd[r];
+          const float xhat = math::rmsnorm_xhat(load<T>(x, base + c), rstd[r]);
+          float g = math::rmsnorm_dx(load<T>(dout, base + c), load<T>(weight, c), xhat, dot, rstd[r]);
           if (accumulate_dx == Accumulate::Yes) g += load<T>(dx, base + c);
           store<T>(dx, base + c, g);
         }
@@ -130,7 +132,7 @@ void rmsnorm_backward(DType dtype, const void* dout, const void* x, const void* 
       for (std::int64_t c = c0; c < c1; ++c) dw[c - c0] = load<T>(dweight, c);
       for (std::int64_t r = 0; r < rows; ++r) {
         for (std::int64_t c = c0; c < c1; ++c) {
-          dw[c - c0] += load<T>(dout, r * cols + c) * load<T>(x, r * cols + c) * rstd[r];
+          dw[c - c0] += math::rmsnorm_dweight_term(load<T>(dout, r * cols + c), load<T>(x, r * cols + c), rstd[r]);
         }
       }
       for (std::int64_t c = c0; c < c1; ++c) store<T>(dweight, c, dw[c - c0]);

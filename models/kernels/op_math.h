@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "core/hd.h"
 
@@ -44,6 +45,15 @@ STRATA_HD float rope_inv_freq(int i, int head_dim, float theta) {
   return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
 }
 
+// The rotation angle of pair `i` at position t, and its cosine and sine.
+STRATA_HD float rope_angle(std::int64_t t, int i, int head_dim, float theta) {
+  return static_cast<float>(t) * rope_inv_freq(i, head_dim, theta);
+}
+STRATA_HD void rope_cos_sin(float angle, float* cos_a, float* sin_a) {
+  *cos_a = cosf(angle);
+  *sin_a = sinf(angle);
+}
+
 // Rotates the pair (x1, x2) by the angle whose cosine and sine are given. Backward rotates the
 // gradient by the negative angle (pass -sin).
 STRATA_HD void rope_rotate(float x1, float x2, float cos_a, float sin_a, float* out1, float* out2) {
@@ -51,10 +61,36 @@ STRATA_HD void rope_rotate(float x1, float x2, float cos_a, float sin_a, float* 
   *out2 = x2 * cos_a + x1 * sin_a;
 }
 
+// exp(x - shift): a softmax numerator with the row maximum (or the log-sum-exp) subtracted.
+STRATA_HD float shifted_exp(float x, float shift) { return expf(x - shift); }
+
+// Reciprocal standard deviation of a row of n elements from its sum of squares (layer norm: of the
+// deviations from the mean; RMS norm: of the values): 1 / sqrt(sum_sq / n + eps).
+STRATA_HD float norm_rstd(float sum_sq, float n, float eps) { return 1.0f / sqrtf(sum_sq / n + eps); }
+
 // Layer norm of one element given the row's mean and reciprocal standard deviation.
 STRATA_HD float layernorm_apply(float x, float mean, float rstd, float w, float b) {
   return (x - mean) * rstd * w + b;
 }
+STRATA_HD float layernorm_xhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
+
+// Layer-norm input gradient of one element: with g = dout * w and the row means of g and g * xhat,
+// dx = (g - mean(g) - xhat * mean(g * xhat)) * rstd.
+STRATA_HD float layernorm_dx(float g, float xhat, float g_mean, float g_xhat_mean, float rstd) {
+  return (g - g_mean - xhat * g_xhat_mean) * rstd;
+}
+
+// RMS norm of one element: x * rstd * w; the normalized value alone is xhat = x * rstd.
+STRATA_HD float rmsnorm_apply(float x, float rstd, float w) { return x * rstd * w; }
+STRATA_HD float rmsnorm_xhat(float x, float rstd) { return x * rstd; }
+// One term of the row sum behind the RMS-norm input gradient: dout * w * x * rstd (= g * xhat).
+STRATA_HD float rmsnorm_dot_term(float dout, float w, float x, float rstd) { return dout * w * x * rstd; }
+// RMS-norm input gradient of one element: (dout * w - xhat * mean(g * xhat)) * rstd.
+STRATA_HD float rmsnorm_dx(float dout, float w, float xhat, float dot_mean, float rstd) {
+  return (dout * w - xhat * dot_mean) * rstd;
+}
+// One row's contribution to the RMS-norm weight gradient: dout * x * rstd.
+STRATA_HD float rmsnorm_dweight_term(float dout, float x, float rstd) { return dout * x * rstd; }
 
 // The online-softmax running state of one attention query row (flash attention): running max `m`
 // and running sum `l` of exp(s - m). Folding in a new tile maximum returns the factor by which the
@@ -64,9 +100,22 @@ STRATA_HD float online_softmax_rescale(float m_old, float m_new) {
   return expf(m_old - m_new);
 }
 
+// Log-sum-exp of a finished online-softmax row: m + log(l). Saved for the backward pass.
+STRATA_HD float online_softmax_lse(float m, float l) { return m + logf(l); }
+
+// Attention backward: probability from a recomputed score and the saved log-sum-exp, and the score
+// gradient dS = p * (dP - delta) with delta = sum_c dout * out of the query row.
+STRATA_HD float attention_prob(float score, float lse) { return shifted_exp(score, lse); }
+STRATA_HD float attention_dscore(float p, float dp, float delta) { return p * (dp - delta); }
+
+// Cross-entropy loss of one row: log(sum_j exp(logit_j - row_max)) + row_max - logit[target].
+STRATA_HD float cross_entropy_loss(float row_max, float sum, float target_logit) {
+  return logf(sum) + row_max - target_logit;
+}
+
 // The gradient of softmax cross-entropy with respect to one logit: (p - [j == target]) * scale.
 STRATA_HD float cross_entropy_dlogit(float logit, float row_max, float inv_sum, bool is_target, float scale) {
-  const float p = expf(logit - row_max) * inv_sum;
+  const float p = shifted_exp(logit, row_max) * inv_sum;
   return (p - (is_target ? 1.0f : 0.0f)) * scale;
 }
 

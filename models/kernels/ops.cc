@@ -1,23 +1,65 @@
 // The op-set front layer (models/kernels/ops.h): routes each op to its CPU kernel (inline, or
-// enqueued on a sim stream with launch_host). Arguments are captured by value: on a stream the
-// kernel runs later, after the caller returned.
+// enqueued on a sim stream with launch_host) or, on a cuda context, to its CUDA launcher
+// (models/kernels/cuda_kernels.h: cuBLAS for matmul, Strata's kernels in models/kernels/*.cu for
+// the rest, enqueued on the stream's cudaStream_t). Arguments are captured by value: on a stream
+// the kernel runs later, after the caller returned.
 //
-// The CUDA kernels are not written yet: a cuda context gets a DeviceError that says so, in every
-// build. When they land (models/kernels/*.cu over the STRATA_HD math of op_math.h, cuBLAS for
-// matmul), each op's second lambda below launches its kernel on the stream's cudaStream_t.
+// The CUDA lambdas are generic (`auto` launch parameter) so that in builds without the CUDA
+// backend they are never instantiated and nothing refers to the launchers; such a build answers a
+// cuda context with a DeviceError that says so.
 #include "models/kernels/ops.h"
 
 #include <utility>
 
 #include "core/error.h"
 #include "models/kernels/cpu_kernels.h"
+#include "models/kernels/cuda_kernels.h"
 
 namespace strata::models {
 
 namespace {
 
-template <typename HostFn>
-void launch(const KernelContext& ctx, const char* op, HostFn&& host) {
+enum class UsesCublas { No, Yes };
+
+#if defined(STRATA_HAVE_CUDA)
+// Where a CUDA op enqueues, after the checks the sim path does not need.
+cuda::Launch cuda_launch(const KernelContext& ctx, const char* op, UsesCublas uses_cublas) {
+  if (ctx.stream == nullptr) {
+    throw DeviceError(
+        fmt::format("model op '{}' on a cuda device needs a stream in its KernelContext (a null "
+                    "stream means inline host execution, which only the sim device has)",
+                    op));
+  }
+  void* native = ctx.stream->native_handle();
+  if (native == nullptr) {
+    throw DeviceError(
+        fmt::format("model op '{}' got a cuda KernelContext with stream '{}' of device {}, which is not "
+                    "a CUDA stream; create the stream on the cuda device",
+                    op, ctx.stream->name(), ctx.stream->device().name()));
+  }
+  // KernelContext::cublas carries a CublasHandles (models/kernels/cuda_kernels.h) on cuda.
+  auto* handles = static_cast<CublasHandles*>(ctx.cublas);
+  if (uses_cublas == UsesCublas::Yes) {
+    if (handles == nullptr) {
+      throw DeviceError(
+          fmt::format("model op '{}' on a cuda device needs KernelContext::cublas: a "
+                      "models::CublasHandles made for stream '{}' (models/kernels/cuda_kernels.h)",
+                      op, ctx.stream->name()));
+    }
+    if (handles->stream() != native) {
+      throw DeviceError(
+          fmt::format("model op '{}': KernelContext::cublas is bound to another stream than '{}'; "
+                      "make one CublasHandles per stream (they share no workspace)",
+                      op, ctx.stream->name()));
+    }
+  }
+  return cuda::Launch{native, handles};
+}
+#endif
+
+template <typename HostFn, typename CudaFn>
+void launch(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device,
+            [[maybe_unused]] UsesCublas uses_cublas = UsesCublas::No) {
   switch (ctx.kind) {
     case DeviceKind::Sim:
       if (ctx.stream == nullptr) {
@@ -27,9 +69,15 @@ void launch(const KernelContext& ctx, const char* op, HostFn&& host) {
       }
       return;
     case DeviceKind::Cuda:
-      throw DeviceError(fmt::format("model op '{}' has no CUDA kernel in this version of Strata (the model ops run on "
-                                    "the sim device only); use --device sim",
-                                    op));
+#if defined(STRATA_HAVE_CUDA)
+      device(cuda_launch(ctx, op, uses_cublas));
+      return;
+#else
+      throw DeviceError(
+          fmt::format("model op '{}' needs the CUDA backend, but this build of Strata has none "
+                      "(configure with -DSTRATA_CUDA=ON where nvcc is installed); use --device sim",
+                      op));
+#endif
   }
   STRATA_CHECK(false, "unknown device kind for op {}", op);
 }
@@ -37,96 +85,140 @@ void launch(const KernelContext& ctx, const char* op, HostFn&& host) {
 }  // namespace
 
 void matmul(const KernelContext& ctx, const MatmulArgs& args) {
-  launch(ctx, "matmul", [args] { cpu::matmul(args); });
+  launch(
+      ctx, "matmul", [args] { cpu::matmul(args); }, [args](const auto& L) { cuda::matmul(L, args); }, UsesCublas::Yes);
 }
 
 void bias_grad(const KernelContext& ctx, DType dtype, const void* dout, std::int64_t rows, std::int64_t cols,
                std::int64_t ld, void* dbias) {
-  launch(ctx, "bias_grad", [=] { cpu::bias_grad(dtype, dout, rows, cols, ld, dbias); });
+  launch(
+      ctx, "bias_grad", [=] { cpu::bias_grad(dtype, dout, rows, cols, ld, dbias); },
+      [=](const auto& L) { cuda::bias_grad(L, dtype, dout, rows, cols, ld, dbias); });
 }
 
 void layernorm_forward(const KernelContext& ctx, DType dtype, const void* x, const void* weight, const void* bias,
                        void* out, float* mean, float* rstd, std::int64_t rows, std::int64_t cols, float eps) {
-  launch(ctx, "layernorm_forward", [=] { cpu::layernorm_forward(dtype, x, weight, bias, out, mean, rstd, rows, cols, eps); });
+  launch(
+      ctx, "layernorm_forward",
+      [=] { cpu::layernorm_forward(dtype, x, weight, bias, out, mean, rstd, rows, cols, eps); },
+      [=](const auto& L) { cuda::layernorm_forward(L, dtype, x, weight, bias, out, mean, rstd, rows, cols, eps); });
 }
 
 void layernorm_backward(const KernelContext& ctx, DType dtype, const void* dout, const void* x, const void* weight,
                         const float* mean, const float* rstd, void* dx, void* dweight, void* dbias, std::int64_t rows,
                         std::int64_t cols, Accumulate accumulate_dx) {
-  launch(ctx, "layernorm_backward",
-         [=] { cpu::layernorm_backward(dtype, dout, x, weight, mean, rstd, dx, dweight, dbias, rows, cols, accumulate_dx); });
+  launch(
+      ctx, "layernorm_backward",
+      [=] {
+        cpu::layernorm_backward(dtype, dout, x, weight, mean, rstd, dx, dweight, dbias, rows, cols, accumulate_dx);
+      },
+      [=](const auto& L) {
+        cuda::layernorm_backward(L, dtype, dout, x, weight, mean, rstd, dx, dweight, dbias, rows, cols, accumulate_dx);
+      });
 }
 
 void rmsnorm_forward(const KernelContext& ctx, DType dtype, const void* x, const void* weight, void* out, float* rstd,
                      std::int64_t rows, std::int64_t cols, float eps) {
-  launch(ctx, "rmsnorm_forward", [=] { cpu::rmsnorm_forward(dtype, x, weight, out, rstd, rows, cols, eps); });
+  launch(
+      ctx, "rmsnorm_forward", [=] { cpu::rmsnorm_forward(dtype, x, weight, out, rstd, rows, cols, eps); },
+      [=](const auto& L) { cuda::rmsnorm_forward(L, dtype, x, weight, out, rstd, rows, cols, eps); });
 }
 
 void rmsnorm_backward(const KernelContext& ctx, DType dtype, const void* dout, const void* x, const void* weight,
                       const float* rstd, void* dx, void* dweight, std::int64_t rows, std::int64_t cols,
                       Accumulate accumulate_dx) {
-  launch(ctx, "rmsnorm_backward",
-         [=] { cpu::rmsnorm_backward(dtype, dout, x, weight, rstd, dx, dweight, rows, cols, accumulate_dx); });
+  launch(
+      ctx, "rmsnorm_backward",
+      [=] { cpu::rmsnorm_backward(dtype, dout, x, weight, rstd, dx, dweight, rows, cols, accumulate_dx); },
+      [=](const auto& L) {
+        cuda::rmsnorm_backward(L, dtype, dout, x, weight, rstd, dx, dweight, rows, cols, accumulate_dx);
+      });
 }
 
 void gelu_forward(const KernelContext& ctx, DType dtype, const void* x, void* out, std::int64_t n) {
-  launch(ctx, "gelu_forward", [=] { cpu::gelu_forward(dtype, x, out, n); });
+  launch(
+      ctx, "gelu_forward", [=] { cpu::gelu_forward(dtype, x, out, n); },
+      [=](const auto& L) { cuda::gelu_forward(L, dtype, x, out, n); });
 }
 
 void gelu_backward(const KernelContext& ctx, DType dtype, const void* x, const void* dout, void* dx, std::int64_t n) {
-  launch(ctx, "gelu_backward", [=] { cpu::gelu_backward(dtype, x, dout, dx, n); });
+  launch(
+      ctx, "gelu_backward", [=] { cpu::gelu_backward(dtype, x, dout, dx, n); },
+      [=](const auto& L) { cuda::gelu_backward(L, dtype, x, dout, dx, n); });
 }
 
 void swiglu_forward(const KernelContext& ctx, DType dtype, const void* gate_up, void* out, std::int64_t rows,
                     std::int64_t hidden) {
-  launch(ctx, "swiglu_forward", [=] { cpu::swiglu_forward(dtype, gate_up, out, rows, hidden); });
+  launch(
+      ctx, "swiglu_forward", [=] { cpu::swiglu_forward(dtype, gate_up, out, rows, hidden); },
+      [=](const auto& L) { cuda::swiglu_forward(L, dtype, gate_up, out, rows, hidden); });
 }
 
 void swiglu_backward(const KernelContext& ctx, DType dtype, const void* gate_up, const void* dout, void* dgate_up,
                      std::int64_t rows, std::int64_t hidden) {
-  launch(ctx, "swiglu_backward", [=] { cpu::swiglu_backward(dtype, gate_up, dout, dgate_up, rows, hidden); });
+  launch(
+      ctx, "swiglu_backward", [=] { cpu::swiglu_backward(dtype, gate_up, dout, dgate_up, rows, hidden); },
+      [=](const auto& L) { cuda::swiglu_backward(L, dtype, gate_up, dout, dgate_up, rows, hidden); });
 }
 
-void attention_forward(const KernelContext& ctx, DType dtype, const AttentionShape& shape, const void* q,
-                       const void* k, const void* v, void* out, float* lse) {
-  launch(ctx, "attention_forward", [=] { cpu::attention_forward(dtype, shape, q, k, v, out, lse); });
+void attention_forward(const KernelContext& ctx, DType dtype, const AttentionShape& shape, const void* q, const void* k,
+                       const void* v, void* out, float* lse) {
+  launch(
+      ctx, "attention_forward", [=] { cpu::attention_forward(dtype, shape, q, k, v, out, lse); },
+      [=](const auto& L) { cuda::attention_forward(L, dtype, shape, q, k, v, out, lse); });
 }
 
 void attention_backward(const KernelContext& ctx, DType dtype, const AttentionShape& shape, const void* q,
                         const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
                         void* dk, void* dv) {
-  launch(ctx, "attention_backward", [=] { cpu::attention_backward(dtype, shape, q, k, v, out, lse, dout, dq, dk, dv); });
+  launch(
+      ctx, "attention_backward", [=] { cpu::attention_backward(dtype, shape, q, k, v, out, lse, dout, dq, dk, dv); },
+      [=](const auto& L) { cuda::attention_backward(L, dtype, shape, q, k, v, out, lse, dout, dq, dk, dv); });
 }
 
 void rope(const KernelContext& ctx, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
           std::int64_t head_dim, std::int64_t row_stride, float theta, RopeDirection direction) {
-  launch(ctx, "rope", [=] { cpu::rope(dtype, x, batch, seq, heads, head_dim, row_stride, theta, direction); });
+  launch(
+      ctx, "rope", [=] { cpu::rope(dtype, x, batch, seq, heads, head_dim, row_stride, theta, direction); },
+      [=](const auto& L) { cuda::rope(L, dtype, x, batch, seq, heads, head_dim, row_stride, theta, direction); });
 }
 
 void embedding_forward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* wte,
                        const void* wpe, void* out, std::int64_t batch, std::int64_t seq, std::int64_t channels) {
-  launch(ctx, "embedding_forward", [=] { cpu::embedding_forward(dtype, tokens, wte, wpe, out, batch, seq, channels); });
+  launch(
+      ctx, "embedding_forward", [=] { cpu::embedding_forward(dtype, tokens, wte, wpe, out, batch, seq, channels); },
+      [=](const auto& L) { cuda::embedding_forward(L, dtype, tokens, wte, wpe, out, batch, seq, channels); });
 }
 
-void embedding_backward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* dout,
-                        void* dwte, void* dwpe, std::int64_t batch, std::int64_t seq, std::int64_t channels) {
-  launch(ctx, "embedding_backward",
-         [=] { cpu::embedding_backward(dtype, tokens, dout, dwte, dwpe, batch, seq, channels); });
+void embedding_backward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* dout, void* dwte,
+                        void* dwpe, std::int64_t batch, std::int64_t seq, std::int64_t channels) {
+  launch(
+      ctx, "embedding_backward",
+      [=] { cpu::embedding_backward(dtype, tokens, dout, dwte, dwpe, batch, seq, channels); },
+      [=](const auto& L) { cuda::embedding_backward(L, dtype, tokens, dout, dwte, dwpe, batch, seq, channels); });
 }
 
 void cross_entropy(const KernelContext& ctx, DType dtype, const void* logits, const std::int32_t* targets,
                    float* losses, void* dlogits, std::int64_t rows, std::int64_t vocab, std::int64_t ld,
                    float grad_scale) {
-  launch(ctx, "cross_entropy",
-         [=] { cpu::cross_entropy(dtype, logits, targets, losses, dlogits, rows, vocab, ld, grad_scale); });
+  launch(
+      ctx, "cross_entropy",
+      [=] { cpu::cross_entropy(dtype, logits, targets, losses, dlogits, rows, vocab, ld, grad_scale); },
+      [=](const auto& L) {
+        cuda::cross_entropy(L, dtype, logits, targets, losses, dlogits, rows, vocab, ld, grad_scale);
+      });
 }
 
 void residual_add(const KernelContext& ctx, DType dtype, const void* a, const void* b, void* out, std::int64_t n) {
-  launch(ctx, "residual_add", [=] { cpu::residual_add(dtype, a, b, out, n); });
+  launch(
+      ctx, "residual_add", [=] { cpu::residual_add(dtype, a, b, out, n); },
+      [=](const auto& L) { cuda::residual_add(L, dtype, a, b, out, n); });
 }
 
 void cast(const KernelContext& ctx, DType src_dtype, const void* src, DType dst_dtype, void* dst, std::int64_t n) {
-  launch(ctx, "cast", [=] { cpu::cast(src_dtype, src, dst_dtype, dst, n); });
+  launch(
+      ctx, "cast", [=] { cpu::cast(src_dtype, src, dst_dtype, dst, n); },
+      [=](const auto& L) { cuda::cast(L, src_dtype, src, dst_dtype, dst, n); });
 }
 
 }  // namespace strata::models

@@ -6,8 +6,10 @@
 //
 //  * sim device: the op is enqueued with Stream::launch_host and runs the CPU kernel of
 //    models/kernels/cpu_kernels.h (OpenBLAS sgemm, oneTBB row/element kernels).
-//  * cuda device: not built yet; every op throws DeviceError saying so. The per-element math the
-//    CUDA kernels will share with the CPU path is in models/kernels/op_math.h (STRATA_HD).
+//  * cuda device: the op launches the kernels of models/kernels/cuda_kernels.h (cuBLAS for matmul)
+//    on the stream's cudaStream_t; matmul needs one CublasHandles bound to that stream. The
+//    per-element math they share with the CPU path is in models/kernels/op_math.h (STRATA_HD).
+//    Compiled in CI; not yet run on a GPU.
 //  * stream == nullptr: the CPU kernel runs inline on the calling thread over host memory. This is
 //    the plain in-memory reference run that DESIGN.md compares the sim device against.
 //
@@ -26,10 +28,12 @@
 
 namespace strata::models {
 
+class CublasHandles;  // models/kernels/cuda_kernels.h
+
 struct KernelContext {
   DeviceKind kind = DeviceKind::Sim;
   Stream* stream = nullptr;         // null: run inline on the calling thread over host memory
-  void* cublas = nullptr;           // cublasHandle_t for the CUDA kernels (not built yet)
+  CublasHandles* cublas = nullptr;  // cuda: the handle bound to `stream` (matmul)
 };
 
 enum class Trans { No, Yes };
