@@ -49,9 +49,13 @@ function(strata_test name)
     set(ARG_TIMEOUT 300)
   endif()
   include(GoogleTest)
+  # gtest_discover_tests (CMake 3.25) splits a list-valued property into separate arguments, so
+  # several labels are joined into one ("core_tsan"); ctest -L takes a regular expression, so
+  # `-L tsan` and `-L core` both select it.
+  string(REPLACE ";" "_" labels "${ARG_LABELS}")
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+    PROPERTIES LABELS "${labels}" TIMEOUT ${ARG_TIMEOUT})
 endfunction()
 
 # strata_sources(OUT DIR...): the .cc files of the given folders (not recursive), plus
