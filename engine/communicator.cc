@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "core/dtype_bulk.h"
 #include "core/error.h"
 #include "engine/reduce_math.h"
 
@@ -18,23 +19,6 @@ std::unique_ptr<Communicator> make_mpi_world_communicator(const CommunicatorOpti
 std::unique_ptr<Communicator> make_nccl_world_communicator(Device& device, const CommunicatorOptions& options);
 
 namespace {
-
-float load(const void* base, std::size_t i, DType dtype) {
-  switch (dtype) {
-    case DType::F32: return static_cast<const float*>(base)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const bf16*>(base)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const fp16*>(base)[i]);
-  }
-  return 0;
-}
-
-void store(void* base, std::size_t i, DType dtype, float v) {
-  switch (dtype) {
-    case DType::F32: static_cast<float*>(base)[i] = v; break;
-    case DType::BF16: static_cast<bf16*>(base)[i] = f32_to_bf16(v); break;
-    case DType::F16: static_cast<fp16*>(base)[i] = f32_to_f16(v); break;
-  }
-}
 
 float combine(float a, float b, ReduceOp op) { return combine_partials(a, b, op == ReduceOp::Sum ? 0 : 1); }
 
@@ -78,9 +62,10 @@ void tree_reduce_host(const void* const* contributions, int world, void* out, st
   std::vector<float> t(static_cast<std::size_t>(world) * kBlock);
   for (std::size_t base = 0; base < count; base += kBlock) {
     const std::size_t n = std::min(kBlock, count - base);
+    const std::size_t offset_bytes = base * dtype_bytes(dtype);
     for (int r = 0; r < world; ++r) {
-      float* row = t.data() + static_cast<std::size_t>(r) * kBlock;
-      for (std::size_t i = 0; i < n; ++i) row[i] = load(contributions[r], base + i, dtype);
+      convert(static_cast<const char*>(contributions[r]) + offset_bytes, dtype, t.data() + static_cast<std::size_t>(r) * kBlock,
+              DType::F32, n);
     }
     // Bottom-up pairwise tree: at stride s, row i (a multiple of 2s) absorbs row i + s. For world 4
     // this is (r0 + r1) + (r2 + r3); for world 3, (r0 + r1) + r2.
@@ -91,7 +76,7 @@ void tree_reduce_host(const void* const* contributions, int world, void* out, st
         for (std::size_t k = 0; k < n; ++k) a[k] = combine(a[k], b[k], op);
       }
     }
-    for (std::size_t i = 0; i < n; ++i) store(out, base + i, dtype, t[i]);
+    convert(t.data(), DType::F32, static_cast<char*>(out) + offset_bytes, dtype, n);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <tbb/parallel_for.h>
 
+#include "core/dtype_bulk.h"
 #include "core/error.h"
 #include "optim/cpu_exec.h"
 #include "optim/grad_stats.h"
@@ -30,35 +31,10 @@ DType working_dtype_of(const TrainConfig& c) {
   return DType::F32;
 }
 
-// dst[i] = float(src[i]) for a run of elements, in parallel (element-wise: deterministic).
-void widen(float* dst, const void* src, DType dtype, std::size_t n) {
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
-    for (std::size_t i = r.begin(); i < r.end(); ++i) {
-      switch (dtype) {
-        case DType::F32: dst[i] = static_cast<const float*>(src)[i]; break;
-        case DType::BF16: dst[i] = bf16_to_f32(static_cast<const bf16*>(src)[i]); break;
-        case DType::F16: dst[i] = f16_to_f32(static_cast<const fp16*>(src)[i]); break;
-      }
-    }
-  });
-}
-
 // dst[i] = left[i] + dst[i] (the left operand is the older partial sum: tree order matters).
 void add_left(float* dst, const float* left, std::size_t n) {
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
     for (std::size_t i = r.begin(); i < r.end(); ++i) dst[i] = left[i] + dst[i];
-  });
-}
-
-void narrow(void* dst, const float* src, DType dtype, std::size_t n) {
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
-    for (std::size_t i = r.begin(); i < r.end(); ++i) {
-      switch (dtype) {
-        case DType::F32: static_cast<float*>(dst)[i] = src[i]; break;
-        case DType::BF16: static_cast<bf16*>(dst)[i] = f32_to_bf16(src[i]); break;
-        case DType::F16: static_cast<fp16*>(dst)[i] = f32_to_f16(src[i]); break;
-      }
-    }
   });
 }
 
@@ -149,6 +125,16 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
                                   device.name()));
   }
   const int stage = config.zero.stage;
+  // Offload is parsed and validated by the config, but this engine keeps all state in device
+  // memory: refuse rather than silently train without the offload the user asked for.
+  for (const auto* o : {&config.zero.offload_param, &config.zero.offload_optimizer}) {
+    if (o->device != OffloadDevice::None) {
+      throw ConfigError(fmt::format("{}: zero_optimization.{}.device = \"{}\": offloading to host memory or NVMe is "
+                                    "not available in this version of Strata yet; set it to \"none\"",
+                                    config.source, o == &config.zero.offload_param ? "offload_param" : "offload_optimizer",
+                                    offload_device_name(o->device)));
+    }
+  }
   if (topo_.world_size > 1 && (std::popcount(static_cast<unsigned>(topo_.world_size)) != 1) && config.strata.exact) {
     spdlog::warn("exact mode: world size {} is not a power of two; results are deterministic but not bit-identical "
                  "to other world sizes (Note [Exact gradient sums])",
@@ -204,7 +190,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
     const void* w_source = host.data();
     if (working_dtype_ != DType::F32) {
       narrow_host.resize(L.total_elems());
-      narrow(narrow_host.data(), host.data(), working_dtype_, L.total_elems());
+      convert_parallel(host.data(), DType::F32, narrow_host.data(), working_dtype_, L.total_elems());
       w_source = narrow_host.data();
     }
     const bool alias_full = working_dtype_ == DType::F32 && stage == 0;
@@ -395,13 +381,13 @@ void ZeroEngine::combine_unit(std::size_t g, DeviceMemory reduced, std::size_t e
     if (G.accum.empty()) {
       G.accum = device_.allocate(elems * sizeof(float), "grad.accum");
       float* dst = G.accum.as<float>();
-      comm_stream_->launch_host([dst, src, dtype, elems] { widen(dst, src, dtype, elems); });
+      comm_stream_->launch_host([dst, src, dtype, elems] { convert_parallel(src, dtype, dst, DType::F32, elems); });
     } else {
       float* dst = G.accum.as<float>();
       DeviceMemory tmp = device_.allocate(elems * sizeof(float), "grad.accum");
       float* t = tmp.as<float>();
       comm_stream_->launch_host([dst, t, src, dtype, elems] {
-        widen(t, src, dtype, elems);
+        convert_parallel(src, dtype, t, DType::F32, elems);
         add_left(dst, t, elems);  // dst = t + dst: order is irrelevant in fast mode
       });
       comm_stream_->release_after(std::move(tmp));
@@ -416,7 +402,7 @@ void ZeroEngine::combine_unit(std::size_t g, DeviceMemory reduced, std::size_t e
     std::vector<const float*> lefts;
     for (int k = 0; k < merges; ++k) lefts.push_back(G.levels[static_cast<std::size_t>(k)].as<float>());
     comm_stream_->launch_host([c, src, dtype, elems, lefts] {
-      widen(c, src, dtype, elems);
+      convert_parallel(src, dtype, c, DType::F32, elems);
       for (const float* left : lefts) add_left(c, left, elems);
     });
     for (int k = 0; k < merges; ++k) comm_stream_->release_after(std::move(G.levels[static_cast<std::size_t>(k)]));

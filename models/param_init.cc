@@ -24,7 +24,7 @@ std::uint64_t tensor_seed(std::uint64_t seed, std::string_view name) {
 
 }  // namespace
 
-void init_tensor_gpt2_style(const ModelConfig& config, const ParamTensorSpec& tensor, std::uint64_t seed,
+void init_tensor_gpt2_style(std::int64_t n_layers, const ParamTensorSpec& tensor, std::uint64_t seed,
                             std::span<float> out) {
   const std::string_view name = tensor.name;
   const bool is_norm = name.find("norm") != std::string_view::npos || name.find(".ln") != std::string_view::npos;
@@ -39,7 +39,7 @@ void init_tensor_gpt2_style(const ModelConfig& config, const ParamTensorSpec& te
   }
   const bool is_out_proj = ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight") ||
                            ends_with(name, "attn.o.weight") || ends_with(name, "mlp.down.weight");
-  const double stddev = is_out_proj ? 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layers)) : 0.02;
+  const double stddev = is_out_proj ? 0.02 / std::sqrt(2.0 * static_cast<double>(n_layers)) : 0.02;
   std::mt19937_64 rng(tensor_seed(seed, name));
   std::normal_distribution<double> dist(0.0, stddev);
   for (auto& v : out) v = static_cast<float>(dist(rng));

@@ -9,11 +9,11 @@
 #include <span>
 
 #include "engine/param_provider.h"
-#include "models/model_config.h"
 
 namespace strata::models {
 
-void init_tensor_gpt2_style(const ModelConfig& config, const ParamTensorSpec& tensor, std::uint64_t seed,
+// `n_layers` scales the output projections.
+void init_tensor_gpt2_style(std::int64_t n_layers, const ParamTensorSpec& tensor, std::uint64_t seed,
                             std::span<float> out);
 
 }  // namespace strata::models

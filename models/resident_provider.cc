@@ -1,13 +1,13 @@
 // The all-resident param provider (see models/resident_provider.h).
 #include "models/resident_provider.h"
 
-#include <cmath>
 #include <cstring>
-#include <random>
 
 #include <fmt/format.h>
 
+#include "core/dtype_bulk.h"
 #include "core/error.h"
+#include "models/param_init.h"
 
 namespace strata::models {
 
@@ -134,32 +134,12 @@ void ResidentParamProvider::read_grad(const std::string& name, void* dst, Stream
 }
 
 void ResidentParamProvider::init_gpt2_style(std::uint64_t seed, std::int64_t n_layers, Stream* stream) {
-  std::mt19937_64 rng(seed);
   for (const auto& g : groups_) {
     for (const auto& t : g.tensors) {
-      const auto ends_with = [&](std::string_view s) {
-        return t.name.size() >= s.size() && t.name.compare(t.name.size() - s.size(), s.size(), s) == 0;
-      };
-      const bool is_norm = t.name.find("norm") != std::string::npos || t.name.find(".ln") != std::string::npos;
-      const bool is_bias = ends_with(".bias");
-      const bool is_out_proj = ends_with("attn.proj.weight") || ends_with("mlp.proj.weight") ||
-                               ends_with("attn.o.weight") || ends_with("mlp.down.weight");
-      const double stddev = is_out_proj ? 0.02 / std::sqrt(2.0 * static_cast<double>(n_layers)) : 0.02;
-      std::normal_distribution<double> dist(0.0, stddev);
+      std::vector<float> values(t.elems());
+      init_tensor_gpt2_style(n_layers, t, seed, values);
       std::vector<std::uint8_t> host(t.bytes());
-      for (std::size_t i = 0; i < t.elems(); ++i) {
-        float v = 0.0f;
-        if (is_norm && !is_bias) {
-          v = 1.0f;
-        } else if (!is_bias) {
-          v = static_cast<float>(dist(rng));
-        }
-        switch (t.dtype) {
-          case DType::F32: std::memcpy(host.data() + 4 * i, &v, 4); break;
-          case DType::BF16: { const bf16 h = f32_to_bf16(v); std::memcpy(host.data() + 2 * i, &h, 2); break; }
-          case DType::F16: { const fp16 h = f32_to_f16(v); std::memcpy(host.data() + 2 * i, &h, 2); break; }
-        }
-      }
+      convert(values.data(), DType::F32, host.data(), t.dtype, t.elems());
       write_param(t.name, host.data(), stream);
     }
   }

@@ -41,7 +41,8 @@ class ResidentParamProvider final : public ParamProvider {
   std::vector<std::string> tensor_names() const;
 
   // GPT-2-style initialization: weights N(0, 0.02) (output projections 0.02/sqrt(2 n_layers)),
-  // norm weights 1, biases 0; deterministic from `seed`. n_layers scales the projections.
+  // norm weights 1, biases 0; deterministic from `seed` (models/param_init.h, per tensor, the same
+  // values the ZeRO engine initializes). n_layers scales the projections.
   void init_gpt2_style(std::uint64_t seed, std::int64_t n_layers, Stream* stream);
 
   // Times acquire_params was called per group (the tests check the model's fetch pattern).

@@ -190,7 +190,7 @@ TrainSummary run_training(const TrainOptions& options) {
   const auto init = [&](std::size_t g, std::size_t t, std::span<float> out) {
     const ParamTensorSpec& spec = groups[g].tensors[t];
     if (!init_file) {
-      models::init_tensor_gpt2_style(model, spec, seed, out);
+      models::init_tensor_gpt2_style(model.n_layers, spec, seed, out);
       return;
     }
     const models::SafetensorsEntry* e = init_file->find(spec.name);

@@ -107,6 +107,21 @@ TEST(ZeroEngine, FastModeAccumulatesAndLearns) {
   EXPECT_LT(r.losses.back(), 0.5f * r.losses.front());
 }
 
+TEST(ZeroEngine, OffloadIsRefusedNotIgnored) {
+  SimDeviceOptions o;
+  o.capacity_bytes = 16 << 20;
+  auto device = make_sim_device(o);
+  auto comm = make_local_communicator();
+  TrainConfig c = toy_config(3, 1);
+  c.zero.offload_optimizer.device = OffloadDevice::Cpu;
+  try {
+    ZeroEngine engine(c, *device, *comm, testing_toy::toy_groups({}, DType::F32), testing_toy::toy_init);
+    FAIL() << "an offload config was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_optimizer"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ZeroEngine, MisuseIsAClearError) {
   SimDeviceOptions o;
   o.capacity_bytes = 16 << 20;

@@ -7,6 +7,7 @@
 set -euo pipefail
 strata="$1"; config="$2"; work="$3"
 mkdir -p "$work"; cd "$work"
+rm -f metrics.jsonl  # strata.metrics appends; start from an empty file on re-runs
 fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
