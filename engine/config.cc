@@ -79,6 +79,10 @@ ZeroConfig parse_zero(ConfigReader r) {
     r.fail("offload_param", fmt::format("parameter offload needs stage 3 (stage is {}); set zero_optimization.stage=3",
                                         z.stage));
   }
+  if (z.offload_param.device != OffloadDevice::None && z.offload_optimizer.device == OffloadDevice::None) {
+    r.fail("offload_param", "parameter offload needs the optimizer state offloaded too (its updates write the "
+                            "offloaded weights); set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\"");
+  }
   if (z.offload_optimizer.device != OffloadDevice::None && z.stage == 0) {
     r.fail("offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3; set zero_optimization.stage");
   }
@@ -203,6 +207,12 @@ StrataConfig parse_strata(ConfigReader r) {
   r.get_int("steps", &s.steps, 0, std::numeric_limits<std::int64_t>::max());
   r.get_string("metrics", &s.metrics_path);
   r.get_string("trace", &s.trace_path);
+  {
+    ConfigReader o = r.section("offload");
+    o.get_bytes("pinned_buffer", &s.offload.pinned_buffer_bytes, 1 << 20);
+    o.get_bool("overlap_optimizer", &s.offload.overlap_optimizer);
+    o.finish();
+  }
   r.get_raw("tiling", &s.tiling);
   if (!s.tiling.is_object()) r.fail("tiling", "expected an object of per-layer tiling settings");
   r.finish();

@@ -107,6 +107,16 @@ struct DataConfig {
   double validation_fraction = 0.1;  // for corpora split by Strata
 };
 
+// Strata's own offload knobs (zero_optimization.offload_* hold the DeepSpeed ones).
+struct OffloadTuning {
+  // Pinned host staging for the optimizer's chunk pipeline, split into
+  // zero_optimization.offload_optimizer.buffer_count slots: fixed, whatever the model size.
+  std::uint64_t pinned_buffer_bytes = 64ull << 20;
+  // Run each group's optimizer update as soon as its gradients are final, during backward, when
+  // the update does not depend on the whole step (no gradient clipping, no fp16 loss scaling).
+  bool overlap_optimizer = true;
+};
+
 struct StrataConfig {
   bool exact = false;
   std::uint64_t seed = 1234;
@@ -118,6 +128,7 @@ struct StrataConfig {
   std::int64_t steps = 100;
   std::string metrics_path;  // JSON lines, one per step
   std::string trace_path;    // Chrome-trace JSON
+  OffloadTuning offload;
   nlohmann::json tiling = nlohmann::json::object();  // interpreted by the tiling code
 };
 

@@ -1,6 +1,7 @@
 // ZeroEngine: ZeRO stages 0-3 with trace-based prefetch and exact gradient sums (see
 // engine/zero_engine.h for the design and Note [Exact gradient sums]).
 #include "engine/zero_engine.h"
+#include "engine/zero_engine_internal.h"
 
 #include <algorithm>
 #include <bit>
@@ -31,7 +32,8 @@ DType working_dtype_of(const TrainConfig& c) {
   return DType::F32;
 }
 
-// dst[i] = left[i] + dst[i] (the left operand is the older partial sum: tree order matters).
+}  // namespace
+
 void add_left(float* dst, const float* left, std::size_t n) {
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
     for (std::size_t i = r.begin(); i < r.end(); ++i) dst[i] = left[i] + dst[i];
@@ -65,49 +67,6 @@ optim::ParamGroup make_optimizer(const OptimizerConfig& o) {
   return optim::ParamGroup::adam(where, o.type == "Adam" ? optim::OptimizerKind::Adam : optim::OptimizerKind::AdamW, p);
 }
 
-}  // namespace
-
-struct ZeroEngine::Group {
-  explicit Group(const ParamGroupSpec& spec, int shard_count) : layout(spec, shard_count) {}
-
-  GroupLayout layout;
-  bool sharded_params = false;  // stage 3, above the persistence threshold
-  std::size_t state_offset = 0;  // this rank's master/moments start here in the flat buffer
-  std::size_t state_elems = 0;
-  std::size_t grad_elems = 0;  // elements of the reduced gradient this rank accumulates
-  std::size_t grad_offset = 0;  // where the optimizer's gradient starts inside the accumulator
-
-  DeviceMemory w_full;   // gathered working weights kept resident (empty: aliases master)
-  DeviceMemory w_shard;  // sharded_params: this rank's shard of W (empty: aliases master)
-  DeviceMemory master;
-  DeviceMemory moment1;
-  DeviceMemory moment2;
-
-  DeviceMemory gathered;  // stage 3: the full W while gathered
-  std::unique_ptr<Event> gathered_event;
-  Stream* last_use_stream = nullptr;
-  int live = 0;
-
-  DeviceMemory micro_grad;  // this micro-batch's full gradients, working dtype
-  std::unique_ptr<Event> grad_event;
-  int ready_count = 0;
-  bool reduced_this_micro = false;
-  int units = 0;                     // micro-batches combined this step
-  std::vector<DeviceMemory> levels;  // exact: binary-counter partial sums (fp32, grad_elems)
-  DeviceMemory accum;                // fast: one fp32 accumulator
-
-  void* w_full_ptr() const { return w_full.empty() ? master.data() : w_full.data(); }
-  void* w_shard_ptr() const { return w_shard.empty() ? master.data() : w_shard.data(); }
-};
-
-struct ZeroEngine::Impl {
-  explicit Impl(const TrainConfig& c) : optimizer(make_optimizer(c.optimizer)) {}
-  optim::ParamGroup optimizer;
-  std::unique_ptr<optim::LossScaler> scaler;
-  optim::CpuExec exec = optim::default_cpu_exec();
-  std::unique_ptr<Event> weights_event;  // recorded after the step publishes new weights
-  bool weights_event_recorded = false;
-};
 
 ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& world,
                        std::vector<ParamGroupSpec> groups, const InitFn& init)
@@ -125,16 +84,6 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
                                   device.name()));
   }
   const int stage = config.zero.stage;
-  // Offload is parsed and validated by the config, but this engine keeps all state in device
-  // memory: refuse rather than silently train without the offload the user asked for.
-  for (const auto* o : {&config.zero.offload_param, &config.zero.offload_optimizer}) {
-    if (o->device != OffloadDevice::None) {
-      throw ConfigError(fmt::format("{}: zero_optimization.{}.device = \"{}\": offloading to host memory or NVMe is "
-                                    "not available in this version of Strata yet; set it to \"none\"",
-                                    config.source, o == &config.zero.offload_param ? "offload_param" : "offload_optimizer",
-                                    offload_device_name(o->device)));
-    }
-  }
   if (topo_.world_size > 1 && (std::popcount(static_cast<unsigned>(topo_.world_size)) != 1) && config.strata.exact) {
     spdlog::warn("exact mode: world size {} is not a power of two; results are deterministic but not bit-identical "
                  "to other world sizes (Note [Exact gradient sums])",
@@ -172,19 +121,18 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
     G->grad_offset = stage == 1 ? G->state_offset : 0;
     G->gathered_event = device_.create_event();
     G->grad_event = device_.create_event();
+    groups_.push_back(std::move(G));
+  }
+  ZeroOffload& off = impl_->off;
+  if (config.zero.offload_optimizer.device != OffloadDevice::None) setup_offload();
 
+  for (std::size_t g = 0; g < specs_.size(); ++g) {
+    Group* G = groups_[g].get();
+    const GroupLayout& L = G->layout;
     std::vector<float> host(L.total_elems(), 0.0f);
     for (std::size_t t = 0; t < L.slots().size(); ++t) {
       const TensorSlot& s = L.slots()[t];
       init(g, t, std::span<float>(host.data() + s.offset_elems, s.elems));
-    }
-    G->master = device_.allocate(G->state_elems * sizeof(float), "optim.master");
-    comm_stream_->copy_h2d(G->master.data(), host.data() + G->state_offset, G->state_elems * sizeof(float));
-    G->moment1 = device_.allocate(G->state_elems * sizeof(float), "optim.moments");
-    comm_stream_->memset(G->moment1.data(), 0, G->state_elems * sizeof(float));
-    if (adam) {
-      G->moment2 = device_.allocate(G->state_elems * sizeof(float), "optim.moments");
-      comm_stream_->memset(G->moment2.data(), 0, G->state_elems * sizeof(float));
     }
     std::vector<std::uint16_t> narrow_host;
     const void* w_source = host.data();
@@ -193,9 +141,24 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
       convert_parallel(host.data(), DType::F32, narrow_host.data(), working_dtype_, L.total_elems());
       w_source = narrow_host.data();
     }
-    const bool alias_full = working_dtype_ == DType::F32 && stage == 0;
-    const bool alias_shard = working_dtype_ == DType::F32 && G->sharded_params;
-    if (G->sharded_params && !alias_shard) {
+    if (off.optimizer) {
+      init_offloaded_group(g, host.data(), w_source);
+    } else {
+      G->master = device_.allocate(G->state_elems * sizeof(float), "optim.master");
+      comm_stream_->copy_h2d(G->master.data(), host.data() + G->state_offset, G->state_elems * sizeof(float));
+      G->moment1 = device_.allocate(G->state_elems * sizeof(float), "optim.moments");
+      comm_stream_->memset(G->moment1.data(), 0, G->state_elems * sizeof(float));
+      if (adam) {
+        G->moment2 = device_.allocate(G->state_elems * sizeof(float), "optim.moments");
+        comm_stream_->memset(G->moment2.data(), 0, G->state_elems * sizeof(float));
+      }
+    }
+    // W is its own buffer unless it can alias the device-resident fp32 master.
+    const bool alias_full = working_dtype_ == DType::F32 && stage == 0 && !off.optimizer;
+    const bool alias_shard = working_dtype_ == DType::F32 && G->sharded_params && !off.optimizer;
+    if (G->sharded_params && off.params) {
+      // The shard lives on the parameter tier (init_offloaded_group put it there).
+    } else if (G->sharded_params && !alias_shard) {
       G->w_shard = device_.allocate(L.shard_elems() * wbytes, "param.w");
       comm_stream_->copy_h2d(G->w_shard.data(), static_cast<const char*>(w_source) + L.shard_begin(shard) * wbytes,
                              L.shard_elems() * wbytes);
@@ -205,7 +168,6 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
     }
     // The host staging vectors die at the end of this iteration: wait for the copies.
     comm_stream_->synchronize();
-    groups_.push_back(std::move(G));
   }
   spdlog::debug("zero engine: stage {}, {} groups, world {}, sharding factor {}, working dtype {}", stage, specs_.size(),
                 topo_.world_size, topo_.sharding_factor, dtype_name(working_dtype_));
@@ -216,6 +178,8 @@ ZeroEngine::~ZeroEngine() {
   // caller's compute streams are the caller's to drain (they may already be gone).
   try {
     if (comm_stream_) comm_stream_->synchronize();
+    if (impl_->off.worker) impl_->off.worker->synchronize();
+    if (impl_->off.transfer) impl_->off.transfer->synchronize();
   } catch (const std::exception& e) {
     spdlog::error("zero engine shutdown: {}", e.what());
   }
@@ -234,19 +198,66 @@ GroupViews ZeroEngine::views_of(std::size_t g, void* base, DType dtype) const {
   return v;
 }
 
-void ZeroEngine::start_gather(std::size_t g) {
+bool ZeroEngine::start_gather(std::size_t g, bool prefetch) {
   Group& G = group(g);
+  ZeroOffload& off = impl_->off;
   const std::size_t total = G.layout.total_elems();
   const std::size_t wbytes = dtype_bytes(working_dtype_);
-  G.gathered = device_.allocate(total * wbytes, "param.gathered");
-  live_elems_ += total;
-  if (G.layout.shard_count() == 1) {
-    comm_stream_->copy_d2d(G.gathered.data(), G.w_shard_ptr(), total * wbytes);
-  } else {
-    shard_comm_->all_gather(G.w_shard_ptr(), G.gathered.data(), G.layout.shard_elems(), working_dtype_, *comm_stream_);
+  const bool from_tier = off.params && G.sharded_params;
+  // An NVMe-resident shard needs a pinned slot; a prefetch does not wait for one.
+  std::shared_ptr<offload::BufferLease> slot;
+  if (from_tier && off.param_tier == Tier::Nvme) {
+    offload::BufferLease lease;
+    if (prefetch) {
+      if (!off.param_pool->try_acquire(&lease)) return false;
+    } else {
+      lease = off.param_pool->acquire();
+    }
+    slot = std::make_shared<offload::BufferLease>(std::move(lease));
   }
+  DeviceMemory gathered = device_.allocate(total * wbytes, "param.gathered");
+  const void* shard_src = G.w_shard_ptr();
+  if (from_tier) {
+    DeviceMemory shard_dev;
+    void* dst = gathered.data();
+    if (G.layout.shard_count() > 1) {
+      shard_dev = device_.allocate(G.layout.shard_elems() * wbytes, "param.shard");
+      dst = shard_dev.data();
+    }
+    if (slot) {
+      std::vector<offload::IoHandle> reads;
+      for (std::size_t k = 0; k < G.chunks.size(); ++k) {
+        const StateChunk& c = G.chunks[k];
+        reads.push_back(off.store->swap().read(ZeroOffload::param_key(g, k),
+                                               slot->span().subspan(c.begin * wbytes, c.elems * wbytes)));
+        off.store->count_read(c.elems * wbytes);
+      }
+      comm_stream_->launch_host([reads] { offload::wait_all(reads); });
+      comm_stream_->copy_h2d(dst, slot->data(), G.state_elems * wbytes);
+      comm_stream_->launch_host([slot]() mutable { slot.reset(); });
+    } else {
+      for (std::size_t k = 0; k < G.chunks.size(); ++k) {
+        const StateChunk& c = G.chunks[k];
+        comm_stream_->copy_h2d(static_cast<char*>(dst) + c.begin * wbytes,
+                               off.store->host(ZeroOffload::param_key(g, k), c.elems * wbytes).data(),
+                               c.elems * wbytes);
+      }
+    }
+    shard_src = dst;
+    if (!shard_dev.empty()) {
+      shard_comm_->all_gather(shard_src, gathered.data(), G.layout.shard_elems(), working_dtype_, *comm_stream_);
+      comm_stream_->release_after(std::move(shard_dev));
+    }
+  } else if (G.layout.shard_count() == 1) {
+    comm_stream_->copy_d2d(gathered.data(), shard_src, total * wbytes);
+  } else {
+    shard_comm_->all_gather(shard_src, gathered.data(), G.layout.shard_elems(), working_dtype_, *comm_stream_);
+  }
+  G.gathered = std::move(gathered);
+  live_elems_ += total;
   comm_stream_->record(*G.gathered_event);
   ++gathers_;
+  return true;
 }
 
 void ZeroEngine::prefetch_after(std::size_t position) {
@@ -260,7 +271,7 @@ void ZeroEngine::prefetch_after(std::size_t position) {
       break;
     }
     try {
-      start_gather(trace_[i].group);
+      if (!start_gather(trace_[i].group, /*prefetch=*/true)) break;  // no free pinned slot now
     } catch (const OutOfMemoryError&) {
       break;  // prefetch is an optimization: the demand fetch will try again when it is needed
     }
@@ -287,7 +298,7 @@ GroupViews ZeroEngine::acquire_params(std::size_t g, ParamPhase phase, Stream* s
     ++G.live;
     return views_of(g, G.w_full_ptr(), working_dtype_);
   }
-  if (G.gathered.empty()) start_gather(g);
+  if (G.gathered.empty()) start_gather(g, /*prefetch=*/false);
   stream->wait(*G.gathered_event);
   ++G.live;
   G.last_use_stream = stream;
@@ -369,7 +380,11 @@ void ZeroEngine::reduce_micro_grads(std::size_t g) {
     world_.all_reduce(G.micro_grad.data(), reduced.data(), G.grad_elems, working_dtype_, ReduceOp::Sum, *comm_stream_);
   }
   comm_stream_->release_after(std::move(G.micro_grad));
-  combine_unit(g, std::move(reduced), G.grad_elems);
+  if (impl_->off.optimizer) {
+    offload_reduced(g, std::move(reduced));
+  } else {
+    combine_unit(g, std::move(reduced), G.grad_elems);
+  }
   G.reduced_this_micro = true;
 }
 
@@ -436,12 +451,21 @@ StepResult ZeroEngine::step(double lr) {
   }
   // Host sync, on purpose: whether to skip, the clip coefficient and the loss scale are host
   // decisions that need every gradient reduced first.
+  ZeroOffload& off = impl_->off;
+  const bool overlapped = off.overlap_step;
+  off.overlap_step = false;  // prepare_step() is per step
+  if (overlapped && lr != off.overlap_lr) {
+    throw InternalError(fmt::format("step({}) after prepare_step({}): the overlapped update already used the "
+                                    "announced learning rate",
+                                    lr, off.overlap_lr));
+  }
   comm_stream_->synchronize();
+  if (off.worker) off.worker->synchronize();
 
   // Fold each group's partial sums into one fp32 gradient (exact: lowest level first, each higher
   // level on the left; fast: the accumulator).
   std::vector<float*> final_grads(groups_.size());
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
+  for (std::size_t g = 0; g < groups_.size() && !off.optimizer; ++g) {
     Group& G = *groups_[g];
     if (!config_.strata.exact) {
       final_grads[g] = G.accum.as<float>();
@@ -464,9 +488,15 @@ StepResult ZeroEngine::step(double lr) {
   double sum_squares = 0.0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     Group& G = *groups_[g];
-    const std::size_t blocks = (G.grad_elems + optim::kCpuBlockElems - 1) / optim::kCpuBlockElems;
+    // Offloaded: the partials of this rank's state range were taken when the final gradient was
+    // formed; the shard group's ranks exchange them as at stage 2 (blocks never straddle shards, so
+    // the concatenation is the same list of partials in the same order as the whole gradient's).
+    const bool offloaded = off.optimizer;
+    const std::size_t blocks = offloaded ? G.block_partials.size()
+                                         : (G.grad_elems + optim::kCpuBlockElems - 1) / optim::kCpuBlockElems;
     std::vector<double> partials(blocks);
-    tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
+    if (offloaded) partials = G.block_partials;
+    if (!offloaded) tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
       const std::size_t begin = b * optim::kCpuBlockElems;
       const std::size_t n = std::min(optim::kCpuBlockElems, G.grad_elems - begin);
       const optim::GradSpan span{final_grads[g] + begin, DType::F32, n};
@@ -474,7 +504,7 @@ StepResult ZeroEngine::step(double lr) {
       partials[b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), serial).sum_squares;
     });
     std::vector<double> all = partials;
-    if (config_.zero.stage >= 2 && G.layout.shard_count() > 1) {
+    if ((config_.zero.stage >= 2 || offloaded) && G.layout.shard_count() > 1) {
       all.resize(blocks * static_cast<std::size_t>(G.layout.shard_count()));
       for (int r = 0; r < G.layout.shard_count(); ++r) {
         std::vector<double> part = partials;
@@ -495,6 +525,16 @@ StepResult ZeroEngine::step(double lr) {
   if (!finite) {
     result.applied = false;
     if (impl_->scaler) impl_->scaler->update(true);
+    if (off.optimizer) drop_offloaded_grads();
+  } else if (off.optimizer) {
+    if (impl_->scaler) impl_->scaler->update(false);
+    const double clip = optim::clip_coefficient(result.grad_norm, config_.gradient_clipping);
+    const auto grad_scale = static_cast<float>(clip / (loss_scale * units));
+    if (!overlapped) {
+      impl_->optimizer.set_lr(lr);
+      run_offloaded_optimizer(grad_scale);
+    }
+    impl_->optimizer.set_step_count(impl_->optimizer.step_count() + 1);
   } else {
     if (impl_->scaler) impl_->scaler->update(false);
     const double clip = optim::clip_coefficient(result.grad_norm, config_.gradient_clipping);
@@ -516,12 +556,15 @@ StepResult ZeroEngine::step(double lr) {
       shards.push_back(s);
     }
     impl_->optimizer.step(shards, grad_scale, impl_->exec);
+  }
+  if (result.applied) {
     // Publish: groups whose W is a full resident copy gather every shard's new values into it.
     for (auto& G : groups_) {
       if (G->sharded_params || config_.zero.stage == 0) continue;
       const std::size_t wbytes = dtype_bytes(working_dtype_);
-      const void* mine = working_dtype_ == DType::F32 ? G->master.data()
-                                                      : G->w_full.as<char>() + G->state_offset * wbytes;
+      const void* mine = working_dtype_ == DType::F32 && !off.optimizer
+                             ? G->master.data()
+                             : G->w_full.as<char>() + G->state_offset * wbytes;
       if (G->layout.shard_count() == 1) {
         if (mine != G->w_full.data()) comm_stream_->copy_d2d(G->w_full.data(), mine, G->state_elems * wbytes);
       } else {
@@ -560,7 +603,21 @@ std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) 
   STRATA_CHECK(tensor < G.layout.slots().size(), "tensor {} of group {}", tensor, G.layout.name());
   const std::size_t total = G.layout.total_elems();
   std::vector<float> full(total);
-  if (config_.zero.stage == 0 || G.layout.shard_count() == 1) {
+  if (impl_->off.optimizer) {
+    std::vector<float> mine = offloaded_master_range(g);
+    if (G.layout.shard_count() == 1) {
+      full = std::move(mine);
+    } else {
+      DeviceMemory src = device_.allocate(G.state_elems * sizeof(float), "io.gather");
+      DeviceMemory tmp = device_.allocate(total * sizeof(float), "io.gather");
+      comm_stream_->copy_h2d(src.data(), mine.data(), G.state_elems * sizeof(float));
+      shard_comm_->all_gather(src.data(), tmp.data(), G.layout.shard_elems(), DType::F32, *comm_stream_);
+      comm_stream_->copy_d2h(full.data(), tmp.data(), total * sizeof(float));
+      comm_stream_->release_after(std::move(src));
+      comm_stream_->release_after(std::move(tmp));
+      comm_stream_->synchronize();  // `mine` is the source of the queued copy
+    }
+  } else if (config_.zero.stage == 0 || G.layout.shard_count() == 1) {
     comm_stream_->copy_d2h(full.data(), G.master.data(), total * sizeof(float));
   } else {
     DeviceMemory tmp = device_.allocate(total * sizeof(float), "io.gather");

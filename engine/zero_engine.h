@@ -32,6 +32,19 @@
 // memory, the CPU kernels update the shards in place. This version of the engine runs on the sim
 // device; on the cuda device it refuses with a clear message (the kernels it needs exist, the
 // wiring is not written yet).
+//
+// Note [Offload]: with zero_optimization.offload_optimizer on cpu or nvme, each rank's master
+// weights and moments live on that tier in chunks (engine/offload_tier.h), never on the device.
+// Each micro-batch's reduced gradient goes device -> host on a transfer stream and is combined
+// there (same binary-counter tree, same bits) into fp32 chunks on the same tier, by a worker stream
+// that runs while backward goes on; the last micro-batch forms the final gradient and its per-block
+// sums of squares. The step streams the chunks through the pinned pool (Note [Chunk pipeline]):
+// NVMe read -> CPU update -> low-precision pack -> NVMe write or device upload, several chunks in
+// flight. When the update cannot depend on the whole step (no gradient clipping, no fp16 loss
+// scale) and prepare_step(lr) announced the step, the update of a group's chunks runs right when
+// its final gradient is formed, overlapped with the rest of backward (Note [Overlapped update]).
+// With offload_param on cpu or nvme (stage 3), the sharded working weights live on that tier too
+// and gathers bring them NVMe -> pinned slot -> device ahead of use along the prefetch trace.
 #pragma once
 
 #include <cstddef>
@@ -44,10 +57,13 @@
 #include "core/device/device.h"
 #include "engine/communicator.h"
 #include "engine/config.h"
+#include "engine/offload_tier.h"
 #include "engine/param_provider.h"
 #include "engine/partition.h"
 
 namespace strata {
+
+struct StateChunk;
 
 struct StepResult {
   bool applied = true;      // false: non-finite gradients, the step was skipped (fp16)
@@ -78,6 +94,10 @@ class ZeroEngine final : public ParamProvider {
   // Brackets one micro-batch's forward and backward (index 0..A-1 within the step).
   void begin_micro_batch();
   void end_micro_batch();
+  // Announces the learning rate of the step about to run, before its first micro-batch. With the
+  // optimizer offloaded this lets the update overlap backward (Note [Overlapped update]); without
+  // the call the step waits for step() as usual. step() must then get the same lr.
+  void prepare_step(double lr);
   // Ends the step: finishes the reductions, takes the global norm, clips, runs the optimizer with
   // learning rate `lr`, and publishes the new working weights. Every rank must call it.
   StepResult step(double lr);
@@ -94,6 +114,15 @@ class ZeroEngine final : public ParamProvider {
   // group already gathered (tests and the progress line).
   std::uint64_t prefetched_gathers() const { return prefetched_; }
   std::uint64_t gathers() const { return gathers_; }
+  // Offload: whether state lives on host/NVMe, the tiers' byte counts, and how many state chunks
+  // were updated in all / during backward.
+  bool optimizer_offloaded() const;
+  bool params_offloaded() const;
+  TierIoStats tier_stats() const;
+  std::uint64_t chunk_updates() const;
+  std::uint64_t overlapped_chunk_updates() const;
+  // Host bytes of the fixed pinned staging pools.
+  std::size_t pinned_pool_bytes() const;
 
  private:
   struct Group;
@@ -104,11 +133,20 @@ class ZeroEngine final : public ParamProvider {
 
   Group& group(std::size_t g);
   GroupViews views_of(std::size_t g, void* base, DType dtype) const;
-  void start_gather(std::size_t g);
+  bool start_gather(std::size_t g, bool prefetch);
   void prefetch_after(std::size_t position);
   void reduce_micro_grads(std::size_t g);
   void combine_unit(std::size_t g, DeviceMemory reduced, std::size_t elems);
-  void finish_gradients();
+  // Offload (engine/zero_engine_offload.cc).
+  void setup_offload();
+  void init_offloaded_group(std::size_t g, const float* master_full, const void* working_full);
+  void offload_reduced(std::size_t g, DeviceMemory reduced);
+  void offload_combine(std::size_t g, const void* reduced, int unit, bool last, bool overlap);
+  void update_chunk(std::size_t g, const StateChunk& c, float* state, const float* grad, std::byte* wout,
+                    float grad_scale, std::int64_t step);
+  void run_offloaded_optimizer(float grad_scale);
+  void drop_offloaded_grads();
+  std::vector<float> offloaded_master_range(std::size_t g);
 
   TrainConfig config_;
   Device& device_;

@@ -285,6 +285,13 @@ void ParamGroup::set_lr(double lr) {
 
 void ParamGroup::step(std::span<const OptimShard> shards, float grad_scale, const CpuExec& exec) {
   const std::int64_t step = step_count_ + 1;
+  apply(shards, grad_scale, step, exec);
+  step_count_ = step;  // only after the update ran: a throw leaves the counter unchanged
+}
+
+void ParamGroup::apply(std::span<const OptimShard> shards, float grad_scale, std::int64_t step,
+                       const CpuExec& exec) const {
+  STRATA_CHECK(step >= 1, "optimizer step number {} (they count from 1)", step);
   switch (kind_) {
     case OptimizerKind::AdamW:
     case OptimizerKind::Adam:
@@ -293,7 +300,6 @@ void ParamGroup::step(std::span<const OptimShard> shards, float grad_scale, cons
     case OptimizerKind::Sgd: sgd_step(make_sgd_consts(sgd_, step, grad_scale), shards, exec); break;
     case OptimizerKind::Lion: lion_step(make_lion_consts(lion_, grad_scale), shards, exec); break;
   }
-  step_count_ = step;  // only after the update ran: a throw leaves the counter unchanged
 }
 
 }  // namespace strata::optim

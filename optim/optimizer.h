@@ -122,6 +122,9 @@ class ParamGroup {
 
   // Advances the step counter and updates the shards with this group's optimizer.
   void step(std::span<const OptimShard> shards, float grad_scale, const CpuExec& exec);
+  // Updates the shards as step number `step` (counting from 1) without touching the counter: an
+  // engine that updates its state piece by piece calls it per piece, then set_step_count(step).
+  void apply(std::span<const OptimShard> shards, float grad_scale, std::int64_t step, const CpuExec& exec) const;
 
  private:
   ParamGroup(std::string name, OptimizerKind kind) : name_(std::move(name)), kind_(kind) {}

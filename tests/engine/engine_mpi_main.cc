@@ -2,9 +2,11 @@
 // mode every stage (0-3), accumulation (1, 2) and sharding factor gives weights bit-identical to
 // the stage-0 single-rank run over the same units (computed in-process on every rank with the
 // local communicator); at stage 3 each rank's device bytes for model state are about 1/N of
-// stage 0's. Prints "N passed, N failed" per rank; exits non-zero on any failure.
+// stage 0's; with the optimizer (and parameters) offloaded to host memory or NVMe, waiting or overlapped with
+// backward, the weights are the same bits too. Prints "N passed, N failed" per rank; exits non-zero on any failure.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -26,49 +28,33 @@ TrainConfig toy_config(int stage, int accumulation, int factor) {
   return c;
 }
 
-struct Run {
-  std::vector<std::vector<float>> weights;
-  std::size_t state_bytes = 0;
-};
+using Run = testing_toy::ToyRun;
 
-// `units_per_step` units per step; this rank runs units a * world + rank for a < accumulation.
-Run run(const TrainConfig& config, Communicator& comm, int steps, const ToyShape& shape) {
+// This rank runs units a * world + rank for a < accumulation.
+Run run(const TrainConfig& config, Communicator& comm, int steps, const ToyShape& shape, bool prepare = false) {
   SimDeviceOptions o;
   o.capacity_bytes = 256 << 20;
   auto device = make_sim_device(o);
-  auto groups = testing_toy::toy_groups(shape, DType::F32);
-  Run r;
-  {
-    ZeroEngine engine(config, *device, comm, groups, testing_toy::toy_init);
-    auto stream = device->create_stream("compute");
-    for (int s = 0; s < steps; ++s) {
-      for (int a = 0; a < config.gradient_accumulation_steps; ++a) {
-        engine.begin_micro_batch();
-        testing_toy::toy_forward_backward(engine, *stream, shape, s,
-                                          static_cast<std::int64_t>(a) * comm.world_size() + comm.rank());
-        engine.end_micro_batch();
-      }
-      engine.step(config.optimizer.lr);
-    }
-    r.state_bytes = engine.model_state_device_bytes();
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) r.weights.push_back(engine.gather_master(g, t));
-    }
-    stream->synchronize();
-  }
-  return r;
+  testing_toy::ToyRunOptions options;
+  options.steps = steps;
+  options.shape = shape;
+  options.prepare_step = prepare;
+  return testing_toy::run_toy_engine(config, *device, comm, options);
 }
 
-std::size_t count_differences(const Run& a, const Run& b) {
-  std::size_t bad = 0;
-  if (a.weights.size() != b.weights.size()) return 1;
-  for (std::size_t i = 0; i < a.weights.size(); ++i) {
-    if (a.weights[i].size() != b.weights[i].size()) return 1;
-    for (std::size_t k = 0; k < a.weights[i].size(); ++k) {
-      bad += std::memcmp(&a.weights[i][k], &b.weights[i][k], sizeof(float)) != 0;
+std::size_t count_differences(const Run& a, const Run& b) { return testing_toy::count_weight_differences(a, b); }
+
+// "tensor T element E: X vs Y" for the first differing weight ("" when none).
+std::string first_difference(const Run& a, const Run& b) {
+  for (std::size_t i = 0; i < a.weights.size() && i < b.weights.size(); ++i) {
+    for (std::size_t k = 0; k < a.weights[i].size() && k < b.weights[i].size(); ++k) {
+      if (std::memcmp(&a.weights[i][k], &b.weights[i][k], sizeof(float)) != 0) {
+        return "first at tensor " + std::to_string(i) + " element " + std::to_string(k) + ": " +
+               std::to_string(a.weights[i][k]) + " vs " + std::to_string(b.weights[i][k]);
+      }
     }
   }
-  return bad;
+  return "";
 }
 
 }  // namespace
@@ -105,6 +91,46 @@ int main() {
                    std::to_string(bad) + " weights differ from the single-rank stage-0 run");
       }
     }
+  }
+
+  // Offload at stage 3 (and the optimizer alone at stage 2), on a toy wide enough for several chunks per
+  // group: the same bits as the single-rank in-memory run, with the update waiting (clipping on) and
+  // overlapped with backward (clipping off).
+  {
+    const std::string dir = std::filesystem::current_path().string() + "/engine_mpi_swap_w" + std::to_string(W);
+    std::filesystem::create_directories(dir);
+    ToyShape wide;
+    wide.dim = 256;
+    wide.vocab = 64;
+    wide.layers = 2;
+    wide.tokens = 2;
+    for (bool clip : {true, false}) {
+      TrainConfig base = toy_config(0, W, 0);
+      if (!clip) base.gradient_clipping = 0;
+      const Run reference = run(base, *local, 3, wide);
+      struct Case {
+        int stage;
+        OffloadDevice opt, param;
+      };
+      for (Case k : {Case{3, OffloadDevice::Cpu, OffloadDevice::Cpu}, Case{3, OffloadDevice::Nvme, OffloadDevice::Nvme},
+                     Case{3, OffloadDevice::Nvme, OffloadDevice::None}, Case{2, OffloadDevice::Cpu, OffloadDevice::None}}) {
+        TrainConfig c = toy_config(k.stage, 1, 0);
+        if (!clip) c.gradient_clipping = 0;
+        testing_toy::toy_offload(c, k.opt, k.param, dir);
+        const Run r = run(c, *world, 3, wide, /*prepare=*/!clip);
+        const std::string what = "world " + std::to_string(W) + " stage " + std::to_string(k.stage) + " optimizer " +
+                                 std::string(offload_device_name(k.opt)) + " params " +
+                                 std::string(offload_device_name(k.param)) + (clip ? " (waiting)" : " (overlapped)");
+        checks.expect(count_differences(r, reference) == 0,
+                      what + ": " + std::to_string(count_differences(r, reference)) +
+                          " weights differ from the single-rank in-memory run; " + first_difference(r, reference));
+        checks.expect(clip ? r.overlapped_updates == 0 : r.overlapped_updates == r.chunk_updates && r.chunk_updates > 0,
+                      what + ": " + std::to_string(r.overlapped_updates) + " of " + std::to_string(r.chunk_updates) +
+                          " chunk updates overlapped");
+      }
+    }
+    world->barrier();
+    if (rank == 0) std::filesystem::remove_all(dir);
   }
 
   // Memory: a wider toy so padding does not dominate. Model-state bytes after a step at stage 3

@@ -8,13 +8,17 @@
 #pragma once
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "core/device/device.h"
+#include "engine/communicator.h"
 #include "engine/config.h"
 #include "engine/param_provider.h"
+#include "engine/zero_engine.h"
 
 namespace strata::testing_toy {
 
@@ -170,6 +174,81 @@ inline float toy_forward_backward(ParamProvider& provider, Stream& stream, const
   provider.grads_ready(0, &stream);
   stream.synchronize();
   return acts->loss;
+}
+
+// What a toy training run leaves behind.
+struct ToyRun {
+  std::vector<std::vector<float>> weights;  // every tensor's fp32 master, gathered
+  std::vector<float> losses;                // per step, mean over this rank's micro-batches
+  std::uint64_t gathers = 0;
+  std::uint64_t prefetched = 0;
+  std::size_t state_bytes = 0;  // device bytes of model state after the last step
+  TierIoStats tiers;
+  std::uint64_t chunk_updates = 0;
+  std::uint64_t overlapped_updates = 0;
+  std::size_t pinned_pool_bytes = 0;
+  int skipped_steps = 0;
+};
+
+struct ToyRunOptions {
+  int steps = 6;
+  ToyShape shape;
+  bool prepare_step = false;  // announce each step's lr first (lets an offloaded update overlap)
+};
+
+// Trains the toy model for `o.steps` steps on `comm`; this rank runs units a * world + rank.
+inline ToyRun run_toy_engine(const TrainConfig& config, Device& device, Communicator& comm, const ToyRunOptions& o) {
+  auto groups = toy_groups(o.shape, DType::F32);
+  ToyRun r;
+  ZeroEngine engine(config, device, comm, groups, toy_init);
+  auto stream = device.create_stream("compute");
+  for (int s = 0; s < o.steps; ++s) {
+    if (o.prepare_step) engine.prepare_step(config.optimizer.lr);
+    float loss = 0;
+    for (int a = 0; a < config.gradient_accumulation_steps; ++a) {
+      engine.begin_micro_batch();
+      loss += toy_forward_backward(engine, *stream, o.shape, s, static_cast<std::int64_t>(a) * comm.world_size() + comm.rank());
+      engine.end_micro_batch();
+    }
+    if (!engine.step(config.optimizer.lr).applied) ++r.skipped_steps;
+    r.losses.push_back(loss / static_cast<float>(config.gradient_accumulation_steps));
+  }
+  stream->synchronize();  // the step's releases on the compute stream have run
+  r.state_bytes = engine.model_state_device_bytes();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) r.weights.push_back(engine.gather_master(g, t));
+  }
+  r.gathers = engine.gathers();
+  r.prefetched = engine.prefetched_gathers();
+  r.tiers = engine.tier_stats();
+  r.chunk_updates = engine.chunk_updates();
+  r.overlapped_updates = engine.overlapped_chunk_updates();
+  r.pinned_pool_bytes = engine.pinned_pool_bytes();
+  stream->synchronize();
+  return r;
+}
+
+// Weights that differ bit-wise between two runs (a different shape counts as one).
+inline std::size_t count_weight_differences(const ToyRun& a, const ToyRun& b) {
+  std::size_t bad = 0;
+  if (a.weights.size() != b.weights.size()) return 1;
+  for (std::size_t i = 0; i < a.weights.size(); ++i) {
+    if (a.weights[i].size() != b.weights[i].size()) return 1;
+    for (std::size_t k = 0; k < a.weights[i].size(); ++k) {
+      bad += std::memcmp(&a.weights[i][k], &b.weights[i][k], sizeof(float)) != 0;
+    }
+  }
+  return bad;
+}
+
+// Offloads the optimizer state (and the stage-3 parameters) of `c`; NVMe state goes to `dir`.
+inline void toy_offload(TrainConfig& c, OffloadDevice optimizer, OffloadDevice params, const std::string& dir) {
+  c.zero.offload_optimizer.device = optimizer;
+  c.zero.offload_param.device = params;
+  c.zero.offload_optimizer.nvme_paths = {dir};
+  c.zero.offload_param.nvme_paths = {dir};
+  c.strata.offload.pinned_buffer_bytes = 4u << 20;  // small slots: several chunks per group
+  c.zero.offload_optimizer.buffer_count = 4;
 }
 
 }  // namespace strata::testing_toy
