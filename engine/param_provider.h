@@ -49,6 +49,12 @@ struct ParamTensorSpec {
 struct ParamGroupSpec {
   std::string name;  // "embedding", "blocks.3", "head"
   std::vector<ParamTensorSpec> tensors;
+  // How many times one backward pass calls grads_ready for this group (2 for an embedding tied to
+  // the head). 0: unknown, and a provider learns it in the first micro-batch, holding every
+  // group's gradients until that micro-batch ends; declaring it lets the very first backward
+  // release each group's gradients as soon as they are final (what a model larger than the
+  // device needs).
+  int grads_ready_calls = 0;
 
   std::size_t bytes() const {
     std::size_t n = 0;

@@ -110,6 +110,11 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
   const bool adam = impl_->optimizer.kind() == optim::OptimizerKind::AdamW ||
                     impl_->optimizer.kind() == optim::OptimizerKind::Adam;
   ready_per_micro_.assign(specs_.size(), 0);
+  declared_ready_ = !specs_.empty();
+  for (std::size_t g = 0; g < specs_.size(); ++g) {
+    ready_per_micro_[g] = specs_[g].grads_ready_calls;
+    declared_ready_ = declared_ready_ && specs_[g].grads_ready_calls > 0;
+  }
 
   for (std::size_t g = 0; g < specs_.size(); ++g) {
     auto G = std::make_unique<Group>(specs_[g], shard_count);
@@ -342,7 +347,7 @@ void ZeroEngine::grads_ready(std::size_t g, Stream* stream) {
   Group& G = group(g);
   ++G.ready_count;
   stream->record(*G.grad_event);
-  if (!first_micro_batch_ever_ && G.ready_count == ready_per_micro_[g]) reduce_micro_grads(g);
+  if ((declared_ready_ || !first_micro_batch_ever_) && G.ready_count == ready_per_micro_[g]) reduce_micro_grads(g);
 }
 
 void ZeroEngine::begin_micro_batch() {
@@ -434,8 +439,12 @@ void ZeroEngine::end_micro_batch() {
   // being learned; groups without gradients) are reduced now, in group order on every rank.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     Group& G = *groups_[g];
+    if (declared_ready_ && G.ready_count != ready_per_micro_[g] && G.ready_count != 0) {
+      throw InternalError(fmt::format("param group {} declares {} grads_ready calls per backward but got {}",
+                                      G.layout.name(), ready_per_micro_[g], G.ready_count));
+    }
     if (!G.reduced_this_micro) reduce_micro_grads(g);
-    if (first_micro_batch_ever_) ready_per_micro_[g] = G.ready_count;
+    if (first_micro_batch_ever_ && !declared_ready_) ready_per_micro_[g] = G.ready_count;
     G.ready_count = 0;
     G.reduced_this_micro = false;
   }
@@ -632,6 +641,9 @@ std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) 
 }
 
 std::size_t ZeroEngine::model_state_device_bytes() const {
+  // Frees queued with release_after count until they run.
+  comm_stream_->synchronize();
+  if (impl_->off.worker) impl_->off.worker->synchronize();
   std::size_t bytes = 0;
   for (const auto& [tag, b] : device_.memory_stats().bytes_by_tag) {
     if (tag.rfind("param.", 0) == 0 || tag.rfind("optim.", 0) == 0 || tag.rfind("grad.", 0) == 0) bytes += b;

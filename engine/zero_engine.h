@@ -108,7 +108,8 @@ class ZeroEngine final : public ParamProvider {
   const ShardTopology& topology() const { return topo_; }
   // Full fp32 master weights of one tensor, gathered (every rank must call it; all get the values).
   std::vector<float> gather_master(std::size_t group, std::size_t tensor);
-  // Device bytes held for model state (weights, master, moments, gradients) right now.
+  // Device bytes held for model state (weights, master, moments, gradients) once the engine's queued
+  // work has run (waits for its streams; the caller's compute streams are the caller's to drain).
   std::size_t model_state_device_bytes() const;
   // How many gathers the prefetcher issued ahead of use, and how many acquisitions found their
   // group already gathered (tests and the progress line).
@@ -170,6 +171,7 @@ class ZeroEngine final : public ParamProvider {
   // Micro-batch bookkeeping.
   int micro_index_ = -1;
   bool first_micro_batch_ever_ = true;
+  bool declared_ready_ = false;  // every group declared its grads_ready calls (ParamGroupSpec)
   std::vector<int> ready_per_micro_;  // grads_ready calls per group per micro-batch (from the first)
 
   struct Impl;

@@ -28,15 +28,16 @@ ToyShape wide_toy() {
   return s;
 }
 
-ToyRun run(const TrainConfig& config, int steps, bool prepare = false, std::size_t device_bytes = 64 << 20) {
+ToyRun run(const TrainConfig& config, int steps, bool prepare = false, bool declare_ready = true) {
   SimDeviceOptions o;
-  o.capacity_bytes = device_bytes;
+  o.capacity_bytes = 64 << 20;
   auto device = make_sim_device(o);
   auto comm = make_local_communicator();
   testing_toy::ToyRunOptions options;
   options.steps = steps;
   options.shape = wide_toy();
   options.prepare_step = prepare;
+  options.declare_ready = declare_ready;
   return testing_toy::run_toy_engine(config, *device, *comm, options);
 }
 
@@ -79,6 +80,15 @@ TEST_F(EngineOffload, ExactWeightsMatchTheInMemoryRunForEveryTierAndStage) {
       }
     }
   }
+}
+
+TEST_F(EngineOffload, DeclaredGradsReadyCallsGiveTheSameBits) {
+  TrainConfig c = config(3, 2);
+  testing_toy::toy_offload(c, OffloadDevice::Nvme, OffloadDevice::Nvme, dir_.path());
+  const ToyRun learned = run(c, 3, false, /*declare_ready=*/false);
+  const ToyRun declared = run(c, 3, false, /*declare_ready=*/true);
+  EXPECT_EQ(testing_toy::count_weight_differences(learned, declared), 0u);
+  EXPECT_EQ(learned.losses, declared.losses);
 }
 
 TEST_F(EngineOffload, OverlappedUpdateGivesTheSameBitsAndRunsDuringBackward) {

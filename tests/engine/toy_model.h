@@ -29,12 +29,14 @@ struct ToyShape {
   int tokens = 6;  // per unit
 };
 
-inline std::vector<ParamGroupSpec> toy_groups(const ToyShape& s, DType dtype) {
+// With `declare_ready` the groups declare their grads_ready calls per backward (the tied embedding
+// gets two), so the engine reduces each group as soon as it is final from the first micro-batch on.
+inline std::vector<ParamGroupSpec> toy_groups(const ToyShape& s, DType dtype, bool declare_ready = false) {
   std::vector<ParamGroupSpec> groups;
-  groups.push_back({"embed", {{"embed.weight", {s.vocab, s.dim}, dtype}}});
+  groups.push_back({"embed", {{"embed.weight", {s.vocab, s.dim}, dtype}}, declare_ready ? 2 : 0});
   for (int l = 0; l < s.layers; ++l) {
     const std::string p = "blocks." + std::to_string(l);
-    groups.push_back({p, {{p + ".w", {s.dim, s.dim}, dtype}, {p + ".b", {s.dim}, dtype}}});
+    groups.push_back({p, {{p + ".w", {s.dim, s.dim}, dtype}, {p + ".b", {s.dim}, dtype}}, declare_ready ? 1 : 0});
   }
   return groups;
 }
@@ -194,11 +196,12 @@ struct ToyRunOptions {
   int steps = 6;
   ToyShape shape;
   bool prepare_step = false;  // announce each step's lr first (lets an offloaded update overlap)
+  bool declare_ready = false;  // groups declare their grads_ready calls (see toy_groups)
 };
 
 // Trains the toy model for `o.steps` steps on `comm`; this rank runs units a * world + rank.
 inline ToyRun run_toy_engine(const TrainConfig& config, Device& device, Communicator& comm, const ToyRunOptions& o) {
-  auto groups = toy_groups(o.shape, DType::F32);
+  auto groups = toy_groups(o.shape, DType::F32, o.declare_ready);
   ToyRun r;
   ZeroEngine engine(config, device, comm, groups, toy_init);
   auto stream = device.create_stream("compute");
