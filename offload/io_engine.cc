@@ -149,7 +149,21 @@ std::size_t FileTable::capacity() const {
 
 SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_piece_bytes, IoCallback callback,
                           const FileTable& files) {
-  STRATA_CHECK(max_piece_bytes >= 4096, "max piece {} bytes", max_piece_bytes);
+  return split_requests(requests, max_piece_bytes, max_piece_bytes, std::move(callback), files);
+}
+
+RequestLimits request_limits(const IoEngineOptions& options) {
+  constexpr std::size_t kDefaultMaxRequestBytes = 4 * MiB;
+  const std::size_t read = options.max_request_bytes != 0 ? options.max_request_bytes : kDefaultMaxRequestBytes;
+  const std::size_t write = options.max_write_request_bytes != 0 ? options.max_write_request_bytes
+                                                                 : std::min(kDefaultMaxWriteRequestBytes, read);
+  return RequestLimits{read, write};
+}
+
+SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_read_piece_bytes,
+                          std::size_t max_write_piece_bytes, IoCallback callback, const FileTable& files) {
+  STRATA_CHECK(max_read_piece_bytes >= 4096 && max_write_piece_bytes >= 4096, "max piece {}/{} bytes",
+               max_read_piece_bytes, max_write_piece_bytes);
   SplitBatch out;
   out.batch = std::make_shared<IoBatchState>();
   out.batch->callback = std::move(callback);
@@ -162,6 +176,7 @@ SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_p
                                     files.get(r.file).path, r.offset_bytes, r.buffer ? "a" : "no", r.length_bytes));
     }
     out.batch->bytes += r.length_bytes;
+    const std::size_t max_piece_bytes = r.op == IoOp::Write ? max_write_piece_bytes : max_read_piece_bytes;
     for (std::size_t done = 0; done < r.length_bytes; done += max_piece_bytes) {
       IoPiece p;
       p.op = r.op;
@@ -255,6 +270,10 @@ std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options) {
   }
   if (options.max_request_bytes != 0 && (options.max_request_bytes % 4096 != 0)) {
     throw ConfigError(fmt::format("I/O block size {} is not a multiple of 4 KiB", options.max_request_bytes));
+  }
+  if (options.max_write_request_bytes != 0 && (options.max_write_request_bytes % 4096 != 0)) {
+    throw ConfigError(
+        fmt::format("I/O write block size {} is not a multiple of 4 KiB", options.max_write_request_bytes));
   }
   switch (options.kind) {
     case EngineKind::Threads: return detail::make_thread_engine(options);

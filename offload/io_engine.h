@@ -43,10 +43,16 @@ enum class Coalesce : std::uint8_t { Off, On };
 enum class SqPoll : std::uint8_t { Off, On };
 enum class FixedBuffers : std::uint8_t { Off, On };
 
+// The default largest kernel write (see IoEngineOptions::max_write_request_bytes).
+inline constexpr std::size_t kDefaultMaxWriteRequestBytes = std::size_t{1} << 20;
+
 struct IoEngineOptions {
   EngineKind kind = EngineKind::Auto;
   unsigned queue_depth = 32;              // requests in flight at the kernel (io_uring) or workers (threads)
   std::size_t max_request_bytes = 0;      // largest single kernel request; 0: the disk's max_sectors_kb or 4 MiB
+  // Largest single kernel write; 0: min(kDefaultMaxWriteRequestBytes, max_request_bytes). Writes
+  // run faster in smaller requests than reads here (Note [Request size and merging]).
+  std::size_t max_write_request_bytes = 0;
   unsigned submit_batch = 1;              // SQEs per io_uring_enter (0: queue_depth); see uring_engine.cc
   Coalesce coalesce = Coalesce::On;
   SqPoll sqpoll = SqPoll::Off;
@@ -105,7 +111,8 @@ struct IoEngineInfo {
   std::string name;               // "io_uring" or "threads"
   std::string features;           // e.g. "SINGLE_ISSUER|COOP_TASKRUN fixed-files fixed-buffers"
   unsigned queue_depth = 0;
-  std::size_t max_request_bytes = 0;
+  std::size_t max_request_bytes = 0;        // largest kernel read
+  std::size_t max_write_request_bytes = 0;  // largest kernel write
 };
 
 class IoEngine {

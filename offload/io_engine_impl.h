@@ -52,6 +52,17 @@ struct SplitBatch {
 class FileTable;
 SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_piece_bytes, IoCallback callback,
                           const FileTable& files);
+// The same with a separate largest piece for writes.
+SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_read_piece_bytes,
+                          std::size_t max_write_piece_bytes, IoCallback callback, const FileTable& files);
+
+// The engines' request-size limits from the options: {largest read, largest write} in bytes
+// (Note [Request size and merging]).
+struct RequestLimits {
+  std::size_t read_bytes;
+  std::size_t write_bytes;
+};
+RequestLimits request_limits(const IoEngineOptions& options);
 
 // fd + path per FileId; slots are reused after unregister.
 class FileTable {

@@ -25,7 +25,7 @@ namespace {
 class ThreadEngine final : public IoEngine {
  public:
   explicit ThreadEngine(const IoEngineOptions& options) : options_(options) {
-    max_piece_bytes_ = options.max_request_bytes != 0 ? options.max_request_bytes : 4 * 1024 * 1024;
+    limits_ = request_limits(options);
     const unsigned n = options.threads != 0 ? options.threads : std::clamp(options.queue_depth, 1u, 16u);
     workers_.reserve(n);
     for (unsigned i = 0; i < n; ++i) workers_.emplace_back([this] { work(); });
@@ -45,7 +45,7 @@ class ThreadEngine final : public IoEngine {
   void register_buffers(std::span<const std::span<std::byte>>) override {}
 
   IoHandle submit(std::span<const IoRequest> requests, IoCallback callback) override {
-    SplitBatch split = split_requests(requests, max_piece_bytes_, std::move(callback), files_);
+    SplitBatch split = split_requests(requests, limits_.read_bytes, limits_.write_bytes, std::move(callback), files_);
     {
       std::lock_guard lock(mutex_);
       for (auto& p : split.pieces) queue_.push_back(std::move(p));
@@ -56,7 +56,7 @@ class ThreadEngine final : public IoEngine {
 
   IoEngineInfo info() const override {
     return IoEngineInfo{"threads", fmt::format("{} pread/pwrite workers", workers_.size()), options_.queue_depth,
-                        max_piece_bytes_};
+                        limits_.read_bytes, limits_.write_bytes};
   }
 
  private:
@@ -86,7 +86,7 @@ class ThreadEngine final : public IoEngine {
   }
 
   IoEngineOptions options_;
-  std::size_t max_piece_bytes_ = 0;
+  RequestLimits limits_{};
   FileTable files_;
   std::mutex mutex_;
   std::condition_variable cv_;

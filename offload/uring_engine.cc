@@ -11,24 +11,35 @@
 //
 // Note [Request size and merging]
 // Measured on the virtio disk this was built on (vda: max_sectors_kb 4096, max_segments 254,
-// mq-deadline; counted with /sys/block/vda/stat), throughput follows the size of the requests
-// that reach the device, not the queue depth: each request is a round trip through the
-// hypervisor. A 1 MiB buffer of scattered 4 KiB pages is 256 segments, more than 254, so a 1 MiB
-// read from ordinary malloc'd memory (fio's) reaches the disk as 2 requests (2049 per GiB) and
-// cannot merge with its neighbours; when the pages happen to be physically contiguous fio gets
-// merged requests and jumps from ~0.85 to ~1.7 GB/s, one source of its run-to-run swings. What
-// makes the difference, in order: (1) buffers on 2 MiB huge pages (BufferPool and the bench use
-// HugePages::Transparent, 2 MiB-aligned), whose contiguous pages collapse into a few segments, so
-// a request can grow to max_sectors_kb: 257 requests per GiB = 4 MiB each; (2) coalescing queued
-// pieces that are adjacent in file and memory into one SQE of up to max_request_bytes (4 MiB by
-// default; default_max_request_bytes(dir) reads the disk's max_sectors_kb), which gives 4 MiB requests even when completions trickle in one by
-// one (the block layer's plug only merges within one submission batch); (3) submitting in batches
-// with one io_uring_enter only where coalescing cannot merge: random 4 KiB reads at qd 32 ran at
-// 0.85-0.89x fio with a batch of qd and 1.03x with each SQE submitted at once (fio's default), so
-// the default submit_batch is 1; large requests come from coalescing, not from batching. Request sizes of 2-16 MiB made no difference beyond the noise (the
-// kernel splits at max_sectors_kb anyway). Reads gained ~2x over
-// fio from (1)+(2); writes reach ~2.3-2.4 GB/s either way, which looks like the device's write
-// ceiling here, so the write gain is smaller (1.2-1.5x).
+// mq-deadline, one hardware queue; counted with /sys/block/vda/stat), throughput follows the size
+// of the requests that reach the device, and reads and writes want different sizes.
+// Reads: each request is a round trip through the hypervisor, so bigger is better. A 1 MiB buffer
+// of scattered 4 KiB pages is 256 segments, more than 254, so a 1 MiB read from ordinary
+// malloc'd memory (fio's) reaches the disk as 2 requests (2049 per GiB) and cannot merge with its
+// neighbours; when the pages happen to be physically contiguous fio gets merged requests and
+// jumps from ~0.85 to ~1.7 GB/s, one source of its run-to-run swings. What makes the difference,
+// in order: (1) buffers on 2 MiB huge pages (BufferPool and the bench use
+// HugePages::Transparent, 2 MiB-aligned), whose contiguous pages collapse into a few segments,
+// so a request can grow to max_sectors_kb: 257 requests per GiB = 4 MiB each; (2) coalescing
+// queued pieces that are adjacent in file and memory into one SQE of up to max_request_bytes
+// (4 MiB by default; default_max_request_bytes(dir) reads the disk's max_sectors_kb), which gives
+// 4 MiB requests even when completions trickle in one by one (the block layer's plug only merges
+// within one submission batch); (3) submitting in batches with one io_uring_enter only where
+// coalescing cannot merge: random 4 KiB reads at qd 32 ran at 0.85-0.89x fio with a batch of qd
+// and 1.03x with each SQE submitted at once (fio's default), so the default submit_batch is 1.
+// Read requests of 2-16 MiB made no difference beyond the noise (the kernel splits at
+// max_sectors_kb anyway). Reads gain ~2x over fio from (1)+(2).
+// Writes: the opposite past 1 MiB. Sequential 1 MiB O_DIRECT writes from huge-page buffers,
+// alternated in one session: 1 MiB kernel requests 3.0-3.3 GB/s, 512 KiB the same at qd 32 and
+// less at qd 8 (half the bytes in flight), 2 MiB and 4 MiB 2.1-2.5 GB/s (4 MiB requests were
+// slower at any depth, 8 or 32 in flight). So writes are split and coalesced to at most
+// max_write_request_bytes, 1 MiB by default (kDefaultMaxWriteRequestBytes, never above
+// max_request_bytes); with huge pages each is one unsplit request, where fio's scattered buffers
+// give it 2 requests per MiB or, by chance, 4 MiB merges. That took bs-1M writes from 1.1-1.4x
+// to ~1.6x fio. (DeepSpeed's libaio pattern, one locked buffer written whole in 1 MiB blocks at
+// qd 32, was imitated here and reaches the disk as 4 MiB merged writes: 2.1-2.3 GB/s, the same as
+// this engine with 4 MiB write requests. The write state of the blocks underneath matters too:
+// see Note [Bench file state] in tools/bench_io.cc.)
 #include <liburing.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -93,7 +104,7 @@ struct RegisteredBuffer {
 class UringEngine final : public IoEngine {
  public:
   explicit UringEngine(const IoEngineOptions& options) : options_(options) {
-    max_request_bytes_ = options.max_request_bytes != 0 ? options.max_request_bytes : 4 * 1024 * 1024;
+    limits_ = request_limits(options);
     submit_batch_ = options.submit_batch != 0 ? options.submit_batch : options.queue_depth;
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
     if (wake_fd_ < 0) throw IoError(fmt::format("eventfd for the io_uring engine: {}", errno_text(errno)), errno);
@@ -168,7 +179,7 @@ class UringEngine final : public IoEngine {
   }
 
   IoHandle submit(std::span<const IoRequest> requests, IoCallback callback) override {
-    SplitBatch split = split_requests(requests, max_request_bytes_, std::move(callback), files_);
+    SplitBatch split = split_requests(requests, limits_.read_bytes, limits_.write_bytes, std::move(callback), files_);
     if (split.pieces.empty()) return IoHandle(split.batch);
     {
       std::lock_guard lock(mutex_);
@@ -185,7 +196,7 @@ class UringEngine final : public IoEngine {
     if (fixed_files_) f += " fixed-files";
     if (!buffers_note_.empty()) f += " " + buffers_note_;
     if (options_.coalesce == Coalesce::On) f += " coalesce";
-    return IoEngineInfo{"io_uring", f, options_.queue_depth, max_request_bytes_};
+    return IoEngineInfo{"io_uring", f, options_.queue_depth, limits_.read_bytes, limits_.write_bytes};
   }
 
  private:
@@ -385,12 +396,13 @@ class UringEngine final : public IoEngine {
       s.parts.clear();
       s.parts.push_back(Part{std::move(first.batch)});
       pending_.pop_front();
+      const std::size_t max_bytes = s.op == IoOp::Write ? limits_.write_bytes : limits_.read_bytes;
       while (options_.coalesce == Coalesce::On && !pending_.empty()) {
         IoPiece& next = pending_.front();
         const bool adjacent = next.op == s.op && next.file == s.file &&
                               next.offset_bytes == s.offset_bytes + s.length_bytes &&
                               next.buffer == s.buffer + s.length_bytes &&
-                              s.length_bytes + next.length_bytes <= max_request_bytes_ &&
+                              s.length_bytes + next.length_bytes <= max_bytes &&
                               find_buffer(next.buffer, next.length_bytes) == s.buf_index;
         if (!adjacent) break;
         s.length_bytes += next.length_bytes;
@@ -499,7 +511,7 @@ class UringEngine final : public IoEngine {
   }
 
   IoEngineOptions options_;
-  std::size_t max_request_bytes_ = 0;
+  RequestLimits limits_{};
   unsigned submit_batch_ = 0;
   FileTable files_;
   int wake_fd_ = -1;

@@ -288,6 +288,71 @@ TEST(EngineOracle, UringAndThreadsWriteIdenticalFiles) {
   EXPECT_EQ(testing::first_mismatch(reinterpret_cast<const std::byte*>(a.data()), a.size(), 11), -1);
 }
 
+// ---- separate request-size limits for reads and writes (Note [Request size and merging]) ----
+
+class RequestLimitTest : public ::testing::TestWithParam<EngineKind> {};
+
+TEST_P(RequestLimitTest, WritesAndReadsAreSplitAtTheirOwnLimits) {
+  TempDir dir;
+  STRATA_SKIP_WITHOUT_DIRECT_IO(dir.path());
+  const std::string canon = check_directory(dir.path(), "test dir");
+  constexpr std::size_t kRead = 256 * 1024;
+  constexpr std::size_t kWrite = 64 * 1024;
+  constexpr std::size_t kBytes = 1024 * 1024;
+  FaultInjector counter;  // no rules: counts the kernel transfers of each kind
+  IoEngineOptions o;
+  o.kind = GetParam();
+  o.max_request_bytes = kRead;
+  o.max_write_request_bytes = kWrite;
+  o.faults = &counter;
+  auto e = make_engine_or_skip(o);
+  if (!e) GTEST_SKIP() << "io_uring is not available here";
+  EXPECT_EQ(e->info().max_request_bytes, kRead);
+  EXPECT_EQ(e->info().max_write_request_bytes, kWrite);
+  UniqueFd fd = open_inside(canon, "limits.bin", Direct::On, Truncate::Truncate);
+  const FileId f = e->register_file(fd.get(), canon + "/limits.bin");
+  HostBuffer w = testing::aligned_buffer(kBytes);
+  HostBuffer r = testing::aligned_buffer(kBytes);
+  testing::fill_pattern(static_cast<std::byte*>(w.data()), kBytes, 5);
+  const IoRequest wr{IoOp::Write, f, 0, w.data(), kBytes};
+  e->run(std::span(&wr, 1));
+  const IoRequest rd{IoOp::Read, f, 0, r.data(), kBytes};
+  e->run(std::span(&rd, 1));
+  // One request each: split into whole pieces of each op's limit, and (coalescing being bounded
+  // by the same limit) never merged back past it.
+  EXPECT_EQ(counter.operations(IoOp::Write), kBytes / kWrite);
+  EXPECT_EQ(counter.operations(IoOp::Read), kBytes / kRead);
+  EXPECT_EQ(testing::first_mismatch(static_cast<std::byte*>(r.data()), kBytes, 5), -1);
+  e->unregister_file(f);
+}
+
+TEST_P(RequestLimitTest, WriteLimitDefaultsToTheSmallerOfItsDefaultAndTheReadLimit) {
+  IoEngineOptions o;
+  o.kind = GetParam();
+  auto e = make_engine_or_skip(o);
+  if (!e) GTEST_SKIP() << "io_uring is not available here";
+  EXPECT_EQ(e->info().max_write_request_bytes, std::min(kDefaultMaxWriteRequestBytes, e->info().max_request_bytes));
+  EXPECT_GE(e->info().max_request_bytes, e->info().max_write_request_bytes);
+  o.max_request_bytes = kDefaultMaxWriteRequestBytes / 4;  // below the write default: writes follow it
+  e = make_engine_or_skip(o);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->info().max_write_request_bytes, o.max_request_bytes);
+  o.max_write_request_bytes = 3 * 4096;  // explicit: taken as given
+  e = make_engine_or_skip(o);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->info().max_write_request_bytes, 3 * 4096u);
+  o.max_write_request_bytes = 4096 + 512;
+  try {
+    make_io_engine(o);
+    ADD_FAILURE() << "a write request size that is not a multiple of 4 KiB was accepted";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("4608"), std::string::npos) << err.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, RequestLimitTest, ::testing::Values(EngineKind::Uring, EngineKind::Threads),
+                         [](const auto& info) { return std::string(engine_kind_name(info.param)); });
+
 TEST(EngineFactory, ReportsWhatItRuns) {
   IoEngineOptions o;
   o.kind = EngineKind::Threads;
