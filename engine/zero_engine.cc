@@ -220,13 +220,13 @@ bool ZeroEngine::start_gather(std::size_t g, bool prefetch) {
     }
     slot = std::make_shared<offload::BufferLease>(std::move(lease));
   }
-  DeviceMemory gathered = device_.allocate(total * wbytes, "param.gathered");
+  DeviceMemory gathered = allocate_device(total * wbytes, "param.gathered", g, prefetch);
   const void* shard_src = G.w_shard_ptr();
   if (from_tier) {
     DeviceMemory shard_dev;
     void* dst = gathered.data();
     if (G.layout.shard_count() > 1) {
-      shard_dev = device_.allocate(G.layout.shard_elems() * wbytes, "param.shard");
+      shard_dev = allocate_device(G.layout.shard_elems() * wbytes, "param.shard", g, prefetch);
       dst = shard_dev.data();
     }
     if (slot) {
@@ -263,6 +263,36 @@ bool ZeroEngine::start_gather(std::size_t g, bool prefetch) {
   comm_stream_->record(*G.gathered_event);
   ++gathers_;
   return true;
+}
+
+// Device memory for the engine's own buffers. When the device is full, a demand allocation first
+// gives back the gathered copies nobody holds (prefetched ahead, or kept for reuse), waits until
+// every free queued on a stream has run (the host thread may be far ahead of the compute stream,
+// whose queued releases are then still pending), and tries once more. A prefetch never evicts or
+// waits: it stops instead.
+DeviceMemory ZeroEngine::allocate_device(std::size_t bytes, std::string_view tag, std::size_t keep_group,
+                                         bool prefetch) {
+  try {
+    return device_.allocate(bytes, tag);
+  } catch (const OutOfMemoryError&) {
+    if (prefetch) throw;
+  }
+  std::vector<Stream*> streams = {comm_stream_.get()};
+  if (impl_->off.worker) streams.push_back(impl_->off.worker.get());
+  for (const auto& H : groups_) {
+    Stream* used = H->last_use_stream;
+    if (used != nullptr && std::find(streams.begin(), streams.end(), used) == streams.end()) streams.push_back(used);
+  }
+  for (std::size_t h = 0; h < groups_.size(); ++h) {
+    Group& H = *groups_[h];
+    if (h == keep_group || H.live > 0 || H.gathered.empty()) continue;
+    live_elems_ -= H.layout.total_elems();
+    Stream* s = H.last_use_stream != nullptr ? H.last_use_stream : comm_stream_.get();
+    s->release_after(std::move(H.gathered));
+    ++evictions_;
+  }
+  for (Stream* s : streams) s->synchronize();
+  return device_.allocate(bytes, tag);
 }
 
 void ZeroEngine::prefetch_after(std::size_t position) {
@@ -337,7 +367,7 @@ GroupViews ZeroEngine::acquire_grads(std::size_t g, Stream* stream) {
                G.layout.name());
   const std::size_t bytes = G.layout.total_elems() * dtype_bytes(working_dtype_);
   if (G.micro_grad.empty()) {
-    G.micro_grad = device_.allocate(bytes, "grad.micro");
+    G.micro_grad = allocate_device(bytes, "grad.micro", g);
     stream->memset(G.micro_grad.data(), 0, bytes);
   }
   return views_of(g, G.micro_grad.data(), working_dtype_);
@@ -364,12 +394,12 @@ void ZeroEngine::reduce_micro_grads(std::size_t g) {
   if (G.micro_grad.empty()) {
     // This group got no gradient this micro-batch: its unit gradient is zero, but it still takes
     // its place in the sum so every rank runs the same collectives in the same order.
-    G.micro_grad = device_.allocate(L.total_elems() * wbytes, "grad.micro");
+    G.micro_grad = allocate_device(L.total_elems() * wbytes, "grad.micro", g);
     comm_stream_->memset(G.micro_grad.data(), 0, L.total_elems() * wbytes);
   } else {
     comm_stream_->wait(*G.grad_event);
   }
-  DeviceMemory reduced = device_.allocate(G.grad_elems * wbytes, "grad.reduced");
+  DeviceMemory reduced = allocate_device(G.grad_elems * wbytes, "grad.reduced", g);
   if (config_.zero.stage >= 2) {
     if (L.shard_count() == 1) {
       comm_stream_->copy_d2d(reduced.data(), G.micro_grad.data(), G.grad_elems * wbytes);

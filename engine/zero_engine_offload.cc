@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
@@ -115,6 +116,10 @@ void ZeroEngine::setup_offload() {
       for (const auto& d : o->nvme_paths) {
         if (seen.insert(d).second) dirs.push_back(d);
       }
+    }
+    for (const auto& d : dirs) {
+      std::error_code ec;  // a directory that cannot be created is reported by the swap store below
+      std::filesystem::create_directories(d, ec);
     }
     offload::IoEngineOptions io;
     io.kind = offload::parse_engine_kind(config_.aio.engine == "io_uring" ? "uring" : config_.aio.engine, "aio.engine");

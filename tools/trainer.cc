@@ -2,6 +2,7 @@
 #include "tools/trainer.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "engine/communicator.h"
 #include "engine/config.h"
 #include "engine/lr_schedule.h"
+#include "engine/tier_plan.h"
 #include "engine/zero_engine.h"
 #include "models/decoder.h"
 #include "models/hf_names.h"
@@ -34,6 +36,73 @@ namespace strata::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// VmHWM of /proc/self/status: the peak resident set of this process.
+std::uint64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+void write_summary_json(const std::string& path, const TrainSummary& s) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) throw ConfigError(fmt::format("--summary-json: cannot open '{}' for writing", path));
+  out << nlohmann::json{{"steps", s.steps},
+                        {"first_loss", s.first_loss},
+                        {"last_loss", s.last_loss},
+                        {"tokens_per_second", s.tokens_per_second},
+                        {"peak_device_bytes", s.peak_device_bytes},
+                        {"peak_host_bytes", s.peak_host_bytes},
+                        {"pinned_bytes", s.pinned_bytes},
+                        {"peak_rss_bytes", s.peak_rss_bytes},
+                        {"peak_nvme_bytes", s.peak_nvme_bytes},
+                        {"nvme_bytes_read", s.nvme_bytes_read},
+                        {"nvme_bytes_written", s.nvme_bytes_written},
+                        {"optimizer_chunk_updates", s.optimizer_chunk_updates},
+                        {"overlapped_chunk_updates", s.overlapped_chunk_updates},
+                        {"step_call_fraction", s.step_call_fraction},
+                        {"model_state_bytes", s.model_state_bytes},
+                        {"device_capacity_bytes", s.device_capacity_bytes}}
+             .dump(2)
+      << "\n";
+  if (!out) throw IoError(fmt::format("--summary-json: writing '{}' failed", path), errno);
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const auto t = static_cast<long long>(seconds + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+// A one-line progress bar on an interactive stderr, redrawn in place each step.
+class ProgressBar {
+ public:
+  ProgressBar(std::int64_t total, bool enabled) : total_(total), interactive_(enabled && ::isatty(STDERR_FILENO) != 0) {}
+  bool interactive() const { return interactive_; }
+  void update(std::int64_t done, const std::string& text) {
+    constexpr int kWidth = 24;
+    const int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : kWidth;
+    std::fprintf(stderr, "\r\033[K[%s%s] %lld/%lld %s", std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(kWidth - filled), '.').c_str(), static_cast<long long>(done),
+                 static_cast<long long>(total_), text.c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+  void finish() {
+    if (drawn_) std::fprintf(stderr, "\n");
+    drawn_ = false;
+  }
+
+ private:
+  std::int64_t total_;
+  bool interactive_;
+  bool drawn_ = false;
+};
 
 std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
   const DeviceConfig& d = cfg.strata.device;
@@ -169,17 +238,8 @@ TrainSummary run_training(const TrainOptions& options) {
 
   bool checkpointing = false;
   const models::ModelConfig model = model_config_of(cfg, &checkpointing);
-  const std::string cache_dir = cfg.strata.checkpoint.dir.empty() ? "strata-run/data" : cfg.strata.checkpoint.dir + "/data";
-  const std::string data_path = prepare_training_data(cfg, *comm, cache_dir);
-  models::TokenFile data = models::TokenFile::open(data_path);
-  data.check_vocab(model.vocab_size);
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
-  if (data.size() < static_cast<std::size_t>(seq + 2)) {
-    throw FormatError(fmt::format("training data '{}' has {} tokens, fewer than one window of seq_len {} + 1",
-                                  data_path, data.size(), seq));
-  }
-
   models::DecoderOptions dopt;
   dopt.checkpointing = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
   models::Decoder decoder(model, dopt);
@@ -206,6 +266,22 @@ TrainSummary run_training(const TrainOptions& options) {
     }
     init_file->read(*e, DType::F32, out.data());
   };
+  // The tier plan, before any work: a config that cannot fit is refused with the numbers.
+  const TierPlan plan = plan_tiers(cfg, groups, world, decoder.activation_bytes(micro, seq, /*training=*/true));
+  const TierCapacities capacity = measure_capacities(plan, device->capacity_bytes(), world);
+  if (rank == 0) spdlog::info("{}", describe_plan(plan, capacity));
+  check_plan_fits(plan, capacity, cfg.source);
+
+  const std::string cache_dir = cfg.strata.checkpoint.dir.empty() ? "strata-run/data" : cfg.strata.checkpoint.dir + "/data";
+  const std::string data_path = prepare_training_data(cfg, *comm, cache_dir);
+  models::TokenFile data = models::TokenFile::open(data_path);
+  data.check_vocab(model.vocab_size);
+  if (data.size() < static_cast<std::size_t>(seq + 2)) {
+    throw FormatError(fmt::format("training data '{}' has {} tokens, fewer than one window of seq_len {} + 1",
+                                  data_path, data.size(), seq));
+  }
+
+
   ZeroEngine engine(cfg, *device, *comm, groups, init);
   init_file.reset();
 
@@ -235,9 +311,15 @@ TrainSummary run_training(const TrainOptions& options) {
   }
 
   TrainSummary summary;
+  ProgressBar bar(cfg.strata.steps, rank == 0 && !options.quiet);
   const auto start = Clock::now();
+  double step_seconds_total = 0;
+  double exposed_seconds_total = 0;  // inside step(): reductions not yet done, optimizer not overlapped
   for (std::int64_t s = 0; s < cfg.strata.steps; ++s) {
     const auto step_start = Clock::now();
+    const TierIoStats io_before = engine.tier_stats();
+    const double lr = lr_for_step(cfg.scheduler, cfg.optimizer.lr, s);
+    engine.prepare_step(lr);
     double loss_sum = 0;
     for (int a = 0; a < accumulation; ++a) {
       const std::int64_t unit = static_cast<std::int64_t>(a) * world + rank;
@@ -249,21 +331,40 @@ TrainSummary run_training(const TrainOptions& options) {
       engine.end_micro_batch();
       loss_sum += loss.mean();
     }
-    const double lr = lr_for_step(cfg.scheduler, cfg.optimizer.lr, s);
+    const auto step_call = Clock::now();
     const StepResult result = engine.step(lr);
+    const double exposed = std::chrono::duration<double>(Clock::now() - step_call).count();
     const double loss = comm->all_reduce_host(loss_sum, ReduceOp::Sum) / static_cast<double>(units);
     const double seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+    step_seconds_total += seconds;
+    exposed_seconds_total += exposed;
     const auto stats = device->memory_stats();
+    const TierIoStats io = engine.tier_stats();
+    const std::uint64_t nvme_moved =
+        (io.nvme_bytes_read - io_before.nvme_bytes_read) + (io.nvme_bytes_written - io_before.nvme_bytes_written);
+    const double nvme_gbps = static_cast<double>(nvme_moved) / seconds / 1e9;
+    const std::uint64_t host_bytes = io.host_bytes + engine.pinned_pool_bytes();
     if (s == 0) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = s + 1;
     summary.peak_device_bytes = std::max(summary.peak_device_bytes, stats.peak_allocated_bytes);
+    summary.peak_host_bytes = std::max<std::uint64_t>(summary.peak_host_bytes, io.peak_host_bytes + engine.pinned_pool_bytes());
+    summary.peak_nvme_bytes = std::max(summary.peak_nvme_bytes, io.peak_nvme_bytes);
+    summary.nvme_bytes_read = io.nvme_bytes_read;
+    summary.nvme_bytes_written = io.nvme_bytes_written;
     if (rank == 0) {
-      if (!options.quiet && (s % cfg.steps_per_print == 0 || s + 1 == cfg.strata.steps)) {
-        spdlog::info("step {}/{} | loss {:.4f} | lr {:.3g} | grad norm {:.3f}{} | {:.0f} tok/s | device {} (peak {})",
-                     s + 1, cfg.strata.steps, loss, lr, result.grad_norm, result.applied ? "" : " (skipped)",
-                     static_cast<double>(tokens_per_step) / seconds, format_bytes(stats.allocated_bytes),
-                     format_bytes(stats.peak_allocated_bytes));
+      const double tok_s = static_cast<double>(tokens_per_step) / seconds;
+      const double eta = step_seconds_total / static_cast<double>(s + 1) * static_cast<double>(cfg.strata.steps - s - 1);
+      std::string tiers = fmt::format("device {}", format_bytes(stats.allocated_bytes));
+      if (engine.optimizer_offloaded()) tiers += fmt::format(" | host {}", format_bytes(host_bytes));
+      if (io.peak_nvme_bytes > 0) tiers += fmt::format(" | nvme {} {:.2f} GB/s", format_bytes(io.nvme_bytes), nvme_gbps);
+      const std::string text = fmt::format("loss {:.4f}{} | {:.0f} tok/s | {} | ETA {}", loss,
+                                           result.applied ? "" : " (skipped)", tok_s, tiers, format_duration(eta));
+      if (bar.interactive()) {
+        bar.update(s + 1, text);
+      } else if (!options.quiet && (s % cfg.steps_per_print == 0 || s + 1 == cfg.strata.steps)) {
+        spdlog::info("step {}/{} | {} | lr {:.3g} | grad norm {:.3f}", s + 1, cfg.strata.steps, text, lr,
+                     result.grad_norm);
       }
       if (metrics) {
         *metrics << nlohmann::json{{"step", s + 1},
@@ -274,14 +375,26 @@ TrainSummary run_training(const TrainOptions& options) {
                                    {"loss_scale", result.loss_scale},
                                    {"tokens", tokens_per_step},
                                    {"seconds", seconds},
+                                   {"step_call_seconds", exposed},
                                    {"device_bytes", stats.allocated_bytes},
-                                   {"device_peak_bytes", stats.peak_allocated_bytes}}
+                                   {"device_peak_bytes", stats.peak_allocated_bytes},
+                                   {"host_bytes", host_bytes},
+                                   {"nvme_bytes", io.nvme_bytes},
+                                   {"nvme_read_bytes", io.nvme_bytes_read - io_before.nvme_bytes_read},
+                                   {"nvme_written_bytes", io.nvme_bytes_written - io_before.nvme_bytes_written}}
                         .dump()
                  << "\n";
         metrics->flush();
       }
     }
   }
+  bar.finish();
+  summary.optimizer_chunk_updates = engine.chunk_updates();
+  summary.overlapped_chunk_updates = engine.overlapped_chunk_updates();
+  summary.step_call_fraction = step_seconds_total > 0 ? exposed_seconds_total / step_seconds_total : 0;
+  summary.pinned_bytes = engine.pinned_pool_bytes();
+  summary.model_state_bytes = plan.model_state;
+  summary.device_capacity_bytes = device->capacity_bytes();
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   summary.tokens_per_second = elapsed > 0 ? static_cast<double>(tokens_per_step * summary.steps) / elapsed : 0;
   stream->synchronize();
@@ -292,10 +405,23 @@ TrainSummary run_training(const TrainOptions& options) {
     recorder->write_chrome_trace(path, rank);
     if (rank == 0) spdlog::info("wrote the timeline to {} (open it in chrome://tracing or ui.perfetto.dev)", path);
   }
+  summary.peak_rss_bytes = peak_rss_bytes();
+  if (rank == 0 && !options.summary_json.empty()) write_summary_json(options.summary_json, summary);
   if (rank == 0 && summary.steps > 0) {
     spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
                  summary.first_loss, summary.last_loss, summary.tokens_per_second,
                  format_bytes(summary.peak_device_bytes), format_bytes(device->capacity_bytes()));
+    if (engine.optimizer_offloaded()) {
+      spdlog::info("tiers: peak host {} (pinned staging {}; process peak RSS {}), peak nvme {}; nvme read {}, written {}",
+                   format_bytes(summary.peak_host_bytes), format_bytes(engine.pinned_pool_bytes()),
+                   format_bytes(summary.peak_rss_bytes),
+                   format_bytes(summary.peak_nvme_bytes), format_bytes(summary.nvme_bytes_read),
+                   format_bytes(summary.nvme_bytes_written));
+      spdlog::info("overlap: {} of {} optimizer chunk updates ran during backward; step() (exposed reductions and "
+                   "updates) took {:.0f}% of the step time",
+                   summary.overlapped_chunk_updates, summary.optimizer_chunk_updates,
+                   100.0 * summary.step_call_fraction);
+    }
   }
   return summary;
 }

@@ -19,6 +19,7 @@ struct TrainOptions {
   std::vector<std::string> overrides;        // --set key.path=value
   std::optional<std::int64_t> steps;         // --steps N (overrides strata.steps)
   std::string save_weights;                  // --save-weights OUT.safetensors
+  std::string summary_json;                  // --summary-json OUT.json (rank 0)
   bool quiet = false;                        // no per-step progress lines (tests)
 };
 
@@ -28,6 +29,17 @@ struct TrainSummary {
   double last_loss = 0;
   double tokens_per_second = 0;
   std::size_t peak_device_bytes = 0;
+  std::uint64_t peak_host_bytes = 0;  // offloaded arrays + pinned staging
+  std::uint64_t peak_nvme_bytes = 0;
+  std::uint64_t nvme_bytes_read = 0;
+  std::uint64_t nvme_bytes_written = 0;
+  std::uint64_t optimizer_chunk_updates = 0;
+  std::uint64_t overlapped_chunk_updates = 0;
+  double step_call_fraction = 0;  // share of step time spent inside ZeroEngine::step()
+  std::uint64_t peak_rss_bytes = 0;  // this process's peak resident set (VmHWM)
+  std::uint64_t pinned_bytes = 0;    // fixed staging pools
+  std::uint64_t model_state_bytes = 0;      // weights, master, moments, gradients of the whole model
+  std::uint64_t device_capacity_bytes = 0;  // per rank
 };
 
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.

@@ -5,6 +5,7 @@
 // configs are refused with the numbers. The multi-rank matrix is in engine_mpi_main.cc.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 
 #include "core/error.h"
@@ -188,10 +189,16 @@ TEST_F(EngineOffload, BadOffloadConfigsAreRefusedWithTheNumbers) {
   TrainConfig small_param_buffer = c;
   small_param_buffer.zero.offload_param.buffer_size_elems = 1000;
   expect_refused(small_param_buffer, "offload_param.buffer_size");
-  TrainConfig missing_dir = c;
-  missing_dir.zero.offload_optimizer.nvme_paths = {dir_.path() + "/does-not-exist"};
-  missing_dir.zero.offload_param.nvme_paths = missing_dir.zero.offload_optimizer.nvme_paths;
-  expect_refused(missing_dir, "does-not-exist");
+  // A missing nvme_path is created; one that cannot be (its parent is a file) is an error naming it.
+  { std::ofstream(dir_.path() + "/a-file") << "x"; }
+  TrainConfig bad_dir = c;
+  bad_dir.zero.offload_optimizer.nvme_paths = {dir_.path() + "/a-file/swap"};
+  bad_dir.zero.offload_param.nvme_paths = bad_dir.zero.offload_optimizer.nvme_paths;
+  expect_refused(bad_dir, "a-file/swap");
+  TrainConfig new_dir = c;
+  new_dir.zero.offload_optimizer.nvme_paths = {dir_.path() + "/created/swap"};
+  new_dir.zero.offload_param.nvme_paths = new_dir.zero.offload_optimizer.nvme_paths;
+  EXPECT_NO_THROW(ZeroEngine(new_dir, *device, *comm, groups, testing_toy::toy_init));
 }
 
 TEST(EngineOffloadConfig, ParamOffloadNeedsOptimizerOffload) {

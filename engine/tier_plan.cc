@@ -1,0 +1,190 @@
+// The tier planner (see engine/tier_plan.h).
+#include "engine/tier_plan.h"
+
+#include <algorithm>
+#include <bit>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "engine/partition.h"
+#include "offload/file.h"
+
+namespace strata {
+
+namespace {
+
+std::uint64_t round4k(std::uint64_t b) { return (b + 4095) / 4096 * 4096; }
+
+std::uint64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t value = 0;
+  std::string unit;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+TierPlan plan_tiers(const TrainConfig& c, std::span<const ParamGroupSpec> groups, int world_size,
+                    std::uint64_t activation_bytes) {
+  TierPlan p;
+  const int stage = c.zero.stage;
+  const ShardTopology topo = make_shard_topology(world_size, 0, stage, c.zero.sharding_factor);
+  const int shard_count = stage == 0 ? 1 : topo.sharding_factor;
+  const std::uint64_t wbytes = c.precision == Precision::Fp32 ? 4 : 2;
+  const bool adam = c.optimizer.type == "AdamW" || c.optimizer.type == "Adam";
+  const std::uint64_t nstate = adam ? 3 : 2;
+  const bool opt_off = c.zero.offload_optimizer.device != OffloadDevice::None;
+  const bool opt_nvme = c.zero.offload_optimizer.device == OffloadDevice::Nvme;
+  const bool par_off = c.zero.offload_param.device != OffloadDevice::None;
+  const bool par_nvme = c.zero.offload_param.device == OffloadDevice::Nvme;
+  const auto levels = static_cast<std::uint64_t>(std::bit_width(static_cast<unsigned>(c.gradient_accumulation_steps)) + 1);
+
+  std::uint64_t largest_shard = 0;
+  for (const auto& spec : groups) {
+    const GroupLayout L(spec, shard_count);
+    const std::uint64_t total = L.total_elems();
+    const std::uint64_t state = stage == 0 ? total : L.shard_elems();
+    const std::uint64_t grad = stage >= 2 ? L.shard_elems() : total;
+    const bool sharded = stage == 3 && L.payload_elems() > c.zero.param_persistence_threshold_elems;
+    p.model_state += static_cast<std::uint64_t>(L.payload_elems()) * (wbytes + 4 * nstate + 4);
+    // Optimizer state and the fp32 gradient sum.
+    if (!opt_off) {
+      p.device_state += state * 4 * nstate + grad * 4;
+    } else if (!opt_nvme) {
+      p.host_arrays += state * 4 * nstate + state * 4;
+    } else {
+      p.nvme += (round4k(state * 4 * nstate) + levels * round4k(state * 4)) * static_cast<std::uint64_t>(world_size);
+    }
+    // Working weights.
+    const bool alias = wbytes == 4 && !opt_off && (stage == 0 || sharded);
+    if (sharded && par_off) {
+      if (par_nvme) {
+        p.nvme += round4k(state * wbytes) * static_cast<std::uint64_t>(world_size);
+      } else {
+        p.host_arrays += state * wbytes;
+      }
+      largest_shard = std::max(largest_shard, state);
+    } else if (!alias) {
+      p.device_weights += (sharded ? L.shard_elems() : total) * wbytes;
+    }
+    // The group in use: gathered (stage 3), its micro-batch gradient and its reduction.
+    const std::uint64_t window = (sharded ? total * wbytes : 0) + total * wbytes + grad * wbytes +
+                                 (sharded && par_off && shard_count > 1 ? state * wbytes : 0);
+    if (window > p.device_window) {
+      p.device_window = window;
+      p.largest_group = spec.name;
+      p.largest_group_bytes = total * wbytes;
+    }
+  }
+  p.activations = activation_bytes;
+  if (opt_off) {
+    p.pinned += c.strata.offload.pinned_buffer_bytes;
+    if (par_nvme) {
+      p.pinned += static_cast<std::uint64_t>(c.zero.offload_param.buffer_count) * round4k(largest_shard * wbytes);
+    }
+  }
+  std::set<std::string> seen;
+  for (const auto* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
+    if (o->device != OffloadDevice::Nvme) continue;
+    for (const auto& d : o->nvme_paths) {
+      if (seen.insert(d).second) p.nvme_dirs.push_back(d);
+    }
+  }
+  return p;
+}
+
+TierCapacities measure_capacities(const TierPlan& plan, std::uint64_t device_bytes, int ranks_on_node) {
+  TierCapacities cap;
+  cap.device = device_bytes;
+  cap.host_available = mem_available_bytes();
+  cap.ranks_on_node = std::max(1, ranks_on_node);
+  for (const auto& d : plan.nvme_dirs) {
+    std::filesystem::path p = std::filesystem::absolute(d);
+    std::error_code ec;
+    while (!p.empty() && !std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) {
+      p = p.parent_path();
+    }
+    cap.nvme_free.push_back(offload::free_bytes(p.string()));
+  }
+  return cap;
+}
+
+void check_plan_fits(const TierPlan& p, const TierCapacities& cap, const std::string& source) {
+  if (p.device_total() > cap.device) {
+    // Name the largest contributor and its knob.
+    struct Part {
+      std::uint64_t bytes;
+      std::string what;
+      std::string fix;
+    };
+    std::vector<Part> parts = {
+        {p.device_state, "optimizer state and gradient sums",
+         "offload them: zero_optimization.offload_optimizer.device = \"cpu\" or \"nvme\" (stage 1-3)"},
+        {p.device_weights, "resident working weights",
+         "shard them with zero_optimization.stage = 3 and offload_param.device = \"cpu\" or \"nvme\", or lower "
+         "stage3_param_persistence_threshold"},
+        {p.device_window,
+         fmt::format("the largest param group '{}' in use ({} gathered, plus its gradient)", p.largest_group,
+                     format_bytes(p.largest_group_bytes)),
+         "tile it (strata.tiling) so it is fetched in pieces"},
+        {p.activations, "activations of one micro-batch",
+         "lower train_micro_batch_size_per_gpu or strata.data.seq_len, or set strata.model.checkpoint_activations"},
+    };
+    const Part& top = *std::max_element(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.bytes < b.bytes; });
+    throw ConfigError(fmt::format(
+        "{}: this config cannot fit the device: each rank needs at least {} at once but the device holds {} "
+        "(optimizer state {}, working weights {}, largest group in use {}, activations {}). The largest part is {}: "
+        "{}; or raise strata.device.memory",
+        source, format_bytes(p.device_total()), format_bytes(cap.device), format_bytes(p.device_state),
+        format_bytes(p.device_weights), format_bytes(p.device_window), format_bytes(p.activations), top.what, top.fix));
+  }
+  const std::uint64_t host_need = p.host_total() * static_cast<std::uint64_t>(cap.ranks_on_node);
+  if (cap.host_available > 0 && host_need > cap.host_available) {
+    throw ConfigError(fmt::format(
+        "{}: this config cannot fit host memory: {} rank(s) need {} of host memory ({} offloaded arrays and {} pinned "
+        "staging each) but {} is available; offload to \"nvme\" instead of \"cpu\", or lower strata.offload.pinned_buffer",
+        source, cap.ranks_on_node, format_bytes(host_need), format_bytes(p.host_arrays), format_bytes(p.pinned),
+        format_bytes(cap.host_available)));
+  }
+  if (!p.nvme_dirs.empty()) {
+    const std::uint64_t per_dir = p.nvme / p.nvme_dirs.size();
+    for (std::size_t i = 0; i < p.nvme_dirs.size(); ++i) {
+      const std::uint64_t free = i < cap.nvme_free.size() ? cap.nvme_free[i] : 0;
+      if (per_dir > free) {
+        throw ConfigError(fmt::format(
+            "{}: NVMe directory '{}' has {} free but this config stores {} there ({} in all over {} director{}); "
+            "free space, add directories to nvme_path, or offload less to NVMe",
+            source, p.nvme_dirs[i], format_bytes(free), format_bytes(per_dir), format_bytes(p.nvme),
+            p.nvme_dirs.size(), p.nvme_dirs.size() == 1 ? "y" : "ies"));
+      }
+    }
+  }
+}
+
+std::string describe_plan(const TierPlan& p, const TierCapacities& cap) {
+  std::ostringstream o;
+  o << fmt::format("tier plan per rank: device {} of {} (state {}, weights {}, group window {}, activations {})",
+                   format_bytes(p.device_total()), format_bytes(cap.device), format_bytes(p.device_state),
+                   format_bytes(p.device_weights), format_bytes(p.device_window), format_bytes(p.activations));
+  o << fmt::format("; host {} ({} arrays + {} pinned)", format_bytes(p.host_total()), format_bytes(p.host_arrays),
+                   format_bytes(p.pinned));
+  if (!p.nvme_dirs.empty()) {
+    o << fmt::format("; nvme {} over {} dir(s)", format_bytes(p.nvme), p.nvme_dirs.size());
+  }
+  o << fmt::format("; model state {} = {:.1f}x the device", format_bytes(p.model_state),
+                   cap.device > 0 ? static_cast<double>(p.model_state) / static_cast<double>(cap.device) : 0.0);
+  return o.str();
+}
+
+}  // namespace strata

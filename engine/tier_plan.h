@@ -1,0 +1,66 @@
+// The tier planner: before the first step, the bytes each tier needs for a model and a config, and
+// a refusal with the numbers and the knob to change when they cannot fit.
+//
+// Per rank: the device must hold, at the same time, whatever model state the config keeps resident
+// (master and moments unless the optimizer is offloaded, working weights unless they are sharded
+// and offloaded, fp32 gradient sums unless offloaded), the largest param group while it is
+// gathered, one micro-batch's gradient of that group and its reduction, and the activations. That
+// is a lower bound (prefetching gathers more when there is room); a config above it cannot run. The
+// host needs the offloaded arrays of optimizer state, gradients and parameters (offload to "cpu")
+// plus the fixed pinned staging pools; NVMe needs the swap store of every rank, split over the
+// nvme_path directories. Capacities come from the device, /proc/meminfo (MemAvailable, shared by the
+// ranks of the node) and statvfs of each directory.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/param_provider.h"
+
+namespace strata {
+
+struct TierPlan {
+  // Device, per rank.
+  std::uint64_t device_state = 0;    // master, moments and gradient sums kept on the device
+  std::uint64_t device_weights = 0;  // resident working weights (full or sharded)
+  std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction
+  std::uint64_t activations = 0;
+  std::string largest_group;
+  std::uint64_t largest_group_bytes = 0;  // working dtype, gathered
+  // Host, per rank.
+  std::uint64_t host_arrays = 0;  // offloaded to "cpu": state, gradients, parameters
+  std::uint64_t pinned = 0;       // staging pools (fixed)
+  // NVMe, all ranks together, and the directories it is striped over.
+  std::uint64_t nvme = 0;
+  std::vector<std::string> nvme_dirs;
+  // The model state in all (weights, fp32 master, moments, gradients), every rank together.
+  std::uint64_t model_state = 0;
+
+  std::uint64_t device_total() const { return device_state + device_weights + device_window + activations; }
+  std::uint64_t host_total() const { return host_arrays + pinned; }
+};
+
+struct TierCapacities {
+  std::uint64_t device = 0;          // per rank
+  std::uint64_t host_available = 0;  // for all ranks of the node together
+  int ranks_on_node = 1;
+  std::vector<std::uint64_t> nvme_free;  // per TierPlan::nvme_dirs entry (0 when missing)
+};
+
+// `activation_bytes`: what the model allocates for one micro-batch (models::Decoder::activation_bytes).
+TierPlan plan_tiers(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int world_size,
+                    std::uint64_t activation_bytes);
+
+// MemAvailable and free space of the plan's directories (a missing directory counts its parent's).
+TierCapacities measure_capacities(const TierPlan& plan, std::uint64_t device_bytes, int ranks_on_node);
+
+// Throws ConfigError naming the tier, the numbers and the knob when the plan does not fit.
+void check_plan_fits(const TierPlan& plan, const TierCapacities& capacity, const std::string& source);
+
+// A few lines for the log: need and capacity per tier.
+std::string describe_plan(const TierPlan& plan, const TierCapacities& capacity);
+
+}  // namespace strata
