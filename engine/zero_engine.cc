@@ -239,10 +239,12 @@ bool ZeroEngine::start_gather(std::size_t g, bool prefetch) {
       }
       comm_stream_->launch_host([reads] { offload::wait_all(reads); });
       comm_stream_->copy_h2d(dst, slot->data(), G.state_elems * wbytes);
+      off.copy_bytes.fetch_add(G.state_elems * wbytes);
       comm_stream_->launch_host([slot]() mutable { slot.reset(); });
     } else {
       for (std::size_t k = 0; k < G.chunks.size(); ++k) {
         const StateChunk& c = G.chunks[k];
+        off.copy_bytes.fetch_add(c.elems * wbytes);
         comm_stream_->copy_h2d(static_cast<char*>(dst) + c.begin * wbytes,
                                off.store->host(ZeroOffload::param_key(g, k), c.elems * wbytes).data(),
                                c.elems * wbytes);
@@ -634,6 +636,9 @@ StepResult ZeroEngine::step(double lr) {
   recording_.clear();
   trace_valid_ = true;
   trace_pos_ = 0;
+  // Start fetching the next step's first groups now (their weights are final): with parameters on
+  // NVMe this hides the first reads behind the caller's work between steps.
+  prefetch_after(0);
   return result;
 }
 
@@ -676,6 +681,7 @@ std::size_t ZeroEngine::model_state_device_bytes() const {
   if (impl_->off.worker) impl_->off.worker->synchronize();
   std::size_t bytes = 0;
   for (const auto& [tag, b] : device_.memory_stats().bytes_by_tag) {
+    if (tag == "param.gathered" || tag == "param.shard") continue;  // working copies, not state
     if (tag.rfind("param.", 0) == 0 || tag.rfind("optim.", 0) == 0 || tag.rfind("grad.", 0) == 0) bytes += b;
   }
   return bytes;

@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -61,10 +62,25 @@
 #include "engine/offload_tier.h"
 #include "engine/param_provider.h"
 #include "engine/partition.h"
+#include "optim/loss_scaler.h"
 
 namespace strata {
 
 struct StateChunk;
+
+// What a checkpoint needs beside the state arrays (engine/zero_engine_state.cc).
+struct EngineCounters {
+  std::int64_t optimizer_steps = 0;                        // applied steps (the optimizer's counter)
+  std::optional<optim::LossScaler::State> loss_scaler;    // fp16 only
+};
+
+// This rank's optimizer state range of one param group: elements [offset_elems, offset_elems +
+// elems) of the group's flat padded buffer of total_elems (engine/partition.h).
+struct StateRange {
+  std::size_t offset_elems = 0;
+  std::size_t elems = 0;
+  std::size_t total_elems = 0;
+};
 
 struct StepResult {
   bool applied = true;      // false: non-finite gradients, the step was skipped (fp16)
@@ -109,7 +125,8 @@ class ZeroEngine final : public ParamProvider {
   const ShardTopology& topology() const { return topo_; }
   // Full fp32 master weights of one tensor, gathered (every rank must call it; all get the values).
   std::vector<float> gather_master(std::size_t group, std::size_t tensor);
-  // Device bytes held for model state (weights, master, moments, gradients) once the engine's queued
+  // Device bytes held for model state (resident weights, master, moments, gradients; not the
+  // temporary gathered copies of stage-3 groups) once the engine's queued
   // work has run (waits for its streams; the caller's compute streams are the caller's to drain).
   std::size_t model_state_device_bytes() const;
   // How many gathers the prefetcher issued ahead of use, and how many acquisitions found their
@@ -125,8 +142,32 @@ class ZeroEngine final : public ParamProvider {
   TierIoStats tier_stats() const;
   std::uint64_t chunk_updates() const;
   std::uint64_t overlapped_chunk_updates() const;
+  // Host<->device bytes moved for offloaded state (parameter fetches, gradients out, new weights in).
+  std::uint64_t offload_copy_bytes() const;
   // Host bytes of the fixed pinned staging pools.
   std::size_t pinned_pool_bytes() const;
+
+  // Checkpoint state (engine/zero_engine_state.cc, Note [Checkpoint state]). Between steps only.
+  // fp32 arrays per element: master, moment1 and (Adam/AdamW) moment2.
+  int state_arrays() const;
+  StateRange state_range(std::size_t group) const;
+  // Whether this rank's state is the first copy of its shard (replica 0 of hybrid sharding; rank 0
+  // at stage 0): the ranks a checkpoint needs data from.
+  bool holds_primary_state() const { return topo_.shard_group() == 0; }
+  // Hands this rank's state to `sink` in pieces of at most kStatePieceElems; the pieces of each
+  // (group, array) come in ascending order (arrays of a group may interleave, as the offload
+  // chunks hold them); `begin_elems` counts from the start of the rank's state range.
+  static constexpr std::size_t kStatePieceElems = std::size_t{1} << 20;
+  using StateSink = std::function<void(std::size_t group, int array, std::size_t begin_elems,
+                                       std::span<const float> values)>;
+  void export_state(const StateSink& sink);
+  // The reverse: `source` fills each piece; then the working weights are derived from the new
+  // master (the optimizer's rounding) on whichever tier they live. Every rank must call it.
+  using StateSource = std::function<void(std::size_t group, int array, std::size_t begin_elems,
+                                         std::span<float> values)>;
+  void import_state(const StateSource& source);
+  EngineCounters counters() const;
+  void restore_counters(const EngineCounters& counters);
 
  private:
   struct Group;
@@ -152,6 +193,11 @@ class ZeroEngine final : public ParamProvider {
   void run_offloaded_optimizer(float grad_scale);
   void drop_offloaded_grads();
   std::vector<float> offloaded_master_range(std::size_t g);
+  // Checkpoint state (engine/zero_engine_state.cc).
+  void check_between_steps(const char* what) const;
+  void export_offloaded_state(const StateSink& sink);
+  void import_offloaded_state(const StateSource& source);
+  void publish_imported_weights();
 
   TrainConfig config_;
   Device& device_;

@@ -86,6 +86,7 @@ struct ZeroOffload {
   double overlap_lr = 0;
   std::atomic<std::uint64_t> overlapped_chunks{0};
   std::atomic<std::uint64_t> chunk_updates{0};
+  std::atomic<std::uint64_t> copy_bytes{0};  // host<->device bytes moved for offloaded state
 
   static std::string state_key(std::size_t g, std::size_t k) { return "o" + std::to_string(g) + "." + std::to_string(k); }
   static std::string grad_key(std::size_t g, std::size_t k) { return "g" + std::to_string(g) + "." + std::to_string(k); }

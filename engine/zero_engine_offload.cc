@@ -273,6 +273,7 @@ void ZeroEngine::offload_combine(std::size_t g, const void* reduced, int unit, b
       off.transfer->copy_d2h(stage, static_cast<const std::byte*>(reduced) + (G.grad_offset + c.begin) * wbytes,
                              n * wbytes);
       off.transfer->synchronize();
+      off.copy_bytes.fetch_add(n * wbytes);
       float* out = as<float>(f[i_out]);
       if (exact || unit == 0) {
         convert_parallel(stage, wdtype, out, DType::F32, n);
@@ -333,6 +334,7 @@ void ZeroEngine::update_chunk(std::size_t g, const StateChunk& c, float* state, 
   if (dev != nullptr) {
     off.transfer->copy_h2d(dev, wout, n * wbytes);
     off.transfer->synchronize();
+    off.copy_bytes.fetch_add(n * wbytes);
   }
 }
 
@@ -400,6 +402,7 @@ bool ZeroEngine::params_offloaded() const { return impl_->off.params; }
 TierIoStats ZeroEngine::tier_stats() const { return impl_->off.store ? impl_->off.store->stats() : TierIoStats{}; }
 std::uint64_t ZeroEngine::chunk_updates() const { return impl_->off.chunk_updates.load(); }
 std::uint64_t ZeroEngine::overlapped_chunk_updates() const { return impl_->off.overlapped_chunks.load(); }
+std::uint64_t ZeroEngine::offload_copy_bytes() const { return impl_->off.copy_bytes.load(); }
 
 std::size_t ZeroEngine::pinned_pool_bytes() const {
   const ZeroOffload& off = impl_->off;

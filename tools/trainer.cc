@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/units.h"
+#include "engine/checkpoint.h"
 #include "engine/communicator.h"
 #include "engine/config.h"
 #include "engine/lr_schedule.h"
@@ -119,7 +121,9 @@ std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
   return make_sim_device(o);
 }
 
-models::ModelConfig model_config_of(const TrainConfig& cfg, bool* checkpointing) {
+}  // namespace
+
+models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpointing) {
   *checkpointing = false;
   models::ModelConfig m;
   if (cfg.strata.model.is_string()) {
@@ -147,6 +151,8 @@ models::ModelConfig model_config_of(const TrainConfig& cfg, bool* checkpointing)
   }
   return m;
 }
+
+namespace {
 
 // The token file to train on: the fortunes corpus (tokenized once into `cache_dir`), a token file,
 // or a text file tokenized by bytes.
@@ -198,6 +204,103 @@ void save_weights(const std::string& out, const models::ModelConfig& model, Zero
   spdlog::info("wrote {} tensors to {}", tensors.size(), out);
 }
 
+// ---- Checkpoints, resume and stopping on a signal (engine/checkpoint.h) ------------------------
+
+// The signal that asked the run to stop, 0 while none did. A handler may only set a flag; the
+// training loop reads it once per step (Note [Stopping on a signal]).
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void note_stop_signal(int signo) { g_stop_signal = signo; }
+
+// Note [Stopping on a signal]: with strata.checkpoint.dir set, SIGTERM and SIGINT let the current
+// step finish. After every step the ranks agree in one host all-reduce (max of 2 x the signal seen
+// + rank 0's "the minute interval is up"), so all of them stop, or write a checkpoint, after the
+// same step; a stopping run writes a final checkpoint and exits with 128 + the signal. The
+// handlers reset themselves (SA_RESETHAND): a second signal ends the process at once, and the last
+// complete checkpoint is still intact (Note [Atomic checkpoints]).
+class TrainCheckpoints {
+ public:
+  TrainCheckpoints(const TrainConfig& cfg, Communicator& comm, std::string model_name)
+      : cfg_(cfg), comm_(comm), model_name_(std::move(model_name)), last_time_(Clock::now()) {
+    if (!enabled()) return;
+    if (cfg.strata.checkpoint.keep < 1) {
+      throw ConfigError(fmt::format("{}: strata.checkpoint.keep = {} must be at least 1", cfg.source,
+                                    cfg.strata.checkpoint.keep));
+    }
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = note_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~TrainCheckpoints() {
+    if (!enabled()) return;
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGINT, &old_int_, nullptr);
+  }
+  TrainCheckpoints(const TrainCheckpoints&) = delete;
+  TrainCheckpoints& operator=(const TrainCheckpoints&) = delete;
+
+  bool enabled() const { return !cfg_.strata.checkpoint.dir.empty(); }
+
+  // Loads `dir` into the freshly built engine; returns the step to continue from.
+  std::int64_t resume(const std::string& dir, ZeroEngine& engine) {
+    const CheckpointManifest m = load_checkpoint(engine, comm_, cfg_, model_name_, dir);
+    last_saved_ = m.step;
+    if (comm_.rank() == 0) {
+      spdlog::info("resumed from {} at step {} (written by world size {}, stage {}, sharding factor {})", m.dir, m.step,
+                   m.world_size, m.stage, m.sharding_factor);
+      if (m.step >= cfg_.strata.steps) {
+        spdlog::warn("the checkpoint is at step {}, the run asks for {} steps in all: nothing left to train", m.step,
+                     cfg_.strata.steps);
+      }
+    }
+    return m.step;
+  }
+
+  // After step `steps_done`: writes a checkpoint when one is due (interval in steps or minutes, the
+  // last step, a stop signal); returns the signal that asks the run to stop, 0 to go on.
+  int after_step(ZeroEngine& engine, std::int64_t steps_done, bool last_step) {
+    if (!enabled()) return 0;
+    const CheckpointConfig& c = cfg_.strata.checkpoint;
+    const bool time_up = comm_.rank() == 0 && c.interval_minutes > 0 &&
+                         std::chrono::duration<double>(Clock::now() - last_time_).count() >= c.interval_minutes * 60;
+    const auto agreed = static_cast<int>(comm_.all_reduce_host(2.0 * g_stop_signal + (time_up ? 1 : 0), ReduceOp::Max));
+    const int signal = agreed / 2;
+    const bool due = signal != 0 || agreed % 2 == 1 || last_step ||
+                     (c.interval_steps > 0 && steps_done % c.interval_steps == 0);
+    if (due && steps_done != last_saved_) save(engine, steps_done);
+    if (signal != 0 && comm_.rank() == 0) {
+      spdlog::warn("stopped by signal {} after step {}; continue with: strata train --resume {} (and the same config)",
+                   signal, steps_done, c.dir);
+    }
+    return signal;
+  }
+
+ private:
+  void save(ZeroEngine& engine, std::int64_t step) {
+    CheckpointSaveOptions o;
+    o.parent = cfg_.strata.checkpoint.dir;
+    o.keep = cfg_.strata.checkpoint.keep;
+    const CheckpointSaveResult r = save_checkpoint(engine, comm_, cfg_, model_name_, step, o);
+    last_saved_ = step;
+    last_time_ = Clock::now();
+    if (comm_.rank() == 0) {
+      spdlog::info("checkpoint of step {}: {} in {:.2f} s ({:.2f} GB/s) -> {}", step, format_bytes(r.bytes), r.seconds,
+                   r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0.0, r.dir);
+    }
+  }
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  std::string model_name_;
+  std::int64_t last_saved_ = -1;
+  Clock::time_point last_time_;
+  struct sigaction old_term_ {};
+  struct sigaction old_int_ {};
+};
+
 }  // namespace
 
 TrainSummary run_training(const TrainOptions& options) {
@@ -237,7 +340,7 @@ TrainSummary run_training(const TrainOptions& options) {
   }
 
   bool checkpointing = false;
-  const models::ModelConfig model = model_config_of(cfg, &checkpointing);
+  const models::ModelConfig model = training_model_config(cfg, &checkpointing);
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
   models::DecoderOptions dopt;
@@ -284,6 +387,8 @@ TrainSummary run_training(const TrainOptions& options) {
 
   ZeroEngine engine(cfg, *device, *comm, groups, init);
   init_file.reset();
+  TrainCheckpoints checkpoints(cfg, *comm, model.name);
+  const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
 
   auto stream = device->create_stream("compute");
   models::DecoderRuntime rt;
@@ -315,9 +420,10 @@ TrainSummary run_training(const TrainOptions& options) {
   const auto start = Clock::now();
   double step_seconds_total = 0;
   double exposed_seconds_total = 0;  // inside step(): reductions not yet done, optimizer not overlapped
-  for (std::int64_t s = 0; s < cfg.strata.steps; ++s) {
+  for (std::int64_t s = first_step; s < cfg.strata.steps; ++s) {
     const auto step_start = Clock::now();
     const TierIoStats io_before = engine.tier_stats();
+    const std::uint64_t copy_before = engine.offload_copy_bytes();
     const double lr = lr_for_step(cfg.scheduler, cfg.optimizer.lr, s);
     engine.prepare_step(lr);
     double loss_sum = 0;
@@ -344,7 +450,7 @@ TrainSummary run_training(const TrainOptions& options) {
         (io.nvme_bytes_read - io_before.nvme_bytes_read) + (io.nvme_bytes_written - io_before.nvme_bytes_written);
     const double nvme_gbps = static_cast<double>(nvme_moved) / seconds / 1e9;
     const std::uint64_t host_bytes = io.host_bytes + engine.pinned_pool_bytes();
-    if (s == 0) summary.first_loss = loss;
+    if (s == first_step) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = s + 1;
     summary.peak_device_bytes = std::max(summary.peak_device_bytes, stats.peak_allocated_bytes);
@@ -352,9 +458,13 @@ TrainSummary run_training(const TrainOptions& options) {
     summary.peak_nvme_bytes = std::max(summary.peak_nvme_bytes, io.peak_nvme_bytes);
     summary.nvme_bytes_read = io.nvme_bytes_read;
     summary.nvme_bytes_written = io.nvme_bytes_written;
+    summary.step_seconds.push_back(seconds);
+    summary.step_nvme_read.push_back(io.nvme_bytes_read - io_before.nvme_bytes_read);
+    summary.step_nvme_written.push_back(io.nvme_bytes_written - io_before.nvme_bytes_written);
+    summary.step_copy_bytes.push_back(engine.offload_copy_bytes() - copy_before);
     if (rank == 0) {
       const double tok_s = static_cast<double>(tokens_per_step) / seconds;
-      const double eta = step_seconds_total / static_cast<double>(s + 1) * static_cast<double>(cfg.strata.steps - s - 1);
+      const double eta = step_seconds_total / static_cast<double>(s + 1 - first_step) * static_cast<double>(cfg.strata.steps - s - 1);
       std::string tiers = fmt::format("device {}", format_bytes(stats.allocated_bytes));
       if (engine.optimizer_offloaded()) tiers += fmt::format(" | host {}", format_bytes(host_bytes));
       if (io.peak_nvme_bytes > 0) tiers += fmt::format(" | nvme {} {:.2f} GB/s", format_bytes(io.nvme_bytes), nvme_gbps);
@@ -387,6 +497,8 @@ TrainSummary run_training(const TrainOptions& options) {
         metrics->flush();
       }
     }
+    summary.stopped_by_signal = checkpoints.after_step(engine, s + 1, s + 1 == cfg.strata.steps);
+    if (summary.stopped_by_signal != 0) break;
   }
   bar.finish();
   summary.optimizer_chunk_updates = engine.chunk_updates();
@@ -394,11 +506,12 @@ TrainSummary run_training(const TrainOptions& options) {
   summary.step_call_fraction = step_seconds_total > 0 ? exposed_seconds_total / step_seconds_total : 0;
   summary.pinned_bytes = engine.pinned_pool_bytes();
   summary.model_state_bytes = plan.model_state;
+  summary.parameters = static_cast<std::uint64_t>(models::param_count(model));
   summary.device_capacity_bytes = device->capacity_bytes();
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  summary.tokens_per_second = elapsed > 0 ? static_cast<double>(tokens_per_step * summary.steps) / elapsed : 0;
+  summary.tokens_per_second = elapsed > 0 ? static_cast<double>(tokens_per_step * std::max<std::int64_t>(0, summary.steps - first_step)) / elapsed : 0;
   stream->synchronize();
-  if (!options.save_weights.empty()) save_weights(options.save_weights, model, engine, rank);
+  if (!options.save_weights.empty() && summary.stopped_by_signal == 0) save_weights(options.save_weights, model, engine, rank);
   if (recorder) {
     const std::string path =
         world > 1 ? fmt::format("{}.rank{}", cfg.strata.trace_path, rank) : cfg.strata.trace_path;

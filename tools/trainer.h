@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/config.h"
+#include "models/model_config.h"
+
 namespace strata::tools {
 
 struct TrainOptions {
@@ -21,6 +24,7 @@ struct TrainOptions {
   std::string save_weights;                  // --save-weights OUT.safetensors
   std::string summary_json;                  // --summary-json OUT.json (rank 0)
   bool quiet = false;                        // no per-step progress lines (tests)
+  std::string resume;                        // --resume DIR: a checkpoint, or the parent with `latest`
 };
 
 struct TrainSummary {
@@ -40,7 +44,16 @@ struct TrainSummary {
   std::uint64_t pinned_bytes = 0;    // fixed staging pools
   std::uint64_t model_state_bytes = 0;      // weights, master, moments, gradients of the whole model
   std::uint64_t device_capacity_bytes = 0;  // per rank
+  int stopped_by_signal = 0;  // SIGTERM/SIGINT ended the run after a final checkpoint (0: it ran to the end)
+  std::uint64_t parameters = 0;
+  // Per step (rank 0): wall seconds, NVMe bytes read and written, host<->device bytes of offloaded state.
+  std::vector<double> step_seconds;
+  std::vector<std::uint64_t> step_nvme_read, step_nvme_written, step_copy_bytes;
 };
+
+// The model a training config describes (strata.model, with the precision's dtype), and whether it
+// asks for activation checkpointing.
+models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpointing);
 
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.
 TrainSummary run_training(const TrainOptions& options);

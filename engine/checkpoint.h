@@ -1,0 +1,170 @@
+// Checkpoints of a ZeRO training run: every rank's optimizer state (fp32 master weights and moments,
+// from whichever tier holds them) and the counters a step depends on, written atomically into one
+// directory per step, verified by checksums, and loadable under another world size or sharding
+// factor. `strata train --resume`, periodic checkpoints and `strata ckpt` are built on this file.
+//
+// Note [Checkpoint format]: PARENT/step-00000120/ holds
+//   manifest.json   format version, model name, param groups (tensor names, shapes, offsets in the
+//                   flat buffer, total elements), world size, sharding factor, stage, precision,
+//                   optimizer, step, optimizer step count, loss-scaler state, seed, the run's config,
+//                   and per data file its size, ranges and checksums;
+//   rank-RRRRR.bin  the state ranges of rank R (engine/zero_engine.h, StateRange) of every group,
+//                   group after group; inside a group's range, array after array (master, moment1,
+//                   moment2), fp32 little-endian. Only ranks holding the first copy of their shard
+//                   write (ZeroEngine::holds_primary_state), so the files of one checkpoint cover
+//                   each group's flat buffer exactly once.
+// Each (range, array) segment carries an XXH64 (seed 0) of its bytes; a file's checksum is the
+// XXH64 of its segments' checksums as 8-byte little-endian words in file order (one pass over the
+// data, whatever order the engine's tiers hand the pieces out). A loader needing elements
+// [a, b) of a group's flat buffer reads them from the files whose ranges cover them; elements past
+// the saved flat size are padding and zero (Note [Checkpoint state] in engine/zero_engine_state.cc).
+//
+// Note [Atomic checkpoints]: the ranks write into PARENT/.tmp-step-00000120/ (created 0700 by rank
+// 0; leftovers of a crashed save are removed first), fsync their files and agree that all
+// succeeded; rank 0 then writes and fsyncs the manifest, fsyncs the directory, renames it to
+// step-00000120, fsyncs PARENT, replaces PARENT/latest (a one-line file naming the directory)
+// through latest.tmp + fsync + rename + fsync, and finally removes all but the newest `keep`
+// checkpoints. A crash or an I/O error (ENOSPC, EIO) at any point leaves the previous checkpoint
+// and `latest` as they were: a failed save removes its temporary directory and reports an IoError.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/communicator.h"
+#include "engine/config.h"
+#include "engine/param_provider.h"
+#include "engine/zero_engine.h"
+
+namespace strata {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr const char* kCheckpointManifest = "manifest.json";
+inline constexpr const char* kCheckpointLatest = "latest";
+
+// "step-00000120".
+std::string checkpoint_dir_name(std::int64_t step);
+
+struct CheckpointSaveOptions {
+  std::string parent;  // the directory holding step-* checkpoints (strata.checkpoint.dir)
+  int keep = 2;        // checkpoints kept after a successful save (>= 1)
+  // Tests: called before every write to a checkpoint file (data files, manifest, latest) with the
+  // file's path; a non-zero errno makes that write fail with it, as ENOSPC or EIO from the kernel.
+  std::function<int(const std::string& path)> fault_hook;
+};
+
+struct CheckpointSaveResult {
+  std::string dir;            // PARENT/step-...
+  std::uint64_t bytes = 0;    // data files of all ranks
+  double seconds = 0;         // wall time of the save on rank 0
+};
+
+// Writes a checkpoint of `engine` after `step` steps (collective over `world`). `config` gives the
+// precision, optimizer, seed and the raw config recorded in the manifest; `model_name` the model.
+// Throws IoError (on every rank) when any rank failed; the previous checkpoint is then intact.
+CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                                     const std::string& model_name, std::int64_t step,
+                                     const CheckpointSaveOptions& options);
+
+// One (range, array) segment layout of a data file.
+struct CheckpointRange {
+  std::size_t group = 0;
+  std::size_t offset_elems = 0;  // in the group's flat buffer
+  std::size_t elems = 0;
+  std::uint64_t file_offset_bytes = 0;  // where the range's first array starts in the file
+  std::vector<std::uint64_t> xxh64;     // one per state array
+};
+
+struct CheckpointFile {
+  std::string name;
+  int rank = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t xxh64 = 0;
+  std::vector<CheckpointRange> ranges;
+};
+
+struct CheckpointTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::size_t offset_elems = 0;
+};
+
+struct CheckpointGroup {
+  std::string name;
+  std::size_t total_elems = 0;
+  std::vector<CheckpointTensor> tensors;
+};
+
+struct CheckpointManifest {
+  std::string dir;   // the checkpoint directory
+  std::string path;  // its manifest.json
+  int format_version = 0;
+  std::string model;
+  std::int64_t step = 0;
+  EngineCounters counters;
+  std::uint64_t seed = 0;
+  int world_size = 0;
+  int sharding_factor = 0;
+  int stage = 0;
+  std::string precision;
+  std::string optimizer;
+  int state_arrays = 0;
+  std::vector<CheckpointGroup> groups;
+  std::vector<CheckpointFile> files;
+  nlohmann::json config;
+  nlohmann::json json;  // as read
+};
+
+// DIR itself when it holds a manifest, else the checkpoint DIR/latest names. Throws FormatError
+// naming what is missing.
+std::string resolve_checkpoint_dir(const std::string& dir);
+// Reads and checks the structure of DIR's manifest (DIR resolved as above). FormatError names the
+// file and the field.
+CheckpointManifest read_checkpoint_manifest(const std::string& dir);
+
+// Reads ranges of the state out of a checkpoint's data files.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(CheckpointManifest manifest);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const CheckpointManifest& manifest() const { return manifest_; }
+  // Checks a data file's presence, size and every checksum; FormatError names the file (and the
+  // group and array of a bad segment).
+  void verify_file(const CheckpointFile& file);
+  // The data files holding any of [offset_elems, offset_elems + elems) of group `group`.
+  std::vector<const CheckpointFile*> files_covering(std::size_t group, std::size_t offset_elems,
+                                                    std::size_t elems) const;
+  // Elements [offset_elems, offset_elems + out.size()) of array `array` of group `group`'s flat
+  // buffer; elements past the saved flat size are padding (zero).
+  void read(std::size_t group, int array, std::size_t offset_elems, std::span<float> out);
+
+ private:
+  int fd_of(const CheckpointFile& file);
+  CheckpointManifest manifest_;
+  std::map<std::string, int> fds_;
+};
+
+// Every problem found in a checkpoint (manifest, completeness, sizes, checksums, the `latest`
+// pointer when DIR is a parent); empty when it is good.
+std::vector<std::string> verify_checkpoint(const std::string& dir);
+
+// Loads the checkpoint at DIR (resolved as above) into a freshly built engine of this run
+// (collective): checks it belongs to this model and config (FormatError naming the manifest and
+// the field), verifies the files this rank reads, agrees with the other ranks that all can load,
+// then imports the state and counters. Another world size or sharding factor is resharded.
+// Returns the manifest (its `step` is where training continues).
+CheckpointManifest load_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                                   const std::string& model_name, const std::string& dir);
+
+}  // namespace strata
