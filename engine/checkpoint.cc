@@ -60,9 +60,9 @@ void pwrite_all(int fd, const std::string& path, const void* data, std::size_t b
                 const CheckpointSaveOptions& options) {
   if (options.fault_hook) {
     if (const int err = options.fault_hook(path); err != 0) {
-      throw IoError(fmt::format("writing checkpoint file {} ({} bytes at offset {}): {}", path, bytes, offset,
-                                errno_text(err)),
-                    err);
+      throw IoError(
+          fmt::format("writing checkpoint file {} ({} bytes at offset {}): {}", path, bytes, offset, errno_text(err)),
+          err);
     }
   }
   const auto* p = static_cast<const char*>(data);
@@ -71,9 +71,9 @@ void pwrite_all(int fd, const std::string& path, const void* data, std::size_t b
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : ENOSPC;
-      throw IoError(fmt::format("writing checkpoint file {} ({} bytes at offset {}): {}", path, bytes, offset,
-                                errno_text(err)),
-                    err);
+      throw IoError(
+          fmt::format("writing checkpoint file {} ({} bytes at offset {}): {}", path, bytes, offset, errno_text(err)),
+          err);
     }
     p += n;
     bytes -= static_cast<std::size_t>(n);
@@ -88,9 +88,9 @@ void pread_all(int fd, const std::string& path, void* data, std::size_t bytes, s
     const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      throw IoError(fmt::format("reading checkpoint file {} ({} bytes at offset {}): {}", path, bytes, offset,
-                                errno_text(errno)),
-                    errno);
+      throw IoError(
+          fmt::format("reading checkpoint file {} ({} bytes at offset {}): {}", path, bytes, offset, errno_text(errno)),
+          errno);
     }
     if (n == 0) {
       throw FormatError(fmt::format("checkpoint file {} is truncated: no data at offset {} ({} more bytes expected)",
@@ -233,7 +233,8 @@ nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const Trai
                          {"shape", specs[g].tensors[t].shape},
                          {"offset_elems", layout.slots()[t].offset_elems}});
     }
-    groups.push_back({{"name", specs[g].name}, {"total_elems", engine.state_range(g).total_elems}, {"tensors", tensors}});
+    groups.push_back(
+        {{"name", specs[g].name}, {"total_elems", engine.state_range(g).total_elems}, {"tensors", tensors}});
   }
   const EngineCounters counters = engine.counters();
   nlohmann::json scaler = nullptr;
@@ -364,9 +365,9 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
         const std::string latest_tmp = std::string(kCheckpointLatest) + ".tmp";
         write_whole_file(parent, latest_tmp, name + "\n", options);
         if (::rename((parent + "/" + latest_tmp).c_str(), (parent + "/" + kCheckpointLatest).c_str()) != 0) {
-          throw IoError(fmt::format("cannot rename {}/{} to {}: {}", parent, latest_tmp, kCheckpointLatest,
-                                    errno_text(errno)),
-                        errno);
+          throw IoError(
+              fmt::format("cannot rename {}/{} to {}: {}", parent, latest_tmp, kCheckpointLatest, errno_text(errno)),
+              errno);
         }
         fsync_dir(parent);
         prune(parent, options.keep, name);
@@ -389,8 +390,8 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
   if (fs::exists(fs::path(dir) / kCheckpointLatest)) {
     const std::string target = (fs::path(dir) / latest_name(dir)).string();
     if (!fs::exists(fs::path(target) / kCheckpointManifest)) {
-      throw FormatError(fmt::format("{}/{} names {}, which has no {}", dir, kCheckpointLatest, target,
-                                    kCheckpointManifest));
+      throw FormatError(
+          fmt::format("{}/{} names {}, which has no {}", dir, kCheckpointLatest, target, kCheckpointManifest));
     }
     return target;
   }
@@ -440,15 +441,16 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir_in) {
   try {
     m.json = nlohmann::json::parse(read_text_file(m.path));
   } catch (const nlohmann::json::parse_error& e) {
-    throw FormatError(fmt::format("checkpoint manifest {} is not valid JSON ({}); the checkpoint is damaged", m.path,
-                                  e.what()));
+    throw FormatError(
+        fmt::format("checkpoint manifest {} is not valid JSON ({}); the checkpoint is damaged", m.path, e.what()));
   }
   const nlohmann::json& j = m.json;
-  if (f.get<std::string>(j, "format", "") != "strata-checkpoint") throw f.error("format", "is not \"strata-checkpoint\"");
+  if (f.get<std::string>(j, "format", "") != "strata-checkpoint")
+    throw f.error("format", "is not \"strata-checkpoint\"");
   m.format_version = f.get<int>(j, "format_version", "");
   if (m.format_version != kCheckpointFormatVersion) {
-    throw f.error("format_version", fmt::format("is {}; this Strata reads version {}", m.format_version,
-                                                kCheckpointFormatVersion));
+    throw f.error("format_version",
+                  fmt::format("is {}; this Strata reads version {}", m.format_version, kCheckpointFormatVersion));
   }
   m.model = f.get<std::string>(j, "model", "");
   m.step = f.get<std::int64_t>(j, "step", "");
@@ -579,9 +581,10 @@ void CheckpointReader::verify_file(const CheckpointFile& file) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw IoError(fmt::format("cannot stat {}: {}", path, errno_text(errno)), errno);
   if (static_cast<std::uint64_t>(st.st_size) != file.bytes) {
-    throw FormatError(fmt::format("checkpoint file {} has {} bytes, the manifest says {}: it is truncated or was "
-                                  "overwritten",
-                                  path, st.st_size, file.bytes));
+    throw FormatError(
+        fmt::format("checkpoint file {} has {} bytes, the manifest says {}: it is truncated or was "
+                    "overwritten",
+                    path, st.st_size, file.bytes));
   }
   std::vector<char> buf(kIoPieceBytes);
   std::vector<std::uint64_t> digests;
@@ -590,17 +593,19 @@ void CheckpointReader::verify_file(const CheckpointFile& file) {
       XxhState s = new_xxh64();
       const std::uint64_t begin = r.file_offset_bytes + a * r.elems * sizeof(float);
       for (std::uint64_t done = 0; done < r.elems * sizeof(float);) {
-        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kIoPieceBytes, r.elems * sizeof(float) - done));
+        const std::size_t n =
+            static_cast<std::size_t>(std::min<std::uint64_t>(kIoPieceBytes, r.elems * sizeof(float) - done));
         pread_all(fd, path, buf.data(), n, begin + done);
         XXH64_update(s.get(), buf.data(), n);
         done += n;
       }
       const std::uint64_t got = XXH64_digest(s.get());
       if (got != r.xxh64[a]) {
-        throw FormatError(fmt::format("checkpoint file {}: checksum mismatch in group {} ({}) {} (bytes {}..{}): "
-                                      "xxh64 {} , the manifest says {}; the file is corrupt",
-                                      path, r.group, manifest_.groups[r.group].name, kArrayNames[a], begin,
-                                      begin + r.elems * sizeof(float), hex64(got), hex64(r.xxh64[a])));
+        throw FormatError(
+            fmt::format("checkpoint file {}: checksum mismatch in group {} ({}) {} (bytes {}..{}): "
+                        "xxh64 {} , the manifest says {}; the file is corrupt",
+                        path, r.group, manifest_.groups[r.group].name, kArrayNames[a], begin,
+                        begin + r.elems * sizeof(float), hex64(got), hex64(r.xxh64[a])));
       }
       digests.push_back(got);
     }
@@ -637,7 +642,8 @@ void CheckpointReader::read(std::size_t group, int array, std::size_t offset_ele
       if (x0 >= x1) continue;
       const std::uint64_t at =
           r.file_offset_bytes + (static_cast<std::uint64_t>(array) * r.elems + (x0 - r.offset_elems)) * sizeof(float);
-      pread_all(fd_of(f), manifest_.dir + "/" + f.name, out.data() + (x0 - offset_elems), (x1 - x0) * sizeof(float), at);
+      pread_all(fd_of(f), manifest_.dir + "/" + f.name, out.data() + (x0 - offset_elems), (x1 - x0) * sizeof(float),
+                at);
     }
   }
 }
@@ -713,12 +719,14 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
   }
   if (m.seed != config.strata.seed) throw mismatch("seed", std::to_string(m.seed), std::to_string(config.strata.seed));
   // The data must be the same to continue the same run; other settings may change (with a note).
-  const nlohmann::json saved_data = m.config.is_object() && m.config.contains("strata") && m.config["strata"].is_object()
-                                        ? m.config["strata"].value("data", nlohmann::json())
-                                        : nlohmann::json();
-  const nlohmann::json our_data = config.raw.is_object() && config.raw.contains("strata") && config.raw["strata"].is_object()
-                                      ? config.raw["strata"].value("data", nlohmann::json())
-                                      : nlohmann::json();
+  const nlohmann::json saved_data =
+      m.config.is_object() && m.config.contains("strata") && m.config["strata"].is_object()
+          ? m.config["strata"].value("data", nlohmann::json())
+          : nlohmann::json();
+  const nlohmann::json our_data =
+      config.raw.is_object() && config.raw.contains("strata") && config.raw["strata"].is_object()
+          ? config.raw["strata"].value("data", nlohmann::json())
+          : nlohmann::json();
   if (saved_data != our_data) throw mismatch("config.strata.data", saved_data.dump(), our_data.dump());
   std::vector<std::string> changed;
   for (const auto& op : nlohmann::json::diff(m.config, config.raw)) {
@@ -729,8 +737,10 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
     }
   }
   if (!changed.empty()) {
-    spdlog::warn("resuming {} with config changes ({}): the run continues, but not as the original would have",
-                 m.dir, fmt::join(changed, ", "));
+    spdlog::warn(
+        "resuming {} with config changes ({}); the run matches the original only where they leave the "
+        "math alone (same units per step: engine/zero_engine.h, Note [Exact gradient sums])",
+        m.dir, fmt::join(changed, ", "));
   }
 }
 

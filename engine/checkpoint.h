@@ -62,9 +62,9 @@ struct CheckpointSaveOptions {
 };
 
 struct CheckpointSaveResult {
-  std::string dir;            // PARENT/step-...
-  std::uint64_t bytes = 0;    // data files of all ranks
-  double seconds = 0;         // wall time of the save on rank 0
+  std::string dir;          // PARENT/step-...
+  std::uint64_t bytes = 0;  // data files of all ranks
+  double seconds = 0;       // wall time of the save on rank 0
 };
 
 // Writes a checkpoint of `engine` after `step` steps (collective over `world`). `config` gives the

@@ -56,8 +56,8 @@ void ZeroEngine::restore_counters(const EngineCounters& c) {
 void ZeroEngine::check_between_steps(const char* what) const {
   STRATA_CHECK(micro_index_ < 0, "{} inside a micro-batch", what);
   for (const auto& G : groups_) {
-    STRATA_CHECK(G->units == 0 && G->live == 0, "{} while group {} is in a step ({} micro-batches, {} acquired)",
-                 what, G->layout.name(), G->units, G->live);
+    STRATA_CHECK(G->units == 0 && G->live == 0, "{} while group {} is in a step ({} micro-batches, {} acquired)", what,
+                 G->layout.name(), G->units, G->live);
   }
 }
 
@@ -91,7 +91,9 @@ void ZeroEngine::export_offloaded_state(const StateSink& sink) {
   ZeroOffload& off = impl_->off;
   const auto nstate = static_cast<std::size_t>(off.nstate);
   HostBuffer staging;
-  if (off.opt_tier == Tier::Nvme) staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * off.chunk_elems));
+  if (off.opt_tier == Tier::Nvme) {
+    staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * off.chunk_elems));
+  }
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     Group& G = *groups_[g];
     for (std::size_t k = 0; k < G.chunks.size(); ++k) {
@@ -161,7 +163,9 @@ void ZeroEngine::import_state(const StateSource& source) {
         const std::size_t n = std::min(kStatePieceElems, G.state_elems - b);
         source(g, a, b, std::span<float>(piece.data(), n));
         comm_stream_->copy_h2d(dst + b, piece.data(), n * sizeof(float));
-        if (a == 0 && wdst != nullptr) comm_stream_->copy_h2d(wdst + b * wbytes, w.convert(piece.data(), working_dtype_, n), n * wbytes);
+        if (a == 0 && wdst != nullptr) {
+          comm_stream_->copy_h2d(wdst + b * wbytes, w.convert(piece.data(), working_dtype_, n), n * wbytes);
+        }
         comm_stream_->synchronize();  // the staging is refilled by the next piece
       }
     }
@@ -174,7 +178,9 @@ void ZeroEngine::import_offloaded_state(const StateSource& source) {
   const auto nstate = static_cast<std::size_t>(off.nstate);
   const std::size_t wbytes = dtype_bytes(working_dtype_);
   HostBuffer staging;
-  if (off.opt_tier == Tier::Nvme) staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * off.chunk_elems));
+  if (off.opt_tier == Tier::Nvme) {
+    staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * off.chunk_elems));
+  }
   HostBuffer param_staging;
   if (off.params && off.param_tier == Tier::Nvme) {
     param_staging = HostBuffer::allocate(offload::SwapStore::padded(wbytes * off.chunk_elems));

@@ -132,13 +132,15 @@ static void carve_workspace(const ModelConfig& c, Decoder::Workspace* ws, Carver
   }
 }
 
-Decoder::Decoder(ModelConfig config, DecoderOptions options) : config_(std::move(config)), options_(options) {
+Decoder::Decoder(ModelConfig config, DecoderOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {
   config_.validate();
+  layout_ = decoder_layout(config_, options_.tiling);
 }
 
 Decoder::~Decoder() = default;
 
-std::vector<ParamGroupSpec> Decoder::param_groups() const { return decoder_param_groups(config_); }
+std::vector<ParamGroupSpec> Decoder::param_groups() const { return layout_.groups; }
 
 std::size_t Decoder::activation_bytes(std::int64_t batch, std::int64_t seq, bool training) const {
   Workspace ws;
@@ -185,11 +187,36 @@ LossSum Decoder::forward_loss(const DecoderRuntime& rt, ParamProvider& provider,
 
 namespace {
 
+const void* at(const void* p, std::int64_t elems, DType dt) {
+  return static_cast<const char*>(p) + static_cast<std::size_t>(elems) * dtype_bytes(dt);
+}
+
+// A block's parameters as one pass over it sees them: the base group's views, held for the whole
+// block, and its tile groups, acquired stage by stage (see models/decoder.h).
+struct BlockParams {
+  ParamProvider& provider;
+  const BlockGroups& groups;
+  ParamPhase phase;
+  Stream* stream;
+  GroupViews w;  // base group weights
+  GroupViews g;  // base group gradients (backward only)
+
+  // A tensor of the base group by its untiled block index (norms, biases, untiled weights).
+  const void* weight(std::size_t k) const { return w[groups.base_index[k]]; }
+  void* grad(std::size_t k) const { return g[groups.base_index[k]]; }
+};
+
+// A stage linear's output (forward) or output gradient (backward): pointer and row stride.
+struct StageIo {
+  void* p;
+  std::int64_t ld;
+};
+
 // Everything one block's forward/backward needs, for either architecture.
 struct BlockPass {
   const ModelConfig& c;
   const KernelContext& ctx;
-  std::int64_t batch, seq;
+  std::int64_t batch, seq, chunks;
 
   std::int64_t rows() const { return batch * seq; }
   std::int64_t qkv_w() const { return (c.n_heads + 2 * c.n_kv_heads) * c.head_dim(); }
@@ -200,95 +227,173 @@ struct BlockPass {
   void* k_of(void* qkv) const { return at(qkv, c.n_heads * c.head_dim(), c.dtype); }
   void* v_of(void* qkv) const { return at(qkv, (c.n_heads + c.n_kv_heads) * c.head_dim(), c.dtype); }
 
+  // Runs fn(tile weights, tile gradients, tile, first chunk, end chunk) over the stage: once over
+  // every chunk with null tile views when the stage is untiled (its weights are in the base group),
+  // else per tile with the tile group acquired (and its gradients, when `grads`, declared ready
+  // after fn) and released.
+  template <typename Fn>
+  void for_each_tile(const BlockParams& bp, BlockStage stage, bool grads, Fn&& fn) const {
+    const std::int64_t T = bp.groups.tiles(stage);
+    if (T == 1) {
+      fn(nullptr, nullptr, 0, 0, chunks);
+      return;
+    }
+    const std::int64_t per_tile = chunks / T;
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::size_t gi = bp.groups.tile_group(stage, t);
+      const GroupViews w = bp.provider.acquire_params(gi, bp.phase, bp.stream);
+      GroupViews g;
+      if (grads) g = bp.provider.acquire_grads(gi, bp.stream);
+      fn(&w, grads ? &g : nullptr, t, t * per_tile, (t + 1) * per_tile);
+      if (grads) bp.provider.grads_ready(gi, bp.stream);
+      bp.provider.release_params(gi, bp.stream);
+    }
+  }
+
+  // Rows `r` of linear `i` of the stage: in the tile views, or in the base group's whole tensor.
+  template <typename Ptr>
+  Ptr rows_of(const BlockParams& bp, BlockStage stage, const GroupViews* tile_views, Ptr base_tensor, std::size_t i,
+              const StageLinear& lin, std::int64_t tile, RowRange r) const {
+    if (tile_views == nullptr) return static_cast<Ptr>(at(base_tensor, r.begin * lin.in, c.dtype));
+    const RowRange t = tile_rows(lin.out, chunks, bp.groups.tiles(stage), tile);
+    return static_cast<Ptr>(at((*tile_views)[i], (r.begin - t.begin) * lin.in, c.dtype));
+  }
+
+  // ys[i][:, rows] = x W_i[rows]^T + b_i[rows], chunk by chunk (Note [Tile-invariant linear layers]).
+  void stage_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
+                     std::initializer_list<StageIo> ys) const {
+    const std::vector<StageLinear> lins = stage_linears(c, stage);
+    STRATA_CHECK(lins.size() == ys.size(), "stage {} has {} linears, {} outputs given", block_stage_name(c.arch, stage),
+                 lins.size(), ys.size());
+    for_each_tile(bp, stage, false, [&](const GroupViews* tw, const GroupViews*, std::int64_t tile, std::int64_t c0,
+                                        std::int64_t c1) {
+      for (std::int64_t ch = c0; ch < c1; ++ch) {
+        for (std::size_t i = 0; i < lins.size(); ++i) {
+          const StageLinear& lin = lins[i];
+          const StageIo& y = ys.begin()[i];
+          const RowRange r = chunk_rows(lin.out, chunks, ch);
+          if (r.rows() == 0) continue;
+          const void* w = rows_of<const void*>(bp, stage, tw, tw ? nullptr : bp.weight(lin.weight), i, lin, tile, r);
+          MatmulArgs a{c.dtype, Trans::No,  Trans::Yes, seq, r.rows(), lin.in, x, ldx, seq * ldx, w, lin.in, 0,
+                       at(y.p, r.begin, c.dtype), y.ld, seq * y.ld, batch};
+          a.bias = lin.bias == kNoBias ? nullptr : at(bp.weight(lin.bias), r.begin, c.dtype);
+          matmul(ctx, a);
+        }
+      }
+    });
+  }
+
+  // dx (+)= sum_i dy_i W_i, dW_i += dy_i^T x, db_i += column sums of dy_i, chunk by chunk in
+  // ascending chunks, the stage's linears interleaved chunk-major (Note [Tile-invariant linear layers]).
+  void stage_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
+                      std::initializer_list<StageIo> dys, void* dx, std::int64_t lddx, Accumulate acc) const {
+    const std::vector<StageLinear> lins = stage_linears(c, stage);
+    STRATA_CHECK(lins.size() == dys.size(), "stage {} has {} linears, {} gradients given",
+                 block_stage_name(c.arch, stage), lins.size(), dys.size());
+    bool started = acc == Accumulate::Yes;
+    for_each_tile(bp, stage, true, [&](const GroupViews* tw, const GroupViews* tg, std::int64_t tile, std::int64_t c0,
+                                       std::int64_t c1) {
+      for (std::int64_t ch = c0; ch < c1; ++ch) {
+        for (std::size_t i = 0; i < lins.size(); ++i) {
+          const StageLinear& lin = lins[i];
+          const StageIo& dy = dys.begin()[i];
+          const RowRange r = chunk_rows(lin.out, chunks, ch);
+          if (r.rows() == 0) continue;
+          const void* w = rows_of<const void*>(bp, stage, tw, tw ? nullptr : bp.weight(lin.weight), i, lin, tile, r);
+          void* dw = rows_of<void*>(bp, stage, tg, tg ? nullptr : bp.grad(lin.weight), i, lin, tile, r);
+          const void* dyr = at(dy.p, r.begin, c.dtype);
+          MatmulArgs d{c.dtype, Trans::No, Trans::No, seq, lin.in, r.rows(), dyr, dy.ld, seq * dy.ld, w, lin.in, 0,
+                       dx, lddx, seq * lddx, batch};
+          d.beta = started ? 1.0f : 0.0f;
+          started = true;
+          matmul(ctx, d);
+          MatmulArgs g{c.dtype, Trans::Yes, Trans::No, r.rows(), lin.in, seq, dyr, dy.ld, seq * dy.ld, x, ldx,
+                       seq * ldx, dw, lin.in, 0, batch};
+          g.beta = 1.0f;
+          matmul(ctx, g);
+          if (lin.bias != kNoBias) {
+            bias_grad(ctx, c.dtype, dyr, batch * seq, r.rows(), dy.ld, at(bp.grad(lin.bias), r.begin, c.dtype));
+          }
+        }
+      }
+    });
+  }
+
   // x_out = block(x_in), filling `a`.
-  void forward(const GroupViews& w, const void* x_in, void* x_out, const Decoder::Workspace::BlockActs& a, void* tmp) const {
+  void forward(const BlockParams& bp, const void* x_in, void* x_out, const Decoder::Workspace::BlockActs& a,
+               void* tmp) const {
     const DType dt = c.dtype;
     const std::int64_t C = c.d_model, F = c.ffn_hidden, n = rows();
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      layernorm_forward(ctx, dt, x_in, w[kLn1W], w[kLn1B], a.norm1, a.mean1, a.rstd1, n, C, c.norm_eps);
-      linear_forward(ctx, dt, a.norm1, C, w[kQkvW], w[kQkvB], a.qkv, 3 * C, batch, seq, C, 3 * C);
+      layernorm_forward(ctx, dt, x_in, bp.weight(kLn1W), bp.weight(kLn1B), a.norm1, a.mean1, a.rstd1, n, C, c.norm_eps);
+      stage_forward(bp, BlockStage::AttnIn, a.norm1, C, {{a.qkv, 3 * C}});
     } else {
       using namespace llama_block;
-      rmsnorm_forward(ctx, dt, x_in, w[kAttnNorm], a.norm1, a.rstd1, n, C, c.norm_eps);
+      rmsnorm_forward(ctx, dt, x_in, bp.weight(kAttnNorm), a.norm1, a.rstd1, n, C, c.norm_eps);
       const std::int64_t hd = c.head_dim();
-      linear_forward(ctx, dt, a.norm1, C, w[kQ], nullptr, a.qkv, qkv_w(), batch, seq, C, c.n_heads * hd);
-      linear_forward(ctx, dt, a.norm1, C, w[kK], nullptr, k_of(a.qkv), qkv_w(), batch, seq, C, c.n_kv_heads * hd);
-      linear_forward(ctx, dt, a.norm1, C, w[kV], nullptr, v_of(a.qkv), qkv_w(), batch, seq, C, c.n_kv_heads * hd);
+      stage_forward(bp, BlockStage::AttnIn, a.norm1, C,
+                    {{a.qkv, qkv_w()}, {k_of(a.qkv), qkv_w()}, {v_of(a.qkv), qkv_w()}});
       rope(ctx, dt, a.qkv, batch, seq, c.n_heads, hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
       rope(ctx, dt, k_of(a.qkv), batch, seq, c.n_kv_heads, hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
     }
     attention_forward(ctx, dt, attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse);
+    stage_forward(bp, BlockStage::AttnOut, a.att, att_w(), {{tmp, C}});
+    residual_add(ctx, dt, x_in, tmp, a.x_mid, n * C);
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      linear_forward(ctx, dt, a.att, C, w[kAttnProjW], w[kAttnProjB], tmp, C, batch, seq, C, C);
-      residual_add(ctx, dt, x_in, tmp, a.x_mid, n * C);
-      layernorm_forward(ctx, dt, a.x_mid, w[kLn2W], w[kLn2B], a.norm2, a.mean2, a.rstd2, n, C, c.norm_eps);
-      linear_forward(ctx, dt, a.norm2, C, w[kFcW], w[kFcB], a.ff_in, F, batch, seq, C, F);
+      layernorm_forward(ctx, dt, a.x_mid, bp.weight(kLn2W), bp.weight(kLn2B), a.norm2, a.mean2, a.rstd2, n, C,
+                        c.norm_eps);
+      stage_forward(bp, BlockStage::MlpIn, a.norm2, C, {{a.ff_in, F}});
       gelu_forward(ctx, dt, a.ff_in, a.ff_act, n * F);
-      linear_forward(ctx, dt, a.ff_act, F, w[kMlpProjW], w[kMlpProjB], tmp, C, batch, seq, F, C);
     } else {
       using namespace llama_block;
-      linear_forward(ctx, dt, a.att, att_w(), w[kO], nullptr, tmp, C, batch, seq, att_w(), C);
-      residual_add(ctx, dt, x_in, tmp, a.x_mid, n * C);
-      rmsnorm_forward(ctx, dt, a.x_mid, w[kMlpNorm], a.norm2, a.rstd2, n, C, c.norm_eps);
-      linear_forward(ctx, dt, a.norm2, C, w[kGate], nullptr, a.ff_in, 2 * F, batch, seq, C, F);
-      linear_forward(ctx, dt, a.norm2, C, w[kUp], nullptr, at(a.ff_in, F, dt), 2 * F, batch, seq, C, F);
+      rmsnorm_forward(ctx, dt, a.x_mid, bp.weight(kMlpNorm), a.norm2, a.rstd2, n, C, c.norm_eps);
+      stage_forward(bp, BlockStage::MlpIn, a.norm2, C, {{a.ff_in, 2 * F}, {at(a.ff_in, F, dt), 2 * F}});
       swiglu_forward(ctx, dt, a.ff_in, a.ff_act, n, F);
-      linear_forward(ctx, dt, a.ff_act, F, w[kDown], nullptr, tmp, C, batch, seq, F, C);
     }
+    stage_forward(bp, BlockStage::MlpOut, a.ff_act, F, {{tmp, C}});
     residual_add(ctx, dt, a.x_mid, tmp, x_out, n * C);
   }
 
   // dres: dL/d(block output) on entry, dL/d(block input) on exit.
-  void backward(const GroupViews& w, const GroupViews& g, const void* x_in, const Decoder::Workspace::BlockActs& a,
+  void backward(const BlockParams& bp, const void* x_in, const Decoder::Workspace::BlockActs& a,
                 const Decoder::Workspace& ws) const {
     const DType dt = c.dtype;
     const std::int64_t C = c.d_model, F = c.ffn_hidden, n = rows();
+    stage_backward(bp, BlockStage::MlpOut, a.ff_act, F, {{ws.dres, C}}, ws.dff_act, F, Accumulate::No);
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      linear_backward(ctx, dt, a.ff_act, F, w[kMlpProjW], ws.dres, C, ws.dff_act, F, Accumulate::No, g[kMlpProjW],
-                      g[kMlpProjB], batch, seq, F, C);
       gelu_backward(ctx, dt, a.ff_in, ws.dff_act, ws.dff_in, n * F);
-      linear_backward(ctx, dt, a.norm2, C, w[kFcW], ws.dff_in, F, ws.dln, C, Accumulate::No, g[kFcW], g[kFcB], batch,
-                      seq, C, F);
-      layernorm_backward(ctx, dt, ws.dln, a.x_mid, w[kLn2W], a.mean2, a.rstd2, ws.dres, g[kLn2W], g[kLn2B], n, C,
-                         Accumulate::Yes);
-      linear_backward(ctx, dt, a.att, C, w[kAttnProjW], ws.dres, C, ws.datt, C, Accumulate::No, g[kAttnProjW],
-                      g[kAttnProjB], batch, seq, C, C);
+      stage_backward(bp, BlockStage::MlpIn, a.norm2, C, {{ws.dff_in, F}}, ws.dln, C, Accumulate::No);
+      layernorm_backward(ctx, dt, ws.dln, a.x_mid, bp.weight(kLn2W), a.mean2, a.rstd2, ws.dres, bp.grad(kLn2W),
+                         bp.grad(kLn2B), n, C, Accumulate::Yes);
     } else {
       using namespace llama_block;
-      linear_backward(ctx, dt, a.ff_act, F, w[kDown], ws.dres, C, ws.dff_act, F, Accumulate::No, g[kDown], nullptr,
-                      batch, seq, F, C);
       swiglu_backward(ctx, dt, a.ff_in, ws.dff_act, ws.dff_in, n, F);
-      linear_backward(ctx, dt, a.norm2, C, w[kGate], ws.dff_in, 2 * F, ws.dln, C, Accumulate::No, g[kGate], nullptr,
-                      batch, seq, C, F);
-      linear_backward(ctx, dt, a.norm2, C, w[kUp], at(ws.dff_in, F, dt), 2 * F, ws.dln, C, Accumulate::Yes, g[kUp],
-                      nullptr, batch, seq, C, F);
-      rmsnorm_backward(ctx, dt, ws.dln, a.x_mid, w[kMlpNorm], a.rstd2, ws.dres, g[kMlpNorm], n, C, Accumulate::Yes);
-      linear_backward(ctx, dt, a.att, att_w(), w[kO], ws.dres, C, ws.datt, att_w(), Accumulate::No, g[kO], nullptr,
-                      batch, seq, att_w(), C);
+      stage_backward(bp, BlockStage::MlpIn, a.norm2, C, {{ws.dff_in, 2 * F}, {at(ws.dff_in, F, dt), 2 * F}}, ws.dln, C,
+                     Accumulate::No);
+      rmsnorm_backward(ctx, dt, ws.dln, a.x_mid, bp.weight(kMlpNorm), a.rstd2, ws.dres, bp.grad(kMlpNorm), n, C,
+                       Accumulate::Yes);
     }
+    stage_backward(bp, BlockStage::AttnOut, a.att, att_w(), {{ws.dres, C}}, ws.datt, att_w(), Accumulate::No);
     attention_backward(ctx, dt, attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse, ws.datt, ws.dqkv,
                        k_of(ws.dqkv), v_of(ws.dqkv));
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      linear_backward(ctx, dt, a.norm1, C, w[kQkvW], ws.dqkv, 3 * C, ws.dln, C, Accumulate::No, g[kQkvW], g[kQkvB],
-                      batch, seq, C, 3 * C);
-      layernorm_backward(ctx, dt, ws.dln, x_in, w[kLn1W], a.mean1, a.rstd1, ws.dres, g[kLn1W], g[kLn1B], n, C,
-                         Accumulate::Yes);
+      stage_backward(bp, BlockStage::AttnIn, a.norm1, C, {{ws.dqkv, 3 * C}}, ws.dln, C, Accumulate::No);
+      layernorm_backward(ctx, dt, ws.dln, x_in, bp.weight(kLn1W), a.mean1, a.rstd1, ws.dres, bp.grad(kLn1W),
+                         bp.grad(kLn1B), n, C, Accumulate::Yes);
     } else {
       using namespace llama_block;
       const std::int64_t hd = c.head_dim();
       rope(ctx, dt, ws.dqkv, batch, seq, c.n_heads, hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
       rope(ctx, dt, k_of(ws.dqkv), batch, seq, c.n_kv_heads, hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
-      linear_backward(ctx, dt, a.norm1, C, w[kQ], ws.dqkv, qkv_w(), ws.dln, C, Accumulate::No, g[kQ], nullptr, batch,
-                      seq, C, c.n_heads * hd);
-      linear_backward(ctx, dt, a.norm1, C, w[kK], k_of(ws.dqkv), qkv_w(), ws.dln, C, Accumulate::Yes, g[kK], nullptr,
-                      batch, seq, C, c.n_kv_heads * hd);
-      linear_backward(ctx, dt, a.norm1, C, w[kV], v_of(ws.dqkv), qkv_w(), ws.dln, C, Accumulate::Yes, g[kV], nullptr,
-                      batch, seq, C, c.n_kv_heads * hd);
-      rmsnorm_backward(ctx, dt, ws.dln, x_in, w[kAttnNorm], a.rstd1, ws.dres, g[kAttnNorm], n, C, Accumulate::Yes);
+      stage_backward(bp, BlockStage::AttnIn, a.norm1, C,
+                     {{ws.dqkv, qkv_w()}, {k_of(ws.dqkv), qkv_w()}, {v_of(ws.dqkv), qkv_w()}}, ws.dln, C,
+                     Accumulate::No);
+      rmsnorm_backward(ctx, dt, ws.dln, x_in, bp.weight(kAttnNorm), a.rstd1, ws.dres, bp.grad(kAttnNorm), n, C,
+                       Accumulate::Yes);
     }
   }
 };
@@ -322,8 +427,8 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
     stream->copy_h2d(ws.targets, targets, static_cast<std::size_t>(n) * 4);
   }
   const bool keep_all = training && options_.checkpointing == Checkpointing::Off;
-  const BlockPass pass{c, ctx, batch, seq};
-  const std::size_t emb = embedding_group_index(), head = head_group_index(c);
+  const BlockPass pass{c, ctx, batch, seq, layout_.tiling.chunks};
+  const std::size_t emb = layout_.embedding, head = layout_.head;
 
   // Forward.
   {
@@ -333,11 +438,12 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
     provider.release_params(emb, stream);
   }
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    const std::size_t gi = block_group_index(l);
-    const GroupViews w = provider.acquire_params(gi, ParamPhase::Forward, stream);
-    pass.forward(w, ws.x[static_cast<std::size_t>(l)], ws.x[static_cast<std::size_t>(l + 1)],
+    const BlockGroups& bg = layout_.blocks[static_cast<std::size_t>(l)];
+    const BlockParams bp{provider, bg, ParamPhase::Forward, stream,
+                         provider.acquire_params(bg.base, ParamPhase::Forward, stream), {}};
+    pass.forward(bp, ws.x[static_cast<std::size_t>(l)], ws.x[static_cast<std::size_t>(l + 1)],
                  ws.acts[keep_all ? static_cast<std::size_t>(l) : 0], ws.tmp);
-    provider.release_params(gi, stream);
+    provider.release_params(bg.base, stream);
   }
   // Head: final norm, logits, fused softmax + cross-entropy (and, training, the head's backward).
   {
@@ -380,15 +486,16 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
   }
   if (training) {
     for (std::int64_t l = c.n_layers - 1; l >= 0; --l) {
-      const std::size_t gi = block_group_index(l);
-      const GroupViews w = provider.acquire_params(gi, ParamPhase::Backward, stream);
+      const BlockGroups& bg = layout_.blocks[static_cast<std::size_t>(l)];
+      BlockParams bp{provider, bg, ParamPhase::Backward, stream,
+                     provider.acquire_params(bg.base, ParamPhase::Backward, stream), {}};
       const auto& a = ws.acts[keep_all ? static_cast<std::size_t>(l) : 0];
       const void* x_in = ws.x[static_cast<std::size_t>(l)];
-      if (!keep_all) pass.forward(w, x_in, ws.x[static_cast<std::size_t>(l + 1)], a, ws.tmp);  // recompute
-      const GroupViews g = provider.acquire_grads(gi, stream);
-      pass.backward(w, g, x_in, a, ws);
-      provider.grads_ready(gi, stream);
-      provider.release_params(gi, stream);
+      if (!keep_all) pass.forward(bp, x_in, ws.x[static_cast<std::size_t>(l + 1)], a, ws.tmp);  // recompute
+      bp.g = provider.acquire_grads(bg.base, stream);
+      pass.backward(bp, x_in, a, ws);
+      provider.grads_ready(bg.base, stream);
+      provider.release_params(bg.base, stream);
     }
     const GroupViews w = provider.acquire_params(emb, ParamPhase::Backward, stream);
     const GroupViews g = provider.acquire_grads(emb, stream);

@@ -9,6 +9,13 @@
 // Activation checkpointing keeps only each block's input and recomputes the block in backward
 // (recompute is deterministic, so gradients are bit-identical to the plain backward).
 //
+// Tiling (DecoderOptions::tiling, models/tiling.h): a tiled block holds its base group for the whole
+// block and acquires its tile groups one at a time, stage by stage, in forward, in recompute and in
+// backward (ascending tiles each time); each tile group's gradients are declared ready as soon as
+// its backward is enqueued, the base group's at the end of the block. Every block linear is computed
+// in the spec's fixed row chunks whether tiled or not, so tiled and untiled runs give the same bits
+// (Note [Tile-invariant linear layers] in models/tiling.h).
+//
 // Note [Micro-batch invariance]: every matmul is issued per sequence (batched over the sequences
 // of the micro-batch) and every reduction over rows is a running sum in row order (see ops.h), so
 // the gradients of 4 micro-batches of 2 sequences equal those of 1 micro-batch of 8, bit for bit,
@@ -17,19 +24,27 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/device/device.h"
 #include "engine/param_provider.h"
+#include "models/decoder_params.h"
 #include "models/kernels/ops.h"
 #include "models/model_config.h"
+#include "models/tiling.h"
 
 namespace strata::models {
 
 enum class Checkpointing { Off, Blocks };
 
 struct DecoderOptions {
+  DecoderOptions() = default;
+  // Not explicit: `{Checkpointing::Blocks}` keeps working where options are brace-initialized.
+  DecoderOptions(Checkpointing ck, TilingSpec t = {}) : checkpointing(ck), tiling(std::move(t)) {}  // NOLINT
+
   Checkpointing checkpointing = Checkpointing::Off;
+  TilingSpec tiling;  // auto counts must be resolved (resolve_auto_tiles) before the decoder is built
 };
 
 // Where the decoder runs: kernels context, plus the device its activations live on (null: host
@@ -54,6 +69,8 @@ class Decoder {
 
   const ModelConfig& config() const { return config_; }
   std::vector<ParamGroupSpec> param_groups() const;
+  // The groups and where each block's tensors live (tiled blocks have several groups).
+  const DecoderLayout& layout() const { return layout_; }
 
   // Forward, loss and backward of one micro-batch of `batch` sequences of `seq` tokens (host int32
   // arrays [batch*seq]; a negative target is ignored). Gradients are added into the provider's
@@ -78,6 +95,7 @@ class Decoder {
 
   ModelConfig config_;
   DecoderOptions options_;
+  DecoderLayout layout_;
   std::unique_ptr<Workspace> ws_;
 };
 

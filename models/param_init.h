@@ -12,7 +12,8 @@
 
 namespace strata::models {
 
-// `n_layers` scales the output projections.
+// `n_layers` scales the output projections. A tile tensor ("W[r0:r1]", models/tiling.h) gets
+// exactly rows r0..r1-1 of the values whole tensor W gets, so tiled and untiled runs start equal.
 void init_tensor_gpt2_style(std::int64_t n_layers, const ParamTensorSpec& tensor, std::uint64_t seed,
                             std::span<float> out);
 

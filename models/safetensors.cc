@@ -195,18 +195,36 @@ const SafetensorsEntry* SafetensorsFile::find(std::string_view name) const {
 }
 
 void SafetensorsFile::read(const SafetensorsEntry& entry, DType to, void* dst) const {
+  read_elems(entry, to, 0, entry.elems(), dst);
+}
+
+void SafetensorsFile::read_rows(const SafetensorsEntry& entry, DType to, std::int64_t row_begin, std::int64_t row_end,
+                                void* dst) const {
+  if (entry.shape.empty() || row_begin < 0 || row_begin > row_end || row_end > entry.shape[0]) {
+    bad(path_, fmt::format("tensor '{}' of shape {} has no rows {}..{}", entry.name, format_shape(entry.shape),
+                           row_begin, row_end));
+  }
+  std::uint64_t row_elems = 1;
+  for (std::size_t d = 1; d < entry.shape.size(); ++d) row_elems *= static_cast<std::uint64_t>(entry.shape[d]);
+  read_elems(entry, to, static_cast<std::uint64_t>(row_begin) * row_elems,
+             static_cast<std::uint64_t>(row_end - row_begin) * row_elems, dst);
+}
+
+void SafetensorsFile::read_elems(const SafetensorsEntry& entry, DType to, std::uint64_t first, std::uint64_t n,
+                                 void* dst) const {
   if (!entry.dtype) {
     bad(path_, fmt::format("tensor '{}' has dtype {}; Strata loads only F32, BF16 and F16 weights", entry.name,
                            entry.dtype_name));
   }
   const DType from = *entry.dtype;
-  const std::uint64_t n = entry.elems();
+  const std::size_t from_bytes = dtype_bytes(from);
+  const std::uint64_t file_offset = data_offset_ + entry.data_begin + first * from_bytes;
   if (from == to) {
-    read_exact(fd_, dst, entry.bytes(), data_offset_ + entry.data_begin, path_);
+    read_exact(fd_, dst, n * from_bytes, file_offset, path_);
     return;
   }
-  std::vector<std::uint8_t> raw(entry.bytes());
-  read_exact(fd_, raw.data(), raw.size(), data_offset_ + entry.data_begin, path_);
+  std::vector<std::uint8_t> raw(n * from_bytes);
+  read_exact(fd_, raw.data(), raw.size(), file_offset, path_);
   for (std::uint64_t i = 0; i < n; ++i) {
     float v = 0;
     if (from == DType::F32) {

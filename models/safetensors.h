@@ -67,9 +67,14 @@ class SafetensorsFile {
   // Reads the tensor into host memory `dst` as `to` elements (converting F32/BF16/F16 with
   // round-to-nearest-even). FormatError for a non-float tensor.
   void read(const SafetensorsEntry& entry, DType to, void* dst) const;
+  // Reads rows [row_begin, row_end) of the tensor's first dimension (every other dimension whole),
+  // as read() does; FormatError when the tensor has no such rows.
+  void read_rows(const SafetensorsEntry& entry, DType to, std::int64_t row_begin, std::int64_t row_end,
+                 void* dst) const;
 
  private:
   SafetensorsFile() = default;
+  void read_elems(const SafetensorsEntry& entry, DType to, std::uint64_t first, std::uint64_t n, void* dst) const;
   std::string path_;
   int fd_ = -1;
   std::uint64_t data_offset_ = 0;  // file offset of the data buffer

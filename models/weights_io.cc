@@ -1,14 +1,17 @@
 // safetensors <-> ParamProvider weights, Strata or Hugging Face names (see models/weights_io.h).
 #include "models/weights_io.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "models/decoder_params.h"
 #include "models/hf_names.h"
 #include "models/safetensors.h"
 
@@ -27,20 +30,6 @@ std::vector<std::uint8_t> transpose(const std::vector<std::uint8_t>& src, std::i
     }
   }
   return dst;
-}
-
-struct Located {
-  std::size_t group, index;
-  const ParamTensorSpec* spec;
-};
-
-std::map<std::string, Located> locate(const ParamProvider& provider) {
-  std::map<std::string, Located> out;
-  auto groups = provider.groups();
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    for (std::size_t i = 0; i < groups[g].tensors.size(); ++i) out[groups[g].tensors[i].name] = {g, i, &groups[g].tensors[i]};
-  }
-  return out;
 }
 
 void copy_to_device(Stream* stream, void* dst, const void* src, std::size_t bytes) {
@@ -65,7 +54,8 @@ void copy_to_host(Stream* stream, void* dst, const void* src, std::size_t bytes)
 
 WeightNaming load_weights(const std::string& path, const ModelConfig& config, ParamProvider& provider, Stream* stream) {
   const SafetensorsFile file = SafetensorsFile::open(path);
-  const auto where = locate(provider);
+  std::map<std::string, WholeTensor> where;
+  for (auto& w : whole_tensors(config, provider.groups())) where.emplace(w.spec.name, std::move(w));
   const auto hf = hf_tensor_names(config);
   // Detect the naming from the first parameter's name.
   const bool strata_names = file.find(hf.front().strata_name) != nullptr;
@@ -86,19 +76,22 @@ WeightNaming load_weights(const std::string& path, const ModelConfig& config, Pa
                                     "another model or is incomplete",
                                     path, file_name, config.name, m.strata_name));
     }
-    const Located& loc = where.at(m.strata_name);
-    std::vector<std::int64_t> want = loc.spec->shape;
+    const WholeTensor& whole = where.at(m.strata_name);
+    std::vector<std::int64_t> want = whole.spec.shape;
     if (transposed) std::swap(want[0], want[1]);
     if (it->second->shape != want) {
       throw FormatError(fmt::format("weights file '{}': tensor '{}' has shape {} but model '{}' needs {}", path, file_name,
                                     format_shape(it->second->shape), config.name, format_shape(want)));
     }
-    std::vector<std::uint8_t> host(loc.spec->bytes());
-    file.read(*it->second, loc.spec->dtype, host.data());
-    if (transposed) host = transpose(host, want[0], want[1], dtype_bytes(loc.spec->dtype));
-    const GroupViews v = provider.acquire_params(loc.group, ParamPhase::Forward, stream);
-    copy_to_device(stream, v[loc.index], host.data(), host.size());
-    provider.release_params(loc.group, stream);
+    std::vector<std::uint8_t> host(whole.spec.bytes());
+    file.read(*it->second, whole.spec.dtype, host.data());
+    if (transposed) host = transpose(host, want[0], want[1], dtype_bytes(whole.spec.dtype));
+    // A tiled weight goes to its tiles, rows by rows (models/tiling.h).
+    for (const TensorPart& part : whole.parts) {
+      const GroupViews v = provider.acquire_params(part.group, ParamPhase::Forward, stream);
+      copy_to_device(stream, v[part.tensor], host.data() + whole.part_offset_bytes(part), whole.part_bytes(part));
+      provider.release_params(part.group, stream);
+    }
     used.insert(file_name);
   }
   for (const auto& [n, e] : by_name) {
@@ -113,26 +106,83 @@ WeightNaming load_weights(const std::string& path, const ModelConfig& config, Pa
 
 void save_weights(const std::string& path, const ModelConfig& config, ParamProvider& provider, Stream* stream,
                   WeightNaming naming) {
-  const auto where = locate(provider);
+  std::map<std::string, WholeTensor> where;
+  for (auto& w : whole_tensors(config, provider.groups())) where.emplace(w.spec.name, std::move(w));
   std::vector<std::vector<std::uint8_t>> storage;
   std::vector<SafetensorsTensorOut> out;
   for (const auto& m : hf_tensor_names(config)) {
-    const Located& loc = where.at(m.strata_name);
-    std::vector<std::uint8_t> host(loc.spec->bytes());
-    const GroupViews v = provider.acquire_params(loc.group, ParamPhase::Forward, stream);
-    copy_to_host(stream, host.data(), v[loc.index], host.size());
-    provider.release_params(loc.group, stream);
-    std::vector<std::int64_t> shape = loc.spec->shape;
+    const WholeTensor& whole = where.at(m.strata_name);
+    std::vector<std::uint8_t> host(whole.spec.bytes());
+    // A tiled weight is reassembled from its tiles: the file is the untiled model's.
+    for (const TensorPart& part : whole.parts) {
+      const GroupViews v = provider.acquire_params(part.group, ParamPhase::Forward, stream);
+      copy_to_host(stream, host.data() + whole.part_offset_bytes(part), v[part.tensor], whole.part_bytes(part));
+      provider.release_params(part.group, stream);
+    }
+    std::vector<std::int64_t> shape = whole.spec.shape;
     if (naming == WeightNaming::HuggingFace && m.transposed) {
-      host = transpose(host, shape[0], shape[1], dtype_bytes(loc.spec->dtype));
+      host = transpose(host, shape[0], shape[1], dtype_bytes(whole.spec.dtype));
       std::swap(shape[0], shape[1]);
     }
     storage.push_back(std::move(host));
-    out.push_back({naming == WeightNaming::Strata ? m.strata_name : m.hf_name, loc.spec->dtype, shape,
+    out.push_back({naming == WeightNaming::Strata ? m.strata_name : m.hf_name, whole.spec.dtype, shape,
                    storage.back().data()});
   }
   write_safetensors(path, out,
                     {{"format", "pt"}, {"strata.model", config.name}, {"strata.arch", std::string(architecture_name(config.arch))}});
+}
+
+void read_init_tensor(const SafetensorsFile& file, const ModelConfig& config, const ParamTensorSpec& tensor,
+                      std::span<float> out) {
+  STRATA_CHECK(out.size() == tensor.elems(), "init of '{}': {} values for {} elements", tensor.name, out.size(),
+               tensor.elems());
+  const std::optional<WholeTensorRows> tile = whole_tensor_of(tensor.name);
+  const std::string whole_name = tile ? tile->whole_name : tensor.name;
+  const ParamTensorSpec* whole = nullptr;
+  const auto groups = decoder_param_groups(config);
+  for (const auto& g : groups) {
+    for (const auto& t : g.tensors) whole = t.name == whole_name ? &t : whole;
+  }
+  if (whole == nullptr) {
+    throw FormatError(fmt::format("init of '{}': model '{}' has no tensor '{}'", tensor.name, config.name, whole_name));
+  }
+  const SafetensorsEntry* e = file.find(whole_name);
+  if (e == nullptr) {
+    throw FormatError(fmt::format("strata.init_weights '{}' has no tensor '{}'; it must hold Strata-named weights of "
+                                  "model '{}' (strata train --save-weights writes such files)",
+                                  file.path(), whole_name, config.name));
+  }
+  if (e->shape != whole->shape) {
+    throw FormatError(fmt::format("strata.init_weights '{}': tensor '{}' has shape {}, the model needs {}", file.path(),
+                                  whole_name, format_shape(e->shape), format_shape(whole->shape)));
+  }
+  if (tile) {
+    file.read_rows(*e, DType::F32, tile->rows.begin, tile->rows.end, out.data());
+  } else {
+    file.read(*e, DType::F32, out.data());
+  }
+}
+
+std::vector<WholeTensorValues> assemble_whole_tensors(const ModelConfig& config, std::span<const ParamGroupSpec> groups,
+                                                      std::span<const std::vector<float>> values) {
+  std::vector<std::size_t> first(groups.size() + 1, 0);  // flat index of each group's first tensor
+  for (std::size_t g = 0; g < groups.size(); ++g) first[g + 1] = first[g] + groups[g].tensors.size();
+  STRATA_CHECK(values.size() == first.back(), "{} value arrays for {} tensors", values.size(), first.back());
+  std::vector<WholeTensorValues> out;
+  for (const WholeTensor& w : whole_tensors(config, groups)) {
+    WholeTensorValues v{w.spec.name, w.spec.shape, std::vector<float>(w.spec.elems())};
+    const std::size_t row_elems = w.row_bytes() / dtype_bytes(w.spec.dtype);
+    for (const TensorPart& p : w.parts) {
+      const std::vector<float>& src = values[first[p.group] + p.tensor];
+      const std::size_t n = static_cast<std::size_t>(p.rows.rows()) * row_elems;
+      STRATA_CHECK(src.size() == n, "tensor '{}' has {} values, expected {}", groups[p.group].tensors[p.tensor].name,
+                   src.size(), n);
+      std::copy(src.begin(), src.end(), v.values.begin() + static_cast<std::ptrdiff_t>(p.rows.begin) *
+                                                              static_cast<std::ptrdiff_t>(row_elems));
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 }  // namespace strata::models

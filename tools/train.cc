@@ -1,5 +1,5 @@
-// `strata train [--config FILE] [--set k.path=v ...] [--steps N] [--save-weights OUT] [--summary-json OUT]`: the main
-// job (tools/trainer.h). Runs under `mpirun -np N` as well.
+// `strata train [--config FILE] [--set k.path=v ...] [--steps N] [--resume DIR] [--save-weights OUT]
+// [--summary-json OUT]`: the main job (tools/trainer.h). Runs under `mpirun -np N` as well.
 #include "tools/commands.h"
 #include "tools/trainer.h"
 
@@ -13,12 +13,16 @@ void register_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--set", options->overrides, "override a config key: --set zero_optimization.stage=3 (repeatable)");
   cmd->add_option("--steps", *steps, "number of optimizer steps (overrides strata.steps)");
   cmd->add_option("--save-weights", options->save_weights, "write the final weights (fp32 safetensors) from rank 0");
+  cmd->add_option("--resume", options->resume,
+                  "continue from a checkpoint (a step-* directory, or strata.checkpoint.dir holding `latest`); "
+                  "--steps stays the total step count");
   cmd->add_option("--summary-json", options->summary_json,
                   "write the run's summary (losses, tokens/s, peak bytes per tier, NVMe bytes, overlap) as JSON");
   table[cmd] = [options, steps] {
     if (*steps >= 0) options->steps = *steps;
-    run_training(*options);
-    return 0;
+    const TrainSummary summary = run_training(*options);
+    // Stopped by a signal after writing a checkpoint: the shell's convention, 128 + the signal.
+    return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;
   };
 }
 

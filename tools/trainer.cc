@@ -464,7 +464,8 @@ TrainSummary run_training(const TrainOptions& options) {
     summary.step_copy_bytes.push_back(engine.offload_copy_bytes() - copy_before);
     if (rank == 0) {
       const double tok_s = static_cast<double>(tokens_per_step) / seconds;
-      const double eta = step_seconds_total / static_cast<double>(s + 1 - first_step) * static_cast<double>(cfg.strata.steps - s - 1);
+      const double eta = step_seconds_total / static_cast<double>(s + 1 - first_step) *
+                         static_cast<double>(cfg.strata.steps - s - 1);
       std::string tiers = fmt::format("device {}", format_bytes(stats.allocated_bytes));
       if (engine.optimizer_offloaded()) tiers += fmt::format(" | host {}", format_bytes(host_bytes));
       if (io.peak_nvme_bytes > 0) tiers += fmt::format(" | nvme {} {:.2f} GB/s", format_bytes(io.nvme_bytes), nvme_gbps);
@@ -509,9 +510,12 @@ TrainSummary run_training(const TrainOptions& options) {
   summary.parameters = static_cast<std::uint64_t>(models::param_count(model));
   summary.device_capacity_bytes = device->capacity_bytes();
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  summary.tokens_per_second = elapsed > 0 ? static_cast<double>(tokens_per_step * std::max<std::int64_t>(0, summary.steps - first_step)) / elapsed : 0;
+  const std::int64_t steps_run = std::max<std::int64_t>(0, summary.steps - first_step);
+  summary.tokens_per_second = elapsed > 0 ? static_cast<double>(tokens_per_step * steps_run) / elapsed : 0;
   stream->synchronize();
-  if (!options.save_weights.empty() && summary.stopped_by_signal == 0) save_weights(options.save_weights, model, engine, rank);
+  if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {
+    save_weights(options.save_weights, model, engine, rank);
+  }
   if (recorder) {
     const std::string path =
         world > 1 ? fmt::format("{}.rank{}", cfg.strata.trace_path, rank) : cfg.strata.trace_path;
