@@ -210,15 +210,13 @@ bool ZeroEngine::start_gather(std::size_t g, bool prefetch) {
   const std::size_t wbytes = dtype_bytes(working_dtype_);
   const bool from_tier = off.params && G.sharded_params;
   // An NVMe-resident shard needs a pinned slot; a prefetch does not wait for one.
+  // Note [Deterministic prefetch]: every rank must issue the same gathers (collectives) in the same
+  // order, so no decision may depend on timing: a pinned slot is waited for (the comm stream frees
+  // slots on its own), and a prefetch that finds the device full first lets every queued free run
+  // (after which the memory state is the same on every rank) before it gives up.
   std::shared_ptr<offload::BufferLease> slot;
   if (from_tier && off.param_tier == Tier::Nvme) {
-    offload::BufferLease lease;
-    if (prefetch) {
-      if (!off.param_pool->try_acquire(&lease)) return false;
-    } else {
-      lease = off.param_pool->acquire();
-    }
-    slot = std::make_shared<offload::BufferLease>(std::move(lease));
+    slot = std::make_shared<offload::BufferLease>(off.param_pool->acquire());
   }
   DeviceMemory gathered = allocate_device(total * wbytes, "param.gathered", g, prefetch);
   const void* shard_src = G.w_shard_ptr();
@@ -270,20 +268,23 @@ bool ZeroEngine::start_gather(std::size_t g, bool prefetch) {
 // Device memory for the engine's own buffers. When the device is full, a demand allocation first
 // gives back the gathered copies nobody holds (prefetched ahead, or kept for reuse), waits until
 // every free queued on a stream has run (the host thread may be far ahead of the compute stream,
-// whose queued releases are then still pending), and tries once more. A prefetch never evicts or
-// waits: it stops instead.
+// whose queued releases are then still pending), and tries once more. A prefetch only waits for the
+// queued frees, then gives up (Note [Deterministic prefetch]).
 DeviceMemory ZeroEngine::allocate_device(std::size_t bytes, std::string_view tag, std::size_t keep_group,
                                          bool prefetch) {
   try {
     return device_.allocate(bytes, tag);
   } catch (const OutOfMemoryError&) {
-    if (prefetch) throw;
   }
   std::vector<Stream*> streams = {comm_stream_.get()};
   if (impl_->off.worker) streams.push_back(impl_->off.worker.get());
   for (const auto& H : groups_) {
     Stream* used = H->last_use_stream;
     if (used != nullptr && std::find(streams.begin(), streams.end(), used) == streams.end()) streams.push_back(used);
+  }
+  if (prefetch) {  // Note [Deterministic prefetch]: wait for the queued frees, evict nothing
+    for (Stream* s : streams) s->synchronize();
+    return device_.allocate(bytes, tag);
   }
   for (std::size_t h = 0; h < groups_.size(); ++h) {
     Group& H = *groups_[h];
@@ -308,7 +309,7 @@ void ZeroEngine::prefetch_after(std::size_t position) {
       break;
     }
     try {
-      if (!start_gather(trace_[i].group, /*prefetch=*/true)) break;  // no free pinned slot now
+      start_gather(trace_[i].group, /*prefetch=*/true);
     } catch (const OutOfMemoryError&) {
       break;  // prefetch is an optimization: the demand fetch will try again when it is needed
     }

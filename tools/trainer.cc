@@ -32,7 +32,9 @@
 #include "models/model_config.h"
 #include "models/param_init.h"
 #include "models/safetensors.h"
+#include "models/tiling.h"
 #include "models/token_data.h"
+#include "models/weights_io.h"
 
 namespace strata::tools {
 namespace {
@@ -186,18 +188,15 @@ std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, co
 
 void save_weights(const std::string& out, const models::ModelConfig& model, ZeroEngine& engine, int rank) {
   std::vector<std::vector<float>> values;
-  std::vector<models::SafetensorsTensorOut> tensors;
   const auto groups = engine.groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) values.push_back(engine.gather_master(g, t));
   }
   if (rank != 0) return;
-  std::size_t i = 0;
-  for (const auto& group : groups) {
-    for (const auto& t : group.tensors) {
-      tensors.push_back(models::SafetensorsTensorOut{t.name, DType::F32, t.shape, values[i++].data()});
-    }
-  }
+  // Tiles are put back together: a tiled run writes the same file as an untiled one.
+  const std::vector<models::WholeTensorValues> whole = models::assemble_whole_tensors(model, groups, values);
+  std::vector<models::SafetensorsTensorOut> tensors;
+  for (const auto& w : whole) tensors.push_back(models::SafetensorsTensorOut{w.name, DType::F32, w.shape, w.values.data()});
   models::write_safetensors(out, tensors,
                             {{"format", "strata"}, {"model", model.name},
                              {"arch", std::string(models::architecture_name(model.arch))}});
@@ -343,8 +342,35 @@ TrainSummary run_training(const TrainOptions& options) {
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
-  models::DecoderOptions dopt;
-  dopt.checkpointing = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
+  // Memory-centric tiling (models/tiling.h): as the config says, with "auto" counts sized so one
+  // tile group in use (gathered, its gradient and its reduction) fits what the device has left
+  // after the activations and the resident state of the untiled plan.
+  models::TilingSpec tiling = models::parse_tiling(cfg.strata.tiling, model);
+  const std::uint64_t activation_bytes =
+      models::Decoder(model, {checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off})
+          .activation_bytes(micro, seq, /*training=*/true);
+  const TierPlan untiled = plan_tiers(cfg, models::decoder_param_groups(model), world, activation_bytes);
+  const std::uint64_t fixed = untiled.device_state + untiled.device_weights + untiled.activations;
+  // Tiling helps when the largest group is what does not fit; otherwise the planner says what does.
+  if (cfg.strata.tiling.empty() && untiled.device_total() > device->capacity_bytes() &&
+      fixed < device->capacity_bytes()) {
+    // Nothing configured and the untiled model does not fit: tile automatically.
+    tiling = models::parse_tiling(nlohmann::json{{"default", "auto"}}, model);
+    if (rank == 0) spdlog::info("the largest param group does not fit the device: tiling the blocks automatically");
+  }
+  if (tiling.has_auto()) {
+    const std::uint64_t left = device->capacity_bytes() > fixed ? device->capacity_bytes() - fixed : 0;
+    tiling = models::resolve_auto_tiles(tiling, model, left / 3);
+  }
+  if (rank == 0 && tiling.tiled()) {
+    std::string counts;
+    for (std::int64_t l = 0; l < model.n_layers; ++l) {
+      const models::BlockTiling b = tiling.block(l);
+      counts += fmt::format("{}{}:{}/{}", l == 0 ? "" : " ", l, b.attn, b.mlp);
+    }
+    spdlog::info("tiling (layer:attn/mlp tiles, {} chunks): {}", tiling.chunks, counts);
+  }
+  models::DecoderOptions dopt(checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off, tiling);
   models::Decoder decoder(model, dopt);
   const auto groups = decoder.param_groups();
   const std::uint64_t seed = cfg.strata.seed;
@@ -352,25 +378,14 @@ TrainSummary run_training(const TrainOptions& options) {
   if (!cfg.strata.init_weights.empty()) init_file = std::make_unique<models::SafetensorsFile>(models::SafetensorsFile::open(cfg.strata.init_weights));
   const auto init = [&](std::size_t g, std::size_t t, std::span<float> out) {
     const ParamTensorSpec& spec = groups[g].tensors[t];
-    if (!init_file) {
+    if (init_file) {
+      models::read_init_tensor(*init_file, model, spec, out);  // names the file and tensor on a mismatch
+    } else {
       models::init_tensor_gpt2_style(model.n_layers, spec, seed, out);
-      return;
     }
-    const models::SafetensorsEntry* e = init_file->find(spec.name);
-    if (e == nullptr) {
-      throw FormatError(fmt::format("strata.init_weights '{}' has no tensor '{}'; it must hold Strata-named weights of "
-                                    "model '{}' (strata train --save-weights writes such files)",
-                                    init_file->path(), spec.name, model.name));
-    }
-    if (e->shape != spec.shape) {
-      throw FormatError(fmt::format("strata.init_weights '{}': tensor '{}' has shape {}, the model needs {}",
-                                    init_file->path(), spec.name, models::format_shape(e->shape),
-                                    models::format_shape(spec.shape)));
-    }
-    init_file->read(*e, DType::F32, out.data());
   };
   // The tier plan, before any work: a config that cannot fit is refused with the numbers.
-  const TierPlan plan = plan_tiers(cfg, groups, world, decoder.activation_bytes(micro, seq, /*training=*/true));
+  const TierPlan plan = plan_tiers(cfg, groups, world, activation_bytes);
   const TierCapacities capacity = measure_capacities(plan, device->capacity_bytes(), world);
   if (rank == 0) spdlog::info("{}", describe_plan(plan, capacity));
   check_plan_fits(plan, capacity, cfg.source);

@@ -2,8 +2,9 @@
 # End-to-end tests of `strata train` with its state offloaded (engine/zero_engine.h, Note [Offload]):
 #  1. exact mode, 10 steps, 4 units per step: byte-identical weight files between the in-memory
 #     run and optimizer cpu|nvme x parameters cpu|nvme at stage 3, world 1 and 2, with the update
-#     waiting (gradient clipping on) and overlapped with backward (clipping off), tiled and not;
+#     waiting (gradient clipping on) and overlapped with backward (clipping off); tiled = untiled;
 #  2. a model whose state is >= 16x the sim device trains with everything on NVMe, and its loss falls;
+#     a block too large for the device is tiled automatically and gives the untiled weights;
 #  3. with everything on NVMe the process's peak RSS does not grow with the model (3x the layers);
 #  4. a config that cannot fit is refused before any work, with the numbers.
 # Usage: train_offload_test.sh STRATA_BINARY TINY_CONFIG DEMO_CONFIG MPIEXEC WORKDIR
@@ -51,6 +52,16 @@ for clip in 1.0 0; do
   done
 done
 if cmp -s ref.c1.0.st ref.c0.st; then bad "clipping on and off wrote identical weights (the comparison proves nothing)"; fi
+# Tiled (every block in 4 row tiles; a per-layer mix at world 2) = untiled, all on NVMe.
+common=(--log-level warn train --config "$tiny" --steps 10 --set train_micro_batch_size_per_gpu=1)
+# shellcheck disable=SC2046
+"$strata" "${common[@]}" --set gradient_clipping=1.0 --set gradient_accumulation_steps=4 $(offload nvme nvme) \
+  --set 'strata.tiling={"default": 4}' --save-weights tiled.w1.st
+compare ref.c1.0.st tiled.w1.st "world 1, tiled 4, optimizer and params nvme (waiting)"
+# shellcheck disable=SC2046
+"${mpi[@]}" -np 2 "$strata" "${common[@]}" --set gradient_clipping=0 --set gradient_accumulation_steps=2 $(offload nvme nvme) \
+  --set 'strata.tiling={"default": {"mlp": 2}, "layers": {"1": 8}}' --save-weights tiled.w2.st
+compare ref.c0.st tiled.w2.st "world 2, tiled per layer, optimizer and params nvme (overlapped)"
 
 # 2. State >= 16x the device, everything on NVMe: it trains and the loss falls.
 "$strata" --log-level warn train --config "$demo" --steps 12 --set strata.device.memory=1792KiB \
@@ -61,6 +72,13 @@ first=$(json_field big.json first_loss); last=$(json_field big.json last_loss)
 state=$(awk -v a="$(json_field big.json model_state_bytes)" -v b="$(json_field big.json device_capacity_bytes)" 'BEGIN { printf "%.1f", a / b }')
 awk -v s="$state" 'BEGIN { exit !(s >= 16) }' && ok "model state is ${state}x the device" || bad "model state is only ${state}x the device"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' && ok "loss fell $first -> $last" || bad "loss did not fall: $first -> $last"
+
+# 2b. A block that does not fit the device is tiled automatically, with the same weights.
+small=(--log-level warn train --config "$demo" --steps 3 --set train_micro_batch_size_per_gpu=1 --set strata.data.seq_len=32
+       --set strata.metrics='""' $(offload nvme nvme))
+"$strata" "${small[@]}" --set strata.device.memory=4MiB --save-weights untiled.st
+"$strata" "${small[@]}" --set strata.device.memory=1280KiB --save-weights autotiled.st --summary-json autotiled.json
+compare untiled.st autotiled.st "automatic tiling on a 1.25 MiB device = untiled on 4 MiB"
 
 # 3. Host memory does not grow with the model when everything is on NVMe.
 for layers in 4 12; do
