@@ -13,6 +13,7 @@
 #include "models/decoder.h"
 #include "models/decoder_params.h"
 #include "models/resident_provider.h"
+#include "tests/models/decoder_test_util.h"
 
 #include <map>
 #include <nlohmann/json.hpp>
@@ -20,14 +21,8 @@
 namespace strata::models {
 namespace {
 
-ModelConfig tiny(Architecture arch) { return model_config_by_name(arch == Architecture::Gpt2 ? "tiny" : "tiny-llama"); }
-
-std::vector<std::int32_t> random_tokens(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::int32_t> t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 256);
-  return t;
-}
+using testing::random_tokens;
+using testing::tiny;
 
 std::vector<std::uint8_t> all_grads(const ResidentParamProvider& p) {
   std::vector<std::uint8_t> out;
@@ -183,35 +178,7 @@ TEST_P(DecoderTest, GradientMatchesFiniteDifferenceOfTheLoss) {
   }
 }
 
-TEST_P(DecoderTest, SimDeviceRunMatchesInlineRunBitForBit) {
-  const ModelConfig c = tiny(GetParam());
-  const std::int64_t B = 2, T = 10;
-  const auto in = random_tokens(B * T, 41), tg = random_tokens(B * T, 42);
-  Decoder inline_model(c, {});
-  ResidentParamProvider host(inline_model.param_groups(), nullptr);
-  host.init_gpt2_style(4, c.n_layers, nullptr);
-  host.zero_grads(nullptr);
-  const LossSum want = inline_model.forward_backward({}, host, in.data(), tg.data(), B, T, 0.05f);
-
-  SimDeviceOptions opts;
-  opts.capacity_bytes = 64ull << 20;
-  auto dev = make_sim_device(opts);
-  auto stream = dev->create_stream("compute");
-  Decoder sim_model(c, {});
-  ResidentParamProvider sim(sim_model.param_groups(), dev.get());
-  sim.init_gpt2_style(4, c.n_layers, stream.get());
-  sim.zero_grads(stream.get());
-  const DecoderRuntime rt{{DeviceKind::Sim, stream.get(), nullptr}, dev.get()};
-  const LossSum got = sim_model.forward_backward(rt, sim, in.data(), tg.data(), B, T, 0.05f);
-  EXPECT_EQ(got.sum, want.sum);
-  for (const auto& n : host.tensor_names()) {
-    std::vector<std::uint8_t> a(host.tensor_spec(n).bytes()), b(a.size());
-    host.read_grad(n, a.data(), nullptr);
-    sim.read_grad(n, b.data(), stream.get());
-    EXPECT_TRUE(a == b) << n;
-  }
-  EXPECT_GT(dev->memory_stats().peak_bytes_by_tag.at("activations"), 0u);
-}
+// The sim device against the inline run: SimDeviceRunMatchesInlineUntiledRun in tiling_test.cc.
 
 INSTANTIATE_TEST_SUITE_P(Arch, DecoderTest, ::testing::Values(Architecture::Gpt2, Architecture::Llama),
                          [](const auto& info) { return std::string(architecture_name(info.param)); });

@@ -23,6 +23,7 @@
 #include "models/decoder_params.h"
 #include "models/param_init.h"
 #include "models/resident_provider.h"
+#include "tests/models/decoder_test_util.h"
 #include "models/safetensors.h"
 #include "models/tiling.h"
 #include "models/weights_io.h"
@@ -30,14 +31,8 @@
 namespace strata::models {
 namespace {
 
-ModelConfig tiny(Architecture arch) { return model_config_by_name(arch == Architecture::Gpt2 ? "tiny" : "tiny-llama"); }
-
-std::vector<std::int32_t> random_tokens(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::int32_t> t(n);
-  for (auto& x : t) x = static_cast<std::int32_t>(rng() % 256);
-  return t;
-}
+using testing::random_tokens;
+using testing::tiny;
 
 TilingSpec parse(const ModelConfig& c, const char* json) { return parse_tiling(nlohmann::json::parse(json), c); }
 
@@ -213,7 +208,8 @@ TEST_P(TilingArch, TiledBlockHoldsOneTileAtATimeAndDeclaresEachTileReadyOnce) {
   }
 }
 
-TEST_P(TilingArch, SimDeviceTiledRunMatchesInlineUntiledRun) {
+// The sim device (streams, device memory) gives the inline host run's bits, untiled and tiled.
+TEST_P(TilingArch, SimDeviceRunMatchesInlineUntiledRun) {
   const ModelConfig c = tiny(GetParam());
   const std::int64_t B = 2, T = 10;
   const auto in = random_tokens(B * T, 41), tg = random_tokens(B * T, 42);
@@ -223,18 +219,23 @@ TEST_P(TilingArch, SimDeviceTiledRunMatchesInlineUntiledRun) {
   host.zero_grads(nullptr);
   const LossSum want = inline_model.forward_backward({}, host, in.data(), tg.data(), B, T, 0.05f);
 
-  SimDeviceOptions opts;
-  opts.capacity_bytes = 64ull << 20;
-  auto dev = make_sim_device(opts);
-  auto stream = dev->create_stream("compute");
-  Decoder sim_model(c, {Checkpointing::Blocks, parse(c, R"({"default": {"attn": 2, "mlp": 8}})")});
-  ResidentParamProvider sim(sim_model.param_groups(), dev.get());
-  sim.init_gpt2_style(4, c.n_layers, stream.get());
-  sim.zero_grads(stream.get());
-  const DecoderRuntime rt{{DeviceKind::Sim, stream.get(), nullptr}, dev.get()};
-  const LossSum got = sim_model.forward_backward(rt, sim, in.data(), tg.data(), B, T, 0.05f);
-  EXPECT_EQ(got.sum, want.sum);
-  EXPECT_EQ(first_difference(whole_values(c, host, true), whole_values(c, sim, true, stream.get())), "");
+  for (const DecoderOptions& options :
+       {DecoderOptions{}, DecoderOptions{Checkpointing::Blocks, parse(c, R"({"default": {"attn": 2, "mlp": 8}})")}}) {
+    SimDeviceOptions opts;
+    opts.capacity_bytes = 64ull << 20;
+    auto dev = make_sim_device(opts);
+    auto stream = dev->create_stream("compute");
+    Decoder sim_model(c, options);
+    ResidentParamProvider sim(sim_model.param_groups(), dev.get());
+    sim.init_gpt2_style(4, c.n_layers, stream.get());
+    sim.zero_grads(stream.get());
+    const DecoderRuntime rt{{DeviceKind::Sim, stream.get(), nullptr}, dev.get()};
+    const LossSum got = sim_model.forward_backward(rt, sim, in.data(), tg.data(), B, T, 0.05f);
+    const std::string what = options.tiling.tiled() ? "tiled" : "untiled";
+    EXPECT_EQ(got.sum, want.sum) << what;
+    EXPECT_EQ(first_difference(whole_values(c, host, true), whole_values(c, sim, true, stream.get())), "") << what;
+    EXPECT_GT(dev->memory_stats().peak_bytes_by_tag.at("activations"), 0u) << what;
+  }
 }
 
 TEST_P(TilingArch, LayoutNamesMapBackToWholeTensors) {
