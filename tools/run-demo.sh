@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's main-job command: installs what is missing, builds Strata, checks the machine
 # (`strata doctor`), and trains the demo model: `strata train` with configs/demo.json (a byte-level
-# GPT on the fortunes corpus, ZeRO stage 3 on the sim device). Extra arguments go to `strata train`,
-# e.g. tools/run-demo.sh --steps 20.
+# GPT on the fortunes corpus, ZeRO stage 3 on the sim device capped below the model's state, with
+# optimizer state and parameters on NVMe under ./strata-run/nvme). Extra arguments go to
+# `strata train`, e.g. tools/run-demo.sh --steps 20.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/build.sh build >/dev/null
