@@ -33,14 +33,6 @@ std::span<std::byte> TierStore::host(const std::string& key, std::size_t bytes) 
   return {static_cast<std::byte*>(it->second.data()), it->second.size_bytes()};
 }
 
-bool TierStore::contains(const std::string& key) const {
-  {
-    std::lock_guard lock(mutex_);
-    if (host_.count(key) != 0) return true;
-  }
-  return swap_ != nullptr && swap_->contains(key);
-}
-
 void TierStore::remove(const std::string& key) {
   {
     std::lock_guard lock(mutex_);

@@ -56,7 +56,6 @@ class TierStore {
 
   // Host arrays: created zero-filled on first use, page-aligned, freed by remove().
   std::span<std::byte> host(const std::string& key, std::size_t bytes);
-  bool contains(const std::string& key) const;
   void remove(const std::string& key);
 
   offload::SwapStore& swap() const;

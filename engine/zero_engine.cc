@@ -203,7 +203,7 @@ GroupViews ZeroEngine::views_of(std::size_t g, void* base, DType dtype) const {
   return v;
 }
 
-bool ZeroEngine::start_gather(std::size_t g, bool prefetch) {
+void ZeroEngine::start_gather(std::size_t g, bool prefetch) {
   Group& G = group(g);
   ZeroOffload& off = impl_->off;
   const std::size_t total = G.layout.total_elems();
@@ -262,7 +262,6 @@ bool ZeroEngine::start_gather(std::size_t g, bool prefetch) {
   live_elems_ += total;
   comm_stream_->record(*G.gathered_event);
   ++gathers_;
-  return true;
 }
 
 // Device memory for the engine's own buffers. When the device is full, a demand allocation first
@@ -292,7 +291,6 @@ DeviceMemory ZeroEngine::allocate_device(std::size_t bytes, std::string_view tag
     live_elems_ -= H.layout.total_elems();
     Stream* s = H.last_use_stream != nullptr ? H.last_use_stream : comm_stream_.get();
     s->release_after(std::move(H.gathered));
-    ++evictions_;
   }
   for (Stream* s : streams) s->synchronize();
   return device_.allocate(bytes, tag);

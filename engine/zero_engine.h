@@ -133,8 +133,6 @@ class ZeroEngine final : public ParamProvider {
   // group already gathered (tests and the progress line).
   std::uint64_t prefetched_gathers() const { return prefetched_; }
   std::uint64_t gathers() const { return gathers_; }
-  // Gathered copies given back early because a demand fetch found the device full.
-  std::uint64_t evicted_gathers() const { return evictions_; }
   // Offload: whether state lives on host/NVMe, the tiers' byte counts, and how many state chunks
   // were updated in all / during backward.
   bool optimizer_offloaded() const;
@@ -178,7 +176,7 @@ class ZeroEngine final : public ParamProvider {
 
   Group& group(std::size_t g);
   GroupViews views_of(std::size_t g, void* base, DType dtype) const;
-  bool start_gather(std::size_t g, bool prefetch);
+  void start_gather(std::size_t g, bool prefetch);
   DeviceMemory allocate_device(std::size_t bytes, std::string_view tag, std::size_t keep_group, bool prefetch = false);
   void prefetch_after(std::size_t position);
   void reduce_micro_grads(std::size_t g);
@@ -228,7 +226,6 @@ class ZeroEngine final : public ParamProvider {
   std::unique_ptr<Impl> impl_;
   std::uint64_t prefetched_ = 0;
   std::uint64_t gathers_ = 0;
-  std::uint64_t evictions_ = 0;
 };
 
 }  // namespace strata

@@ -30,16 +30,12 @@ ToyShape wide_toy() {
 }
 
 ToyRun run(const TrainConfig& config, int steps, bool prepare = false, bool declare_ready = true) {
-  SimDeviceOptions o;
-  o.capacity_bytes = 64 << 20;
-  auto device = make_sim_device(o);
-  auto comm = make_local_communicator();
   testing_toy::ToyRunOptions options;
   options.steps = steps;
   options.shape = wide_toy();
   options.prepare_step = prepare;
   options.declare_ready = declare_ready;
-  return testing_toy::run_toy_engine(config, *device, *comm, options);
+  return testing_toy::run_toy_local(config, options);
 }
 
 TrainConfig config(int stage, int accumulation) {

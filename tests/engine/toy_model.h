@@ -231,6 +231,15 @@ inline ToyRun run_toy_engine(const TrainConfig& config, Device& device, Communic
   return r;
 }
 
+// run_toy_engine in one process: a 64 MiB sim device and the local communicator.
+inline ToyRun run_toy_local(const TrainConfig& config, const ToyRunOptions& o) {
+  SimDeviceOptions d;
+  d.capacity_bytes = 64 << 20;
+  auto device = make_sim_device(d);
+  auto comm = make_local_communicator();
+  return run_toy_engine(config, *device, *comm, o);
+}
+
 // Weights that differ bit-wise between two runs (a different shape counts as one).
 inline std::size_t count_weight_differences(const ToyRun& a, const ToyRun& b) {
   std::size_t bad = 0;

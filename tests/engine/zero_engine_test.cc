@@ -20,14 +20,10 @@ TrainConfig toy_config(int stage, int accumulation) { return testing_toy::toy_tr
 using RunResult = testing_toy::ToyRun;
 
 RunResult run_toy(const TrainConfig& config, int steps, const ToyShape& shape = {}) {
-  SimDeviceOptions o;
-  o.capacity_bytes = 64 << 20;
-  auto device = make_sim_device(o);
-  auto comm = make_local_communicator();
   testing_toy::ToyRunOptions options;
   options.steps = steps;
   options.shape = shape;
-  return testing_toy::run_toy_engine(config, *device, *comm, options);
+  return testing_toy::run_toy_local(config, options);
 }
 
 void expect_bit_identical(const RunResult& a, const RunResult& b, const std::string& what) {
