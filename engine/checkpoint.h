@@ -8,14 +8,17 @@
 //                   flat buffer, total elements), world size, sharding factor, stage, precision,
 //                   optimizer, step, optimizer step count, loss-scaler state, seed, the run's config,
 //                   and per data file its size, ranges and checksums;
-//   rank-RRRRR.bin  the state ranges of rank R (engine/zero_engine.h, StateRange) of every group,
-//                   group after group; inside a group's range, array after array (master, moment1,
-//                   moment2), fp32 little-endian. Only ranks holding the first copy of their shard
-//                   write (ZeroEngine::holds_primary_state), so the files of one checkpoint cover
-//                   each group's flat buffer exactly once.
+//   rank-RRRRR.bin  the state of rank R (engine/zero_engine.h, StateRange) as ranges: pieces of
+//                   a group's state range (the engine's offload chunks, or pieces of 1 Mi elements),
+//                   group after group in ascending order; inside a range, array after array (master,
+//                   moment1, moment2), fp32 little-endian — the layout the offload tiers keep, so a
+//                   chunk is copied with one O_DIRECT write. Since format version 2 every range
+//                   starts at a multiple of 4 KiB and the file's size is one too (zeros between;
+//                   version 1, still read, had ranges back to back). Only ranks holding the first
+//                   copy of their shard write (ZeroEngine::holds_primary_state), so the files of
+//                   one checkpoint cover each group's flat buffer exactly once.
 // Each (range, array) segment carries an XXH64 (seed 0) of its bytes; a file's checksum is the
-// XXH64 of its segments' checksums as 8-byte little-endian words in file order (one pass over the
-// data, whatever order the engine's tiers hand the pieces out). A loader needing elements
+// XXH64 of its segments' checksums as 8-byte little-endian words in file order. A loader needing elements
 // [a, b) of a group's flat buffer reads them from the files whose ranges cover them; elements past
 // the saved flat size are padding and zero (Note [Checkpoint state] in engine/zero_engine_state.cc).
 //
@@ -46,7 +49,7 @@
 
 namespace strata {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kCheckpointManifest = "manifest.json";
 inline constexpr const char* kCheckpointLatest = "latest";
 

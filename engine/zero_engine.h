@@ -152,12 +152,26 @@ class ZeroEngine final : public ParamProvider {
   // Whether this rank's state is the first copy of its shard (replica 0 of hybrid sharding; rank 0
   // at stage 0): the ranks a checkpoint needs data from.
   bool holds_primary_state() const { return topo_.shard_group() == 0; }
-  // Hands this rank's state to `sink` in pieces of at most kStatePieceElems; the pieces of each
-  // (group, array) come in ascending order (arrays of a group may interleave, as the offload
-  // chunks hold them); `begin_elems` counts from the start of the rank's state range.
+  // One piece of this rank's state as a checkpoint copies it: elements [begin_elems, begin_elems +
+  // elems) of the rank's state range of `group`, its state arrays back to back (master | moment1
+  // [| moment2], fp32) as the offload tiers keep a chunk (engine/offload_tier.h).
+  struct StateChunkInfo {
+    std::size_t group = 0;
+    std::size_t begin_elems = 0;
+    std::size_t elems = 0;
+  };
+  // The pieces export_state hands out, in order: the offload chunks where the optimizer is
+  // offloaded, else pieces of at most kStatePieceElems; every group's state range is covered.
+  std::vector<StateChunkInfo> state_chunks() const;
   static constexpr std::size_t kStatePieceElems = std::size_t{1} << 20;
-  using StateSink = std::function<void(std::size_t group, int array, std::size_t begin_elems,
-                                       std::span<const float> values)>;
+  // Hands piece i of state_chunks() to `sink` as bytes: 4 KiB-aligned, state_arrays() * 4 * elems
+  // meaningful bytes padded with zeros to a multiple of 4 KiB. The sink starts whatever it does
+  // with them (an O_DIRECT write) and returns its handle; the bytes stay valid and unchanged until
+  // the handle completes. NVMe-resident chunks are read ahead through the optimizer's pinned pool
+  // while earlier ones are handed out (Note [Checkpoint copy] in engine/zero_engine_state.cc). Returns when every handle
+  // completed; rethrows the first error (a read, the sink, a handle) after everything in flight
+  // finished.
+  using StateSink = std::function<offload::IoHandle(std::size_t index, std::span<const std::byte> padded)>;
   void export_state(const StateSink& sink);
   // The reverse: `source` fills each piece; then the working weights are derived from the new
   // master (the optimizer's rounding) on whichever tier they live. Every rank must call it.
@@ -193,7 +207,6 @@ class ZeroEngine final : public ParamProvider {
   std::vector<float> offloaded_master_range(std::size_t g);
   // Checkpoint state (engine/zero_engine_state.cc).
   void check_between_steps(const char* what) const;
-  void export_offloaded_state(const StateSink& sink);
   void import_offloaded_state(const StateSource& source);
   void publish_imported_weights();
 

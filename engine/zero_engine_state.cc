@@ -13,6 +13,7 @@
 // world size or sharding factor (padding elements are zero).
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include <fmt/format.h>
@@ -61,60 +62,120 @@ void ZeroEngine::check_between_steps(const char* what) const {
   }
 }
 
+std::vector<ZeroEngine::StateChunkInfo> ZeroEngine::state_chunks() const {
+  std::vector<StateChunkInfo> out;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& G = *groups_[g];
+    if (impl_->off.optimizer) {
+      for (const StateChunk& c : G.chunks) out.push_back({g, c.begin, c.elems});
+    } else {
+      for (std::size_t b = 0; b < G.state_elems; b += kStatePieceElems) {
+        out.push_back({g, b, std::min(kStatePieceElems, G.state_elems - b)});
+      }
+    }
+  }
+  return out;
+}
+
+// Note [Checkpoint copy]: export_state moves the state at disk speed. A piece handed to the sink
+// is written (O_DIRECT, engine/checkpoint.cc) straight from where it already is: a host-tier
+// chunk from its host array, an NVMe chunk from the pinned slot its read landed in, device state
+// from a staging buffer filled by one copy per array. Up to `depth` pieces are in flight: while
+// the sink hashes and writes piece i, the reads of pieces i+1.. are already queued (NVMe), so the
+// disk reads and writes at once and no byte is copied on the host.
 void ZeroEngine::export_state(const StateSink& sink) {
   check_between_steps("export_state");
   // The last step's publishing and any overlapped update must have landed.
   comm_stream_->synchronize();
-  if (impl_->off.worker) impl_->off.worker->synchronize();
-  if (impl_->off.optimizer) {
-    export_offloaded_state(sink);
-    return;
-  }
-  std::vector<float> piece;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    Group& G = *groups_[g];
-    const DeviceMemory* arrays[] = {&G.master, &G.moment1, &G.moment2};
-    piece.resize(std::min(kStatePieceElems, G.state_elems));
-    for (int a = 0; a < state_arrays(); ++a) {
-      const auto* src = arrays[a]->as<float>();
-      for (std::size_t b = 0; b < G.state_elems; b += kStatePieceElems) {
-        const std::size_t n = std::min(kStatePieceElems, G.state_elems - b);
-        comm_stream_->copy_d2h(piece.data(), src + b, n * sizeof(float));
-        comm_stream_->synchronize();  // the piece is handed out (and reused) right away
-        sink(g, a, b, std::span<const float>(piece.data(), n));
-      }
-    }
-  }
-}
-
-void ZeroEngine::export_offloaded_state(const StateSink& sink) {
   ZeroOffload& off = impl_->off;
-  const auto nstate = static_cast<std::size_t>(off.nstate);
-  HostBuffer staging;
-  if (off.opt_tier == Tier::Nvme) {
-    staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * off.chunk_elems));
-  }
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    Group& G = *groups_[g];
-    for (std::size_t k = 0; k < G.chunks.size(); ++k) {
-      const StateChunk& c = G.chunks[k];
-      const std::string key = ZeroOffload::state_key(g, k);
-      const float* chunk = nullptr;
-      if (off.opt_tier == Tier::Host) {
-        chunk = reinterpret_cast<const float*>(off.store->host(key, nstate * 4 * c.elems).data());
+  if (off.worker) off.worker->synchronize();
+  const std::vector<StateChunkInfo> chunks = state_chunks();
+  const auto nstate = static_cast<std::size_t>(state_arrays());
+  const bool nvme = off.optimizer && off.opt_tier == Tier::Nvme;
+  // (group, chunk index) of every piece, for the offload keys.
+  std::vector<std::size_t> chunk_index(chunks.size());
+  for (std::size_t i = 0; i < chunks.size(); ++i) chunk_index[i] = i > 0 && chunks[i - 1].group == chunks[i].group ? chunk_index[i - 1] + 1 : 0;
+
+  struct Piece {
+    std::size_t index = 0;
+    std::span<std::byte> bytes;  // padded
+    offload::BufferLease lease;  // NVMe: the pinned slot the read lands in
+    HostBuffer staging;          // device state
+    offload::IoHandle read;
+    offload::IoHandle use;
+  };
+  const std::size_t depth = nvme ? std::max<std::size_t>(off.pool->slot_count(), 1) : 4;
+  std::vector<HostBuffer> spare;  // device staging, reused
+  std::deque<Piece> fetched;      // data on its way (NVMe reads in flight), not yet handed out
+  std::deque<Piece> handed;       // handed to the sink, its handle pending
+  std::exception_ptr error;
+  const auto retire_front = [&] {
+    Piece& p = handed.front();
+    if (std::exception_ptr e = p.use.wait_error(); e && !error) error = e;
+    if (p.staging.size_bytes() > 0) spare.push_back(std::move(p.staging));
+    handed.pop_front();
+  };
+  const auto fetch = [&](std::size_t i) {
+    const StateChunkInfo& c = chunks[i];
+    Group& G = *groups_[c.group];
+    const std::size_t bytes = nstate * 4 * c.elems;
+    const std::size_t padded = offload::SwapStore::padded(bytes);
+    Piece p;
+    p.index = i;
+    if (nvme) {
+      p.lease = off.pool->acquire();
+      p.bytes = p.lease.span().first(padded);
+      p.read = off.store->swap().read(ZeroOffload::state_key(c.group, chunk_index[i]), p.bytes);
+      off.store->count_read(bytes);
+    } else if (off.optimizer) {
+      // Host arrays are padded and their padding is never written (still zero).
+      p.bytes = off.store->host(ZeroOffload::state_key(c.group, chunk_index[i]), bytes).first(padded);
+    } else {
+      if (!spare.empty() && spare.back().size_bytes() >= padded) {
+        p.staging = std::move(spare.back());
+        spare.pop_back();
       } else {
-        off.store->read_now(key, staging.as<std::byte>());
-        off.store->count_read(nstate * 4 * c.elems);
-        chunk = staging.as<float>().data();
+        p.staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * std::min(kStatePieceElems, G.state_elems)));
       }
+      p.bytes = std::span<std::byte>(p.staging.as<std::byte>().data(), padded);
+      const DeviceMemory* arrays[] = {&G.master, &G.moment1, &G.moment2};
       for (std::size_t a = 0; a < nstate; ++a) {
-        for (std::size_t b = 0; b < c.elems; b += kStatePieceElems) {
-          const std::size_t n = std::min(kStatePieceElems, c.elems - b);
-          sink(g, static_cast<int>(a), c.begin + b, std::span<const float>(chunk + a * c.elems + b, n));
-        }
+        comm_stream_->copy_d2h(p.bytes.data() + a * c.elems * 4, arrays[a]->as<float>() + c.begin_elems, c.elems * 4);
       }
+      comm_stream_->synchronize();
+      std::memset(p.bytes.data() + bytes, 0, padded - bytes);
     }
+    fetched.push_back(std::move(p));
+  };
+  try {
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      // Reads of the next pieces go out before piece i is handed over (fetched holds [i, next)).
+      for (; next < chunks.size() && next < i + depth; ++next) {
+        while (fetched.size() + handed.size() >= depth) retire_front();
+        fetch(next);
+      }
+      Piece p = std::move(fetched.front());
+      fetched.pop_front();
+      if (nvme) {
+        p.read.wait();
+        const std::size_t bytes = nstate * 4 * chunks[i].elems;
+        std::memset(p.bytes.data() + bytes, 0, p.bytes.size() - bytes);  // the slot's stale tail
+      }
+      p.use = sink(i, p.bytes);
+      handed.push_back(std::move(p));
+      while (!handed.empty() && handed.front().use.poll()) retire_front();
+    }
+  } catch (...) {
+    if (!error) error = std::current_exception();
   }
+  // Nothing may be in flight when the slots and staging go away.
+  for (Piece& p : fetched) {
+    if (p.read.valid()) (void)p.read.wait_error();
+  }
+  fetched.clear();
+  while (!handed.empty()) retire_front();
+  if (error) std::rethrow_exception(error);
 }
 
 // Working weights of elements [begin, begin + n) of group g's state range, from their new master

@@ -251,6 +251,106 @@ TEST_F(Checkpoint, AFailedSaveLeavesThePreviousCheckpointLoadable) {
   EXPECT_EQ(testing_toy::count_weight_differences(resumed.weights(), reference), 0u);
 }
 
+TEST_F(Checkpoint, NvmeStateIsCopiedChunkByChunkIntoAlignedRanges) {
+  // Note [Checkpoint copy]: one 4 KiB-aligned range per offload chunk, read ahead through the
+  // pinned pool (more chunks than slots, so slots are reused while writes are in flight).
+  if (!nvme_ok()) GTEST_SKIP() << "O_DIRECT unavailable in " << dir_.path();
+  const TierSetup setup{3, OffloadDevice::Nvme, OffloadDevice::Nvme};
+  ToyTrainer t(with(setup));
+  t.train(0, kSaveAt);
+  const auto chunks = t.engine->state_chunks();
+  ASSERT_GT(chunks.size(), 4u) << "the toy should have more chunks than the pool has slots";
+  const std::uint64_t read_before = t.engine->tier_stats().nvme_bytes_read;
+  const CheckpointSaveResult saved = t.save(dir_.sub("ckpt"), kSaveAt);
+  std::uint64_t state_bytes = 0;
+  for (const auto& c : chunks) state_bytes += 3 * 4 * c.elems;
+  EXPECT_EQ(t.engine->tier_stats().nvme_bytes_read - read_before, state_bytes);
+  const CheckpointManifest m = read_checkpoint_manifest(saved.dir);
+  EXPECT_EQ(m.format_version, kCheckpointFormatVersion);
+  ASSERT_EQ(m.files.size(), 1u);
+  ASSERT_EQ(m.files[0].ranges.size(), chunks.size());
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const CheckpointRange& r = m.files[0].ranges[i];
+    EXPECT_EQ(r.file_offset_bytes % 4096, 0u) << "range " << i;
+    EXPECT_EQ(r.group, chunks[i].group) << "range " << i;
+    EXPECT_EQ(r.elems, chunks[i].elems) << "range " << i;
+  }
+  EXPECT_EQ(m.files[0].bytes % 4096, 0u);
+  EXPECT_TRUE(verify_checkpoint(saved.dir).empty());
+}
+
+TEST_F(Checkpoint, ACorruptSwapFileFailsTheSaveAndKeepsThePrevious) {
+  // The swap store's checksums catch a bad chunk on its way into the checkpoint: the save fails
+  // naming the swap file, with every read and write in flight drained, and `latest` stays.
+  if (!nvme_ok()) GTEST_SKIP() << "O_DIRECT unavailable in " << dir_.path();
+  const TierSetup setup{2, OffloadDevice::Nvme, OffloadDevice::None};
+  const std::string parent = dir_.sub("ckpt");
+  ToyTrainer t(with(setup));
+  t.train(0, kSaveAt);
+  t.save(parent, kSaveAt);
+  t.train(kSaveAt, kSaveAt + 1);
+  const std::string swap = dir_.path() + "/swap/strata-swap-rank0.bin";
+  ASSERT_TRUE(fs::exists(swap)) << swap;
+  {
+    std::fstream f(swap, std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = static_cast<std::streamoff>(fs::file_size(swap));
+    for (std::streamoff at = 100; at < size; at += 4096) {
+      f.seekg(at);
+      char c = 0;
+      f.get(c);
+      f.seekp(at);
+      f.put(static_cast<char>(c ^ 0x01));
+    }
+  }
+  try {
+    t.save(parent, kSaveAt + 1);
+    ADD_FAILURE() << "a save from a corrupt swap file succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(swap), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(resolve_checkpoint_dir(parent), parent + "/" + checkpoint_dir_name(kSaveAt));
+  EXPECT_TRUE(verify_checkpoint(parent).empty());
+  for (const auto& e : fs::directory_iterator(parent)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "left " << e.path() << " behind";
+  }
+}
+
+TEST_F(Checkpoint, FormatVersionOneIsStillRead) {
+  // Version 1 kept ranges back to back; rewrite a checkpoint that way and resume from it.
+  const ToyRun reference = uninterrupted(config(2));
+  const std::string parent = dir_.sub("ckpt");
+  std::string dir;
+  {
+    ToyTrainer first(config(2));
+    first.train(0, kSaveAt);
+    dir = first.save(parent, kSaveAt).dir;
+  }
+  const std::string manifest = dir + "/manifest.json";
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(manifest));
+  for (auto& f : j["files"]) {
+    const std::string path = dir + "/" + f["name"].get<std::string>();
+    std::ifstream in(path, std::ios::binary);
+    std::string packed;
+    for (auto& r : f["ranges"]) {
+      std::string bytes(3 * 4 * r["elems"].get<std::size_t>(), '\0');
+      in.seekg(static_cast<std::streamoff>(r["file_offset_bytes"].get<std::uint64_t>()));
+      in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      r["file_offset_bytes"] = packed.size();
+      packed += bytes;
+    }
+    in.close();
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << packed;
+    f["bytes"] = packed.size();
+  }
+  j["format_version"] = 1;
+  std::ofstream(manifest, std::ios::trunc) << j.dump(1);
+  EXPECT_TRUE(verify_checkpoint(parent).empty());
+  ToyTrainer second(config(2));
+  second.load(parent);
+  second.train(kSaveAt, kSteps);
+  EXPECT_EQ(testing_toy::count_weight_differences(second.weights(), reference), 0u);
+}
+
 class CheckpointDamage : public Checkpoint {
  protected:
   void SetUp() override {
