@@ -15,6 +15,8 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -161,7 +163,31 @@ std::string latest_name(const std::string& parent) {
   return text;
 }
 
-// Removes all but the newest `keep` checkpoints (never `keep_name`, nor what `latest` names).
+// Note [Pruning in the background]: removing an old checkpoint (unlinking hundreds of MiB of
+// extents: ~0.1 s per 300 MiB here) does not hold up training. Once `latest` names the new
+// checkpoint, rank 0 renames the checkpoints beyond `keep` to .old-step-* (one rename each, so
+// they stop being checkpoints at once) and a background task deletes them while training goes
+// on. A later prune's task first waits for the earlier one; a save leaves .old-* directories to a
+// running task and removes them only when none runs (a crash's leftovers); the trainer waits for
+// the task at the end of the run (wait_for_checkpoint_cleanup), process exit does too (std::async).
+std::mutex g_pruning_mutex;
+std::future<void> g_pruning;
+
+void wait_for_pruning() {
+  std::lock_guard lock(g_pruning_mutex);
+  if (g_pruning.valid()) g_pruning.get();
+}
+
+// Whether a deletion task still runs (reaps a finished one).
+bool pruning_running() {
+  std::lock_guard lock(g_pruning_mutex);
+  if (!g_pruning.valid()) return false;
+  if (g_pruning.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return true;
+  g_pruning.get();
+  return false;
+}
+
+// Retires all but the newest `keep` checkpoints (never `keep_name`, nor what `latest` names).
 void prune(const std::string& parent, int keep, const std::string& keep_name) {
   std::vector<std::pair<std::int64_t, std::string>> found;
   for (const auto& e : fs::directory_iterator(parent)) {
@@ -171,73 +197,192 @@ void prune(const std::string& parent, int keep, const std::string& keep_name) {
     }
   }
   std::sort(found.rbegin(), found.rend());
+  std::vector<fs::path> doomed;
   for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)); i < found.size(); ++i) {
     if (found[i].second == keep_name) continue;
+    const fs::path old = fs::path(parent) / ("." + std::string("old-") + found[i].second);
     std::error_code ec;
-    fs::remove_all(fs::path(parent) / found[i].second, ec);
-    if (ec) spdlog::warn("checkpoint: could not remove old {}/{}: {}", parent, found[i].second, ec.message());
+    fs::rename(fs::path(parent) / found[i].second, old, ec);
+    if (ec) {
+      spdlog::warn("checkpoint: could not retire old {}/{}: {}", parent, found[i].second, ec.message());
+      continue;
+    }
+    doomed.push_back(old);
   }
+  if (doomed.empty()) return;
+  std::lock_guard lock(g_pruning_mutex);
+  g_pruning = std::async(std::launch::async, [earlier = std::move(g_pruning), doomed = std::move(doomed)]() mutable {
+    if (earlier.valid()) earlier.get();
+    for (const auto& d : doomed) {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+      if (ec) spdlog::warn("checkpoint: could not remove {}: {}", d.string(), ec.message());
+    }
+  });
 }
 
-// Writes this rank's state into `tmp_dir`/`name`; returns the file's manifest record. One range
-// per piece the engine hands out (Note [Checkpoint copy] in engine/zero_engine_state.cc), each at
-// a 4 KiB boundary, written with O_DIRECT (buffered where the file system refuses it) through an
-// I/O engine while the next pieces are read.
-nlohmann::json write_rank_file(ZeroEngine& engine, const TrainConfig& config, const std::string& tmp_dir,
-                               const std::string& name, const CheckpointSaveOptions& options) {
-  const std::string path = tmp_dir + "/" + name;
-  const auto arrays = static_cast<std::size_t>(engine.state_arrays());
-  const std::vector<ZeroEngine::StateChunkInfo> chunks = engine.state_chunks();
-  std::vector<std::uint64_t> offsets;
-  std::uint64_t cursor = 0;
-  for (const auto& c : chunks) {
-    offsets.push_back(cursor);
-    cursor += (arrays * c.elems * sizeof(float) + kRangeAlignBytes - 1) / kRangeAlignBytes * kRangeAlignBytes;
+// This rank's data file of a checkpoint: one range per piece the engine hands out (Note
+// [Checkpoint copy] in engine/zero_engine_state.cc), each at a 4 KiB boundary, written with
+// O_DIRECT (buffered where the file system refuses it) through an I/O engine of its own, either
+// copied after the step (copy()) or captured during it (capture_sink(), Note [Checkpoint capture]
+// in engine/zero_engine_offload.cc).
+class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
+ public:
+  RankFileWriter(ZeroEngine& engine, const TrainConfig& config, const std::string& tmp_dir, std::string name,
+                 const CheckpointSaveOptions& options)
+      : name_(std::move(name)),
+        path_(tmp_dir + "/" + name_),
+        arrays_(static_cast<std::size_t>(engine.state_arrays())),
+        chunks_(engine.state_chunks()),
+        fault_hook_(options.fault_hook) {
+    std::uint64_t cursor = 0;
+    for (const auto& c : chunks_) {
+      offsets_.push_back(cursor);
+      cursor += (arrays_ * c.elems * sizeof(float) + kRangeAlignBytes - 1) / kRangeAlignBytes * kRangeAlignBytes;
+      range_offsets_.push_back(engine.state_range(c.group).offset_elems + c.begin_elems);
+    }
+    bytes_ = cursor;
+    digests_.assign(chunks_.size() * arrays_, 0);
+    const offload::Direct direct =
+        offload::probe_direct_io(tmp_dir).empty() ? offload::Direct::On : offload::Direct::Off;
+    fd_ = offload::open_inside(tmp_dir, name_, direct, offload::Truncate::Truncate);
+    offload::preallocate(fd_.get(), path_, bytes_);
+    offload::IoEngineOptions io;
+    io.kind = offload::parse_engine_kind(config.aio.engine == "io_uring" ? "uring" : config.aio.engine, "aio.engine");
+    io.queue_depth = static_cast<unsigned>(config.aio.queue_depth);
+    io_ = offload::make_io_engine(io);
+    file_ = io_->register_file(fd_.get(), path_);
   }
-  const offload::Direct direct =
-      offload::probe_direct_io(tmp_dir).empty() ? offload::Direct::On : offload::Direct::Off;
-  offload::UniqueFd fd = offload::open_inside(tmp_dir, name, direct, offload::Truncate::Truncate);
-  offload::preallocate(fd.get(), path, cursor);
-  offload::IoEngineOptions io;
-  io.kind = offload::parse_engine_kind(config.aio.engine == "io_uring" ? "uring" : config.aio.engine, "aio.engine");
-  io.queue_depth = static_cast<unsigned>(config.aio.queue_depth);
-  const std::unique_ptr<offload::IoEngine> writer = offload::make_io_engine(io);
-  const offload::FileId file = writer->register_file(fd.get(), path);
-  std::vector<std::uint64_t> digests(chunks.size() * arrays);
-  try {
-    engine.export_state([&](std::size_t i, std::span<const std::byte> padded) {
-      const auto& c = chunks[i];
-      for (std::size_t a = 0; a < arrays; ++a) {
-        digests[i * arrays + a] = XXH64(padded.data() + a * c.elems * sizeof(float), c.elems * sizeof(float), 0);
+  ~RankFileWriter() {
+    if (file_ >= 0) io_->unregister_file(file_);
+  }
+  RankFileWriter(const RankFileWriter&) = delete;
+  RankFileWriter& operator=(const RankFileWriter&) = delete;
+
+  std::size_t pieces() const { return chunks_.size(); }
+
+  // Hashes piece i and starts its write; throws for an injected fault.
+  offload::IoHandle write(std::size_t i, std::span<const std::byte> padded, offload::IoCallback done) {
+    const auto& c = chunks_[i];
+    for (std::size_t a = 0; a < arrays_; ++a) {
+      digests_[i * arrays_ + a] = XXH64(padded.data() + a * c.elems * sizeof(float), c.elems * sizeof(float), 0);
+    }
+    if (fault_hook_) {
+      if (const int err = fault_hook_(path_); err != 0) {
+        throw IoError(fmt::format("writing checkpoint file {} ({} bytes at offset {}): {}", path_, padded.size(),
+                                  offsets_[i], errno_text(err)),
+                      err);
       }
-      if (options.fault_hook) {
-        if (const int err = options.fault_hook(path); err != 0) {
-          throw IoError(fmt::format("writing checkpoint file {} ({} bytes at offset {}): {}", path, padded.size(),
-                                    offsets[i], errno_text(err)),
-                        err);
+    }
+    const offload::IoRequest request{offload::IoOp::Write, file_, offsets_[i], const_cast<std::byte*>(padded.data()),
+                                     padded.size()};
+    return io_->submit(std::span<const offload::IoRequest>(&request, 1), std::move(done));
+  }
+
+  // Every piece, copied from the engine's tiers after the step.
+  void copy(ZeroEngine& engine) {
+    engine.export_state([&](std::size_t i, std::span<const std::byte> padded) { return write(i, padded, {}); });
+  }
+
+  // For ZeroEngine::capture_next_step: never throws; an error is kept for finish() and the step
+  // goes on. The sink keeps the writer alive for as long as the engine holds it.
+  ZeroEngine::StateCaptureSink capture_sink() {
+    return [self = shared_from_this()](std::size_t i, std::span<const std::byte> padded,
+                                       offload::IoCallback done) -> offload::IoHandle {
+      try {
+        return self->write(i, padded, [self, done = std::move(done)](std::exception_ptr& error) mutable {
+          if (error) self->keep_error(error);
+          error = nullptr;
+          done(error);
+        });
+      } catch (...) {
+        self->keep_error(std::current_exception());
+        return offload::IoHandle::ready();
+      }
+    };
+  }
+
+  // After every write completed: rethrows a kept error, fsyncs, returns the manifest record.
+  nlohmann::json finish() {
+    {
+      std::lock_guard lock(mutex_);
+      if (error_) std::rethrow_exception(error_);
+    }
+    fsync_fd(fd_.get(), path_);
+    nlohmann::json jranges = nlohmann::json::array();
+    for (std::size_t i = 0; i < chunks_.size(); ++i) {
+      nlohmann::json hashes = nlohmann::json::array();
+      for (std::size_t a = 0; a < arrays_; ++a) hashes.push_back(hex64(digests_[i * arrays_ + a]));
+      jranges.push_back({{"group", chunks_[i].group},
+                         {"offset_elems", range_offsets_[i]},
+                         {"elems", chunks_[i].elems},
+                         {"file_offset_bytes", offsets_[i]},
+                         {"xxh64", hashes}});
+    }
+    return {{"name", name_}, {"bytes", bytes_}, {"xxh64", hex64(file_checksum(digests_))}, {"ranges", jranges}};
+  }
+
+ private:
+  void keep_error(std::exception_ptr e) {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = std::move(e);
+  }
+
+  std::string name_, path_;
+  std::size_t arrays_;
+  std::vector<ZeroEngine::StateChunkInfo> chunks_;
+  std::vector<std::uint64_t> offsets_, range_offsets_, digests_;
+  std::uint64_t bytes_ = 0;
+  std::function<int(const std::string&)> fault_hook_;
+  offload::UniqueFd fd_;
+  std::unique_ptr<offload::IoEngine> io_;
+  offload::FileId file_ = -1;
+  std::mutex mutex_;
+  std::exception_ptr error_;
+};
+
+// Step 1 of a save (Note [Atomic checkpoints]), collective: rank 0 removes leftovers of crashed
+// saves and makes PARENT/.tmp-step-N. Returns false when step-N exists complete already.
+struct SaveDirs {
+  std::string parent, dir, tmp_dir;
+};
+bool make_tmp_dir(Communicator& world, const CheckpointSaveOptions& options, std::int64_t step, SaveDirs* dirs) {
+  const std::string name = checkpoint_dir_name(step);
+  const std::string tmp_name = ".tmp-" + name;
+  const std::string what = fmt::format("checkpoint of step {} into {}", step, options.parent);
+  std::exception_ptr error;
+  double exists = 0;
+  if (world.rank() == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(options.parent, ec);
+      const std::string parent = offload::check_directory(options.parent, "strata.checkpoint.dir");
+      const bool pruning = pruning_running();
+      for (const auto& e : fs::directory_iterator(parent)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind(".tmp-step-", 0) == 0 || (!pruning && n.rfind(".old-step-", 0) == 0) ||
+            n == std::string(kCheckpointLatest) + ".tmp") {
+          fs::remove_all(e.path());
         }
       }
-      const offload::IoRequest request{offload::IoOp::Write, file, offsets[i], const_cast<std::byte*>(padded.data()),
-                                       padded.size()};
-      return writer->submit(std::span<const offload::IoRequest>(&request, 1));
-    });
-  } catch (...) {
-    writer->unregister_file(file);
-    throw;
+      if (fs::exists(fs::path(parent) / name / kCheckpointManifest)) {
+        exists = 1;
+      } else if (fs::exists(fs::path(parent) / name)) {
+        throw IoError(fmt::format("{}/{} exists but is not a complete checkpoint (no {}); remove it", parent, name,
+                                  kCheckpointManifest),
+                      EEXIST);
+      } else if (::mkdir((fs::path(parent) / tmp_name).c_str(), 0700) != 0) {
+        throw IoError(fmt::format("cannot create {}/{}: {}", parent, tmp_name, errno_text(errno)), errno);
+      }
+    } catch (const std::exception&) {
+      error = std::current_exception();
+    }
   }
-  writer->unregister_file(file);
-  fsync_fd(fd.get(), path);
-  nlohmann::json jranges = nlohmann::json::array();
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    nlohmann::json hashes = nlohmann::json::array();
-    for (std::size_t a = 0; a < arrays; ++a) hashes.push_back(hex64(digests[i * arrays + a]));
-    jranges.push_back({{"group", chunks[i].group},
-                       {"offset_elems", engine.state_range(chunks[i].group).offset_elems + chunks[i].begin_elems},
-                       {"elems", chunks[i].elems},
-                       {"file_offset_bytes", offsets[i]},
-                       {"xxh64", hashes}});
-  }
-  return {{"name", name}, {"bytes", cursor}, {"xxh64", hex64(file_checksum(digests))}, {"ranges", jranges}};
+  agree(world, error, what);
+  dirs->parent = fs::canonical(options.parent).string();
+  dirs->dir = dirs->parent + "/" + name;
+  dirs->tmp_dir = dirs->parent + "/" + tmp_name;
+  return world.all_reduce_host(exists, ReduceOp::Max) == 0;
 }
 
 nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
@@ -285,62 +430,86 @@ nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const Trai
 
 }  // namespace
 
+void wait_for_checkpoint_cleanup() { wait_for_pruning(); }
+
 std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:08}", step); }
+
+struct PendingCheckpoint::State {
+  ZeroEngine* engine = nullptr;
+  std::int64_t step = 0;
+  bool exists = false;
+  SaveDirs dirs;
+  std::shared_ptr<RankFileWriter> writer;
+};
+
+PendingCheckpoint::PendingCheckpoint(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+PendingCheckpoint::~PendingCheckpoint() = default;
+
+std::int64_t PendingCheckpoint::step() const { return state_->step; }
+
+std::unique_ptr<PendingCheckpoint> begin_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                                                    std::int64_t step, const CheckpointSaveOptions& options) {
+  auto state = std::make_unique<PendingCheckpoint::State>();
+  state->engine = &engine;
+  state->step = step;
+  state->exists = !make_tmp_dir(world, options, step, &state->dirs);
+  if (!state->exists && engine.holds_primary_state() && engine.optimizer_offloaded()) {
+    state->writer = std::make_shared<RankFileWriter>(engine, config, state->dirs.tmp_dir,
+                                                     fmt::format("rank-{:05}.bin", world.rank()), options);
+    engine.capture_next_step(state->writer->capture_sink());
+  }
+  return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(state)));
+}
 
 CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
                                      const std::string& model_name, std::int64_t step,
-                                     const CheckpointSaveOptions& options) {
+                                     const CheckpointSaveOptions& options, PendingCheckpoint* pending) {
   const auto start = std::chrono::steady_clock::now();
   const int rank = world.rank();
   const std::string name = checkpoint_dir_name(step);
-  const std::string tmp_name = ".tmp-" + name;
   const std::string what = fmt::format("checkpoint of step {} into {}", step, options.parent);
   CheckpointSaveResult result;
+  STRATA_CHECK(pending == nullptr || pending->step() == step, "checkpoint of step {} begun for step {}", step,
+               pending ? pending->step() : 0);
 
   // 1. Rank 0 makes the temporary directory (after removing leftovers of crashed saves).
-  std::exception_ptr error;
-  double exists = 0;
-  if (rank == 0) {
-    try {
-      std::error_code ec;
-      fs::create_directories(options.parent, ec);
-      const std::string parent = offload::check_directory(options.parent, "strata.checkpoint.dir");
-      for (const auto& e : fs::directory_iterator(parent)) {
-        const std::string n = e.path().filename().string();
-        if (n.rfind(".tmp-step-", 0) == 0 || n == std::string(kCheckpointLatest) + ".tmp") fs::remove_all(e.path());
-      }
-      if (fs::exists(fs::path(parent) / name / kCheckpointManifest)) {
-        exists = 1;
-      } else if (fs::exists(fs::path(parent) / name)) {
-        throw IoError(fmt::format("{}/{} exists but is not a complete checkpoint (no {}); remove it", parent, name,
-                                  kCheckpointManifest),
-                      EEXIST);
-      } else if (::mkdir((fs::path(parent) / tmp_name).c_str(), 0700) != 0) {
-        throw IoError(fmt::format("cannot create {}/{}: {}", parent, tmp_name, errno_text(errno)), errno);
-      }
-    } catch (const std::exception&) {
-      error = std::current_exception();
-    }
+  SaveDirs dirs;
+  bool fresh = true;
+  if (pending != nullptr) {
+    dirs = pending->state_->dirs;
+    fresh = !pending->state_->exists;
+  } else {
+    fresh = make_tmp_dir(world, options, step, &dirs);
   }
-  agree(world, error, what);
-  const std::string parent = fs::canonical(options.parent).string();
-  result.dir = parent + "/" + name;
-  if (world.all_reduce_host(exists, ReduceOp::Max) > 0) {
+  result.dir = dirs.dir;
+  if (!fresh) {
     if (rank == 0) spdlog::info("checkpoint {} already exists; not written again", result.dir);
     return result;
   }
-  const std::string tmp_dir = parent + "/" + tmp_name;
+  const std::string parent = dirs.parent;
+  const std::string tmp_dir = dirs.tmp_dir;
   const auto remove_tmp = [&] {
     if (rank != 0) return;
     std::error_code ec;
     fs::remove_all(tmp_dir, ec);
   };
 
-  // 2. Ranks with the first copy of a shard write their file.
+  // 2. Ranks with the first copy of a shard write their file: finished when the step captured it
+  //    (Note [Checkpoint capture]), else copied now.
+  std::exception_ptr error;
   std::string record;
   try {
     if (engine.holds_primary_state()) {
-      nlohmann::json r = write_rank_file(engine, config, tmp_dir, fmt::format("rank-{:05}.bin", rank), options);
+      std::shared_ptr<RankFileWriter> writer;
+      if (pending != nullptr) writer = std::move(pending->state_->writer);
+      const bool captured = writer != nullptr && engine.captured_pieces() == writer->pieces();
+      engine.capture_next_step(nullptr);  // disarmed by the step already, unless none ran
+      if (writer == nullptr) {
+        writer = std::make_shared<RankFileWriter>(engine, config, tmp_dir, fmt::format("rank-{:05}.bin", rank), options);
+      }
+      if (!captured) writer->copy(engine);
+      nlohmann::json r = writer->finish();
       r["rank"] = rank;
       record = r.dump();
     }

@@ -26,8 +26,8 @@
 // 0; leftovers of a crashed save are removed first), fsync their files and agree that all
 // succeeded; rank 0 then writes and fsyncs the manifest, fsyncs the directory, renames it to
 // step-00000120, fsyncs PARENT, replaces PARENT/latest (a one-line file naming the directory)
-// through latest.tmp + fsync + rename + fsync, and finally removes all but the newest `keep`
-// checkpoints. A crash or an I/O error (ENOSPC, EIO) at any point leaves the previous checkpoint
+// through latest.tmp + fsync + rename + fsync, and finally retires all but the newest `keep`
+// checkpoints (deleted in the background: Note [Pruning in the background]). A crash or an I/O error (ENOSPC, EIO) at any point leaves the previous checkpoint
 // and `latest` as they were: a failed save removes its temporary directory and reports an IoError.
 #pragma once
 
@@ -70,12 +70,45 @@ struct CheckpointSaveResult {
   double seconds = 0;       // wall time of the save on rank 0
 };
 
+// A checkpoint begun before the step it saves (begin_checkpoint); save_checkpoint finishes it.
+class PendingCheckpoint {
+ public:
+  ~PendingCheckpoint();
+  PendingCheckpoint(const PendingCheckpoint&) = delete;
+  PendingCheckpoint& operator=(const PendingCheckpoint&) = delete;
+  std::int64_t step() const;  // the step count the checkpoint is of
+
+  struct State;
+
+ private:
+  explicit PendingCheckpoint(std::unique_ptr<State> state);
+  friend std::unique_ptr<PendingCheckpoint> begin_checkpoint(ZeroEngine&, Communicator&, const TrainConfig&,
+                                                             std::int64_t, const CheckpointSaveOptions&);
+  friend CheckpointSaveResult save_checkpoint(ZeroEngine&, Communicator&, const TrainConfig&, const std::string&,
+                                              std::int64_t, const CheckpointSaveOptions&, PendingCheckpoint*);
+  std::unique_ptr<State> state_;
+};
+
+// Starts the checkpoint that will follow the next step, which brings the count to `step`
+// (collective, between steps): makes the temporary directory and, where the optimizer state is
+// offloaded, this rank's data file, and arms the engine to write each chunk's new state into it as
+// the optimizer produces it (engine/zero_engine_offload.cc, Note [Checkpoint capture]), so the
+// save after the step reads nothing back. Pass the result to save_checkpoint after that step.
+std::unique_ptr<PendingCheckpoint> begin_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                                                    std::int64_t step, const CheckpointSaveOptions& options);
+
 // Writes a checkpoint of `engine` after `step` steps (collective over `world`). `config` gives the
 // precision, optimizer, seed and the raw config recorded in the manifest; `model_name` the model.
-// Throws IoError (on every rank) when any rank failed; the previous checkpoint is then intact.
+// With `pending` (begun for this step) the data the step captured is used; whatever it did not
+// capture (a skipped step, state on the device) is copied now. Throws IoError (on every rank) when
+// any rank failed; the previous checkpoint is then intact.
 CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
                                      const std::string& model_name, std::int64_t step,
-                                     const CheckpointSaveOptions& options);
+                                     const CheckpointSaveOptions& options, PendingCheckpoint* pending = nullptr);
+
+// Waits until the checkpoints a save retired are deleted (Note [Pruning in the background] in
+// engine/checkpoint.cc); saves do this themselves, tests and tools that list the parent call it.
+void wait_for_checkpoint_cleanup();
 
 // One (range, array) segment layout of a data file.
 struct CheckpointRange {

@@ -165,6 +165,10 @@ void ChunkPipeline::run(std::vector<ChunkJob>& jobs) {
     try {
       for (auto& h : f.reads) h.wait();
       job.work(f.spans);
+      if (job.also) {
+        auto lease = f.lease;
+        writes.push_back(job.also(f.spans, [lease](std::exception_ptr&) mutable { lease.reset(); }));
+      }
       for (std::size_t k = 0; k < job.fields.size(); ++k) {
         const ChunkField& field = job.fields[k];
         if (field.tier != Tier::Nvme || (field.kind != ChunkField::Update && field.kind != ChunkField::Write)) continue;

@@ -101,6 +101,10 @@ struct ChunkJob {
   // Runs with one span per field, in order (each at least `bytes` long, 4 KiB-aligned).
   std::function<void(std::span<const std::span<std::byte>> fields)> work;
   std::vector<std::string> remove_after;  // keys to drop once the job ran (consumed partial sums)
+  // (optional) Runs right after `work`, before the job's writes go out: another asynchronous use of
+  // the fields' bytes (a checkpoint write). It must pass `done` as the I/O callback of the handle it
+  // returns; the job's slot stays on loan until then, and run() waits for the handle.
+  std::function<offload::IoHandle(std::span<const std::span<std::byte>> fields, offload::IoCallback done)> also;
 };
 
 class ChunkPipeline {

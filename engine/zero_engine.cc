@@ -597,6 +597,7 @@ StepResult ZeroEngine::step(double lr) {
     }
     impl_->optimizer.step(shards, grad_scale, impl_->exec);
   }
+  off.capture = nullptr;  // armed for this step only (Note [Checkpoint capture])
   if (result.applied) {
     // Publish: groups whose W is a full resident copy gather every shard's new values into it.
     for (auto& G : groups_) {

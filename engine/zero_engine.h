@@ -173,6 +173,18 @@ class ZeroEngine final : public ParamProvider {
   // finished.
   using StateSink = std::function<offload::IoHandle(std::size_t index, std::span<const std::byte> padded)>;
   void export_state(const StateSink& sink);
+  // Arms the next step to hand each chunk's new state to `sink` the moment the optimizer wrote it
+  // (Note [Checkpoint capture] in engine/zero_engine_offload.cc): piece `index` of state_chunks(),
+  // the bytes export_state would give after the step, and `done`, which the sink must pass as the
+  // I/O callback of the handle it returns (the chunk's pinned slot is held until then). The sink
+  // must not throw. Only where the optimizer is offloaded; returns false (nothing armed) otherwise
+  // and for an empty sink, which disarms.
+  // step() disarms it; captured_pieces() then says how many pieces were handed out: all of them,
+  // or none when the step was skipped (non-finite gradients).
+  using StateCaptureSink = std::function<offload::IoHandle(std::size_t index, std::span<const std::byte> padded,
+                                                           offload::IoCallback done)>;
+  bool capture_next_step(StateCaptureSink sink);
+  std::size_t captured_pieces() const;
   // The reverse: `source` fills each piece; then the working weights are derived from the new
   // master (the optimizer's rounding) on whichever tier they live. Every rank must call it.
   using StateSource = std::function<void(std::size_t group, int array, std::size_t begin_elems,

@@ -87,6 +87,10 @@ struct ZeroOffload {
   std::atomic<std::uint64_t> overlapped_chunks{0};
   std::atomic<std::uint64_t> chunk_updates{0};
   std::atomic<std::uint64_t> copy_bytes{0};  // host<->device bytes moved for offloaded state
+  // Note [Checkpoint capture]: armed for one step by capture_next_step.
+  ZeroEngine::StateCaptureSink capture;
+  std::vector<std::size_t> capture_first;  // piece index of each group's first chunk
+  std::atomic<std::size_t> captured{0};
 
   static std::string state_key(std::size_t g, std::size_t k) { return "o" + std::to_string(g) + "." + std::to_string(k); }
   static std::string grad_key(std::size_t g, std::size_t k) { return "g" + std::to_string(g) + "." + std::to_string(k); }

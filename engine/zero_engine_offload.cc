@@ -47,6 +47,48 @@ T* as(std::span<std::byte> s) {
 // update cannot undo the chunks it already wrote, so a non-finite chunk gradient fails the step
 // with an error that says so. With clipping or fp16 the engine waits (the README says why).
 
+// Note [Checkpoint capture]: a checkpoint of NVMe-resident state would read every chunk back from
+// the swap file (Note [Checkpoint copy] in engine/zero_engine_state.cc), but the step before it
+// already holds each chunk in a pinned slot right after the optimizer updated it. When the trainer
+// knows a checkpoint follows the step (an interval in steps, the last step), it arms the step with
+// capture_next_step: each update job then hands its new state to the checkpoint's sink before the
+// slot's write-behind goes out, and the slot returns to the pool only when both writes completed.
+// The checkpoint costs one write of the state, overlapped with backward where the update is, and
+// no read. Bits are the same as a copy after the step: the bytes are the ones written to the tier.
+namespace {
+void add_capture(ZeroOffload& off, ChunkJob& job, std::size_t g, std::size_t k, std::size_t field, std::size_t bytes) {
+  if (!off.capture) return;
+  const std::size_t index = off.capture_first[g] + k;
+  job.also = [&off, index, field, bytes](std::span<const std::span<std::byte>> f, offload::IoCallback done) {
+    const std::size_t padded = offload::SwapStore::padded(bytes);
+    std::byte* data = f[field].data();
+    std::memset(data + bytes, 0, padded - bytes);  // a slot's stale tail; host arrays' padding is zero already
+    off.captured.fetch_add(1);
+    return off.capture(index, std::span<const std::byte>(data, padded), std::move(done));
+  };
+}
+}  // namespace
+
+bool ZeroEngine::capture_next_step(StateCaptureSink sink) {
+  check_between_steps("capture_next_step");
+  ZeroOffload& off = impl_->off;
+  if (!sink || !off.optimizer) {
+    off.capture = nullptr;  // disarms; captured_pieces() keeps what the last step handed out
+    return false;
+  }
+  off.capture_first.assign(groups_.size(), 0);
+  std::size_t pieces = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    off.capture_first[g] = pieces;
+    pieces += groups_[g]->chunks.size();
+  }
+  off.captured = 0;
+  off.capture = std::move(sink);
+  return true;
+}
+
+std::size_t ZeroEngine::captured_pieces() const { return impl_->off.captured.load(); }
+
 void ZeroEngine::setup_offload() {
   ZeroOffload& off = impl_->off;
   const OffloadConfig& oo = config_.zero.offload_optimizer;
@@ -304,6 +346,7 @@ void ZeroEngine::offload_combine(std::size_t g, const void* reduced, int unit, b
       update_chunk(g, c, as<float>(f[i_state]), out, f[i_w].data(), grad_scale, step_no);
       off.overlapped_chunks.fetch_add(1);
     };
+    if (overlap) add_capture(off, job, g, k, i_state, static_cast<std::size_t>(off.nstate) * 4 * n);
     jobs.push_back(std::move(job));
   }
   ChunkPipeline(*off.store, *off.pool).run(jobs);
@@ -361,6 +404,7 @@ void ZeroEngine::run_offloaded_optimizer(float grad_scale) {
       job.work = [=, this](std::span<const std::span<std::byte>> f) {
         update_chunk(g, c, as<float>(f[0]), as<float>(f[1]), f[2].data(), grad_scale, step_no);
       };
+      add_capture(off, job, g, k, 0, static_cast<std::size_t>(off.nstate) * 4 * n);
       jobs.push_back(std::move(job));
     }
   }

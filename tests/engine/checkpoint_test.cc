@@ -61,6 +61,7 @@ struct ToyTrainer {
   }
   void train(int from, int to) {
     for (int s = from; s < to; ++s) {
+      if (overlap) engine->prepare_step(config.optimizer.lr);
       for (int a = 0; a < config.gradient_accumulation_steps; ++a) {
         engine->begin_micro_batch();
         testing_toy::toy_forward_backward(*engine, *stream, toy, s, a);
@@ -78,13 +79,26 @@ struct ToyTrainer {
     }
     return r;
   }
-  CheckpointSaveResult save(const std::string& parent, std::int64_t step, int keep = 2,
-                            std::function<int(const std::string&)> hook = {}) {
+  static CheckpointSaveOptions options(const std::string& parent, int keep = 2,
+                                       std::function<int(const std::string&)> hook = {}) {
     CheckpointSaveOptions o;
     o.parent = parent;
     o.keep = keep;
     o.fault_hook = std::move(hook);
-    return save_checkpoint(*engine, *comm, config, kModel, step, o);
+    return o;
+  }
+  CheckpointSaveResult save(const std::string& parent, std::int64_t step, int keep = 2,
+                            std::function<int(const std::string&)> hook = {}, PendingCheckpoint* pending = nullptr) {
+    return save_checkpoint(*engine, *comm, config, kModel, step, options(parent, keep, std::move(hook)), pending);
+  }
+  // Trains up to `step` with the last step captured into a checkpoint begun before it.
+  CheckpointSaveResult train_and_capture(const std::string& parent, int from, int step,
+                                         std::function<int(const std::string&)> hook = {}) {
+    train(from, step - 1);
+    auto pending = begin_checkpoint(*engine, *comm, config, step, options(parent, 2, hook));
+    train(step - 1, step);
+    captured = engine->captured_pieces();
+    return save(parent, step, 2, hook, pending.get());
   }
   CheckpointManifest load(const std::string& dir, const std::string& model = kModel) {
     return load_checkpoint(*engine, *comm, config, model, dir);
@@ -96,9 +110,16 @@ struct ToyTrainer {
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<ZeroEngine> engine;
   std::unique_ptr<Stream> stream;
+  bool overlap = false;       // announce each step's lr: offloaded updates overlap backward
+  std::size_t captured = 0;   // pieces the last train_and_capture step handed out
 };
 
 constexpr int kSteps = 5;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 constexpr int kSaveAt = 2;
 
 ToyRun uninterrupted(const TrainConfig& c) {
@@ -196,6 +217,7 @@ TEST_F(Checkpoint, LayoutIsAtomicWithLatestAndKeepsTheNewestK) {
     const CheckpointSaveResult r = t.save(parent, s, /*keep=*/2);
     EXPECT_EQ(fs::path(r.dir).filename().string(), checkpoint_dir_name(s));
   }
+  wait_for_checkpoint_cleanup();
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(parent)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
@@ -277,6 +299,77 @@ TEST_F(Checkpoint, NvmeStateIsCopiedChunkByChunkIntoAlignedRanges) {
   }
   EXPECT_EQ(m.files[0].bytes % 4096, 0u);
   EXPECT_TRUE(verify_checkpoint(saved.dir).empty());
+}
+
+TEST_F(Checkpoint, ACapturedCheckpointEqualsTheCopiedOne) {
+  // Note [Checkpoint capture]: the step writes each chunk's new state into the checkpoint as the
+  // optimizer produces it (waiting and overlapped updates, host and NVMe tiers); the files are the
+  // bytes a copy after the step writes.
+  const bool nvme = nvme_ok();
+  for (const OffloadDevice tier : {OffloadDevice::Cpu, OffloadDevice::Nvme}) {
+    if (tier == OffloadDevice::Nvme && !nvme) continue;
+    for (const bool overlap : {false, true}) {
+      const TierSetup setup{3, tier, tier};
+      const std::string what = setup.name() + (overlap ? ", overlapped updates" : ", waiting updates");
+      const std::string tag = std::to_string(static_cast<int>(tier)) + (overlap ? "o" : "w");
+      TrainConfig c = with(setup);
+      if (overlap) c.gradient_clipping = 0;  // the update no longer waits for the whole step's norm
+      ToyTrainer captured(c);
+      captured.overlap = overlap;
+      const CheckpointSaveResult a = captured.train_and_capture(dir_.sub("captured" + tag), 0, kSaveAt);
+      const std::size_t pieces = captured.engine->state_chunks().size();
+      EXPECT_GT(pieces, 4u) << what;
+      EXPECT_EQ(captured.captured, pieces) << what;
+      EXPECT_EQ(captured.engine->overlapped_chunk_updates() > 0, overlap) << what;
+      ToyTrainer copied(c);
+      copied.overlap = overlap;
+      copied.train(0, kSaveAt);
+      const CheckpointSaveResult b = copied.save(dir_.sub("copied" + tag), kSaveAt);
+      const CheckpointManifest ma = read_checkpoint_manifest(a.dir), mb = read_checkpoint_manifest(b.dir);
+      ASSERT_EQ(ma.files.size(), 1u) << what;
+      ASSERT_EQ(mb.files.size(), 1u) << what;
+      EXPECT_EQ(ma.json["files"], mb.json["files"]) << what;
+      EXPECT_EQ(read_file(a.dir + "/rank-00000.bin"), read_file(b.dir + "/rank-00000.bin")) << what;
+      EXPECT_TRUE(verify_checkpoint(a.dir).empty()) << what;
+    }
+  }
+}
+
+TEST_F(Checkpoint, AnArmedCheckpointWithoutItsStepIsCopied) {
+  // Begun but no step ran (nothing captured): the save copies the state, as without begin.
+  const TierSetup setup{2, OffloadDevice::Cpu, OffloadDevice::None};
+  ToyTrainer t(with(setup));
+  t.train(0, kSaveAt);
+  auto pending = begin_checkpoint(*t.engine, *t.comm, t.config, kSaveAt, ToyTrainer::options(dir_.sub("armed")));
+  const CheckpointSaveResult a = t.save(dir_.sub("armed"), kSaveAt, 2, {}, pending.get());
+  EXPECT_EQ(t.engine->captured_pieces(), 0u);
+  const CheckpointSaveResult b = t.save(dir_.sub("plain"), kSaveAt);
+  EXPECT_EQ(read_file(a.dir + "/rank-00000.bin"), read_file(b.dir + "/rank-00000.bin"));
+  // And the next step is not captured into the finished checkpoint.
+  t.train(kSaveAt, kSaveAt + 1);
+  EXPECT_TRUE(verify_checkpoint(a.dir).empty());
+}
+
+TEST_F(Checkpoint, AFailedCaptureLetsTheStepFinishAndFailsOnlyTheSave) {
+  const ToyRun reference = uninterrupted(config(3));
+  const TierSetup setup{3, OffloadDevice::Cpu, OffloadDevice::Cpu};
+  const std::string parent = dir_.sub("ckpt");
+  ToyTrainer t(with(setup));
+  t.train(0, kSaveAt);
+  t.save(parent, kSaveAt);
+  const auto hook = [](const std::string& path) { return fs::path(path).filename() == "rank-00000.bin" ? EIO : 0; };
+  try {
+    t.train_and_capture(parent, kSaveAt, kSaveAt + 1, hook);
+    ADD_FAILURE() << "the save did not fail";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank-00000.bin"), std::string::npos) << e.what();
+    EXPECT_EQ(e.errno_value(), EIO);
+  }
+  EXPECT_EQ(resolve_checkpoint_dir(parent), parent + "/" + checkpoint_dir_name(kSaveAt));
+  EXPECT_TRUE(verify_checkpoint(parent).empty());
+  // The captured step itself ran to the end: training goes on with the right weights.
+  t.train(kSaveAt + 1, kSteps);
+  EXPECT_EQ(testing_toy::count_weight_differences(t.weights(), reference), 0u);
 }
 
 TEST_F(Checkpoint, ACorruptSwapFileFailsTheSaveAndKeepsThePrevious) {
