@@ -221,7 +221,10 @@ TEST_F(Checkpoint, LayoutIsAtomicWithLatestAndKeepsTheNewestK) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(parent)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"latest", checkpoint_dir_name(3), checkpoint_dir_name(4)}));
+  // The retired checkpoints' data file is kept to be overwritten by the next one (Note [Recycled
+  // data files]).
+  EXPECT_EQ(names, (std::vector<std::string>{".spare-rank-00000.bin", "latest", checkpoint_dir_name(3),
+                                             checkpoint_dir_name(4)}));
   EXPECT_EQ(resolve_checkpoint_dir(parent), parent + "/" + checkpoint_dir_name(4));
   EXPECT_TRUE(verify_checkpoint(parent).empty());
   const CheckpointManifest m = read_checkpoint_manifest(parent);
@@ -370,6 +373,43 @@ TEST_F(Checkpoint, AFailedCaptureLetsTheStepFinishAndFailsOnlyTheSave) {
   // The captured step itself ran to the end: training goes on with the right weights.
   t.train(kSaveAt + 1, kSteps);
   EXPECT_EQ(testing_toy::count_weight_differences(t.weights(), reference), 0u);
+}
+
+TEST_F(Checkpoint, ASpareDataFileIsOverwrittenWhateverItHolds) {
+  // Note [Recycled data files]: the next checkpoint renames the spare in and rewrites every byte;
+  // a spare larger or smaller than needed and full of garbage gives the same checkpoint, and a
+  // spare that is a symlink is not followed.
+  const ToyRun reference = uninterrupted(config(2));
+  const std::string parent = dir_.sub("ckpt");
+  const std::string spare = parent + "/.spare-rank-00000.bin";
+  const std::string outside = dir_.sub("outside") + "/target.bin";
+  std::ofstream(outside) << "keep me";
+  ToyTrainer t(config(2));
+  t.train(0, 1);
+  const std::uint64_t bytes = read_checkpoint_manifest(t.save(parent, 1).dir).files.at(0).bytes;
+  for (int step = 2; step <= kSaveAt + 2; ++step) {
+    fs::remove(spare);
+    if (step == kSaveAt + 2) {
+      fs::create_symlink(outside, spare);
+    } else {
+      std::string garbage(step == 2 ? bytes * 2 + 123457 : bytes / 3, '\0');
+      for (std::size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<char>(i * 131 + 7);
+      std::ofstream(spare, std::ios::binary) << garbage;
+    }
+    t.train(step - 1, step);
+    const CheckpointSaveResult r = t.save(parent, step);
+    const CheckpointManifest m = read_checkpoint_manifest(r.dir);
+    EXPECT_EQ(fs::file_size(r.dir + "/rank-00000.bin"), m.files.at(0).bytes) << "step " << step;
+    EXPECT_TRUE(verify_checkpoint(r.dir).empty()) << "step " << step;
+    if (step == kSaveAt) {
+      ToyTrainer resumed(config(2));
+      resumed.load(r.dir);
+      resumed.train(kSaveAt, kSteps);
+      EXPECT_EQ(testing_toy::count_weight_differences(resumed.weights(), reference), 0u);
+    }
+  }
+  std::ifstream in(outside);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "keep me");
 }
 
 TEST_F(Checkpoint, ACorruptSwapFileFailsTheSaveAndKeepsThePrevious) {
