@@ -7,6 +7,14 @@
 
 namespace strata::models {
 
+std::optional<std::string_view> hf_model_class(Architecture arch) {
+  switch (arch) {  // no default: a new architecture must decide here (-Wswitch)
+    case Architecture::Gpt2: return "GPT2LMHeadModel";
+    case Architecture::Llama: return "LlamaForCausalLM";
+  }
+  return std::nullopt;
+}
+
 std::vector<HfTensorName> hf_tensor_names(const ModelConfig& c) {
   std::vector<HfTensorName> out;
   const bool gpt2 = c.arch == Architecture::Gpt2;

@@ -2,6 +2,13 @@
 // (GPT2Model / GPT2LMHeadModel, Conv1D weights stored [in, out], hence transposed) and LLaMA
 // (LlamaForCausalLM, nn.Linear weights [out, in], rotate_half RoPE as Strata's) names, so weights
 // travel both ways.
+//
+// Shared and missing tensors follow Hugging Face's files: GPT-2's LM head is tied to the token
+// embedding, so Strata has no head tensor and a GPT-2 file carries "wte.weight" only (HF's
+// GPT2LMHeadModel ties "lm_head.weight" to it on load and omits it on save); LLaMA's head is untied
+// in Strata (tie_word_embeddings false), so "lm_head.weight" is its own tensor. The names are those of
+// the bare model for GPT-2 ("wte.weight", as the hub's gpt2 files spell them; "transformer."-prefixed
+// names are accepted on load) and of LlamaForCausalLM for LLaMA ("model.embed_tokens.weight").
 #pragma once
 
 #include <optional>
@@ -19,7 +26,11 @@ struct HfTensorName {
   bool transposed = false;  // the HF tensor is the transpose of Strata's (GPT-2 Conv1D)
 };
 
-// One entry per Strata tensor, in param-group order.
+// The Hugging Face model class that loads the tensors hf_tensor_names() names for `arch`
+// ("GPT2LMHeadModel", "LlamaForCausalLM"); nullopt for an architecture without Hugging Face names.
+std::optional<std::string_view> hf_model_class(Architecture arch);
+
+// One entry per Strata tensor, in param-group order (the untiled model's).
 std::vector<HfTensorName> hf_tensor_names(const ModelConfig& config);
 
 // Normalizes a name found in a HF file: strips GPT2LMHeadModel's "transformer." prefix.

@@ -2,15 +2,21 @@
 //   verify DIR                   every file present, of the right size, every checksum right; exit 1
 //                                naming each problem otherwise
 //   inspect DIR [--json]         what is inside: model, step, layout, groups, files
-//   export DIR OUT.safetensors   the consolidated fp32 master weights with Strata names (what
-//          [--dtype fp32|bf16]   `strata train --save-weights` writes), read from every rank's file
+//   export DIR OUT.safetensors   the consolidated master weights, read from every rank's file and
+//          [--dtype fp32|bf16]   put back together into the untiled model's whole tensors: with
+//          [--names strata|hf]   Strata names the file `strata train --save-weights` writes (byte for
+//                                byte at fp32), with hf names a Hugging Face file (models/hf_names.h)
 // DIR is a checkpoint directory or the parent holding `latest`.
 #include "tools/commands.h"
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,8 +26,11 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/checkpoint.h"
+#include "models/decoder_params.h"
+#include "models/hf_names.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "models/weights_io.h"
 #include "tools/trainer.h"
 
 namespace strata::tools {
@@ -86,37 +95,96 @@ int run_inspect(const std::string& dir, bool json) {
   return 0;
 }
 
-int run_export(const std::string& dir, const std::string& out, const std::string& dtype_name) {
+// [rows, cols] -> [cols, rows].
+std::vector<float> transposed(const std::vector<float>& src, std::int64_t rows, std::int64_t cols) {
+  std::vector<float> dst(src.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      dst[static_cast<std::size_t>(c * rows + r)] = src[static_cast<std::size_t>(r * cols + c)];
+    }
+  }
+  return dst;
+}
+
+int run_export(const std::string& dir, const std::string& out, const std::string& dtype_name,
+               const std::string& names) {
   if (dtype_name != "fp32" && dtype_name != "bf16") {
     throw ConfigError(fmt::format("--dtype {}: choose fp32 or bf16", dtype_name));
   }
-  const DType dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32;
-  CheckpointReader reader(read_checkpoint_manifest(dir));
-  for (const auto& f : reader.manifest().files) reader.verify_file(f);
-  std::vector<std::vector<std::byte>> values;
-  std::vector<models::SafetensorsTensorOut> tensors;
-  for (std::size_t g = 0; g < reader.manifest().groups.size(); ++g) {
-    for (const auto& t : reader.manifest().groups[g].tensors) {
-      std::size_t n = 1;
-      for (auto d : t.shape) n *= static_cast<std::size_t>(d);
-      std::vector<float> master(n);
-      reader.read(g, 0, t.offset_elems, master);
-      std::vector<std::byte> bytes(n * dtype_bytes(dtype));
-      convert_parallel(master.data(), DType::F32, bytes.data(), dtype, n);
-      values.push_back(std::move(bytes));
-      tensors.push_back(models::SafetensorsTensorOut{t.name, dtype, t.shape, values.back().data()});
-    }
+  if (names != "strata" && names != "hf") {
+    throw ConfigError(fmt::format("--names {}: choose strata (Strata's tensor names, the default) or hf (the Hugging "
+                                  "Face names of the model's architecture)",
+                                  names));
   }
+  const DType dtype = dtype_name == "bf16" ? DType::BF16 : DType::F32;
+  const models::WeightNaming naming = names == "hf" ? models::WeightNaming::HuggingFace : models::WeightNaming::Strata;
+  CheckpointReader reader(read_checkpoint_manifest(dir));
   const CheckpointManifest& m = reader.manifest();
-  // The same metadata as `strata train --save-weights`, so the two files can be compared byte for byte.
   bool activation_checkpointing = false;
   const models::ModelConfig model =
       training_model_config(parse_train_config(m.config, m.path + " (config)"), &activation_checkpointing);
-  models::write_safetensors(
-      out, tensors,
-      {{"format", "strata"}, {"model", m.model}, {"arch", std::string(models::architecture_name(model.arch))}});
-  std::printf("wrote %zu tensors (%s) of step %lld to %s\n", tensors.size(), dtype_name.c_str(),
-              static_cast<long long>(m.step), out.c_str());
+  const std::optional<std::string_view> hf_class = models::hf_model_class(model.arch);
+  if (naming == models::WeightNaming::HuggingFace && !hf_class) {
+    throw ConfigError(fmt::format("--names hf: model '{}' of checkpoint {} has architecture '{}', which has no Hugging "
+                                  "Face names in Strata; export it with --names strata",
+                                  m.model, m.dir, models::architecture_name(model.arch)));
+  }
+  for (const auto& f : m.files) reader.verify_file(f);
+
+  // The checkpoint's groups as param groups of the run (tiles included), to find each whole
+  // tensor's parts; values are read as fp32 whatever the run's dtype.
+  std::vector<ParamGroupSpec> groups;
+  for (const auto& g : m.groups) {
+    ParamGroupSpec spec{g.name, {}};
+    for (const auto& t : g.tensors) spec.tensors.push_back(ParamTensorSpec{t.name, t.shape, model.dtype});
+    groups.push_back(std::move(spec));
+  }
+  std::map<std::string, models::HfTensorName> hf_of;
+  for (auto& h : models::hf_tensor_names(model)) hf_of.emplace(h.strata_name, h);
+
+  std::vector<std::vector<std::byte>> values;
+  std::vector<models::SafetensorsTensorOut> tensors;
+  for (const models::WholeTensor& whole : models::whole_tensors(model, groups)) {
+    std::vector<float> master(whole.spec.elems());
+    const std::size_t row_elems = whole.row_bytes() / dtype_bytes(whole.spec.dtype);
+    for (const models::TensorPart& part : whole.parts) {
+      const CheckpointTensor& t = m.groups[part.group].tensors[part.tensor];
+      const std::span<float> rows(master.data() + static_cast<std::size_t>(part.rows.begin) * row_elems,
+                                  static_cast<std::size_t>(part.rows.rows()) * row_elems);
+      reader.read(part.group, 0, t.offset_elems, rows);
+    }
+    std::string name = whole.spec.name;
+    std::vector<std::int64_t> shape = whole.spec.shape;
+    if (naming == models::WeightNaming::HuggingFace) {
+      const models::HfTensorName& h = hf_of.at(whole.spec.name);
+      name = h.hf_name;
+      if (h.transposed) {  // GPT-2's Conv1D weights are stored [in, out]
+        master = transposed(master, shape[0], shape[1]);
+        std::swap(shape[0], shape[1]);
+      }
+    }
+    std::vector<std::byte> bytes(master.size() * dtype_bytes(dtype));
+    convert_parallel(master.data(), DType::F32, bytes.data(), dtype, master.size());
+    values.push_back(std::move(bytes));
+    tensors.push_back(models::SafetensorsTensorOut{std::move(name), dtype, std::move(shape), values.back().data()});
+  }
+  if (naming == models::WeightNaming::Strata) {
+    // The same metadata as `strata train --save-weights`, so the two files can be compared byte for byte.
+    models::write_safetensors(
+        out, tensors,
+        {{"format", "strata"}, {"model", m.model}, {"arch", std::string(models::architecture_name(model.arch))}});
+  } else {
+    // "format": "pt" is what Hugging Face's loaders require of a safetensors file; the rest is
+    // models::save_weights' Hugging Face metadata.
+    models::write_safetensors(out, tensors,
+                              {{"format", "pt"},
+                               {"strata.model", m.model},
+                               {"strata.arch", std::string(models::architecture_name(model.arch))},
+                               {"strata.hf_class", std::string(*hf_class)}});
+  }
+  const std::string naming_text =
+      naming == models::WeightNaming::Strata ? "Strata names" : fmt::format("Hugging Face names for {}", *hf_class);
+  fmt::print("wrote {} tensors ({}, {}) of step {} to {}\n", tensors.size(), dtype_name, naming_text, m.step, out);
   return 0;
 }
 
@@ -141,11 +209,15 @@ void register_ckpt(CLI::App& ckpt, CommandTable& table) {
     auto dir = std::make_shared<std::string>();
     auto out = std::make_shared<std::string>();
     auto dtype = std::make_shared<std::string>("fp32");
+    auto names = std::make_shared<std::string>("strata");
     auto* cmd = ckpt.add_subcommand("export", "write a checkpoint's consolidated weights as safetensors");
     cmd->add_option("DIR", *dir, "checkpoint directory, or the parent holding `latest`")->required();
     cmd->add_option("OUT", *out, "output .safetensors file")->required();
     cmd->add_option("--dtype", *dtype, "fp32 (default) or bf16");
-    table[cmd] = [dir, out, dtype] { return run_export(*dir, *out, *dtype); };
+    cmd->add_option("--names", *names,
+                    "strata (default: Strata's names, as --save-weights writes) or hf (Hugging Face names of the "
+                    "model's architecture, GPT-2 Conv1D weights transposed, a tied head omitted)");
+    table[cmd] = [dir, out, dtype, names] { return run_export(*dir, *out, *dtype, *names); };
   }
 }
 

@@ -1,6 +1,7 @@
 // The training loop (see tools/trainer.h).
 #include "tools/trainer.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -41,14 +44,47 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// VmHWM of /proc/self/status: the peak resident set of this process.
-std::uint64_t peak_rss_bytes() {
+// A "Field:   N kB" line of /proc/self/status, in bytes (0 when absent).
+std::uint64_t proc_status_bytes(std::string_view field) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 && line[field.size()] == ':') {
+      return std::stoull(line.substr(field.size() + 1)) * 1024;
+    }
   }
   return 0;
+}
+// The peak resident set of this process (VmHWM), and the current one (VmRSS).
+std::uint64_t peak_rss_bytes() { return proc_status_bytes("VmHWM"); }
+std::uint64_t current_rss_bytes() { return proc_status_bytes("VmRSS"); }
+
+// File descriptors this process has open: the entries of /proc/self/fd, less the one the listing
+// itself holds; -1 where /proc cannot be read.
+std::int64_t open_fd_count() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  std::int64_t n = 0;
+  while (const dirent* e = ::readdir(dir)) n += e->d_name[0] != '.' ? 1 : 0;
+  ::closedir(dir);
+  return n - 1;
+}
+
+// Bytes this rank's swap files take on disk (st_blocks x 512; the engine preallocates them, so this
+// stays put while the run is healthy). The files are strata-swap-rank{R}.bin in each distinct
+// nvme_path directory of an NVMe offload (engine/zero_engine_offload.cc names them); 0 without one.
+std::uint64_t swap_file_bytes(const TrainConfig& cfg, int rank) {
+  std::set<std::string> dirs;
+  for (const OffloadConfig* o : {&cfg.zero.offload_optimizer, &cfg.zero.offload_param}) {
+    if (o->device == OffloadDevice::Nvme) dirs.insert(o->nvme_paths.begin(), o->nvme_paths.end());
+  }
+  std::uint64_t bytes = 0;
+  for (const auto& d : dirs) {
+    struct stat st {};
+    const std::string path = fmt::format("{}/strata-swap-rank{}.bin", d, rank);
+    if (::stat(path.c_str(), &st) == 0) bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
 }
 
 void write_summary_json(const std::string& path, const TrainSummary& s) {
@@ -242,6 +278,8 @@ class TrainCheckpoints {
   TrainCheckpoints& operator=(const TrainCheckpoints&) = delete;
 
   bool enabled() const { return !cfg_.strata.checkpoint.dir.empty(); }
+  std::function<void(double seconds, std::uint64_t bytes)> on_checkpoint;  // TrainOptions::on_checkpoint
+  bool capture = true;                                                      // TrainOptions::capture_checkpoints
 
   // Loads `dir` into the freshly built engine; returns the step to continue from.
   std::int64_t resume(const std::string& dir, ZeroEngine& engine) {
@@ -256,6 +294,19 @@ class TrainCheckpoints {
       }
     }
     return m.step;
+  }
+
+  // Before the step that brings the count to `steps_done`: begins the checkpoint that an interval
+  // in steps or the last step makes due after it, so that the step captures the new state as it is
+  // written (engine/zero_engine_offload.cc, Note [Checkpoint capture]) and the save reads nothing.
+  void before_step(ZeroEngine& engine, std::int64_t steps_done, bool last_step) {
+    if (!enabled() || !capture) return;
+    const CheckpointConfig& c = cfg_.strata.checkpoint;
+    const bool due = last_step || (c.interval_steps > 0 && steps_done % c.interval_steps == 0);
+    if (!due || steps_done == last_saved_) return;
+    const auto t0 = Clock::now();
+    pending_ = begin_checkpoint(engine, comm_, cfg_, steps_done, options());
+    begin_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
   // After step `steps_done`: writes a checkpoint when one is due (interval in steps or minutes, the
@@ -278,23 +329,33 @@ class TrainCheckpoints {
   }
 
  private:
-  void save(ZeroEngine& engine, std::int64_t step) {
+  CheckpointSaveOptions options() const {
     CheckpointSaveOptions o;
     o.parent = cfg_.strata.checkpoint.dir;
     o.keep = cfg_.strata.checkpoint.keep;
-    const CheckpointSaveResult r = save_checkpoint(engine, comm_, cfg_, model_name_, step, o);
+    return o;
+  }
+
+  void save(ZeroEngine& engine, std::int64_t step) {
+    std::unique_ptr<PendingCheckpoint> pending = std::move(pending_);
+    if (pending != nullptr && pending->step() != step) pending.reset();
+    CheckpointSaveResult r = save_checkpoint(engine, comm_, cfg_, model_name_, step, options(), pending.get());
+    if (pending != nullptr) r.seconds += begin_seconds_;
     last_saved_ = step;
     last_time_ = Clock::now();
     if (comm_.rank() == 0) {
       spdlog::info("checkpoint of step {}: {} in {:.2f} s ({:.2f} GB/s) -> {}", step, format_bytes(r.bytes), r.seconds,
                    r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0.0, r.dir);
     }
+    if (on_checkpoint) on_checkpoint(r.seconds, r.bytes);
   }
 
   const TrainConfig& cfg_;
   Communicator& comm_;
   std::string model_name_;
   std::int64_t last_saved_ = -1;
+  std::unique_ptr<PendingCheckpoint> pending_;  // begun before the step it saves
+  double begin_seconds_ = 0;
   Clock::time_point last_time_;
   struct sigaction old_term_ {};
   struct sigaction old_int_ {};
@@ -403,6 +464,8 @@ TrainSummary run_training(const TrainOptions& options) {
   ZeroEngine engine(cfg, *device, *comm, groups, init);
   init_file.reset();
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
+  checkpoints.on_checkpoint = options.on_checkpoint;
+  checkpoints.capture = options.capture_checkpoints;
   const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
 
   auto stream = device->create_stream("compute");
@@ -439,6 +502,7 @@ TrainSummary run_training(const TrainOptions& options) {
     const auto step_start = Clock::now();
     const TierIoStats io_before = engine.tier_stats();
     const std::uint64_t copy_before = engine.offload_copy_bytes();
+    checkpoints.before_step(engine, s + 1, s + 1 == cfg.strata.steps);
     const double lr = lr_for_step(cfg.scheduler, cfg.optimizer.lr, s);
     engine.prepare_step(lr);
     double loss_sum = 0;
@@ -507,7 +571,11 @@ TrainSummary run_training(const TrainOptions& options) {
                                    {"host_bytes", host_bytes},
                                    {"nvme_bytes", io.nvme_bytes},
                                    {"nvme_read_bytes", io.nvme_bytes_read - io_before.nvme_bytes_read},
-                                   {"nvme_written_bytes", io.nvme_bytes_written - io_before.nvme_bytes_written}}
+                                   {"nvme_written_bytes", io.nvme_bytes_written - io_before.nvme_bytes_written},
+                                   // Process resources, for soak runs (tests/tools/train_soak_test.sh).
+                                   {"rss_bytes", current_rss_bytes()},
+                                   {"open_fds", open_fd_count()},
+                                   {"swap_file_bytes", swap_file_bytes(cfg, rank)}}
                         .dump()
                  << "\n";
         metrics->flush();
@@ -517,6 +585,7 @@ TrainSummary run_training(const TrainOptions& options) {
     if (summary.stopped_by_signal != 0) break;
   }
   bar.finish();
+  wait_for_checkpoint_cleanup();  // old checkpoints retired by the last save are gone when the run ends
   summary.optimizer_chunk_updates = engine.chunk_updates();
   summary.overlapped_chunk_updates = engine.overlapped_chunk_updates();
   summary.step_call_fraction = step_seconds_total > 0 ? exposed_seconds_total / step_seconds_total : 0;

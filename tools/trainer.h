@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,11 @@ struct TrainOptions {
   std::string summary_json;                  // --summary-json OUT.json (rank 0)
   bool quiet = false;                        // no per-step progress lines (tests)
   std::string resume;                        // --resume DIR: a checkpoint, or the parent with `latest`
+  // Called after each checkpoint this rank took part in (benchmarks): its wall seconds and bytes.
+  std::function<void(double seconds, std::uint64_t bytes)> on_checkpoint;
+  // Whether a checkpoint due after a step is begun before it, so the step captures the new state
+  // (engine/checkpoint.h, begin_checkpoint); false copies it after the step (benchmarks).
+  bool capture_checkpoints = true;
 };
 
 struct TrainSummary {
