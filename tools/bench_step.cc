@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,10 +28,9 @@
 #include "engine/config.h"
 #include "models/decoder.h"
 #include "models/resident_provider.h"
-#include "offload/file.h"
-#include "offload/io_engine.h"
 #include "optim/cpu_exec.h"
 #include "optim/optimizer.h"
+#include "tools/bench_disk.h"
 #include "tools/trainer.h"
 
 namespace strata::tools {
@@ -110,44 +108,14 @@ double measure_copies(const TrainConfig& cfg, std::uint64_t bytes) {
   return median(times);
 }
 
-// The step's NVMe bytes, written then read, through the I/O engine in `dir`.
+// The step's NVMe bytes, written then read, through the I/O engine in `dir` (median of 3).
 double measure_nvme(const TrainConfig& cfg, const std::string& dir, std::uint64_t read_bytes, std::uint64_t write_bytes) {
   if (read_bytes + write_bytes == 0) return 0;
-  const std::string canonical = offload::check_directory(dir, "bench step NVMe directory");
-  const std::uint64_t size = (std::max(read_bytes, write_bytes) + (4u << 20) - 1) / (4u << 20) * (4u << 20);
-  const std::string name = ".strata-bench-step.bin";
-  offload::UniqueFd fd = offload::open_inside(canonical, name, offload::Direct::On, offload::Truncate::Truncate);
-  offload::preallocate(fd.get(), canonical + "/" + name, size);
-  offload::IoEngineOptions io;
-  io.kind = offload::parse_engine_kind(cfg.aio.engine == "io_uring" ? "uring" : cfg.aio.engine, "aio.engine");
-  io.queue_depth = static_cast<unsigned>(cfg.aio.queue_depth);
-  auto engine = offload::make_io_engine(io);
-  const offload::FileId file = engine->register_file(fd.get(), canonical + "/" + name);
-  const std::size_t piece = static_cast<std::size_t>(std::min<std::uint64_t>(size, 64u << 20));
-  HostBufferOptions ho;
-  ho.huge_pages = HugePages::Transparent;
-  ho.alignment_bytes = 2u << 20;
-  HostBuffer buffer = HostBuffer::allocate(piece, ho);
-  std::memset(buffer.data(), 7, piece);
-  auto pass = [&](offload::IoOp op, std::uint64_t bytes) {
-    std::vector<offload::IoRequest> requests;
-    for (std::uint64_t off = 0; off < bytes; off += piece) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(piece, bytes - off));
-      requests.push_back({op, file, off, buffer.data(), (n + 4095) / 4096 * 4096});
-    }
-    engine->run(requests);
-  };
-  pass(offload::IoOp::Write, size);  // the blocks exist and are written once, as the swap store's are
   std::vector<double> times;
   for (int r = 0; r < 3; ++r) {
-    const auto t0 = Clock::now();
-    pass(offload::IoOp::Write, write_bytes);
-    pass(offload::IoOp::Read, read_bytes);
-    times.push_back(since(t0));
+    const DiskPassSeconds t = time_disk_passes(cfg, dir, read_bytes, write_bytes);
+    times.push_back(t.write + t.read);
   }
-  engine->unregister_file(file);
-  fd.reset();
-  std::filesystem::remove(canonical + "/" + name);
   return median(times);
 }
 

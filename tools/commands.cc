@@ -20,6 +20,7 @@ void register_commands(CLI::App& app, CommandTable& table) {
   register_bench_adam(*bench, table);
   register_bench_model(*bench, table);
   register_bench_step(*bench, table);
+  register_bench_ckpt(*bench, table);
   CLI::App* ckpt = app.add_subcommand("ckpt", "checkpoint tools: verify, inspect, export");
   ckpt->require_subcommand(1);
   register_ckpt(*ckpt, table);

@@ -29,6 +29,7 @@ void register_bench_io(CLI::App& bench, CommandTable& table);
 void register_bench_adam(CLI::App& bench, CommandTable& table);
 void register_bench_model(CLI::App& bench, CommandTable& table);
 void register_bench_step(CLI::App& bench, CommandTable& table);
+void register_bench_ckpt(CLI::App& bench, CommandTable& table);
 // Under `strata ckpt` (tools/commands.cc creates the parent; tools/ckpt.cc).
 void register_ckpt(CLI::App& ckpt, CommandTable& table);
 
