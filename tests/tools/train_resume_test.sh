@@ -80,7 +80,7 @@ if cmp -s ref10.safetensors ref10.u4.safetensors; then
 fi
 
 # Interruptions: long runs against an uninterrupted reference of the same length.
-long=300
+long=600
 train 1 --steps "$long" --save-weights refN.safetensors
 interrupt() {  # signal, checkpoint dir, expected exit status, tenths of a second to wait after the first checkpoint
   local sig="$1" dir="$2" want="$3" delay="$4"

@@ -3,10 +3,13 @@
 # NVMe and a checkpoint every 20 steps (keep 2). What a long run holds must not grow with the steps
 # and the checkpoints taken. From the per-step metrics lines (tools/trainer.cc: rss_bytes, open_fds,
 # swap_file_bytes), step 40 (after the first two checkpoints) against every later step to 300:
-#   open file descriptors: the same at every step between checkpoints, and the same at every step
-#     that writes a checkpoint (it holds the checkpoint's data file and I/O ring while the optimizer
-#     writes into it: engine/zero_engine_offload.cc, Note [Checkpoint capture]); a descriptor leaked
-#     per checkpoint or per step shows as a rise;
+#   open file descriptors: the fewest of every stretch of steps between two checkpoints the same
+#     as at step 41, and the fewest of the steps writing a checkpoint (which hold the checkpoint's
+#     data file and I/O ring while the optimizer writes into it: engine/zero_engine_offload.cc,
+#     Note [Checkpoint capture]) the same at every such step; a descriptor leaked per checkpoint or
+#     per step raises a minimum between checkpoints. A step may sample up to 2 more while the background deletion of a
+#     retired checkpoint (engine/checkpoint.cc, Note [Pruning in the background]) holds directory
+#     streams open; more than that fails too;
 #   swap file bytes on disk: the same at every step, and > 0 (the files are preallocated);
 #   resident memory: grows less than two checkpoint data files between step 40 and step 300. A
 #     healthy run grew 0-270 KiB here (allocator and thread noise) against a 768 KiB data file; a
@@ -65,8 +68,31 @@ flat() {  # key, description[, which, first step]: its value at the first step (
     bad "not flat $text"
   fi
 }
-flat open_fds "open file descriptors between checkpoints" between $((early + 1))
-flat open_fds "open file descriptors of steps writing a checkpoint" ckpt
+fds_flat() {  # which (between|ckpt), description, first step: per stretch, the fewest descriptors equal the
+             # first step's count, and no step holds more than 2 above it (see the header)
+  local first at_first text
+  first="$3"; at_first=$(metric "$first" open_fds)
+  read -r lo_min hi_min hi <<<"$(awk -v early="$early" -v which="$1" -v interval="$interval" '
+    { s = $0; sub(/.*"step":/, "", s); step = s + 0
+      v = $0; i = index(v, "\"open_fds\":"); if (i == 0 || step < early) next
+      if (which == "ckpt" && step % interval != 0) next
+      if (which == "between" && step % interval == 0) next
+      v = substr(v, i + length("\"open_fds\":")) + 0
+      k = which == "ckpt" ? 0 : int(step / interval)
+      if (!(k in m) || v < m[k]) m[k] = v
+      if (n++ == 0 || v > hi) hi = v }
+    END { c = 0; for (k in m) { if (c++ == 0) { lo = m[k]; up = m[k] } else { if (m[k] < lo) lo = m[k]; if (m[k] > up) up = m[k] } }
+          print lo, up, hi }' metrics.jsonl)"
+  text="$2: $at_first at step $first; fewest per stretch from $lo_min to $hi_min, most $hi ($1 steps from $early on)"
+  if [ -n "$at_first" ] && [ "$at_first" -gt 0 ] && [ "$lo_min" = "$at_first" ] && [ "$hi_min" = "$at_first" ] &&
+     [ "$hi" -le $((at_first + 2)) ]; then
+    ok "flat $text"
+  else
+    bad "not flat $text"
+  fi
+}
+fds_flat between "open file descriptors between checkpoints" $((early + 1))
+fds_flat ckpt "open file descriptors of steps writing a checkpoint" "$early"
 flat swap_file_bytes "swap file bytes on disk"
 
 ckpt_bytes=$(stat -c %s "ck/$(printf step-%08d "$steps")/rank-00000.bin" 2>/dev/null || echo 0)
