@@ -153,8 +153,7 @@ SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_p
 }
 
 RequestLimits request_limits(const IoEngineOptions& options) {
-  constexpr std::size_t kDefaultMaxRequestBytes = 4 * MiB;
-  const std::size_t read = options.max_request_bytes != 0 ? options.max_request_bytes : kDefaultMaxRequestBytes;
+  const std::size_t read = options.max_request_bytes != 0 ? options.max_request_bytes : kDefaultMaxReadRequestBytes;
   const std::size_t write = options.max_write_request_bytes != 0 ? options.max_write_request_bytes
                                                                  : std::min(kDefaultMaxWriteRequestBytes, read);
   return RequestLimits{read, write};

@@ -43,13 +43,15 @@ enum class Coalesce : std::uint8_t { Off, On };
 enum class SqPoll : std::uint8_t { Off, On };
 enum class FixedBuffers : std::uint8_t { Off, On };
 
-// The default largest kernel write (see IoEngineOptions::max_write_request_bytes).
+// The default largest kernel read and write (IoEngineOptions::max_request_bytes,
+// max_write_request_bytes; Note [Request size and merging] in offload/uring_engine.cc).
+inline constexpr std::size_t kDefaultMaxReadRequestBytes = std::size_t{4} << 20;
 inline constexpr std::size_t kDefaultMaxWriteRequestBytes = std::size_t{1} << 20;
 
 struct IoEngineOptions {
   EngineKind kind = EngineKind::Auto;
   unsigned queue_depth = 32;              // requests in flight at the kernel (io_uring) or workers (threads)
-  std::size_t max_request_bytes = 0;      // largest single kernel request; 0: the disk's max_sectors_kb or 4 MiB
+  std::size_t max_request_bytes = 0;      // largest single kernel read; 0: kDefaultMaxReadRequestBytes
   // Largest single kernel write; 0: min(kDefaultMaxWriteRequestBytes, max_request_bytes). Writes
   // run faster in smaller requests than reads here (Note [Request size and merging]).
   std::size_t max_write_request_bytes = 0;
@@ -143,9 +145,9 @@ class IoEngine {
 // (-EPERM, seccomp). Uring throws IoError saying why it is unavailable.
 std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options);
 
-// The default largest kernel request for a file in `dir`: the block device's max_sectors_kb
-// (so one request is the most the device accepts unsplit), clamped to [1 MiB, 16 MiB]; 4 MiB when
-// sysfs does not say.
+// The block device's max_sectors_kb for a file in `dir` (the most one request reaches the device
+// unsplit), clamped to [1 MiB, 16 MiB]; 4 MiB when sysfs does not say. `strata doctor` shows it;
+// the engine's defaults are the constants above.
 std::size_t default_max_request_bytes(const std::string& dir);
 
 }  // namespace strata::offload

@@ -28,6 +28,7 @@
 #include "core/host_buffer.h"
 #include "core/topology.h"
 #include "core/units.h"
+#include "offload/io_engine.h"
 #include "tools/commands.h"
 
 namespace strata::tools {
@@ -186,7 +187,12 @@ Check check_o_direct(const std::string& dir) {
     c.detail = fmt::format("O_DIRECT read back from '{}' failed: {}", dir,
                            r < 0 ? errno_text(rerr) : "data differs from what was written");
   } else {
-    c.detail = fmt::format("'{}' supports O_DIRECT (4 KiB aligned write and read back verified)", dir);
+    c.detail = fmt::format("'{}' supports O_DIRECT (4 KiB aligned write and read back verified); its disk takes "
+                           "requests of up to {} unsplit (max_sectors_kb), Strata's I/O engine issues reads of up "
+                           "to {} and writes of up to {}",
+                           dir, format_bytes(offload::default_max_request_bytes(dir)),
+                           format_bytes(offload::kDefaultMaxReadRequestBytes),
+                           format_bytes(offload::kDefaultMaxWriteRequestBytes));
   }
   return c;
 }

@@ -9,8 +9,10 @@
 #include <cerrno>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -292,38 +294,60 @@ TEST(EngineOracle, UringAndThreadsWriteIdenticalFiles) {
 
 class RequestLimitTest : public ::testing::TestWithParam<EngineKind> {};
 
+// Writes `bytes` as one request, reads them back as one, checks the data and returns how many
+// kernel transfers each took: {writes, reads}. Empty when the engine kind is unavailable.
+std::optional<std::pair<std::size_t, std::size_t>> one_request_each_way(IoEngineOptions o, const std::string& canon,
+                                                                        std::size_t bytes, int seed) {
+  FaultInjector counter;  // no rules: counts the kernel transfers of each kind
+  o.faults = &counter;
+  auto e = make_engine_or_skip(o);
+  if (!e) return std::nullopt;
+  EXPECT_EQ(e->info().max_request_bytes, o.max_request_bytes != 0 ? o.max_request_bytes : kDefaultMaxReadRequestBytes);
+  UniqueFd fd = open_inside(canon, "limits.bin", Direct::On, Truncate::Truncate);
+  const FileId f = e->register_file(fd.get(), canon + "/limits.bin");
+  HostBuffer w = testing::aligned_buffer(bytes);
+  HostBuffer r = testing::aligned_buffer(bytes);
+  testing::fill_pattern(static_cast<std::byte*>(w.data()), bytes, seed);
+  const std::span<std::byte> reg[] = {w.as<std::byte>(), r.as<std::byte>()};
+  e->register_buffers(reg);
+  const IoRequest wr{IoOp::Write, f, 0, w.data(), bytes};
+  e->run(std::span(&wr, 1));
+  const IoRequest rd{IoOp::Read, f, 0, r.data(), bytes};
+  e->run(std::span(&rd, 1));
+  EXPECT_EQ(testing::first_mismatch(static_cast<std::byte*>(r.data()), bytes, seed), -1);
+  e->unregister_file(f);
+  return std::pair{counter.operations(IoOp::Write), counter.operations(IoOp::Read)};
+}
+
 TEST_P(RequestLimitTest, WritesAndReadsAreSplitAtTheirOwnLimits) {
   TempDir dir;
   STRATA_SKIP_WITHOUT_DIRECT_IO(dir.path());
-  const std::string canon = check_directory(dir.path(), "test dir");
   constexpr std::size_t kRead = 256 * 1024;
   constexpr std::size_t kWrite = 64 * 1024;
   constexpr std::size_t kBytes = 1024 * 1024;
-  FaultInjector counter;  // no rules: counts the kernel transfers of each kind
   IoEngineOptions o;
   o.kind = GetParam();
   o.max_request_bytes = kRead;
   o.max_write_request_bytes = kWrite;
-  o.faults = &counter;
-  auto e = make_engine_or_skip(o);
-  if (!e) GTEST_SKIP() << "io_uring is not available here";
-  EXPECT_EQ(e->info().max_request_bytes, kRead);
-  EXPECT_EQ(e->info().max_write_request_bytes, kWrite);
-  UniqueFd fd = open_inside(canon, "limits.bin", Direct::On, Truncate::Truncate);
-  const FileId f = e->register_file(fd.get(), canon + "/limits.bin");
-  HostBuffer w = testing::aligned_buffer(kBytes);
-  HostBuffer r = testing::aligned_buffer(kBytes);
-  testing::fill_pattern(static_cast<std::byte*>(w.data()), kBytes, 5);
-  const IoRequest wr{IoOp::Write, f, 0, w.data(), kBytes};
-  e->run(std::span(&wr, 1));
-  const IoRequest rd{IoOp::Read, f, 0, r.data(), kBytes};
-  e->run(std::span(&rd, 1));
-  // One request each: split into whole pieces of each op's limit, and (coalescing being bounded
-  // by the same limit) never merged back past it.
-  EXPECT_EQ(counter.operations(IoOp::Write), kBytes / kWrite);
-  EXPECT_EQ(counter.operations(IoOp::Read), kBytes / kRead);
-  EXPECT_EQ(testing::first_mismatch(static_cast<std::byte*>(r.data()), kBytes, 5), -1);
-  e->unregister_file(f);
+  const auto ops = one_request_each_way(o, check_directory(dir.path(), "test dir"), kBytes, 5);
+  if (!ops) GTEST_SKIP() << "io_uring is not available here";
+  // Split into whole pieces of each op's limit, and (coalescing being bounded by the same limit)
+  // never merged back past it.
+  EXPECT_EQ(ops->first, kBytes / kWrite);
+  EXPECT_EQ(ops->second, kBytes / kRead);
+}
+
+TEST_P(RequestLimitTest, DefaultLimitsSplitLargeRequestsIntoWholePieces) {
+  TempDir dir;
+  STRATA_SKIP_WITHOUT_DIRECT_IO(dir.path());
+  // Two whole default reads and a 4 KiB tail.
+  const std::size_t bytes = 2 * kDefaultMaxReadRequestBytes + 4096;
+  IoEngineOptions o;
+  o.kind = GetParam();
+  const auto ops = one_request_each_way(o, check_directory(dir.path(), "test dir"), bytes, 23);
+  if (!ops) GTEST_SKIP() << "io_uring is not available here";
+  EXPECT_EQ(ops->first, 2 * kDefaultMaxReadRequestBytes / kDefaultMaxWriteRequestBytes + 1);
+  EXPECT_EQ(ops->second, 3u);
 }
 
 TEST_P(RequestLimitTest, WriteLimitDefaultsToTheSmallerOfItsDefaultAndTheReadLimit) {
