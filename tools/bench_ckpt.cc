@@ -76,7 +76,7 @@ ModeResult run_mode(const BenchCkptOptions& o, const TrainConfig& cfg, const std
     m.bytes = bytes;
     Pair p;
     p.checkpoint = seconds;
-    p.disk = time_disk_passes(cfg, dir, bytes, bytes, BlockState::Written);
+    p.disk = time_disk_passes(cfg, dir, bytes, bytes);
     m.pairs.push_back(p);
   };
   const TrainSummary s = run_training(t);

@@ -14,7 +14,7 @@
 namespace strata::tools {
 
 DiskPassSeconds time_disk_passes(const TrainConfig& cfg, const std::string& dir, std::uint64_t read_bytes,
-                                 std::uint64_t write_bytes, BlockState state) {
+                                 std::uint64_t write_bytes) {
   DiskPassSeconds out;
   if (read_bytes + write_bytes == 0) return out;
   using Clock = std::chrono::steady_clock;
@@ -28,7 +28,7 @@ DiskPassSeconds time_disk_passes(const TrainConfig& cfg, const std::string& dir,
   io.kind = offload::parse_engine_kind(cfg.aio.engine == "io_uring" ? "uring" : cfg.aio.engine, "aio.engine");
   io.queue_depth = static_cast<unsigned>(cfg.aio.queue_depth);
   auto engine = offload::make_io_engine(io);
-  offload::FileId file = engine->register_file(fd.get(), path);
+  const offload::FileId file = engine->register_file(fd.get(), path);
   const std::size_t piece = static_cast<std::size_t>(std::min<std::uint64_t>(size, 64u << 20));
   HostBufferOptions ho;
   ho.huge_pages = HugePages::Transparent;
@@ -45,16 +45,7 @@ DiskPassSeconds time_disk_passes(const TrainConfig& cfg, const std::string& dir,
     engine->run(requests);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  pass(offload::IoOp::Write, size);  // the read pass reads written blocks
-  if (state == BlockState::Preallocated) {
-    // Fresh blocks for the timed write: a new file of the same size, the old one gone.
-    engine->unregister_file(file);
-    fd.reset();
-    std::filesystem::remove(path);
-    fd = offload::open_inside(canonical, name, offload::Direct::On, offload::Truncate::Truncate);
-    offload::preallocate(fd.get(), path, size);
-    file = engine->register_file(fd.get(), path);
-  }
+  pass(offload::IoOp::Write, size);  // every block written once before the timed passes
   out.write = pass(offload::IoOp::Write, write_bytes);
   out.read = pass(offload::IoOp::Read, read_bytes);
   engine->unregister_file(file);

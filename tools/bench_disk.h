@@ -10,19 +10,15 @@
 
 namespace strata::tools {
 
-enum class BlockState : std::uint8_t {
-  Written,      // the blocks under the file were written once before the timed passes (as swap files)
-  Preallocated, // fresh fallocated blocks before the timed write (as a new checkpoint file)
-};
-
 struct DiskPassSeconds {
   double write = 0;
   double read = 0;
 };
 
 // One timed sequential write pass of `write_bytes` and then one read pass of `read_bytes` over a
-// hidden file in `dir` (removed afterwards), each in 64 MiB pieces from one huge-page buffer.
+// hidden file in `dir` (removed afterwards) whose blocks were written once before, as `strata
+// bench io` and the swap files have them; each pass in 64 MiB pieces from one huge-page buffer.
 DiskPassSeconds time_disk_passes(const TrainConfig& cfg, const std::string& dir, std::uint64_t read_bytes,
-                                 std::uint64_t write_bytes, BlockState state = BlockState::Written);
+                                 std::uint64_t write_bytes);
 
 }  // namespace strata::tools
