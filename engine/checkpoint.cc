@@ -293,12 +293,13 @@ class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
 
   std::size_t pieces() const { return chunks_.size(); }
 
-  // Hashes piece i and starts its write; throws for an injected fault.
+  // Starts piece i's write and hashes the piece while the disk writes it; throws for an injected
+  // fault. The caller keeps `padded` unchanged until the returned handle completes (the write reads
+  // it) and at least until this returns (the hash reads it): an export piece is retired only after
+  // this returns, a captured chunk's slot is held by the optimizer pipeline across this call.
+  // Hashing before the write put 0.06 s of the 0.26 s copy of bench-ckpt's 291 MiB in front of
+  // the disk (the data arrives by DMA, cold in the caches).
   offload::IoHandle write(std::size_t i, std::span<const std::byte> padded, offload::IoCallback done) {
-    const auto& c = chunks_[i];
-    for (std::size_t a = 0; a < arrays_; ++a) {
-      digests_[i * arrays_ + a] = XXH64(padded.data() + a * c.elems * sizeof(float), c.elems * sizeof(float), 0);
-    }
     if (fault_hook_) {
       if (const int err = fault_hook_(path_); err != 0) {
         throw IoError(fmt::format("writing checkpoint file {} ({} bytes at offset {}): {}", path_, padded.size(),
@@ -308,7 +309,12 @@ class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
     }
     const offload::IoRequest request{offload::IoOp::Write, file_, offsets_[i], const_cast<std::byte*>(padded.data()),
                                      padded.size()};
-    return io_->submit(std::span<const offload::IoRequest>(&request, 1), std::move(done));
+    offload::IoHandle handle = io_->submit(std::span<const offload::IoRequest>(&request, 1), std::move(done));
+    const auto& c = chunks_[i];
+    for (std::size_t a = 0; a < arrays_; ++a) {
+      digests_[i * arrays_ + a] = XXH64(padded.data() + a * c.elems * sizeof(float), c.elems * sizeof(float), 0);
+    }
+    return handle;
   }
 
   // Every piece, copied from the engine's tiers after the step.
