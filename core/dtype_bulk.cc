@@ -308,19 +308,21 @@ void convert_parallel(const void* src, DType src_dtype, void* dst, DType dst_dty
   const auto* in = static_cast<const unsigned char*>(src);
   auto* out = static_cast<unsigned char*>(dst);
   const std::size_t chunks = (n_elems + kChunkElems - 1) / kChunkElems;
-  int token = 0;  // the loop's hand-over and join, for ThreadSanitizer (core/tsan.h)
-  tsan_release(&token);
+  // The loop's hand-over and join, for ThreadSanitizer (core/tsan.h).
+  int start = 0;
+  int done = 0;
+  tsan_release(&start);
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, chunks), [&](const tbb::blocked_range<std::size_t>& r) {
-    tsan_acquire(&token);
+    tsan_acquire(&start);
     for (std::size_t c = r.begin(); c != r.end(); ++c) {
       const std::size_t first = c * kChunkElems;
       const std::size_t count = std::min(kChunkElems, n_elems - first);
       convert(level, in + first * dtype_bytes(src_dtype), src_dtype, out + first * dtype_bytes(dst_dtype), dst_dtype,
               count);
     }
-    tsan_release(&token);
+    tsan_release(&done);
   });
-  tsan_acquire(&token);
+  tsan_acquire(&done);
 }
 
 }  // namespace strata

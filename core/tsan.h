@@ -3,16 +3,18 @@
 // invisible to it: the caller's writes before the loop and reads after it then look like races
 // with the body's accesses (seen in CI: a memcmp after convert_parallel against a worker's store,
 // reported with the worker's stack lost, so no suppression could match it). Code around such a
-// loop releases a token where it hands data on and acquires it where it takes data up:
+// loop releases a token where it hands data on and acquires it where it takes data up, with one
+// token for the hand-over and another for the join, so the bodies stay unordered among themselves
+// (a race between two bodies is still reported):
 //
-//   int token = 0;
-//   tsan_release(&token);                        // the caller's writes happen before the bodies
+//   int start = 0, done = 0;
+//   tsan_release(&start);                        // the caller's writes happen before the bodies
 //   tbb::parallel_for(range, [&](auto r) {
-//     tsan_acquire(&token); ... ; tsan_release(&token);
+//     tsan_acquire(&start); ... ; tsan_release(&done);
 //   });
-//   tsan_acquire(&token);                        // every body happens before what follows
+//   tsan_acquire(&done);                         // every body happens before what follows
 //
-// Releases join (they do not overwrite), so every worker's release reaches the final acquire.
+// Releases join (they do not overwrite), so every body's release reaches the final acquire.
 // Without TSan both calls are nothing.
 #pragma once
 

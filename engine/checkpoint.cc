@@ -297,8 +297,9 @@ class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
   // fault. The caller keeps `padded` unchanged until the returned handle completes (the write reads
   // it) and at least until this returns (the hash reads it): an export piece is retired only after
   // this returns, a captured chunk's slot is held by the optimizer pipeline across this call.
-  // Hashing before the write put 0.06 s of the 0.26 s copy of bench-ckpt's 291 MiB in front of
-  // the disk (the data arrives by DMA, cold in the caches).
+  // Hashing before the write held the disk up: `strata bench ckpt` copied its 291 MiB in 0.26 s
+  // hashing first, 0.20 s not hashing at all (a probe), 0.22-0.24 s hashing during the write (the
+  // data arrives by DMA, cold in the caches).
   offload::IoHandle write(std::size_t i, std::span<const std::byte> padded, offload::IoCallback done) {
     if (fault_hook_) {
       if (const int err = fault_hook_(path_); err != 0) {

@@ -1,6 +1,6 @@
 // The engine-independent half of the I/O interface (see offload/io_engine.h): batch completion,
 // handles, the file table, request splitting, error wording, the shared transfer loop, the
-// engine factory with its io_uring -> thread pool fallback, and the disk's request-size default.
+// engine factory with its io_uring -> thread pool fallback, and the disk's request-size limit (max_sectors_kb).
 #include "offload/io_engine.h"
 
 #include <sys/stat.h>
@@ -287,18 +287,17 @@ std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options) {
   }
 }
 
-std::size_t default_max_request_bytes(const std::string& dir) {
-  constexpr std::size_t fallback = 4 * MiB;
+std::optional<std::size_t> disk_max_request_bytes(const std::string& dir) {
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return fallback;
+  if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
   // /sys/dev/block/MAJ:MIN is the partition or the disk; the queue lives on the disk.
   const std::string base = fmt::format("/sys/dev/block/{}:{}", major(st.st_dev), minor(st.st_dev));
   for (const char* rel : {"/queue/max_sectors_kb", "/../queue/max_sectors_kb"}) {
     std::ifstream in(base + rel);
     std::size_t kb = 0;
-    if (in >> kb && kb > 0) return std::clamp(kb * KiB, 1 * MiB, 16 * MiB) / 4096 * 4096;
+    if (in >> kb && kb > 0) return kb * KiB;
   }
-  return fallback;
+  return std::nullopt;
 }
 
 }  // namespace strata::offload

@@ -17,6 +17,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -146,8 +147,8 @@ class IoEngine {
 std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options);
 
 // The block device's max_sectors_kb for a file in `dir` (the most one request reaches the device
-// unsplit), clamped to [1 MiB, 16 MiB]; 4 MiB when sysfs does not say. `strata doctor` shows it;
-// the engine's defaults are the constants above.
-std::size_t default_max_request_bytes(const std::string& dir);
+// unsplit), in bytes; nothing when sysfs does not say. `strata doctor` shows it; the engine's
+// defaults are the constants above.
+std::optional<std::size_t> disk_max_request_bytes(const std::string& dir);
 
 }  // namespace strata::offload

@@ -12,8 +12,9 @@
 // can be measured, and --file-state the state of the blocks under the file (Note [Bench file
 // state]), given to Strata and fio alike. Strata's buffers are 2 MiB huge pages (as BufferPool's;
 // 4 KiB pages for small random writes, Note [Bench buffers]) and fio's are its default malloc'd
-// memory, which on a disk like the one of that Note is most of the difference; --fio-option passes extra options to every fio job (e.g. --mem=shmhuge, with
-// hugetlb pages reserved in /proc/sys/vm/nr_hugepages) to measure fio with huge pages too.
+// memory, which on a disk like the one of that Note is most of the difference; --fio-option
+// passes extra options to every fio job (e.g. --mem=shmhuge, with hugetlb pages reserved in
+// /proc/sys/vm/nr_hugepages) to measure fio with huge pages too.
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/wait.h>
@@ -31,6 +32,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
@@ -358,8 +360,11 @@ int run_bench_io(const BenchIoArgs& a) {
       }
       for (const auto& qd : split_list(a.qd)) {
         int q = 0;
-        const auto [end, ec] = std::from_chars(qd.data(), qd.data() + qd.size(), q);
-        if (ec != std::errc() || end != qd.data() + qd.size() || q < 1 || q > 1024) throw ConfigError(fmt::format("--qd {}: use 1..1024", qd));
+        const char* last = qd.data() + qd.size();
+        const auto [end, ec] = std::from_chars(qd.data(), last, q);
+        if (ec != std::errc() || end != last || q < 1 || q > 1024) {
+          throw ConfigError(fmt::format("--qd '{}': use whole numbers 1..1024, comma-separated without spaces", qd));
+        }
         rows.push_back(Row{rw, bs_bytes, static_cast<unsigned>(q)});
         max_qd = std::max(max_qd, static_cast<unsigned>(q));
         max_bs = std::max(max_bs, bs_bytes);
@@ -406,13 +411,14 @@ int run_bench_io(const BenchIoArgs& a) {
   // Note [Bench buffers]: the I/O buffers are one region on 2 MiB huge pages, as BufferPool's
   // (Note [Request size and merging] in offload/uring_engine.cc: a request over a huge page is one
   // segment), except for random writes of blocks of 16 KiB or less under --huge-pages auto, which
-  // use 4 KiB pages. Measured on the disk of that Note, five alternated rounds of 256 MiB: random
-  // 4 KiB writes ran at 0.35 GB/s (qd 32) and 0.21 (qd 8) from 4 KiB pages against 0.28 and 0.19
-  // from a huge page, 16 KiB ones at 1.03-1.22 against 0.87-1.15 GB/s (qd 32); random 4 KiB reads
-  // did not care, random 16 KiB reads ran 1.01-1.06 against 0.75-0.76 GB/s (qd 32) from the huge
+  // use 4 KiB pages. Measured on the disk of that Note, five alternated rounds of 256 MiB (medians):
+  // random 4 KiB writes ran at 0.350 GB/s (qd 32) and 0.212 (qd 8) from 4 KiB pages against 0.276
+  // and 0.187 from a huge page, 16 KiB ones at 1.03-1.22 against 0.87-1.15 GB/s (qd 32); random
+  // 4 KiB reads did not care, random 16 KiB reads ran 1.01-1.06 against 0.75-0.76 GB/s (qd 32) from the huge
   // page, and 64 KiB random writes and every sequential row (whose requests coalesce across pages)
-  // 10-100 % faster from it. We take the small writes' gain to be the kernel's per-request page
-  // pinning, otherwise all on one compound page's counters; not proven.
+  // 10-100 % faster from it. Why small random writes prefer 4 KiB pages we do not know: the
+  // buffers are registered (fixed), so the kernel does not pin pages per request. `huge_pages` in
+  // the JSON rows says which backing was asked for (THP through madvise; the kernel may decline).
   const std::string& huge_mode = a.huge_pages;
   const auto row_huge = [&](const Row& row) {
     if (huge_mode != "auto") return huge_mode == "on";  // checked above

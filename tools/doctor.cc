@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -187,10 +188,11 @@ Check check_o_direct(const std::string& dir) {
     c.detail = fmt::format("O_DIRECT read back from '{}' failed: {}", dir,
                            r < 0 ? errno_text(rerr) : "data differs from what was written");
   } else {
+    const std::optional<std::size_t> disk_max = offload::disk_max_request_bytes(dir);
     c.detail = fmt::format("'{}' supports O_DIRECT (4 KiB aligned write and read back verified); its disk takes "
                            "requests of up to {} unsplit (max_sectors_kb), Strata's I/O engine issues reads of up "
                            "to {} and writes of up to {}",
-                           dir, format_bytes(offload::default_max_request_bytes(dir)),
+                           dir, disk_max ? format_bytes(*disk_max) : std::string("? (sysfs does not say)"),
                            format_bytes(offload::kDefaultMaxReadRequestBytes),
                            format_bytes(offload::kDefaultMaxWriteRequestBytes));
   }

@@ -303,6 +303,8 @@ std::optional<std::pair<std::size_t, std::size_t>> one_request_each_way(IoEngine
   auto e = make_engine_or_skip(o);
   if (!e) return std::nullopt;
   EXPECT_EQ(e->info().max_request_bytes, o.max_request_bytes != 0 ? o.max_request_bytes : kDefaultMaxReadRequestBytes);
+  EXPECT_EQ(e->info().max_write_request_bytes,
+            o.max_write_request_bytes != 0 ? o.max_write_request_bytes : kDefaultMaxWriteRequestBytes);
   UniqueFd fd = open_inside(canon, "limits.bin", Direct::On, Truncate::Truncate);
   const FileId f = e->register_file(fd.get(), canon + "/limits.bin");
   HostBuffer w = testing::aligned_buffer(bytes);

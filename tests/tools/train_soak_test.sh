@@ -3,13 +3,13 @@
 # NVMe and a checkpoint every 20 steps (keep 2). What a long run holds must not grow with the steps
 # and the checkpoints taken. From the per-step metrics lines (tools/trainer.cc: rss_bytes, open_fds,
 # swap_file_bytes), step 40 (after the first two checkpoints) against every later step to 300:
-#   open file descriptors: the fewest of every stretch of steps between two checkpoints the same
-#     as at step 41, and the fewest of the steps writing a checkpoint (which hold the checkpoint's
-#     data file and I/O ring while the optimizer writes into it: engine/zero_engine_offload.cc,
-#     Note [Checkpoint capture]) the same at every such step; a descriptor leaked per checkpoint or
-#     per step raises a minimum between checkpoints. A step may sample up to 2 more while the background deletion of a
-#     retired checkpoint (engine/checkpoint.cc, Note [Pruning in the background]) holds directory
-#     streams open; more than that fails too;
+#   open file descriptors: between checkpoints, the fewest of every stretch of steps between two
+#     checkpoints equals step 41's count (a descriptor leaked per step or per checkpoint raises
+#     it); on the steps writing a checkpoint (which also hold the checkpoint's data file and I/O
+#     ring while the optimizer writes into it: engine/zero_engine_offload.cc, Note [Checkpoint
+#     capture]), the fewest over all of them equals step 40's count. Any step may sample up to 2
+#     more while the background deletion of a retired checkpoint (engine/checkpoint.cc, Note
+#     [Pruning in the background]) holds directory streams open; more than that fails too;
 #   swap file bytes on disk: the same at every step, and > 0 (the files are preallocated);
 #   resident memory: grows less than two checkpoint data files between step 40 and step 300. A
 #     healthy run grew 0-270 KiB here (allocator and thread noise) against a 768 KiB data file; a
@@ -70,7 +70,7 @@ flat() {  # key, description[, which, first step]: its value at the first step (
 }
 fds_flat() {  # which (between|ckpt), description, first step: per stretch, the fewest descriptors equal the
              # first step's count, and no step holds more than 2 above it (see the header)
-  local first at_first text
+  local first at_first text lo_min hi_min hi
   first="$3"; at_first=$(metric "$first" open_fds)
   read -r lo_min hi_min hi <<<"$(awk -v early="$early" -v which="$1" -v interval="$interval" '
     { s = $0; sub(/.*"step":/, "", s); step = s + 0
