@@ -1,6 +1,7 @@
 // The engine-independent half of the I/O interface (see offload/io_engine.h): batch completion,
 // handles, the file table, request splitting, error wording, the shared transfer loop, the
-// engine factory with its io_uring -> thread pool fallback, and the disk's request-size limit (max_sectors_kb).
+// engine factory with its io_uring -> thread pool fallback, and the disk's request-size limit
+// (max_sectors_kb).
 #include "offload/io_engine.h"
 
 #include <sys/stat.h>

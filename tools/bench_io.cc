@@ -29,6 +29,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -375,9 +376,9 @@ int run_bench_io(const BenchIoArgs& a) {
   if (a.vs_fio && a.pairs < 3) throw ConfigError("--pairs: at least 3 alternating pairs are needed for a median");
 
   const FileState file_state = parse_file_state(a.file_state);
-  if (a.huge_pages != "auto" && a.huge_pages != "on" && a.huge_pages != "off") {
-    throw ConfigError(fmt::format("--huge-pages '{}': use on, off or auto", a.huge_pages));
-  }
+  // --huge-pages: nothing for auto (Note [Bench buffers]), else on or off for every row.
+  std::optional<bool> huge_always;
+  if (a.huge_pages != "auto") huge_always = parse_on_off(a.huge_pages, "--huge-pages (or auto)");
   offload::IoEngineOptions eo;
   eo.kind = offload::parse_engine_kind(a.engine, "--engine");
   eo.coalesce = parse_on_off(a.coalesce, "--coalesce") ? offload::Coalesce::On : offload::Coalesce::Off;
@@ -419,10 +420,8 @@ int run_bench_io(const BenchIoArgs& a) {
   // 10-100 % faster from it. Why small random writes prefer 4 KiB pages we do not know: the
   // buffers are registered (fixed), so the kernel does not pin pages per request. `huge_pages` in
   // the JSON rows says which backing was asked for (THP through madvise; the kernel may decline).
-  const std::string& huge_mode = a.huge_pages;
   const auto row_huge = [&](const Row& row) {
-    if (huge_mode != "auto") return huge_mode == "on";  // checked above
-    return !(row.rw == "randwrite" && row.bs_bytes <= 16 * KiB);
+    return huge_always.value_or(!(row.rw == "randwrite" && row.bs_bytes <= 16 * KiB));
   };
   const std::size_t buffer_bytes = std::max<std::size_t>(max_qd * max_bs * files.size(), 64 * MiB);
   HostBuffer buffers[2];  // [0]: 4 KiB pages, [1]: huge pages; allocated when a row first needs one
@@ -547,8 +546,9 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
       ->capture_default_str();
   cmd->add_option("--coalesce", args->coalesce, "merge adjacent requests into one kernel request (on|off)")
       ->capture_default_str();
-  cmd->add_option("--huge-pages", args->huge_pages, "back the I/O buffers with 2 MiB huge pages (on|off|auto: on except for random writes "
-                  "of blocks <= 16 KiB)")
+  cmd->add_option("--huge-pages", args->huge_pages,
+                  "back the I/O buffers with 2 MiB huge pages (on|off|auto: on except for random writes of blocks "
+                  "<= 16 KiB)")
       ->capture_default_str();
   cmd->add_option("--fixed-buffers", args->fixed_buffers, "register the buffers with io_uring (on|off)")
       ->capture_default_str();

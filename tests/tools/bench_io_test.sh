@@ -66,7 +66,7 @@ refuse "an unknown --rw" "--rw 'sideways'" --rw sideways
 refuse "a --bs that is not a multiple of 4 KiB" "--bs 1000" --bs 1000
 refuse "a --qd that is not a number" "--qd 'abc'" --qd abc
 refuse "a --qd of 0" "--qd '0'" --qd 0
-refuse "an unknown --huge-pages" "--huge-pages 'maybe'" --huge-pages maybe
+refuse "an unknown --huge-pages" "--huge-pages (or auto) 'maybe'" --huge-pages maybe
 refuse "fewer than 3 pairs" "--pairs" --vs-fio --pairs 2
 msg=$("$strata" bench io --dir "$work/absent" 2>&1) && rc=0 || rc=$?
 if [ "$rc" = 1 ] && echo "$msg" | grep -q "absent' does not exist.*create it" && [ "$(echo "$msg" | wc -l)" = 1 ]; then
