@@ -2,10 +2,8 @@
 #include "engine/tier_plan.h"
 
 #include <algorithm>
-#include <bit>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -35,73 +33,54 @@ std::uint64_t mem_available_bytes() {
 
 }  // namespace
 
-TierPlan plan_tiers(const TrainConfig& c, std::span<const ParamGroupSpec> groups, int world_size,
-                    std::uint64_t activation_bytes) {
+TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_bytes) {
   TierPlan p;
-  const int stage = c.zero.stage;
-  const ShardTopology topo = make_shard_topology(world_size, 0, stage, c.zero.sharding_factor);
-  const int shard_count = stage == 0 ? 1 : topo.sharding_factor;
-  const std::uint64_t wbytes = c.precision == Precision::Fp32 ? 4 : 2;
-  const bool adam = c.optimizer.type == "AdamW" || c.optimizer.type == "Adam";
-  const std::uint64_t nstate = adam ? 3 : 2;
-  const bool opt_off = c.zero.offload_optimizer.device != OffloadDevice::None;
-  const bool opt_nvme = c.zero.offload_optimizer.device == OffloadDevice::Nvme;
-  const bool par_off = c.zero.offload_param.device != OffloadDevice::None;
-  const bool par_nvme = c.zero.offload_param.device == OffloadDevice::Nvme;
-  const auto levels = static_cast<std::uint64_t>(std::bit_width(static_cast<unsigned>(c.gradient_accumulation_steps)) + 1);
-
-  std::uint64_t largest_shard = 0;
-  for (const auto& spec : groups) {
-    const GroupLayout L(spec, shard_count);
+  const std::uint64_t wbytes = rp.working_bytes();
+  const auto nstate = static_cast<std::uint64_t>(rp.state_arrays);
+  const auto partials = static_cast<std::uint64_t>(rp.grad_partials);
+  const OffloadPlan& o = rp.offload;
+  for (const GroupPlan& G : rp.groups) {
+    const GroupLayout& L = G.layout;
     const std::uint64_t total = L.total_elems();
-    const std::uint64_t state = stage == 0 ? total : L.shard_elems();
-    const std::uint64_t grad = stage >= 2 ? L.shard_elems() : total;
-    const bool sharded = stage == 3 && L.payload_elems() > c.zero.param_persistence_threshold_elems;
+    const std::uint64_t state = G.state_elems;
+    const std::uint64_t grad = G.grad_elems;
     p.model_state += static_cast<std::uint64_t>(L.payload_elems()) * (wbytes + 4 * nstate + 4);
-    // Optimizer state and the fp32 gradient sum.
-    if (!opt_off) {
+    if (o.optimizer == Home::Device) {
+      p.device_optimizer += state * 4 * nstate;
       p.device_state += state * 4 * nstate + grad * 4;
-    } else if (!opt_nvme) {
-      p.host_arrays += state * 4 * nstate + state * 4;
-    } else {
-      p.nvme += (round4k(state * 4 * nstate) + levels * round4k(state * 4)) * static_cast<std::uint64_t>(world_size);
     }
-    // Working weights.
-    const bool alias = wbytes == 4 && !opt_off && (stage == 0 || sharded);
-    if (sharded && par_off) {
-      if (par_nvme) {
-        p.nvme += round4k(state * wbytes) * static_cast<std::uint64_t>(world_size);
-      } else {
-        p.host_arrays += state * wbytes;
+    // Host arrays are kept per chunk, each padded to 4 KiB (engine/offload_tier.h).
+    for (const StateChunk& ch : G.chunks) {
+      if (o.optimizer == Home::Host) {
+        p.host_gradients += partials * round4k(4 * ch.elems);
+        p.host_arrays += round4k(4 * nstate * ch.elems) + partials * round4k(4 * ch.elems);
       }
-      largest_shard = std::max(largest_shard, state);
-    } else if (!alias) {
-      p.device_weights += (sharded ? L.shard_elems() : total) * wbytes;
+      if (G.weights == WeightsForm::ShardOnTier && o.params == Home::Host) p.host_arrays += round4k(wbytes * ch.elems);
     }
-    // The group in use: gathered (stage 3), its micro-batch gradient and its reduction.
-    const std::uint64_t window = (sharded ? total * wbytes : 0) + total * wbytes + grad * wbytes +
-                                 (sharded && par_off && shard_count > 1 ? state * wbytes : 0);
+    p.device_weights += G.device_weight_elems() * wbytes;
+    // The group in use: gathered (stage 3), its micro-batch gradient and its reduction, and the
+    // shard fetched from the parameter tier before the all-gather.
+    const bool sharded = G.sharded_params;
+    const bool fetched_shard = G.weights == WeightsForm::ShardOnTier && L.shard_count() > 1;
+    const std::uint64_t window =
+        (sharded ? total * wbytes : 0) + total * wbytes + grad * wbytes + (fetched_shard ? state * wbytes : 0);
     if (window > p.device_window) {
       p.device_window = window;
-      p.largest_group = spec.name;
+      p.largest_group = L.name();
       p.largest_group_bytes = total * wbytes;
     }
   }
   p.activations = activation_bytes;
-  if (opt_off) {
-    p.pinned += c.strata.offload.pinned_buffer_bytes;
-    if (par_nvme) {
-      p.pinned += static_cast<std::uint64_t>(c.zero.offload_param.buffer_count) * round4k(largest_shard * wbytes);
-    }
-  }
-  std::set<std::string> seen;
-  for (const auto* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
-    if (o->device != OffloadDevice::Nvme) continue;
-    for (const auto& d : o->nvme_paths) {
-      if (seen.insert(d).second) p.nvme_dirs.push_back(d);
-    }
-  }
+  p.pinned = o.pinned_bytes();
+  p.nvme = o.swap_bytes * static_cast<std::uint64_t>(world_size);
+  p.nvme_gradients = o.swap_gradient_bytes * static_cast<std::uint64_t>(world_size);
+  p.nvme_dirs = o.nvme_dirs;
   return p;
+}
+
+TierPlan plan_tiers(const TrainConfig& c, std::span<const ParamGroupSpec> groups, int world_size,
+                    std::uint64_t activation_bytes) {
+  return plan_tiers(make_run_plan(c, groups, world_size, 0), world_size, activation_bytes);
 }
 
 TierCapacities measure_capacities(const TierPlan& plan, std::uint64_t device_bytes, int ranks_on_node) {

@@ -1,5 +1,6 @@
 // The tier planner: before the first step, the bytes each tier needs for a model and a config, and
-// a refusal with the numbers and the knob to change when they cannot fit.
+// a refusal with the numbers and the knob to change when they cannot fit. The bytes are a sum over
+// the run plan (engine/run_plan.h, Note [Run plan]): where each array lives is decided there only.
 //
 // Per rank: the device must hold, at the same time, whatever model state the config keeps resident
 // (master and moments unless the optimizer is offloaded, working weights unless they are sharded
@@ -19,22 +20,26 @@
 
 #include "engine/config.h"
 #include "engine/param_provider.h"
+#include "engine/run_plan.h"
 
 namespace strata {
 
 struct TierPlan {
   // Device, per rank.
-  std::uint64_t device_state = 0;    // master, moments and gradient sums kept on the device
+  std::uint64_t device_state = 0;    // master, moments and one fp32 gradient sum kept on the device
+  std::uint64_t device_optimizer = 0;  // of which master and moments (resident between steps)
   std::uint64_t device_weights = 0;  // resident working weights (full or sharded)
   std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction
   std::uint64_t activations = 0;
   std::string largest_group;
   std::uint64_t largest_group_bytes = 0;  // working dtype, gathered
   // Host, per rank.
-  std::uint64_t host_arrays = 0;  // offloaded to "cpu": state, gradients, parameters
+  std::uint64_t host_arrays = 0;  // offloaded to "cpu": state, gradient partial sums, parameters (padded)
+  std::uint64_t host_gradients = 0;  // of which the gradient partial sums (held during a step only)
   std::uint64_t pinned = 0;       // staging pools (fixed)
   // NVMe, all ranks together, and the directories it is striped over.
   std::uint64_t nvme = 0;
+  std::uint64_t nvme_gradients = 0;  // of which the gradient partial sums (held during a step only)
   std::vector<std::string> nvme_dirs;
   // The model state in all (weights, fp32 master, moments, gradients), every rank together.
   std::uint64_t model_state = 0;
@@ -50,7 +55,10 @@ struct TierCapacities {
   std::vector<std::uint64_t> nvme_free;  // per TierPlan::nvme_dirs entry (0 when missing)
 };
 
+// The bytes of `plan` (one rank's; every rank's state has the same size) for `world_size` ranks.
 // `activation_bytes`: what the model allocates for one micro-batch (models::Decoder::activation_bytes).
+TierPlan plan_tiers(const RunPlan& plan, int world_size, std::uint64_t activation_bytes);
+// The same for rank 0's plan of a config and its groups.
 TierPlan plan_tiers(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int world_size,
                     std::uint64_t activation_bytes);
 

@@ -21,60 +21,24 @@
 
 namespace strata {
 
-namespace {
-
-DType working_dtype_of(const TrainConfig& c) {
-  switch (c.precision) {
-    case Precision::Bf16: return DType::BF16;
-    case Precision::Fp16: return DType::F16;
-    case Precision::Fp32: return DType::F32;
-  }
-  return DType::F32;
-}
-
-}  // namespace
-
 void add_left(float* dst, const float* left, std::size_t n) {
   tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
     for (std::size_t i = r.begin(); i < r.end(); ++i) dst[i] = left[i] + dst[i];
   });
 }
 
-optim::ParamGroup make_optimizer(const OptimizerConfig& o) {
-  const std::string where = "optimizer.params";
-  if (o.type == "SGD") {
-    optim::SgdParams p;
-    p.lr = o.lr;
-    p.momentum = o.momentum;
-    p.weight_decay = o.weight_decay;
-    return optim::ParamGroup::sgd(where, p);
-  }
-  if (o.type == "Lion") {
-    optim::LionParams p;
-    p.lr = o.lr;
-    p.beta1 = o.beta1;
-    p.beta2 = o.beta2;
-    p.weight_decay = o.weight_decay;
-    return optim::ParamGroup::lion(where, p);
-  }
-  optim::AdamParams p;
-  p.lr = o.lr;
-  p.beta1 = o.beta1;
-  p.beta2 = o.beta2;
-  p.eps = o.eps;
-  p.weight_decay = o.weight_decay;
-  p.bias_correction = o.bias_correction ? optim::BiasCorrection::On : optim::BiasCorrection::Off;
-  return optim::ParamGroup::adam(where, o.type == "Adam" ? optim::OptimizerKind::Adam : optim::OptimizerKind::AdamW, p);
-}
-
-
 ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& world,
                        std::vector<ParamGroupSpec> groups, const InitFn& init)
+    : ZeroEngine(config, device, world, groups, init, make_run_plan(config, groups, world.world_size(), world.rank())) {}
+
+ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& world,
+                       std::vector<ParamGroupSpec> groups, const InitFn& init, RunPlan plan)
     : config_(config),
+      plan_(std::move(plan)),
       device_(device),
       world_(world),
-      topo_(make_shard_topology(world.world_size(), world.rank(), config.zero.stage, config.zero.sharding_factor)),
-      working_dtype_(working_dtype_of(config)),
+      topo_(plan_.topo),
+      working_dtype_(plan_.working),
       accumulation_(config.gradient_accumulation_steps),
       specs_(std::move(groups)),
       impl_(std::make_unique<Impl>(config)) {
@@ -83,7 +47,10 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
                                   "(set strata.device.kind=sim)",
                                   device.name()));
   }
-  const int stage = config.zero.stage;
+  STRATA_CHECK(plan_.groups.size() == specs_.size() && plan_.topo.rank == world.rank() &&
+                   plan_.topo.world_size == world.world_size(),
+               "run plan of {} groups for rank {} of {}, engine of {} groups on rank {} of {}", plan_.groups.size(),
+               plan_.topo.rank, plan_.topo.world_size, specs_.size(), world.rank(), world.world_size());
   if (topo_.world_size > 1 && (std::popcount(static_cast<unsigned>(topo_.world_size)) != 1) && config.strata.exact) {
     spdlog::warn("exact mode: world size {} is not a power of two; results are deterministic but not bit-identical "
                  "to other world sizes (Note [Exact gradient sums])",
@@ -104,78 +71,73 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
   comm_stream_ = device_.create_stream("zero.comm");
   impl_->weights_event = device_.create_event();
 
-  const int shard_count = stage == 0 ? 1 : topo_.sharding_factor;
-  const int shard = stage == 0 ? 0 : topo_.shard_index();
-  const std::size_t wbytes = dtype_bytes(working_dtype_);
-  const bool adam = impl_->optimizer.kind() == optim::OptimizerKind::AdamW ||
-                    impl_->optimizer.kind() == optim::OptimizerKind::Adam;
   ready_per_micro_.assign(specs_.size(), 0);
   declared_ready_ = !specs_.empty();
   for (std::size_t g = 0; g < specs_.size(); ++g) {
     ready_per_micro_[g] = specs_[g].grads_ready_calls;
     declared_ready_ = declared_ready_ && specs_[g].grads_ready_calls > 0;
   }
-
-  for (std::size_t g = 0; g < specs_.size(); ++g) {
-    auto G = std::make_unique<Group>(specs_[g], shard_count);
-    const GroupLayout& L = G->layout;
-    G->sharded_params = stage == 3 && L.payload_elems() > config.zero.param_persistence_threshold_elems;
-    G->state_offset = stage == 0 ? 0 : L.shard_begin(shard);
-    G->state_elems = stage == 0 ? L.total_elems() : L.shard_elems();
-    G->grad_elems = stage >= 2 ? L.shard_elems() : L.total_elems();
-    G->grad_offset = stage == 1 ? G->state_offset : 0;
+  for (const GroupPlan& P : plan_.groups) {
+    auto G = std::make_unique<Group>(P);
     G->gathered_event = device_.create_event();
     G->grad_event = device_.create_event();
     groups_.push_back(std::move(G));
   }
-  ZeroOffload& off = impl_->off;
-  if (config.zero.offload_optimizer.device != OffloadDevice::None) setup_offload();
+  if (plan_.optimizer_offloaded()) setup_offload();
+  for (std::size_t g = 0; g < specs_.size(); ++g) init_group(g, init);
+  spdlog::debug("zero engine: stage {}, {} groups, world {}, sharding factor {}, working dtype {}", plan_.stage,
+                specs_.size(), topo_.world_size, topo_.sharding_factor, dtype_name(working_dtype_));
+}
 
-  for (std::size_t g = 0; g < specs_.size(); ++g) {
-    Group* G = groups_[g].get();
-    const GroupLayout& L = G->layout;
-    std::vector<float> host(L.total_elems(), 0.0f);
-    for (std::size_t t = 0; t < L.slots().size(); ++t) {
-      const TensorSlot& s = L.slots()[t];
-      init(g, t, std::span<float>(host.data() + s.offset_elems, s.elems));
+// Places group g's initial values where the plan says: the fp32 master and zeroed moments on the
+// device or the optimizer tier, W as the plan's WeightsForm.
+void ZeroEngine::init_group(std::size_t g, const InitFn& init) {
+  Group* G = groups_[g].get();
+  const GroupLayout& L = G->layout;
+  const std::size_t wbytes = dtype_bytes(working_dtype_);
+  std::vector<float> host(L.total_elems(), 0.0f);
+  for (std::size_t t = 0; t < L.slots().size(); ++t) {
+    const TensorSlot& s = L.slots()[t];
+    init(g, t, std::span<float>(host.data() + s.offset_elems, s.elems));
+  }
+  std::vector<std::uint16_t> narrow_host;
+  const void* w_source = host.data();
+  if (working_dtype_ != DType::F32) {
+    narrow_host.resize(L.total_elems());
+    convert_parallel(host.data(), DType::F32, narrow_host.data(), working_dtype_, L.total_elems());
+    w_source = narrow_host.data();
+  }
+  const std::size_t state_elems = G->plan.state_elems;
+  if (plan_.optimizer_offloaded()) {
+    init_offloaded_group(g, host.data(), w_source);
+  } else {
+    G->master = device_.allocate(state_elems * sizeof(float), "optim.master");
+    comm_stream_->copy_h2d(G->master.data(), host.data() + G->plan.state_offset, state_elems * sizeof(float));
+    G->moment1 = device_.allocate(state_elems * sizeof(float), "optim.moments");
+    comm_stream_->memset(G->moment1.data(), 0, state_elems * sizeof(float));
+    if (plan_.state_arrays == 3) {
+      G->moment2 = device_.allocate(state_elems * sizeof(float), "optim.moments");
+      comm_stream_->memset(G->moment2.data(), 0, state_elems * sizeof(float));
     }
-    std::vector<std::uint16_t> narrow_host;
-    const void* w_source = host.data();
-    if (working_dtype_ != DType::F32) {
-      narrow_host.resize(L.total_elems());
-      convert_parallel(host.data(), DType::F32, narrow_host.data(), working_dtype_, L.total_elems());
-      w_source = narrow_host.data();
-    }
-    if (off.optimizer) {
-      init_offloaded_group(g, host.data(), w_source);
-    } else {
-      G->master = device_.allocate(G->state_elems * sizeof(float), "optim.master");
-      comm_stream_->copy_h2d(G->master.data(), host.data() + G->state_offset, G->state_elems * sizeof(float));
-      G->moment1 = device_.allocate(G->state_elems * sizeof(float), "optim.moments");
-      comm_stream_->memset(G->moment1.data(), 0, G->state_elems * sizeof(float));
-      if (adam) {
-        G->moment2 = device_.allocate(G->state_elems * sizeof(float), "optim.moments");
-        comm_stream_->memset(G->moment2.data(), 0, G->state_elems * sizeof(float));
-      }
-    }
-    // W is its own buffer unless it can alias the device-resident fp32 master.
-    const bool alias_full = working_dtype_ == DType::F32 && stage == 0 && !off.optimizer;
-    const bool alias_shard = working_dtype_ == DType::F32 && G->sharded_params && !off.optimizer;
-    if (G->sharded_params && off.params) {
-      // The shard lives on the parameter tier (init_offloaded_group put it there).
-    } else if (G->sharded_params && !alias_shard) {
+  }
+  switch (G->plan.weights) {
+    case WeightsForm::Shard:
       G->w_shard = device_.allocate(L.shard_elems() * wbytes, "param.w");
-      comm_stream_->copy_h2d(G->w_shard.data(), static_cast<const char*>(w_source) + L.shard_begin(shard) * wbytes,
+      comm_stream_->copy_h2d(G->w_shard.data(),
+                             static_cast<const char*>(w_source) + L.shard_begin(plan_.shard_index) * wbytes,
                              L.shard_elems() * wbytes);
-    } else if (!G->sharded_params && !alias_full) {
+      break;
+    case WeightsForm::Full:
       G->w_full = device_.allocate(L.total_elems() * wbytes, "param.w");
       comm_stream_->copy_h2d(G->w_full.data(), w_source, L.total_elems() * wbytes);
-    }
-    // The host staging vectors die at the end of this iteration: wait for the copies.
-    comm_stream_->synchronize();
+      break;
+    case WeightsForm::FullIsMaster:
+    case WeightsForm::ShardIsMaster:
+    case WeightsForm::ShardOnTier:  // init_offloaded_group put it on the parameter tier
+      break;
   }
-  spdlog::debug("zero engine: stage {}, {} groups, world {}, sharding factor {}, working dtype {}", stage, specs_.size(),
-                topo_.world_size, topo_.sharding_factor, dtype_name(working_dtype_));
+  // The host staging vectors die at the end of this call: wait for the copies.
+  comm_stream_->synchronize();
 }
 
 ZeroEngine::~ZeroEngine() {
@@ -208,7 +170,7 @@ void ZeroEngine::start_gather(std::size_t g, bool prefetch) {
   ZeroOffload& off = impl_->off;
   const std::size_t total = G.layout.total_elems();
   const std::size_t wbytes = dtype_bytes(working_dtype_);
-  const bool from_tier = off.params && G.sharded_params;
+  const bool from_tier = off.params && G.plan.sharded_params;
   // An NVMe-resident shard needs a pinned slot; a prefetch does not wait for one.
   // Note [Deterministic prefetch]: every rank must issue the same gathers (collectives) in the same
   // order, so no decision may depend on timing: a pinned slot is waited for (the comm stream frees
@@ -229,19 +191,19 @@ void ZeroEngine::start_gather(std::size_t g, bool prefetch) {
     }
     if (slot) {
       std::vector<offload::IoHandle> reads;
-      for (std::size_t k = 0; k < G.chunks.size(); ++k) {
-        const StateChunk& c = G.chunks[k];
+      for (std::size_t k = 0; k < G.plan.chunks.size(); ++k) {
+        const StateChunk& c = G.plan.chunks[k];
         reads.push_back(off.store->swap().read(ZeroOffload::param_key(g, k),
                                                slot->span().subspan(c.begin * wbytes, c.elems * wbytes)));
         off.store->count_read(c.elems * wbytes);
       }
       comm_stream_->launch_host([reads] { offload::wait_all(reads); });
-      comm_stream_->copy_h2d(dst, slot->data(), G.state_elems * wbytes);
-      off.copy_bytes.fetch_add(G.state_elems * wbytes);
+      comm_stream_->copy_h2d(dst, slot->data(), G.plan.state_elems * wbytes);
+      off.copy_bytes.fetch_add(G.plan.state_elems * wbytes);
       comm_stream_->launch_host([slot]() mutable { slot.reset(); });
     } else {
-      for (std::size_t k = 0; k < G.chunks.size(); ++k) {
-        const StateChunk& c = G.chunks[k];
+      for (std::size_t k = 0; k < G.plan.chunks.size(); ++k) {
+        const StateChunk& c = G.plan.chunks[k];
         off.copy_bytes.fetch_add(c.elems * wbytes);
         comm_stream_->copy_h2d(static_cast<char*>(dst) + c.begin * wbytes,
                                off.store->host(ZeroOffload::param_key(g, k), c.elems * wbytes).data(),
@@ -300,7 +262,7 @@ void ZeroEngine::prefetch_after(std::size_t position) {
   std::size_t ahead = 0;
   for (std::size_t i = position; i < trace_.size(); ++i) {
     Group& G = group(trace_[i].group);
-    if (!G.sharded_params || !G.gathered.empty()) continue;
+    if (!G.plan.sharded_params || !G.gathered.empty()) continue;
     const std::size_t total = G.layout.total_elems();
     if (ahead + total > config_.zero.prefetch_bucket_size_elems ||
         live_elems_ + total > config_.zero.max_live_parameters_elems) {
@@ -329,7 +291,7 @@ GroupViews ZeroEngine::acquire_params(std::size_t g, ParamPhase phase, Stream* s
       trace_valid_ = false;
     }
   }
-  if (!G.sharded_params) {
+  if (!G.plan.sharded_params) {
     if (impl_->weights_event_recorded) stream->wait(*impl_->weights_event);
     ++G.live;
     return views_of(g, G.w_full_ptr(), working_dtype_);
@@ -345,7 +307,7 @@ GroupViews ZeroEngine::acquire_params(std::size_t g, ParamPhase phase, Stream* s
 void ZeroEngine::release_params(std::size_t g, Stream* stream) {
   Group& G = group(g);
   STRATA_CHECK(G.live > 0, "release of group {} ({}) that is not acquired", g, G.layout.name());
-  if (--G.live > 0 || !G.sharded_params) return;
+  if (--G.live > 0 || !G.plan.sharded_params) return;
   G.last_use_stream = stream;
   // Keep the gathered weights when the trace says the group is needed again inside the window.
   if (trace_valid_) {
@@ -400,26 +362,26 @@ void ZeroEngine::reduce_micro_grads(std::size_t g) {
   } else {
     comm_stream_->wait(*G.grad_event);
   }
-  DeviceMemory reduced = allocate_device(G.grad_elems * wbytes, "grad.reduced", g);
-  if (config_.zero.stage >= 2) {
+  DeviceMemory reduced = allocate_device(G.plan.grad_elems * wbytes, "grad.reduced", g);
+  if (plan_.stage >= 2) {
     if (L.shard_count() == 1) {
-      comm_stream_->copy_d2d(reduced.data(), G.micro_grad.data(), G.grad_elems * wbytes);
+      comm_stream_->copy_d2d(reduced.data(), G.micro_grad.data(), G.plan.grad_elems * wbytes);
     } else {
-      shard_comm_->reduce_scatter(G.micro_grad.data(), reduced.data(), G.grad_elems, working_dtype_, ReduceOp::Sum,
+      shard_comm_->reduce_scatter(G.micro_grad.data(), reduced.data(), G.plan.grad_elems, working_dtype_, ReduceOp::Sum,
                                   *comm_stream_);
     }
     if (topo_.replica_count() > 1) {
-      replica_comm_->all_reduce(reduced.data(), reduced.data(), G.grad_elems, working_dtype_, ReduceOp::Sum,
+      replica_comm_->all_reduce(reduced.data(), reduced.data(), G.plan.grad_elems, working_dtype_, ReduceOp::Sum,
                                 *comm_stream_);
     }
   } else {
-    world_.all_reduce(G.micro_grad.data(), reduced.data(), G.grad_elems, working_dtype_, ReduceOp::Sum, *comm_stream_);
+    world_.all_reduce(G.micro_grad.data(), reduced.data(), G.plan.grad_elems, working_dtype_, ReduceOp::Sum, *comm_stream_);
   }
   comm_stream_->release_after(std::move(G.micro_grad));
   if (impl_->off.optimizer) {
     offload_reduced(g, std::move(reduced));
   } else {
-    combine_unit(g, std::move(reduced), G.grad_elems);
+    combine_unit(g, std::move(reduced), G.plan.grad_elems);
   }
   G.reduced_this_micro = true;
 }
@@ -517,7 +479,7 @@ StepResult ZeroEngine::step(double lr) {
       if (acc == nullptr) {
         acc = level.as<float>();
       } else {
-        add_left(acc, level.as<float>(), G.grad_elems);
+        add_left(acc, level.as<float>(), G.plan.grad_elems);
       }
     }
     final_grads[g] = acc;
@@ -533,18 +495,18 @@ StepResult ZeroEngine::step(double lr) {
     // the concatenation is the same list of partials in the same order as the whole gradient's).
     const bool offloaded = off.optimizer;
     const std::size_t blocks = offloaded ? G.block_partials.size()
-                                         : (G.grad_elems + optim::kCpuBlockElems - 1) / optim::kCpuBlockElems;
+                                         : (G.plan.grad_elems + optim::kCpuBlockElems - 1) / optim::kCpuBlockElems;
     std::vector<double> partials(blocks);
     if (offloaded) partials = G.block_partials;
     if (!offloaded) tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
       const std::size_t begin = b * optim::kCpuBlockElems;
-      const std::size_t n = std::min(optim::kCpuBlockElems, G.grad_elems - begin);
+      const std::size_t n = std::min(optim::kCpuBlockElems, G.plan.grad_elems - begin);
       const optim::GradSpan span{final_grads[g] + begin, DType::F32, n};
       optim::CpuExec serial{impl_->exec.simd, nullptr};
       partials[b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), serial).sum_squares;
     });
     std::vector<double> all = partials;
-    if ((config_.zero.stage >= 2 || offloaded) && G.layout.shard_count() > 1) {
+    if ((plan_.stage >= 2 || offloaded) && G.layout.shard_count() > 1) {
       all.resize(blocks * static_cast<std::size_t>(G.layout.shard_count()));
       for (int r = 0; r < G.layout.shard_count(); ++r) {
         std::vector<double> part = partials;
@@ -584,13 +546,13 @@ StepResult ZeroEngine::step(double lr) {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       Group& G = *groups_[g];
       optim::OptimShard s;
-      s.master = std::span<float>(G.master.as<float>(), G.state_elems);
-      s.moment1 = std::span<float>(G.moment1.as<float>(), G.state_elems);
-      if (!G.moment2.empty()) s.moment2 = std::span<float>(G.moment2.as<float>(), G.state_elems);
-      s.grad = optim::GradRef{final_grads[g] + G.grad_offset, DType::F32};
+      s.master = std::span<float>(G.master.as<float>(), G.plan.state_elems);
+      s.moment1 = std::span<float>(G.moment1.as<float>(), G.plan.state_elems);
+      if (!G.moment2.empty()) s.moment2 = std::span<float>(G.moment2.as<float>(), G.plan.state_elems);
+      s.grad = optim::GradRef{final_grads[g] + G.plan.grad_offset, DType::F32};
       if (working_dtype_ != DType::F32) {
-        void* out = G.sharded_params ? G.w_shard.data()
-                                     : G.w_full.as<char>() + G.state_offset * dtype_bytes(working_dtype_);
+        void* out = G.plan.sharded_params ? G.w_shard.data()
+                                     : G.w_full.as<char>() + G.plan.state_offset * dtype_bytes(working_dtype_);
         s.out = optim::LowPrecisionOut{out, working_dtype_};
       }
       shards.push_back(s);
@@ -601,13 +563,13 @@ StepResult ZeroEngine::step(double lr) {
   if (result.applied) {
     // Publish: groups whose W is a full resident copy gather every shard's new values into it.
     for (auto& G : groups_) {
-      if (G->sharded_params || config_.zero.stage == 0) continue;
+      if (G->plan.sharded_params || plan_.stage == 0) continue;
       const std::size_t wbytes = dtype_bytes(working_dtype_);
       const void* mine = working_dtype_ == DType::F32 && !off.optimizer
                              ? G->master.data()
-                             : G->w_full.as<char>() + G->state_offset * wbytes;
+                             : G->w_full.as<char>() + G->plan.state_offset * wbytes;
       if (G->layout.shard_count() == 1) {
-        if (mine != G->w_full.data()) comm_stream_->copy_d2d(G->w_full.data(), mine, G->state_elems * wbytes);
+        if (mine != G->w_full.data()) comm_stream_->copy_d2d(G->w_full.data(), mine, G->plan.state_elems * wbytes);
       } else {
         shard_comm_->all_gather(mine, G->w_full.data(), G->layout.shard_elems(), working_dtype_, *comm_stream_);
       }
@@ -652,16 +614,16 @@ std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) 
     if (G.layout.shard_count() == 1) {
       full = std::move(mine);
     } else {
-      DeviceMemory src = device_.allocate(G.state_elems * sizeof(float), "io.gather");
+      DeviceMemory src = device_.allocate(G.plan.state_elems * sizeof(float), "io.gather");
       DeviceMemory tmp = device_.allocate(total * sizeof(float), "io.gather");
-      comm_stream_->copy_h2d(src.data(), mine.data(), G.state_elems * sizeof(float));
+      comm_stream_->copy_h2d(src.data(), mine.data(), G.plan.state_elems * sizeof(float));
       shard_comm_->all_gather(src.data(), tmp.data(), G.layout.shard_elems(), DType::F32, *comm_stream_);
       comm_stream_->copy_d2h(full.data(), tmp.data(), total * sizeof(float));
       comm_stream_->release_after(std::move(src));
       comm_stream_->release_after(std::move(tmp));
       comm_stream_->synchronize();  // `mine` is the source of the queued copy
     }
-  } else if (config_.zero.stage == 0 || G.layout.shard_count() == 1) {
+  } else if (plan_.stage == 0 || G.layout.shard_count() == 1) {
     comm_stream_->copy_d2h(full.data(), G.master.data(), total * sizeof(float));
   } else {
     DeviceMemory tmp = device_.allocate(total * sizeof(float), "io.gather");

@@ -62,11 +62,10 @@
 #include "engine/offload_tier.h"
 #include "engine/param_provider.h"
 #include "engine/partition.h"
+#include "engine/run_plan.h"
 #include "optim/loss_scaler.h"
 
 namespace strata {
-
-struct StateChunk;
 
 // What a checkpoint needs beside the state arrays (engine/zero_engine_state.cc).
 struct EngineCounters {
@@ -95,6 +94,11 @@ class ZeroEngine final : public ParamProvider {
   // `group`. Must give the same values on every rank.
   using InitFn = std::function<void(std::size_t group, std::size_t tensor, std::span<float> out)>;
 
+  // Places the state as `plan` says (engine/run_plan.h: make_run_plan for this config, these groups
+  // and this rank of `world`).
+  ZeroEngine(const TrainConfig& config, Device& device, Communicator& world, std::vector<ParamGroupSpec> groups,
+             const InitFn& init, RunPlan plan);
+  // The same with the plan made here.
   ZeroEngine(const TrainConfig& config, Device& device, Communicator& world, std::vector<ParamGroupSpec> groups,
              const InitFn& init);
   ~ZeroEngine() override;
@@ -121,6 +125,8 @@ class ZeroEngine final : public ParamProvider {
 
   // The working dtype of W and of the gradients the model writes.
   DType working_dtype() const { return working_dtype_; }
+  // Where everything lives (engine/run_plan.h).
+  const RunPlan& plan() const { return plan_; }
   int micro_batches_per_step() const { return accumulation_; }
   const ShardTopology& topology() const { return topo_; }
   // Full fp32 master weights of one tensor, gathered (every rank must call it; all get the values).
@@ -201,6 +207,7 @@ class ZeroEngine final : public ParamProvider {
   };
 
   Group& group(std::size_t g);
+  void init_group(std::size_t g, const InitFn& init);
   GroupViews views_of(std::size_t g, void* base, DType dtype) const;
   void start_gather(std::size_t g, bool prefetch);
   DeviceMemory allocate_device(std::size_t bytes, std::string_view tag, std::size_t keep_group, bool prefetch = false);
@@ -223,6 +230,7 @@ class ZeroEngine final : public ParamProvider {
   void publish_imported_weights();
 
   TrainConfig config_;
+  RunPlan plan_;
   Device& device_;
   Communicator& world_;
   std::unique_ptr<Communicator> shard_comm_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/offload_tier.h"
+#include "engine/run_plan.h"
 #include "engine/zero_engine.h"
 #include "offload/buffer_pool.h"
 #include "offload/io_engine.h"
@@ -21,23 +22,12 @@ namespace strata {
 
 // dst[i] = left[i] + dst[i] (the left operand is the older partial sum: tree order matters).
 void add_left(float* dst, const float* left, std::size_t n);
-optim::ParamGroup make_optimizer(const OptimizerConfig& o);
-
-// A piece of a group's state range (Note [Chunk pipeline], engine/offload_tier.h).
-struct StateChunk {
-  std::size_t begin = 0;  // elements from the start of this rank's state range
-  std::size_t elems = 0;
-};
 
 struct ZeroEngine::Group {
-  explicit Group(const ParamGroupSpec& spec, int shard_count) : layout(spec, shard_count) {}
+  explicit Group(const GroupPlan& p) : plan(p), layout(p.layout) {}
 
-  GroupLayout layout;
-  bool sharded_params = false;  // stage 3, above the persistence threshold
-  std::size_t state_offset = 0;  // this rank's master/moments start here in the flat buffer
-  std::size_t state_elems = 0;
-  std::size_t grad_elems = 0;  // elements of the reduced gradient this rank accumulates
-  std::size_t grad_offset = 0;  // where the optimizer's gradient starts inside the accumulator
+  const GroupPlan& plan;  // placement (engine/run_plan.h); owned by the engine's RunPlan
+  const GroupLayout& layout;
 
   DeviceMemory w_full;   // gathered working weights kept resident (empty: aliases master)
   DeviceMemory w_shard;  // sharded_params: this rank's shard of W (empty: aliases master or offloaded)
@@ -58,13 +48,12 @@ struct ZeroEngine::Group {
   std::vector<DeviceMemory> levels;  // exact: binary-counter partial sums (fp32, grad_elems)
   DeviceMemory accum;                // fast: one fp32 accumulator
 
-  // Offloaded optimizer state: the state range in chunks, and the per-block sums of squares of the
-  // step's final gradient (taken when it is formed).
-  std::vector<StateChunk> chunks;
+  // Offloaded optimizer state: the per-block sums of squares of the step's final gradient (taken
+  // when it is formed, chunk by chunk).
   std::vector<double> block_partials;
 
-  void* w_full_ptr() const { return w_full.empty() ? master.data() : w_full.data(); }
-  void* w_shard_ptr() const { return w_shard.empty() ? master.data() : w_shard.data(); }
+  void* w_full_ptr() const { return plan.weights == WeightsForm::FullIsMaster ? master.data() : w_full.data(); }
+  void* w_shard_ptr() const { return plan.weights == WeightsForm::ShardIsMaster ? master.data() : w_shard.data(); }
 };
 
 // Host/NVMe tiers (engine/zero_engine_offload.cc).
@@ -74,7 +63,7 @@ struct ZeroOffload {
   bool params = false;  // stage-3 sharded working weights live on `param_tier`
   Tier param_tier = Tier::Host;
   int nstate = 3;  // fp32 arrays per element in a state chunk: master, moment1[, moment2]
-  std::size_t chunk_elems = 0;
+  std::size_t chunk_elems = 0;  // RunPlan::offload.chunk_elems
   std::unique_ptr<offload::IoEngine> io;
   std::unique_ptr<offload::SwapStore> swap;
   std::unique_ptr<TierStore> store;

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <set>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -80,7 +79,7 @@ bool ZeroEngine::capture_next_step(StateCaptureSink sink) {
   std::size_t pieces = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     off.capture_first[g] = pieces;
-    pieces += groups_[g]->chunks.size();
+    pieces += groups_[g]->plan.chunks.size();
   }
   off.captured = 0;
   off.capture = std::move(sink);
@@ -89,109 +88,50 @@ bool ZeroEngine::capture_next_step(StateCaptureSink sink) {
 
 std::size_t ZeroEngine::captured_pieces() const { return impl_->off.captured.load(); }
 
+// Builds what the plan's offload section asks for: the swap store (one file per NVMe directory),
+// the host/NVMe array store, the pinned pools and the two host-side streams.
 void ZeroEngine::setup_offload() {
   ZeroOffload& off = impl_->off;
-  const OffloadConfig& oo = config_.zero.offload_optimizer;
-  const OffloadConfig& op = config_.zero.offload_param;
+  const OffloadPlan& op = plan_.offload;
   off.optimizer = true;
-  off.opt_tier = oo.device == OffloadDevice::Nvme ? Tier::Nvme : Tier::Host;
-  off.params = op.device != OffloadDevice::None;
-  off.param_tier = op.device == OffloadDevice::Nvme ? Tier::Nvme : Tier::Host;
-  const auto kind = impl_->optimizer.kind();
-  off.nstate = kind == optim::OptimizerKind::AdamW || kind == optim::OptimizerKind::Adam ? 3 : 2;
-  const std::size_t wbytes = dtype_bytes(working_dtype_);
+  off.opt_tier = op.optimizer == Home::Nvme ? Tier::Nvme : Tier::Host;
+  off.params = plan_.params_offloaded();
+  off.param_tier = op.params == Home::Nvme ? Tier::Nvme : Tier::Host;
+  off.nstate = plan_.state_arrays;
+  off.chunk_elems = op.chunk_elems;
+  for (auto& G : groups_) G->block_partials.assign(G->plan.state_elems / kBlock, 0.0);
 
-  // Chunk size: the most any job stages in one slot per element (a combine's staging, partial sums,
-  // scratch, plus the state and new weights of an overlapped update), times the chunk, fits a slot.
-  const auto levels = static_cast<std::size_t>(std::bit_width(static_cast<unsigned>(accumulation_)) + 1);
-  const std::size_t per_elem = 2 * wbytes + 4 * (static_cast<std::size_t>(off.nstate) + 2 + levels);
-  const auto slots = static_cast<std::size_t>(oo.buffer_count);
-  const std::size_t slot_budget = config_.strata.offload.pinned_buffer_bytes / slots;
-  std::size_t chunk = slot_budget / per_elem / kBlock * kBlock;
-  if (chunk == 0) {
-    throw ConfigError(fmt::format(
-        "{}: strata.offload.pinned_buffer = {} split into offload_optimizer.buffer_count = {} slots leaves {} per "
-        "slot; a slot must hold at least {} (one optimizer block of {} elements at {} bytes each); raise "
-        "strata.offload.pinned_buffer or lower buffer_count",
-        config_.source, format_bytes(config_.strata.offload.pinned_buffer_bytes), slots, format_bytes(slot_budget),
-        format_bytes(per_elem * kBlock), kBlock, per_elem));
-  }
-  const std::size_t sub_group = std::max(kBlock, config_.zero.sub_group_size_elems / kBlock * kBlock);
-  chunk = std::min(chunk, sub_group);
-  off.chunk_elems = chunk;
-
-  std::uint64_t nvme_bytes = 0;
-  std::size_t largest_shard = 0;
-  std::string largest_group;
-  for (auto& Gp : groups_) {
-    Group& G = *Gp;
-    G.chunks.clear();
-    for (std::size_t b = 0; b < G.state_elems; b += chunk) G.chunks.push_back(StateChunk{b, std::min(chunk, G.state_elems - b)});
-    G.block_partials.assign(G.state_elems / kBlock, 0.0);
-    for (const StateChunk& c : G.chunks) {
-      if (off.opt_tier == Tier::Nvme) {
-        nvme_bytes += offload::SwapStore::padded(static_cast<std::uint64_t>(off.nstate) * 4 * c.elems);
-        nvme_bytes += levels * offload::SwapStore::padded(4 * c.elems);
-      }
-      if (off.params && G.sharded_params && off.param_tier == Tier::Nvme) {
-        nvme_bytes += offload::SwapStore::padded(wbytes * c.elems);
-      }
-    }
-    if (off.params && G.sharded_params && G.state_elems > largest_shard) {
-      largest_shard = G.state_elems;
-      largest_group = G.layout.name();
-    }
-  }
-  if (off.params && largest_shard > op.buffer_size_elems) {
-    throw ConfigError(fmt::format("{}: zero_optimization.offload_param.buffer_size = {} elements is smaller than the "
-                                  "largest parameter shard ({} elements, group {}); raise buffer_size or tile the "
-                                  "layer (strata.tiling)",
-                                  config_.source, op.buffer_size_elems, largest_shard, largest_group));
-  }
-
-  HostMemoryPinner* pinner = oo.pin_memory ? &device_ : nullptr;
-  if (nvme_bytes > 0) {
-    std::vector<std::string> dirs;
-    std::set<std::string> seen;
-    for (const auto* o : {&oo, &op}) {
-      if (o->device != OffloadDevice::Nvme) continue;
-      for (const auto& d : o->nvme_paths) {
-        if (seen.insert(d).second) dirs.push_back(d);
-      }
-    }
-    for (const auto& d : dirs) {
+  HostMemoryPinner* pinner = op.pin_optimizer ? &device_ : nullptr;
+  if (op.swap_bytes > 0) {
+    for (const auto& d : op.nvme_dirs) {
       std::error_code ec;  // a directory that cannot be created is reported by the swap store below
       std::filesystem::create_directories(d, ec);
     }
-    offload::IoEngineOptions io;
-    io.kind = offload::parse_engine_kind(config_.aio.engine == "io_uring" ? "uring" : config_.aio.engine, "aio.engine");
-    io.queue_depth = static_cast<unsigned>(config_.aio.queue_depth);
-    off.io = offload::make_io_engine(io);
+    off.io = offload::make_io_engine(op.io);
     offload::SwapStoreOptions so;
-    so.dirs = dirs;
-    // Room for fragmentation of the extent allocator and the per-file rounding of striping.
-    so.capacity_bytes = nvme_bytes + nvme_bytes / 8 + (std::uint64_t{16} << 20) * dirs.size();
-    so.file_name = fmt::format("strata-swap-rank{}.bin", world_.rank());
+    so.dirs = op.nvme_dirs;
+    so.capacity_bytes = op.swap_capacity_bytes;
+    so.file_name = op.swap_file_name;
     off.swap = std::make_unique<offload::SwapStore>(*off.io, so);
   }
   off.store = std::make_unique<TierStore>(off.swap.get(), pinner);
   offload::BufferPoolOptions po;
-  po.slot_count = slots;
-  po.slot_bytes = per_elem * chunk;
+  po.slot_count = op.slot_count;
+  po.slot_bytes = op.slot_bytes;
   po.pinner = pinner;
   off.pool = std::make_unique<offload::BufferPool>(po, off.io.get());
-  if (off.params && off.param_tier == Tier::Nvme && largest_shard > 0) {
+  if (op.param_slot_count > 0) {
     offload::BufferPoolOptions pp;
-    pp.slot_count = static_cast<std::size_t>(op.buffer_count);
-    pp.slot_bytes = offload::SwapStore::padded(largest_shard * wbytes);
-    pp.pinner = op.pin_memory ? &device_ : nullptr;
+    pp.slot_count = op.param_slot_count;
+    pp.slot_bytes = op.param_slot_bytes;
+    pp.pinner = op.pin_params ? &device_ : nullptr;
     off.param_pool = std::make_unique<offload::BufferPool>(pp, nullptr);
   }
   off.worker = device_.create_stream("zero.offload");
   off.transfer = device_.create_stream("zero.transfer");
   spdlog::debug("offload: optimizer on {}, params {}, chunks of {} elements, {} pinned slots of {}, swap {}",
-                tier_name(off.opt_tier), off.params ? tier_name(off.param_tier) : "on the device", chunk, slots,
-                format_bytes(po.slot_bytes), format_bytes(nvme_bytes));
+                tier_name(off.opt_tier), off.params ? tier_name(off.param_tier) : "on the device", op.chunk_elems,
+                op.slot_count, format_bytes(op.slot_bytes), format_bytes(op.swap_bytes));
 }
 
 void ZeroEngine::init_offloaded_group(std::size_t g, const float* master_full, const void* working_full) {
@@ -204,19 +144,19 @@ void ZeroEngine::init_offloaded_group(std::size_t g, const float* master_full, c
     staging = HostBuffer::allocate(offload::SwapStore::padded(std::max(nstate * 4, wbytes) * off.chunk_elems));
   }
   auto* stage = static_cast<std::byte*>(staging.data());
-  for (std::size_t k = 0; k < G.chunks.size(); ++k) {
-    const StateChunk& c = G.chunks[k];
+  for (std::size_t k = 0; k < G.plan.chunks.size(); ++k) {
+    const StateChunk& c = G.plan.chunks[k];
     const std::size_t bytes = nstate * 4 * c.elems;
     const std::string key = ZeroOffload::state_key(g, k);
     std::byte* dst = off.opt_tier == Tier::Host ? off.store->host(key, bytes).data() : stage;
-    std::memcpy(dst, master_full + G.state_offset + c.begin, 4 * c.elems);
+    std::memcpy(dst, master_full + G.plan.state_offset + c.begin, 4 * c.elems);
     std::memset(dst + 4 * c.elems, 0, (nstate - 1) * 4 * c.elems);
     if (off.opt_tier == Tier::Nvme) off.store->write_now(key, staging.as<std::byte>(), bytes);
-    if (off.params && G.sharded_params) {
+    if (off.params && G.plan.sharded_params) {
       const std::size_t pbytes = wbytes * c.elems;
       const std::string pkey = ZeroOffload::param_key(g, k);
       std::byte* pdst = off.param_tier == Tier::Host ? off.store->host(pkey, pbytes).data() : stage;
-      std::memcpy(pdst, static_cast<const std::byte*>(working_full) + (G.state_offset + c.begin) * wbytes, pbytes);
+      std::memcpy(pdst, static_cast<const std::byte*>(working_full) + (G.plan.state_offset + c.begin) * wbytes, pbytes);
       if (off.param_tier == Tier::Nvme) off.store->write_now(pkey, staging.as<std::byte>(), pbytes);
     }
   }
@@ -272,8 +212,8 @@ void ZeroEngine::offload_combine(std::size_t g, const void* reduced, int unit, b
   const Tier tier = off.opt_tier;
 
   std::vector<ChunkJob> jobs;
-  for (std::size_t k = 0; k < G.chunks.size(); ++k) {
-    const StateChunk c = G.chunks[k];
+  for (std::size_t k = 0; k < G.plan.chunks.size(); ++k) {
+    const StateChunk c = G.plan.chunks[k];
     const std::size_t n = c.elems;
     ChunkJob job;
     const std::size_t i_stage = add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
@@ -306,13 +246,13 @@ void ZeroEngine::offload_combine(std::size_t g, const void* reduced, int unit, b
     if (overlap) {
       i_state = add_field(job, ZeroOffload::state_key(g, k), tier, static_cast<std::size_t>(off.nstate) * 4 * n,
                           ChunkField::Update);
-      i_w = (off.params && G.sharded_params)
+      i_w = (off.params && G.plan.sharded_params)
                 ? add_field(job, ZeroOffload::param_key(g, k), off.param_tier, n * wbytes, ChunkField::Write)
                 : add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
     }
     job.work = [=, this, &G, &off](std::span<const std::span<std::byte>> f) {
       std::byte* stage = f[i_stage].data();
-      off.transfer->copy_d2h(stage, static_cast<const std::byte*>(reduced) + (G.grad_offset + c.begin) * wbytes,
+      off.transfer->copy_d2h(stage, static_cast<const std::byte*>(reduced) + (G.plan.grad_offset + c.begin) * wbytes,
                              n * wbytes);
       off.transfer->synchronize();
       off.copy_bytes.fetch_add(n * wbytes);
@@ -369,10 +309,10 @@ void ZeroEngine::update_chunk(std::size_t g, const StateChunk& c, float* state, 
   off.chunk_updates.fetch_add(1);
   // Working weights that live on the device get the new values now.
   void* dev = nullptr;
-  if (G.sharded_params && !off.params) {
+  if (G.plan.sharded_params && !off.params) {
     dev = G.w_shard.as<std::byte>() + c.begin * wbytes;
-  } else if (!G.sharded_params) {
-    dev = G.w_full.as<std::byte>() + (G.state_offset + c.begin) * wbytes;
+  } else if (!G.plan.sharded_params) {
+    dev = G.w_full.as<std::byte>() + (G.plan.state_offset + c.begin) * wbytes;
   }
   if (dev != nullptr) {
     off.transfer->copy_h2d(dev, wout, n * wbytes);
@@ -388,15 +328,15 @@ void ZeroEngine::run_offloaded_optimizer(float grad_scale) {
   std::vector<ChunkJob> jobs;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     Group& G = *groups_[g];
-    for (std::size_t k = 0; k < G.chunks.size(); ++k) {
-      const StateChunk c = G.chunks[k];
+    for (std::size_t k = 0; k < G.plan.chunks.size(); ++k) {
+      const StateChunk c = G.plan.chunks[k];
       const std::size_t n = c.elems;
       ChunkJob job;
       add_field(job, ZeroOffload::state_key(g, k), off.opt_tier, static_cast<std::size_t>(off.nstate) * 4 * n,
                 ChunkField::Update);
       add_field(job, ZeroOffload::grad_key(g, k), off.opt_tier, 4 * n, ChunkField::Read);
       job.remove_after.push_back(ZeroOffload::grad_key(g, k));
-      if (off.params && G.sharded_params) {
+      if (off.params && G.plan.sharded_params) {
         add_field(job, ZeroOffload::param_key(g, k), off.param_tier, n * wbytes, ChunkField::Write);
       } else {
         add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
@@ -414,7 +354,7 @@ void ZeroEngine::run_offloaded_optimizer(float grad_scale) {
 void ZeroEngine::drop_offloaded_grads() {
   ZeroOffload& off = impl_->off;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    for (std::size_t k = 0; k < groups_[g]->chunks.size(); ++k) off.store->remove(ZeroOffload::grad_key(g, k));
+    for (std::size_t k = 0; k < groups_[g]->plan.chunks.size(); ++k) off.store->remove(ZeroOffload::grad_key(g, k));
   }
 }
 
@@ -423,11 +363,11 @@ std::vector<float> ZeroEngine::offloaded_master_range(std::size_t g) {
   ZeroOffload& off = impl_->off;
   if (off.worker) off.worker->synchronize();
   const auto nstate = static_cast<std::size_t>(off.nstate);
-  std::vector<float> out(G.state_elems);
+  std::vector<float> out(G.plan.state_elems);
   HostBuffer staging;
   if (off.opt_tier == Tier::Nvme) staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * off.chunk_elems));
-  for (std::size_t k = 0; k < G.chunks.size(); ++k) {
-    const StateChunk& c = G.chunks[k];
+  for (std::size_t k = 0; k < G.plan.chunks.size(); ++k) {
+    const StateChunk& c = G.plan.chunks[k];
     const std::string key = ZeroOffload::state_key(g, k);
     const std::byte* src = nullptr;
     if (off.opt_tier == Tier::Host) {

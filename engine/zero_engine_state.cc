@@ -26,16 +26,12 @@
 
 namespace strata {
 
-int ZeroEngine::state_arrays() const {
-  if (impl_->off.optimizer) return impl_->off.nstate;
-  const auto kind = impl_->optimizer.kind();
-  return kind == optim::OptimizerKind::AdamW || kind == optim::OptimizerKind::Adam ? 3 : 2;
-}
+int ZeroEngine::state_arrays() const { return plan_.state_arrays; }
 
 StateRange ZeroEngine::state_range(std::size_t g) const {
   STRATA_CHECK(g < groups_.size(), "param group {} of {}", g, groups_.size());
   const Group& G = *groups_[g];
-  return StateRange{G.state_offset, G.state_elems, G.layout.total_elems()};
+  return StateRange{G.plan.state_offset, G.plan.state_elems, G.layout.total_elems()};
 }
 
 EngineCounters ZeroEngine::counters() const {
@@ -67,10 +63,10 @@ std::vector<ZeroEngine::StateChunkInfo> ZeroEngine::state_chunks() const {
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const Group& G = *groups_[g];
     if (impl_->off.optimizer) {
-      for (const StateChunk& c : G.chunks) out.push_back({g, c.begin, c.elems});
+      for (const StateChunk& c : G.plan.chunks) out.push_back({g, c.begin, c.elems});
     } else {
-      for (std::size_t b = 0; b < G.state_elems; b += kStatePieceElems) {
-        out.push_back({g, b, std::min(kStatePieceElems, G.state_elems - b)});
+      for (std::size_t b = 0; b < G.plan.state_elems; b += kStatePieceElems) {
+        out.push_back({g, b, std::min(kStatePieceElems, G.plan.state_elems - b)});
       }
     }
   }
@@ -135,7 +131,7 @@ void ZeroEngine::export_state(const StateSink& sink) {
         p.staging = std::move(spare.back());
         spare.pop_back();
       } else {
-        p.staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * std::min(kStatePieceElems, G.state_elems)));
+        p.staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * std::min(kStatePieceElems, G.plan.state_elems)));
       }
       p.bytes = std::span<std::byte>(p.staging.as<std::byte>().data(), padded);
       const DeviceMemory* arrays[] = {&G.master, &G.moment1, &G.moment2};
@@ -214,14 +210,14 @@ void ZeroEngine::import_state(const StateSource& source) {
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     Group& G = *groups_[g];
     DeviceMemory* arrays[] = {&G.master, &G.moment1, &G.moment2};
-    piece.resize(std::min(kStatePieceElems, G.state_elems));
+    piece.resize(std::min(kStatePieceElems, G.plan.state_elems));
     std::byte* wdst = nullptr;
-    if (G.sharded_params && !G.w_shard.empty()) wdst = G.w_shard.as<std::byte>();
-    if (!G.sharded_params && !G.w_full.empty()) wdst = G.w_full.as<std::byte>() + G.state_offset * wbytes;
+    if (G.plan.sharded_params && !G.w_shard.empty()) wdst = G.w_shard.as<std::byte>();
+    if (!G.plan.sharded_params && !G.w_full.empty()) wdst = G.w_full.as<std::byte>() + G.plan.state_offset * wbytes;
     for (int a = 0; a < state_arrays(); ++a) {
       auto* dst = arrays[a]->as<float>();
-      for (std::size_t b = 0; b < G.state_elems; b += kStatePieceElems) {
-        const std::size_t n = std::min(kStatePieceElems, G.state_elems - b);
+      for (std::size_t b = 0; b < G.plan.state_elems; b += kStatePieceElems) {
+        const std::size_t n = std::min(kStatePieceElems, G.plan.state_elems - b);
         source(g, a, b, std::span<float>(piece.data(), n));
         comm_stream_->copy_h2d(dst + b, piece.data(), n * sizeof(float));
         if (a == 0 && wdst != nullptr) {
@@ -249,8 +245,8 @@ void ZeroEngine::import_offloaded_state(const StateSource& source) {
   WorkingCopy w;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     Group& G = *groups_[g];
-    for (std::size_t k = 0; k < G.chunks.size(); ++k) {
-      const StateChunk& c = G.chunks[k];
+    for (std::size_t k = 0; k < G.plan.chunks.size(); ++k) {
+      const StateChunk& c = G.plan.chunks[k];
       const std::size_t bytes = nstate * 4 * c.elems;
       const std::string key = ZeroOffload::state_key(g, k);
       float* chunk = off.opt_tier == Tier::Host ? reinterpret_cast<float*>(off.store->host(key, bytes).data())
@@ -267,7 +263,7 @@ void ZeroEngine::import_offloaded_state(const StateSource& source) {
       }
       const void* wvalues = w.convert(chunk, working_dtype_, c.elems);
       const std::size_t pbytes = wbytes * c.elems;
-      if (off.params && G.sharded_params) {
+      if (off.params && G.plan.sharded_params) {
         const std::string pkey = ZeroOffload::param_key(g, k);
         if (off.param_tier == Tier::Host) {
           std::memcpy(off.store->host(pkey, pbytes).data(), wvalues, pbytes);
@@ -277,8 +273,8 @@ void ZeroEngine::import_offloaded_state(const StateSource& source) {
           off.store->count_written(pbytes);
         }
       } else {
-        std::byte* dev = G.sharded_params ? G.w_shard.as<std::byte>() + c.begin * wbytes
-                                          : G.w_full.as<std::byte>() + (G.state_offset + c.begin) * wbytes;
+        std::byte* dev = G.plan.sharded_params ? G.w_shard.as<std::byte>() + c.begin * wbytes
+                                          : G.w_full.as<std::byte>() + (G.plan.state_offset + c.begin) * wbytes;
         comm_stream_->copy_h2d(dev, wvalues, pbytes);
         comm_stream_->synchronize();  // the staging is reused by the next chunk
       }
@@ -290,8 +286,8 @@ void ZeroEngine::import_offloaded_state(const StateSource& source) {
 void ZeroEngine::publish_imported_weights() {
   const std::size_t wbytes = dtype_bytes(working_dtype_);
   for (auto& G : groups_) {
-    if (G->sharded_params || config_.zero.stage == 0 || G->layout.shard_count() == 1 || G->w_full.empty()) continue;
-    shard_comm_->all_gather(G->w_full.as<char>() + G->state_offset * wbytes, G->w_full.data(), G->layout.shard_elems(),
+    if (G->plan.sharded_params || plan_.stage == 0 || G->layout.shard_count() == 1 || G->w_full.empty()) continue;
+    shard_comm_->all_gather(G->w_full.as<char>() + G->plan.state_offset * wbytes, G->w_full.data(), G->layout.shard_elems(),
                             working_dtype_, *comm_stream_);
   }
   comm_stream_->record(*impl_->weights_event);

@@ -30,13 +30,18 @@ void BufferLease::reset() {
   span_ = {};
 }
 
+std::size_t BufferPool::rounded_slot_bytes(std::size_t requested) {
+  constexpr std::size_t kHuge = 2 * MiB;
+  return (requested + kHuge - 1) / kHuge * kHuge;
+}
+
 BufferPool::BufferPool(const BufferPoolOptions& options, IoEngine* engine) {
   if (options.slot_count == 0 || options.slot_bytes == 0) {
     throw ConfigError(fmt::format("buffer pool of {} slots of {} bytes is empty; give both a count and a size",
                                   options.slot_count, options.slot_bytes));
   }
   constexpr std::size_t kHuge = 2 * MiB;
-  slot_bytes_ = (options.slot_bytes + kHuge - 1) / kHuge * kHuge;
+  slot_bytes_ = rounded_slot_bytes(options.slot_bytes);
   slots_ = options.slot_count;
   HostBufferOptions ho;
   ho.alignment_bytes = kHuge;  // transparent huge pages need 2 MiB-aligned virtual ranges

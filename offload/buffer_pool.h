@@ -64,6 +64,8 @@ class BufferPool {
   bool try_acquire(BufferLease* lease);  // false when all slots are on loan
   std::size_t slot_bytes() const { return slot_bytes_; }
   std::size_t slot_count() const { return slots_; }
+  // The size a slot asked for as `requested` bytes really has (whole 2 MiB huge pages).
+  static std::size_t rounded_slot_bytes(std::size_t requested);
   std::size_t free_slots() const;
 
  private:

@@ -241,6 +241,8 @@ void lion_step(const LionStepConsts& consts, std::span<const OptimShard> shards,
       });
 }
 
+int state_arrays(OptimizerKind kind) { return kind == OptimizerKind::AdamW || kind == OptimizerKind::Adam ? 3 : 2; }
+
 std::string_view optimizer_name(OptimizerKind kind) {
   switch (kind) {
     case OptimizerKind::AdamW: return "AdamW";

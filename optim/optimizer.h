@@ -97,6 +97,8 @@ void lion_step(const LionStepConsts& consts, std::span<const OptimShard> shards,
 
 enum class OptimizerKind : std::uint8_t { AdamW, Adam, Sgd, Lion };
 std::string_view optimizer_name(OptimizerKind kind);
+// fp32 arrays per state element: master and moment1, plus moment2 for Adam and AdamW.
+int state_arrays(OptimizerKind kind);
 
 // A param group: which optimizer, its hyper-parameters and its step counter. The engine keeps one
 // per group of parameters (DeepSpeed/torch "param_groups"); a skipped step (overflow) does not

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/host_buffer.h"
+#include "engine/run_plan.h"
 #include "offload/file.h"
 #include "offload/io_engine.h"
 
@@ -24,10 +25,7 @@ DiskPassSeconds time_disk_passes(const TrainConfig& cfg, const std::string& dir,
   const std::string path = canonical + "/" + name;
   offload::UniqueFd fd = offload::open_inside(canonical, name, offload::Direct::On, offload::Truncate::Truncate);
   offload::preallocate(fd.get(), path, size);
-  offload::IoEngineOptions io;
-  io.kind = offload::parse_engine_kind(cfg.aio.engine == "io_uring" ? "uring" : cfg.aio.engine, "aio.engine");
-  io.queue_depth = static_cast<unsigned>(cfg.aio.queue_depth);
-  auto engine = offload::make_io_engine(io);
+  auto engine = offload::make_io_engine(io_engine_options(cfg.aio));
   const offload::FileId file = engine->register_file(fd.get(), path);
   const std::size_t piece = static_cast<std::size_t>(std::min<std::uint64_t>(size, 64u << 20));
   HostBufferOptions ho;

@@ -26,6 +26,7 @@
 #include "core/host_buffer.h"
 #include "core/units.h"
 #include "engine/config.h"
+#include "engine/run_plan.h"
 #include "models/decoder.h"
 #include "models/resident_provider.h"
 #include "optim/cpu_exec.h"
@@ -161,9 +162,8 @@ int run_bench_step(const BenchStepOptions& o) {
   const std::uint64_t nvme_written = mean_after_warmup(s.step_nvme_written);
   const std::uint64_t copies = mean_after_warmup(s.step_copy_bytes);
 
-  std::string nvme_dir = ".";
-  if (!cfg.zero.offload_optimizer.nvme_paths.empty()) nvme_dir = cfg.zero.offload_optimizer.nvme_paths.front();
-  else if (!cfg.zero.offload_param.nvme_paths.empty()) nvme_dir = cfg.zero.offload_param.nvme_paths.front();
+  const std::vector<std::string> nvme_dirs = nvme_dirs_of(cfg);  // where the run swaps (engine/run_plan.h)
+  const std::string nvme_dir = nvme_dirs.empty() ? "." : nvme_dirs.front();
   struct Queue {
     const char* name;
     double seconds;

@@ -36,6 +36,7 @@
 #include "models/param_init.h"
 #include "models/safetensors.h"
 #include "models/tiling.h"
+#include "models/tiling_plan.h"
 #include "models/token_data.h"
 #include "models/weights_io.h"
 
@@ -71,17 +72,12 @@ std::int64_t open_fd_count() {
 }
 
 // Bytes this rank's swap files take on disk (st_blocks x 512; the engine preallocates them, so this
-// stays put while the run is healthy). The files are strata-swap-rank{R}.bin in each distinct
-// nvme_path directory of an NVMe offload (engine/zero_engine_offload.cc names them); 0 without one.
-std::uint64_t swap_file_bytes(const TrainConfig& cfg, int rank) {
-  std::set<std::string> dirs;
-  for (const OffloadConfig* o : {&cfg.zero.offload_optimizer, &cfg.zero.offload_param}) {
-    if (o->device == OffloadDevice::Nvme) dirs.insert(o->nvme_paths.begin(), o->nvme_paths.end());
-  }
+// stays put while the run is healthy): the plan's swap file in each of its NVMe directories.
+std::uint64_t swap_file_bytes(const RunPlan& plan) {
   std::uint64_t bytes = 0;
-  for (const auto& d : dirs) {
+  for (const auto& d : plan.offload.nvme_dirs) {
     struct stat st {};
-    const std::string path = fmt::format("{}/strata-swap-rank{}.bin", d, rank);
+    const std::string path = d + "/" + plan.offload.swap_file_name;
     if (::stat(path.c_str(), &st) == 0) bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
   }
   return bytes;
@@ -403,34 +399,13 @@ TrainSummary run_training(const TrainOptions& options) {
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
-  // Memory-centric tiling (models/tiling.h): as the config says, with "auto" counts sized so one
-  // tile group in use (gathered, its gradient and its reduction) fits what the device has left
-  // after the activations and the resident state of the untiled plan.
-  models::TilingSpec tiling = models::parse_tiling(cfg.strata.tiling, model);
-  const std::uint64_t activation_bytes =
-      models::Decoder(model, {checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off})
-          .activation_bytes(micro, seq, /*training=*/true);
-  const TierPlan untiled = plan_tiers(cfg, models::decoder_param_groups(model), world, activation_bytes);
-  const std::uint64_t fixed = untiled.device_state + untiled.device_weights + untiled.activations;
-  // Tiling helps when the largest group is what does not fit; otherwise the planner says what does.
-  if (cfg.strata.tiling.empty() && untiled.device_total() > device->capacity_bytes() &&
-      fixed < device->capacity_bytes()) {
-    // Nothing configured and the untiled model does not fit: tile automatically.
-    tiling = models::parse_tiling(nlohmann::json{{"default", "auto"}}, model);
-    if (rank == 0) spdlog::info("the largest param group does not fit the device: tiling the blocks automatically");
+  // Memory-centric tiling (models/tiling_plan.h), decided before the engine's plan.
+  const models::TilingDecision tiling_plan = models::plan_tiling(cfg, model, checkpointing, world, device->capacity_bytes());
+  const models::TilingSpec& tiling = tiling_plan.spec;
+  if (rank == 0 && tiling_plan.automatic) {
+    spdlog::info("the largest param group does not fit the device: tiling the blocks automatically");
   }
-  if (tiling.has_auto()) {
-    const std::uint64_t left = device->capacity_bytes() > fixed ? device->capacity_bytes() - fixed : 0;
-    tiling = models::resolve_auto_tiles(tiling, model, left / 3);
-  }
-  if (rank == 0 && tiling.tiled()) {
-    std::string counts;
-    for (std::int64_t l = 0; l < model.n_layers; ++l) {
-      const models::BlockTiling b = tiling.block(l);
-      counts += fmt::format("{}{}:{}/{}", l == 0 ? "" : " ", l, b.attn, b.mlp);
-    }
-    spdlog::info("tiling (layer:attn/mlp tiles, {} chunks): {}", tiling.chunks, counts);
-  }
+  if (rank == 0 && tiling.tiled()) spdlog::info("{}", tiling_plan.describe());
   models::DecoderOptions dopt(checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off, tiling);
   models::Decoder decoder(model, dopt);
   const auto groups = decoder.param_groups();
@@ -445,8 +420,13 @@ TrainSummary run_training(const TrainOptions& options) {
       models::init_tensor_gpt2_style(model.n_layers, spec, seed, out);
     }
   };
-  // The tier plan, before any work: a config that cannot fit is refused with the numbers.
-  const TierPlan plan = plan_tiers(cfg, groups, world, activation_bytes);
+  // The run plan (where everything lives) and its bytes per tier, before any work: a config that
+  // cannot fit is refused with the numbers.
+  const std::uint64_t activation_bytes =
+      models::Decoder(model, {checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off})
+          .activation_bytes(micro, seq, /*training=*/true);
+  RunPlan run_plan = make_run_plan(cfg, groups, world, rank);
+  const TierPlan plan = plan_tiers(run_plan, world, activation_bytes);
   const TierCapacities capacity = measure_capacities(plan, device->capacity_bytes(), world);
   if (rank == 0) spdlog::info("{}", describe_plan(plan, capacity));
   check_plan_fits(plan, capacity, cfg.source);
@@ -461,7 +441,7 @@ TrainSummary run_training(const TrainOptions& options) {
   }
 
 
-  ZeroEngine engine(cfg, *device, *comm, groups, init);
+  ZeroEngine engine(cfg, *device, *comm, groups, init, std::move(run_plan));
   init_file.reset();
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;
@@ -575,7 +555,7 @@ TrainSummary run_training(const TrainOptions& options) {
                                    // Process resources, for soak runs (tests/tools/train_soak_test.sh).
                                    {"rss_bytes", current_rss_bytes()},
                                    {"open_fds", open_fd_count()},
-                                   {"swap_file_bytes", swap_file_bytes(cfg, rank)}}
+                                   {"swap_file_bytes", swap_file_bytes(engine.plan())}}
                         .dump()
                  << "\n";
         metrics->flush();

@@ -1,0 +1,257 @@
+// The run plan (see engine/run_plan.h, Note [Run plan]).
+#include "engine/run_plan.h"
+
+#include <algorithm>
+#include <bit>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "offload/buffer_pool.h"
+#include "offload/swap_store.h"
+#include "optim/cpu_exec.h"
+
+namespace strata {
+
+namespace {
+
+constexpr std::size_t kBlock = optim::kCpuBlockElems;
+
+Home home_of(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::None: return Home::Device;
+    case OffloadDevice::Cpu: return Home::Host;
+    case OffloadDevice::Nvme: return Home::Nvme;
+  }
+  return Home::Device;
+}
+
+WeightsForm weights_form(const RunPlan& p, bool sharded) {
+  const bool fp32_master_on_device = p.working == DType::F32 && !p.optimizer_offloaded();
+  if (sharded) {
+    if (p.params_offloaded()) return WeightsForm::ShardOnTier;
+    return fp32_master_on_device ? WeightsForm::ShardIsMaster : WeightsForm::Shard;
+  }
+  return fp32_master_on_device && p.stage == 0 ? WeightsForm::FullIsMaster : WeightsForm::Full;
+}
+
+// Binary-counter levels a group may hold on a tier at once, with the one being formed.
+int counter_levels(int accumulation) { return std::bit_width(static_cast<unsigned>(accumulation)) + 1; }
+
+// Chunk size: the most any chunk job stages in one pinned slot per element (a combine's staging,
+// partial sums, scratch, plus the state and new weights of an overlapped update), times the chunk,
+// fits a slot (engine/zero_engine_offload.cc builds those jobs).
+void plan_chunks(const TrainConfig& c, RunPlan& p) {
+  OffloadPlan& o = p.offload;
+  const std::size_t wbytes = p.working_bytes();
+  const auto levels = static_cast<std::size_t>(counter_levels(c.gradient_accumulation_steps));
+  const std::size_t per_elem = 2 * wbytes + 4 * (static_cast<std::size_t>(p.state_arrays) + 2 + levels);
+  o.slot_count = static_cast<std::size_t>(c.zero.offload_optimizer.buffer_count);
+  const std::size_t slot_budget = c.strata.offload.pinned_buffer_bytes / o.slot_count;
+  std::size_t chunk = slot_budget / per_elem / kBlock * kBlock;
+  if (chunk == 0) {
+    throw ConfigError(fmt::format(
+        "{}: strata.offload.pinned_buffer = {} split into offload_optimizer.buffer_count = {} slots leaves {} per "
+        "slot; a slot must hold at least {} (one optimizer block of {} elements at {} bytes each); raise "
+        "strata.offload.pinned_buffer or lower buffer_count",
+        c.source, format_bytes(c.strata.offload.pinned_buffer_bytes), o.slot_count, format_bytes(slot_budget),
+        format_bytes(per_elem * kBlock), kBlock, per_elem));
+  }
+  const std::size_t sub_group = std::max(kBlock, c.zero.sub_group_size_elems / kBlock * kBlock);
+  o.chunk_elems = std::min(chunk, sub_group);
+  o.slot_bytes = per_elem * o.chunk_elems;
+  o.pin_optimizer = c.zero.offload_optimizer.pin_memory;
+  for (GroupPlan& G : p.groups) {
+    for (std::size_t b = 0; b < G.state_elems; b += o.chunk_elems) {
+      G.chunks.push_back(StateChunk{b, std::min(o.chunk_elems, G.state_elems - b)});
+    }
+  }
+}
+
+// Parameter shards on a tier: every shard must fit offload_param.buffer_size; NVMe fetches go
+// through buffer_count pinned slots of the largest shard.
+void plan_param_tier(const TrainConfig& c, RunPlan& p) {
+  const OffloadConfig& op = c.zero.offload_param;
+  std::size_t largest = 0;
+  std::string largest_group;
+  for (const GroupPlan& G : p.groups) {
+    if (G.weights == WeightsForm::ShardOnTier && G.state_elems > largest) {
+      largest = G.state_elems;
+      largest_group = G.layout.name();
+    }
+  }
+  if (largest > op.buffer_size_elems) {
+    throw ConfigError(fmt::format("{}: zero_optimization.offload_param.buffer_size = {} elements is smaller than the "
+                                  "largest parameter shard ({} elements, group {}); raise buffer_size or tile the "
+                                  "layer (strata.tiling)",
+                                  c.source, op.buffer_size_elems, largest, largest_group));
+  }
+  p.offload.pin_params = op.pin_memory;
+  if (p.offload.params == Home::Nvme && largest > 0) {
+    p.offload.param_slot_count = static_cast<std::size_t>(op.buffer_count);
+    p.offload.param_slot_bytes = offload::SwapStore::padded(largest * p.working_bytes());
+  }
+}
+
+// What the swap store holds at most: every chunk's state and gradient partial sums where the
+// optimizer is on NVMe, every shard where the parameters are; with room for the extent
+// allocator's fragmentation and the per-file rounding of striping.
+void plan_swap(const TrainConfig& c, int rank, RunPlan& p) {
+  OffloadPlan& o = p.offload;
+  const std::uint64_t wbytes = p.working_bytes();
+  const auto partials = static_cast<std::uint64_t>(p.grad_partials);
+  std::uint64_t bytes = 0;
+  std::uint64_t gradient_bytes = 0;
+  for (const GroupPlan& G : p.groups) {
+    for (const StateChunk& ch : G.chunks) {
+      if (o.optimizer == Home::Nvme) {
+        bytes += offload::SwapStore::padded(static_cast<std::uint64_t>(p.state_arrays) * 4 * ch.elems);
+        gradient_bytes += partials * offload::SwapStore::padded(4 * ch.elems);
+      }
+      if (G.weights == WeightsForm::ShardOnTier && o.params == Home::Nvme) {
+        bytes += offload::SwapStore::padded(wbytes * ch.elems);
+      }
+    }
+  }
+  bytes += gradient_bytes;
+  if (bytes == 0) return;
+  o.swap_gradient_bytes = gradient_bytes;
+  o.nvme_dirs = nvme_dirs_of(c);
+  o.swap_file_name = swap_file_name(rank);
+  o.swap_bytes = bytes;
+  o.swap_capacity_bytes = bytes + bytes / 8 + (std::uint64_t{16} << 20) * o.nvme_dirs.size();
+  o.io = io_engine_options(c.aio);
+}
+
+}  // namespace
+
+const char* home_name(Home home) {
+  switch (home) {
+    case Home::Device: return "device";
+    case Home::Host: return "host";
+    case Home::Nvme: return "nvme";
+  }
+  return "?";
+}
+
+std::size_t GroupPlan::device_weight_elems() const {
+  switch (weights) {
+    case WeightsForm::Full: return layout.total_elems();
+    case WeightsForm::Shard: return layout.shard_elems();
+    case WeightsForm::FullIsMaster:
+    case WeightsForm::ShardIsMaster:
+    case WeightsForm::ShardOnTier: return 0;
+  }
+  return 0;
+}
+
+std::uint64_t OffloadPlan::pinned_bytes() const {
+  std::uint64_t bytes = 0;
+  if (slot_count > 0) bytes += slot_count * offload::BufferPool::rounded_slot_bytes(slot_bytes);
+  if (param_slot_count > 0) bytes += param_slot_count * offload::BufferPool::rounded_slot_bytes(param_slot_bytes);
+  return bytes;
+}
+
+DType working_dtype_of(Precision precision) {
+  switch (precision) {
+    case Precision::Bf16: return DType::BF16;
+    case Precision::Fp16: return DType::F16;
+    case Precision::Fp32: return DType::F32;
+  }
+  return DType::F32;
+}
+
+std::vector<std::string> nvme_dirs_of(const TrainConfig& c) {
+  std::vector<std::string> dirs;
+  std::set<std::string> seen;
+  for (const OffloadConfig* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
+    if (o->device != OffloadDevice::Nvme) continue;
+    for (const auto& d : o->nvme_paths) {
+      if (seen.insert(d).second) dirs.push_back(d);
+    }
+  }
+  return dirs;
+}
+
+std::string swap_file_name(int rank) { return fmt::format("strata-swap-rank{}.bin", rank); }
+
+offload::IoEngineOptions io_engine_options(const AioConfig& aio) {
+  offload::IoEngineOptions io;
+  io.kind = offload::parse_engine_kind(aio.engine, "aio.engine");
+  io.queue_depth = static_cast<unsigned>(aio.queue_depth);
+  return io;
+}
+
+optim::OptimizerKind optimizer_kind_of(const OptimizerConfig& o) {
+  if (o.type == "SGD") return optim::OptimizerKind::Sgd;
+  if (o.type == "Lion") return optim::OptimizerKind::Lion;
+  if (o.type == "Adam") return optim::OptimizerKind::Adam;
+  STRATA_CHECK(o.type == "AdamW", "optimizer type '{}' passed the config parser", o.type);
+  return optim::OptimizerKind::AdamW;
+}
+
+optim::ParamGroup make_optimizer(const OptimizerConfig& o) {
+  const std::string where = "optimizer.params";
+  switch (optimizer_kind_of(o)) {
+    case optim::OptimizerKind::Sgd: {
+      optim::SgdParams p;
+      p.lr = o.lr;
+      p.momentum = o.momentum;
+      p.weight_decay = o.weight_decay;
+      return optim::ParamGroup::sgd(where, p);
+    }
+    case optim::OptimizerKind::Lion: {
+      optim::LionParams p;
+      p.lr = o.lr;
+      p.beta1 = o.beta1;
+      p.beta2 = o.beta2;
+      p.weight_decay = o.weight_decay;
+      return optim::ParamGroup::lion(where, p);
+    }
+    case optim::OptimizerKind::Adam:
+    case optim::OptimizerKind::AdamW: break;
+  }
+  optim::AdamParams p;
+  p.lr = o.lr;
+  p.beta1 = o.beta1;
+  p.beta2 = o.beta2;
+  p.eps = o.eps;
+  p.weight_decay = o.weight_decay;
+  p.bias_correction = o.bias_correction ? optim::BiasCorrection::On : optim::BiasCorrection::Off;
+  return optim::ParamGroup::adam(where, optimizer_kind_of(o), p);
+}
+
+RunPlan make_run_plan(const TrainConfig& c, std::span<const ParamGroupSpec> groups, int world_size, int rank) {
+  RunPlan p;
+  p.stage = c.zero.stage;
+  p.topo = make_shard_topology(world_size, rank, p.stage, c.zero.sharding_factor);
+  p.shard_count = p.stage == 0 ? 1 : p.topo.sharding_factor;
+  p.shard_index = p.stage == 0 ? 0 : p.topo.shard_index();
+  p.working = working_dtype_of(c.precision);
+  p.state_arrays = optim::state_arrays(optimizer_kind_of(c.optimizer));
+  p.grad_partials = c.strata.exact ? counter_levels(c.gradient_accumulation_steps) : 1;
+  p.offload.optimizer = home_of(c.zero.offload_optimizer.device);
+  p.offload.params = home_of(c.zero.offload_param.device);
+
+  for (const ParamGroupSpec& spec : groups) {
+    GroupPlan G(spec, p.shard_count);
+    const GroupLayout& L = G.layout;
+    G.sharded_params = p.stage == 3 && L.payload_elems() > c.zero.param_persistence_threshold_elems;
+    G.state_offset = p.stage == 0 ? 0 : L.shard_begin(p.shard_index);
+    G.state_elems = p.stage == 0 ? L.total_elems() : L.shard_elems();
+    G.grad_elems = p.stage >= 2 ? L.shard_elems() : L.total_elems();
+    G.grad_offset = p.stage == 1 ? G.state_offset : 0;
+    G.weights = weights_form(p, G.sharded_params);
+    p.groups.push_back(std::move(G));
+  }
+  if (p.optimizer_offloaded()) {
+    plan_chunks(c, p);
+    plan_param_tier(c, p);
+    plan_swap(c, rank, p);
+  }
+  return p;
+}
+
+}  // namespace strata
