@@ -6,14 +6,30 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "engine/config_reader.h"
+#include "offload/io_engine.h"
 
 namespace strata {
 namespace {
 
 constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 60;
+
+// DeepSpeed keys Strata accepts with DeepSpeed's type and range but without effect: the value is
+// checked, then the key is reported once at startup with `reason` (IgnoredKey).
+void ignored_count(ConfigReader& r, std::string_view key, std::uint64_t min, std::string_view reason) {
+  std::uint64_t unused = 0;
+  r.get_count(key, &unused, min, kMaxCount);
+  r.ignored(key, reason);
+}
+
+void ignored_bool(ConfigReader& r, std::string_view key, std::string_view reason) {
+  bool unused = false;
+  r.get_bool(key, &unused);
+  r.ignored(key, reason);
+}
 
 OffloadConfig parse_offload(ConfigReader r, bool is_param) {
   OffloadConfig c;
@@ -25,11 +41,16 @@ OffloadConfig parse_offload(ConfigReader r, bool is_param) {
   r.get_int("buffer_count", &c.buffer_count, 1, 1024);
   if (is_param) {
     r.get_count("buffer_size", &c.buffer_size_elems, 1, kMaxCount);
-    r.get_count("max_in_cpu", &c.max_in_cpu_elems, 0, kMaxCount);
+    ignored_count(r, "max_in_cpu", 0,
+                  "parameters offloaded to NVMe are not cached in host memory: a gather reads the shard into one of "
+                  "offload_param.buffer_count pinned slots and uploads it to the device from there");
   } else {
-    r.ignored("pipeline_read");   // Strata always pipelines NVMe reads and writes
-    r.ignored("pipeline_write");
-    r.ignored("fast_init");
+    const char* pipelined = "the optimizer step is always a pipeline over chunks that reads ahead and writes behind "
+                            "(Note [Chunk pipeline], engine/offload_tier.h)";
+    r.ignored("pipeline_read", pipelined);
+    r.ignored("pipeline_write", pipelined);
+    r.ignored("fast_init", "Strata has one way to initialize offloaded state: each chunk is written to the swap file "
+                           "once, through one staging buffer");
     r.unsupported("ratio", "partial optimizer offload is not implemented; offload all of it or none");
   }
   if (c.device == OffloadDevice::Nvme && c.nvme_paths.empty()) {
@@ -52,20 +73,33 @@ ZeroConfig parse_zero(ConfigReader r) {
   r.get_count("stage3_max_live_parameters", &z.max_live_parameters_elems, 0, kMaxCount);
   r.get_count("stage3_prefetch_bucket_size", &z.prefetch_bucket_size_elems, 0, kMaxCount);
   r.get_count("stage3_param_persistence_threshold", &z.param_persistence_threshold_elems, 0, kMaxCount);
-  r.get_count("stage3_max_reuse_distance", &z.max_reuse_distance_elems, 0, kMaxCount);
-  r.get_count("reduce_bucket_size", &z.reduce_bucket_size_elems, 1, kMaxCount);
-  r.get_count("allgather_bucket_size", &z.allgather_bucket_size_elems, 1, kMaxCount);
-  r.get_bool("overlap_comm", &z.overlap_comm);
-  r.get_bool("contiguous_gradients", &z.contiguous_gradients);
   r.get_int("mics_shard_size", &z.sharding_factor, 0, 1 << 20);
-  r.ignored("reduce_scatter");
-  r.ignored("allgather_partitions");
-  r.ignored("round_robin_gradients");
-  r.ignored("stage3_gather_16bit_weights_on_model_save");  // --save-weights always gathers
-  r.ignored("stage3_gather_fp16_weights_on_model_save");
-  r.ignored("ignore_unused_parameters");
-  r.ignored("elastic_checkpoint");
-  r.ignored("memory_efficient_linear");
+  ignored_count(r, "stage3_max_reuse_distance", 0,
+                "a released group stays gathered when its next use falls inside the prefetch window "
+                "(stage3_prefetch_bucket_size, stage3_max_live_parameters); there is no separate reuse distance");
+  ignored_count(r, "reduce_bucket_size", 1,
+                "gradients are reduced per param group (a transformer block, the embedding, the head) as soon as the "
+                "group's gradients are final: the group is the bucket");
+  ignored_count(r, "allgather_bucket_size", 1,
+                "weights are gathered per param group (stage 3: before use; stages 1-2: after the step): the group is "
+                "the bucket");
+  ignored_bool(r, "overlap_comm",
+               "gathers and gradient reductions always run on the engine's own communication stream, ordered by "
+               "events, while the model computes");
+  ignored_bool(r, "contiguous_gradients", "each param group's gradients always live in one flat buffer");
+  r.ignored("reduce_scatter", "stages 2 and 3 always reduce-scatter the gradients, stages 0 and 1 all-reduce them");
+  r.ignored("allgather_partitions", "updated weights are always gathered with one all-gather per param group");
+  r.ignored("round_robin_gradients",
+            "offloaded gradients leave the device per param group as soon as they are reduced, on a transfer stream "
+            "while backward goes on (Note [Offload], engine/zero_engine.h)");
+  const char* save_gathers = "--save-weights always gathers the full fp32 weights";
+  r.ignored("stage3_gather_16bit_weights_on_model_save", save_gathers);
+  r.ignored("stage3_gather_fp16_weights_on_model_save", save_gathers);
+  r.ignored("ignore_unused_parameters",
+            "a param group without a gradient in a micro-batch counts as a zero gradient, never as an error");
+  r.ignored("elastic_checkpoint", "checkpoints always reshard: --resume takes any world size and sharding factor");
+  r.ignored("memory_efficient_linear",
+            "it selects DeepSpeed's implementation of torch's linear layer; Strata's models have their own");
   r.unsupported("cpu_offload", "use \"offload_optimizer\": {\"device\": \"cpu\"}");
   r.unsupported("cpu_offload_params", "use \"offload_param\": {\"device\": \"cpu\"}");
   r.unsupported("zero_hpz_partition_size", "use mics_shard_size for hybrid sharding");
@@ -91,13 +125,25 @@ ZeroConfig parse_zero(ConfigReader r) {
 
 AioConfig parse_aio(ConfigReader r) {
   AioConfig a;
-  r.get_bytes("block_size", &a.block_size_bytes, 4096);
-  if (a.block_size_bytes % 4096 != 0) r.fail("block_size", "must be a multiple of 4096 bytes (O_DIRECT alignment)");
   r.get_int("queue_depth", &a.queue_depth, 1, 4096);
-  r.get_int("thread_count", &a.thread_count, 1, 256);
-  r.get_bool("single_submit", &a.single_submit);
-  r.get_bool("overlap_events", &a.overlap_events);
   r.get_choice("engine", &a.engine, {"auto", "io_uring", "threads"});
+  std::uint64_t block_size_bytes = 0;
+  r.get_bytes("block_size", &block_size_bytes, 4096);
+  if (block_size_bytes % 4096 != 0) r.fail("block_size", "must be a multiple of 4096 bytes (O_DIRECT alignment)");
+  r.ignored("block_size", fmt::format("kernel requests are sized by Strata's measured defaults: reads up to {} MiB, "
+                                      "writes up to {} MiB, adjacent requests merged up to those sizes (Note "
+                                      "[Request size and merging], offload/uring_engine.cc)",
+                                      offload::kDefaultMaxReadRequestBytes >> 20,
+                                      offload::kDefaultMaxWriteRequestBytes >> 20));
+  int thread_count = 1;
+  r.get_int("thread_count", &thread_count, 1, 256);
+  r.ignored("thread_count", "the io_uring engine needs no submitting threads (one engine thread owns the ring); the "
+                            "thread-pool fallback (aio.engine=threads) runs min(aio.queue_depth, 16) workers");
+  ignored_bool(r, "single_submit",
+               "the io_uring engine always submits one request per system call, so the block layer's plug does not "
+               "merge requests behind its back (Note [Request size and merging], offload/uring_engine.cc)");
+  ignored_bool(r, "overlap_events",
+               "up to aio.queue_depth requests are always in flight, and their completions are reaped as they come");
   r.unsupported("use_gds", "GPUDirect Storage is not implemented; NVMe data goes through pinned host buffers");
   r.finish();
   return a;
@@ -132,8 +178,18 @@ OptimizerConfig parse_optimizer(ConfigReader r) {
   p.get_double("weight_decay", &o.weight_decay, 0.0, 1e3);
   p.get_double("momentum", &o.momentum, 0.0, 0.999999);
   p.get_bool("bias_correction", &o.bias_correction);
-  p.ignored("torch_adam");
-  p.ignored("adam_w_mode");
+  p.ignored("torch_adam", "Strata has one implementation of each optimizer (optim/: SIMD CPU kernels)");
+  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false; Strata's "Adam" is torch.optim.Adam
+  // (weight decay added to the gradient), so only an explicit adam_w_mode: true changes the type.
+  bool adam_w_mode = false;
+  if (p.has("adam_w_mode") && o.type == "Adam") {
+    p.get_bool("adam_w_mode", &adam_w_mode);
+    if (adam_w_mode) o.type = "AdamW";
+  } else {
+    ignored_bool(p, "adam_w_mode",
+                 o.type == "AdamW" ? "AdamW always decouples weight decay (DeepSpeed's AdamW too)"
+                                   : "it applies to Adam only");
+  }
   p.unsupported("amsgrad", "AMSGrad is not implemented");
   p.finish();
   r.unsupported("legacy_fusion", "not applicable");
@@ -156,7 +212,7 @@ SchedulerConfig parse_scheduler(ConfigReader r) {
   p.get_choice("warmup_type", &s.warmup_type, {"log", "linear"});
   p.get_double("cos_min_ratio", &s.cos_min_ratio, 0.0, 1.0);
   p.get_double("warmup_min_ratio", &s.warmup_min_ratio, 0.0, 1.0);
-  p.ignored("last_batch_iteration");
+  p.ignored("last_batch_iteration", "the schedule's position is the training step (restored by --resume)");
   p.finish();
   if ((s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") && s.total_num_steps <= s.warmup_num_steps) {
     p.fail("total_num_steps", fmt::format("{} must exceed warmup_num_steps ({}) for {}", s.total_num_steps,
@@ -240,8 +296,8 @@ std::string_view precision_name(Precision p) {
 }
 
 TrainConfig parse_train_config(const nlohmann::json& root, const std::string& source) {
-  ConfigReader r(root, source);
   TrainConfig c;
+  ConfigReader r(root, source, "", &c.ignored_keys);
   c.source = source;
   c.raw = root;
   r.get_int("train_micro_batch_size_per_gpu", &c.micro_batch_size, 1, 1 << 20);
@@ -255,7 +311,8 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   {
     ConfigReader b = r.section("bf16");
     b.get_bool("enabled", &bf16);
-    b.ignored("immediate_grad_update");
+    b.ignored("immediate_grad_update", "gradients are always reduced and accumulated per param group as soon as the "
+                                       "group's backward is done");
     b.finish();
   }
   {
@@ -267,7 +324,8 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
     f.get_int("hysteresis", &c.fp16.hysteresis, 1, 1 << 20);
     f.get_bool("consecutive_hysteresis", &c.fp16.consecutive_hysteresis);
     f.get_double("min_loss_scale", &c.fp16.min_loss_scale, 0.0, 1e38);
-    f.ignored("auto_cast");
+    f.ignored("auto_cast", "the models take token ids and compute in the working dtype throughout; there is no "
+                           "input to cast");
     f.finish();
   }
   if (bf16 && fp16) r.fail("fp16", "fp16.enabled and bf16.enabled are both true; enable at most one");
@@ -279,10 +337,11 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   c.scheduler = parse_scheduler(r.section("scheduler"));
   c.strata = parse_strata(r.section("strata"));
 
-  r.ignored("wall_clock_breakdown");
-  r.ignored("zero_allow_untested_optimizer");
-  r.ignored("memory_breakdown");
-  r.ignored("dump_state");
+  r.ignored("wall_clock_breakdown", "set strata.trace for a timeline of every stream; the summary prints tokens/s");
+  r.ignored("zero_allow_untested_optimizer",
+            "the optimizer always comes from the \"optimizer\" section; there is no client optimizer to allow");
+  r.ignored("memory_breakdown", "the tier plan before the first step and the summary print the bytes per tier");
+  r.ignored("dump_state", "the tier plan and the model line at startup show the configuration in effect");
   const char* not_here = "it is not part of Strata";
   r.unsupported("amp", "use bf16 or fp16 (Strata has no apex/amp mode)");
   r.unsupported("activation_checkpointing", "set strata.model.checkpoint_activations=true instead");
@@ -311,6 +370,13 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
                                   source, precision_name(c.precision), precision_name(c.precision)));
   }
   return c;
+}
+
+void log_ignored_keys(const TrainConfig& config) {
+  for (const IgnoredKey& k : config.ignored_keys) {
+    spdlog::warn("{}: {}: accepted for DeepSpeed compatibility but has no effect in Strata: {}", config.source,
+                 k.key_path, k.reason);
+  }
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -4,7 +4,10 @@
 // Units follow DeepSpeed where DeepSpeed has the key: stage3_* sizes, sub_group_size and bucket
 // sizes are element counts (suffix _elems); aio.block_size and the strata.* sizes are bytes.
 // Unknown keys fail with the nearest known key; DeepSpeed keys that Strata does not support fail
-// saying so (engine/config_reader.h). Numbers given as "auto" keep the default.
+// saying so (engine/config_reader.h). DeepSpeed keys that Strata accepts but that have no effect
+// (bucket sizes, overlap_comm, aio.block_size, ...) are range-checked like the others, not kept,
+// and listed in TrainConfig::ignored_keys with the reason, for one warning each at startup
+// (log_ignored_keys). Numbers given as "auto" keep the default.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "engine/config_reader.h"
 
 namespace strata {
 
@@ -25,7 +30,6 @@ struct OffloadConfig {
   bool pin_memory = true;
   int buffer_count = 4;
   std::uint64_t buffer_size_elems = 100'000'000;  // offload_param.buffer_size
-  std::uint64_t max_in_cpu_elems = 1'000'000'000;
 };
 
 struct ZeroConfig {
@@ -36,20 +40,11 @@ struct ZeroConfig {
   std::uint64_t max_live_parameters_elems = 1'000'000'000;   // stage3_max_live_parameters
   std::uint64_t prefetch_bucket_size_elems = 50'000'000;     // stage3_prefetch_bucket_size
   std::uint64_t param_persistence_threshold_elems = 100'000;  // stage3_param_persistence_threshold
-  std::uint64_t max_reuse_distance_elems = 1'000'000'000;
-  std::uint64_t reduce_bucket_size_elems = 500'000'000;
-  std::uint64_t allgather_bucket_size_elems = 500'000'000;
-  bool overlap_comm = true;
-  bool contiguous_gradients = true;
   int sharding_factor = 0;  // mics_shard_size: 0 = shard over the whole world
 };
 
 struct AioConfig {
-  std::uint64_t block_size_bytes = 1 << 20;
   int queue_depth = 32;
-  int thread_count = 1;
-  bool single_submit = false;
-  bool overlap_events = true;
   std::string engine = "auto";  // strata extension: auto | io_uring | threads
 };
 
@@ -147,6 +142,8 @@ struct TrainConfig {
   SchedulerConfig scheduler;
   StrataConfig strata;
   nlohmann::json raw;  // the config after overrides, as written into checkpoints
+  // DeepSpeed keys present in the config that Strata accepts without effect, with the reason each.
+  std::vector<IgnoredKey> ignored_keys;
 };
 
 // Parses `root` (after overrides). `source` names the file in messages. Throws ConfigError.
@@ -155,6 +152,10 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
 // Reads a JSON file (with a clear error for a missing file or bad JSON, with line and column),
 // applies `overrides` ("key.path=value"), and parses it.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// One warning per ignored key ("<source>: <key path>: accepted for DeepSpeed compatibility but has
+// no effect in Strata: <reason>"). Call once at startup, on one rank.
+void log_ignored_keys(const TrainConfig& config);
 
 std::string_view offload_device_name(OffloadDevice d);
 std::string_view precision_name(Precision p);

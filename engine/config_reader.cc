@@ -6,7 +6,6 @@
 #include <limits>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "core/units.h"
@@ -38,8 +37,12 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
-ConfigReader::ConfigReader(const nlohmann::json& object, std::string source, std::string path)
-    : object_(object.is_null() ? nlohmann::json::object() : object), source_(std::move(source)), path_(std::move(path)) {
+ConfigReader::ConfigReader(const nlohmann::json& object, std::string source, std::string path,
+                           std::vector<IgnoredKey>* ignored_keys)
+    : object_(object.is_null() ? nlohmann::json::object() : object),
+      source_(std::move(source)),
+      path_(std::move(path)),
+      ignored_keys_(ignored_keys) {
   if (!object_.is_object()) {
     throw ConfigError(fmt::format("{}: '{}' must be an object, found {}", source_, path_.empty() ? "<top>" : path_,
                                   describe(object_)));
@@ -188,7 +191,7 @@ void ConfigReader::get_raw(std::string_view key, nlohmann::json* out) {
 ConfigReader ConfigReader::section(std::string_view key) {
   const auto* v = find(key);
   if (v != nullptr && !v->is_object()) fail(key, fmt::format("expected an object {{...}}, found {}", describe(*v)));
-  return ConfigReader(v != nullptr ? *v : nlohmann::json::object(), source_, key_path(key));
+  return ConfigReader(v != nullptr ? *v : nlohmann::json::object(), source_, key_path(key), ignored_keys_);
 }
 
 void ConfigReader::unsupported(std::string_view key, std::string_view advice) {
@@ -196,8 +199,8 @@ void ConfigReader::unsupported(std::string_view key, std::string_view advice) {
   if (has(key)) fail(key, fmt::format("this DeepSpeed key is not supported by Strata; {}", advice));
 }
 
-void ConfigReader::ignored(std::string_view key) {
-  if (find(key) != nullptr) spdlog::debug("{}: {}: accepted for DeepSpeed compatibility, no effect", source_, key_path(key));
+void ConfigReader::ignored(std::string_view key, std::string_view reason) {
+  if (find(key) != nullptr && ignored_keys_ != nullptr) ignored_keys_->push_back({key_path(key), std::string(reason)});
 }
 
 void ConfigReader::finish() const {

@@ -4,7 +4,9 @@
 // cannot drift from the parser. finish() then reports any key nobody asked for as an error naming
 // its full path and the nearest known key ("zero_optimization.stgae: unknown key; did you mean
 // 'stage'?"). Keys that DeepSpeed has and Strata deliberately does not support are declared with
-// unsupported(), and produce a message saying so and what to use instead.
+// unsupported(), and produce a message saying so and what to use instead. Keys that DeepSpeed has
+// and Strata accepts without effect are declared with ignored() and a reason; the ones present in
+// the config are collected as IgnoredKeys for one warning each at startup.
 //
 // Every error is a ConfigError naming the config file, the key path, what was found and what is
 // allowed.
@@ -21,10 +23,18 @@
 
 namespace strata {
 
+// A DeepSpeed key present in a config that Strata accepts but that has no effect, and why.
+struct IgnoredKey {
+  std::string key_path;  // e.g. "zero_optimization.reduce_bucket_size"
+  std::string reason;
+};
+
 class ConfigReader {
  public:
   // `source` names the file (or "--set") in messages; `path` is the key path of `object` ("" at top).
-  ConfigReader(const nlohmann::json& object, std::string source, std::string path = "");
+  // ignored() appends to `ignored_keys` (when not null), also from the readers section() returns.
+  ConfigReader(const nlohmann::json& object, std::string source, std::string path = "",
+               std::vector<IgnoredKey>* ignored_keys = nullptr);
 
   bool has(std::string_view key) const;
 
@@ -49,8 +59,9 @@ class ConfigReader {
 
   // A DeepSpeed key Strata does not support: present -> error with `advice`.
   void unsupported(std::string_view key, std::string_view advice);
-  // A DeepSpeed key accepted for compatibility but without effect in Strata (logged at debug).
-  void ignored(std::string_view key);
+  // A DeepSpeed key accepted for compatibility but without effect in Strata: when present (and not
+  // null), its path and `reason` go to the IgnoredKey list. Call after a getter to range-check it.
+  void ignored(std::string_view key, std::string_view reason);
 
   // Throws for any key of this object nobody asked for. Call after all getters and sections.
   void finish() const;
@@ -65,6 +76,7 @@ class ConfigReader {
   std::string source_;
   std::string path_;
   std::set<std::string, std::less<>> known_;
+  std::vector<IgnoredKey>* ignored_keys_;
 };
 
 // Edit distance, for "did you mean" suggestions.

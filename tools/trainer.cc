@@ -386,6 +386,7 @@ TrainSummary run_training(const TrainOptions& options) {
     log.level = spdlog::get_level();
     init_logging(log);
   }
+  if (rank == 0) log_ignored_keys(cfg);
   if (cfg.train_batch_size > 0 &&
       cfg.train_batch_size != static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.gradient_accumulation_steps * world) {
     throw ConfigError(fmt::format("{}: train_batch_size {} != train_micro_batch_size_per_gpu {} x "

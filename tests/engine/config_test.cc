@@ -1,10 +1,13 @@
 // Tests of the training config parser: defaults, every error kind the issue names (unknown key with
-// the nearest known key, wrong type, out of range, unsupported DeepSpeed key), --set overrides.
+// the nearest known key, wrong type, out of range, unsupported DeepSpeed key), DeepSpeed keys
+// accepted without effect (listed with their reasons), --set overrides.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/config.h"
@@ -131,6 +134,71 @@ TEST(Config, ConsistencyChecks) {
             std::string::npos);
   EXPECT_NE(error_of(json::parse(R"({"strata": {"checkpoint": {"interval_steps": 5}}})")).find("strata.checkpoint.dir"),
             std::string::npos);
+}
+
+// Every accepted DeepSpeed key either acts or is listed, with its reason, for one warning at startup.
+TEST(Config, IgnoredKeysAreListedWithReasons) {
+  const json j = json::parse(R"({
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8, "allgather_bucket_size": "auto",
+      "overlap_comm": true, "contiguous_gradients": true, "stage3_max_reuse_distance": 1e9,
+      "offload_optimizer": {"device": "cpu", "pipeline_read": true},
+      "offload_param": {"device": "nvme", "nvme_path": "/tmp/a", "max_in_cpu": 1e9}},
+    "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": false,
+            "overlap_events": true},
+    "wall_clock_breakdown": false
+  })");
+  const TrainConfig c = parse_train_config(j, "test.json");
+  std::map<std::string, std::string> reasons;
+  for (const IgnoredKey& k : c.ignored_keys) {
+    EXPECT_TRUE(reasons.emplace(k.key_path, k.reason).second) << "listed twice: " << k.key_path;
+    EXPECT_GT(k.reason.size(), 20u) << k.key_path << ": " << k.reason;
+  }
+  const std::vector<std::string> expected = {
+      "zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size",
+      "zero_optimization.overlap_comm", "zero_optimization.contiguous_gradients",
+      "zero_optimization.stage3_max_reuse_distance", "zero_optimization.offload_param.max_in_cpu",
+      "zero_optimization.offload_optimizer.pipeline_read", "aio.block_size", "aio.thread_count",
+      "aio.single_submit", "aio.overlap_events", "wall_clock_breakdown"};
+  EXPECT_EQ(reasons.size(), expected.size());
+  for (const auto& key : expected) EXPECT_EQ(reasons.count(key), 1u) << key << " is not listed";
+  EXPECT_NE(reasons["zero_optimization.reduce_bucket_size"].find("the group is the bucket"), std::string::npos);
+  EXPECT_NE(reasons["aio.block_size"].find("4 MiB"), std::string::npos) << reasons["aio.block_size"];
+  EXPECT_NE(reasons["aio.thread_count"].find("io_uring"), std::string::npos);
+  EXPECT_EQ(c.aio.queue_depth, 8);  // a key beside them still acts
+}
+
+TEST(Config, NoIgnoredKeysWhenNoneAreWritten) {
+  EXPECT_TRUE(parse_train_config(json::object(), "test.json").ignored_keys.empty());
+  const json j = json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e7, "sub_group_size": 1e8,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/a", "buffer_count": 4}},
+    "aio": {"queue_depth": 16, "engine": "threads"},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}
+  })");
+  EXPECT_TRUE(parse_train_config(j, "test.json").ignored_keys.empty());
+}
+
+TEST(Config, IgnoredKeysAreStillRangeChecked) {
+  EXPECT_NE(error_of(json::parse(R"({"zero_optimization": {"reduce_bucket_size": 0}})")).find("out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"zero_optimization": {"overlap_comm": "yes"}})")).find("true or false"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"aio": {"thread_count": 0}})")).find("out of range"), std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"aio": {"single_submit": 1}})")).find("aio.single_submit"), std::string::npos);
+}
+
+// DeepSpeed's "Adam" is AdamW unless adam_w_mode is false; an explicit adam_w_mode: true gives AdamW.
+TEST(Config, AdamWModeActsOnAdam) {
+  const auto parse = [](const char* text) { return parse_train_config(json::parse(text), "test.json"); };
+  EXPECT_EQ(parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})").optimizer.type, "AdamW");
+  const TrainConfig plain = parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})");
+  EXPECT_EQ(plain.optimizer.type, "Adam");
+  EXPECT_TRUE(plain.ignored_keys.empty());
+  const TrainConfig adamw = parse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})");
+  EXPECT_EQ(adamw.optimizer.type, "AdamW");
+  ASSERT_EQ(adamw.ignored_keys.size(), 1u);
+  EXPECT_EQ(adamw.ignored_keys[0].key_path, "optimizer.params.adam_w_mode");
 }
 
 TEST(Config, OverridesSetNestedValues) {

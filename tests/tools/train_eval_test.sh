@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end: `strata train` on the tiny model lowers the training loss; the weights it saves load in
 # `strata eval` and score better on the validation split than the untrained initialization;
-# `strata bench model --json` prints its figures; bad input (missing config, unknown key, bad --set,
-# missing weights file) fails with exit code 1 and a message naming the problem.
+# `strata bench model --json` prints its figures; DeepSpeed keys accepted without effect are warned about
+# once each; bad input (missing config, unknown key, bad --set, missing weights file) fails with exit
+# code 1 and a message naming the problem.
 # Usage: train_eval_test.sh STRATA_BINARY CONFIG WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; work="$3"
@@ -11,7 +12,15 @@ rm -f metrics.jsonl  # strata.metrics appends; start from an empty file on re-ru
 fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
-"$strata" --log-level warn train --config "$config" --steps 0 --save-weights init.safetensors
+"$strata" --log-level warn train --config "$config" --steps 0 --save-weights init.safetensors > init.log 2>&1 ||
+  { cat init.log; exit 1; }
+# DeepSpeed keys accepted without effect: one warning each at startup, with the reason; none without them.
+check "no ignored-key warnings for a config without such keys" "! grep -q 'has no effect' init.log"
+"$strata" --log-level warn train --config "$config" --steps 0 --set zero_optimization.overlap_comm=false \
+  --set aio.thread_count=4 > ignored.log 2>&1 || { cat ignored.log; exit 1; }
+check "one warning per ignored key, with the reason" "[ \$(grep -c 'has no effect' ignored.log) -eq 2 ] &&
+  grep -q 'zero_optimization.overlap_comm: .*communication stream' ignored.log &&
+  grep -q 'aio.thread_count: .*io_uring' ignored.log"
 "$strata" train --config "$config" --steps 30 --set strata.metrics=metrics.jsonl --save-weights trained.safetensors \
   > train.log 2>&1
 first=$(head -1 metrics.jsonl | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
