@@ -74,7 +74,7 @@ void SwapStore::check_buffer(const std::string& key, const void* data, std::size
                              const char* what) const {
   if (reinterpret_cast<std::uintptr_t>(data) % 4096 != 0) {
     throw ConfigError(fmt::format("swap {} of '{}': the buffer at {} is not 4 KiB-aligned (O_DIRECT needs it); "
-                                  "use a HostBuffer or the Swapper",
+                                  "use a HostBuffer or a BufferPool slot",
                                   what, key, data));
   }
   if (have < need) {

@@ -7,7 +7,8 @@
 // an xxHash3 of its bytes, checked on read (on by default): a flipped bit on disk becomes a
 // FormatError naming the key, the file and the offset instead of wrong numbers in training.
 // Reads and writes are asynchronous through the IoEngine and take 4 KiB-aligned buffers padded to
-// a multiple of 4 KiB (the Swapper stages unaligned tensors through its buffer pool).
+// a multiple of 4 KiB (the engine's chunk pipeline stages through BufferPool slots,
+// engine/offload_tier.h).
 #pragma once
 
 #include <cstddef>
