@@ -10,47 +10,27 @@
 // with path, offset and length.
 //
 // Note [Request size and merging]
-// Measured on the virtio disk this was built on (vda under a Firecracker-style VMM: max_sectors_kb
-// 4096, max_segments 254, mq-deadline, one queue; requests counted with /sys/block/vda/stat),
-// alternating configurations round by round, because its speed drifts 2x within minutes and
-// more between days. The host serves requests about one at a time (1 MiB writes at qd 1 ran as
-// fast as at qd 32), so what counts is the shape of each request, in this order:
+// Measured on a virtio disk (max_sectors_kb 4096, max_segments 254) whose host serves requests
+// about one at a time, so what counts is the shape of each request, in this order (figures and
+// dates: docs/MEASUREMENTS.md, "NVMe request size and merging"):
 // (1) Segments. The host handles every segment of a request separately. A buffer on 2 MiB huge
 // pages (BufferPool and the bench use HugePages::Transparent, 2 MiB-aligned) makes a request one
-// segment; 4 KiB pages make a 1 MiB request 256 segments, more than the disk's 254, so it
-// reaches the disk split in two (1016 KiB + 8 KiB) and cannot merge with its neighbours. 1 MiB
-// reads at qd 8: 1.97 GB/s from huge pages, 1.48 from 4 KiB pages (also at 512 KiB and 1016 KiB,
-// where nothing splits); writes 3.17 against 2.43. This is nearly all of Strata's lead over fio,
-// whose buffers are malloc'd: fio given hugetlb buffers (--mem=shmhuge, `strata bench io
-// --fio-option`) matched Strata in the same rounds (writes 2.81 vs 2.74 GB/s, reads 1.77 vs
-// 1.83), and fio's runs that happen to get physically contiguous pages read up to 2x faster than
-// its others (its run-to-run swings).
-// (2) Size. A request costs ~45 us before its bytes (4 KiB writes at qd 1: 85 MB/s); past that,
-// the best size moved with the disk's mood. On a day the disk wrote ~3 GB/s, 512 KiB requests
-// read 0-7 % faster than 1 MiB ones and those 0-18 % faster than 4 MiB ones, and writes were a
-// median 4 % faster at 512 KiB than at 1 MiB, 2-4 MiB ones ~25 % slower. Two days later, the disk
-// writing 5-6.5 GB/s, five alternated rounds of 1 GiB at bs 1 MiB gave (median GB/s, kernel
-// requests of 512 KiB / 1 MiB / 4 MiB): reads qd 8 2.58/2.60/2.74, qd 32 2.46/2.69/2.83; writes
-// qd 8 5.26/6.28/6.61, qd 32 5.22/5.76/5.41. Whole requests of a few MiB never lost much, small
-// ones did on the fast days, so reads are split, and adjacent queued pieces coalesced, up to
-// max_request_bytes (kDefaultMaxReadRequestBytes, 4 MiB = max_sectors_kb here) and writes up to
+// segment; 4 KiB pages make a 1 MiB request 256 segments, more than the disk's 254, so it reaches
+// the disk split in two and cannot merge with its neighbours. This is nearly all of Strata's lead
+// over fio, whose buffers are malloc'd (fio given hugetlb buffers matched Strata).
+// (2) Size. Past a fixed per-request cost the best size moved with the disk's speed from day to
+// day; whole requests of a few MiB never lost much, small ones did on fast days. So reads are
+// split, and adjacent queued pieces coalesced, up to max_request_bytes
+// (kDefaultMaxReadRequestBytes, 4 MiB = max_sectors_kb there) and writes up to
 // max_write_request_bytes (kDefaultMaxWriteRequestBytes, 1 MiB, never above max_request_bytes).
 // Coalescing gives small sequential requests those sizes even when completions trickle in one by
 // one (the block layer's plug merges only within one submission).
-// (3) No merging by batching. Submitting many SQEs per io_uring_enter lets the plug merge
-// adjacent requests into 2-4 MiB ones behind the engine's back (writes at a batch of qd: 2.26
-// against 2.59 GB/s), and random 4 KiB reads at qd 32 ran at 0.85-0.89x fio with a batch of qd and
-// 1.03x without, so submit_batch is 1.
-// Made no difference beyond the noise: fixed buffers, IOSQE_ASYNC, the ring flags (none,
-// COOP_TASKRUN, DEFER_TASKRUN), queue depth past 4, several files in parallel, file offsets off
-// 1 MiB alignment, the bytes written (random or constant). Slower: RWF_DSYNC. Random 4 KiB writes
-// are bound by the per-request cost: every variant, fio and this engine ran within the noise of
-// each other. Reusing a few buffers for all requests in flight (a footprint of 2 MiB instead of
-// qd x bs) read 30 % faster, a cache effect on the host that no real workload gets; neither the
-// engine nor the bench uses it. DeepSpeed's libaio pattern (one locked buffer written whole in
-// 1 MiB blocks at qd 32) reaches this disk as 4 MiB merged requests and ran no faster than this
-// engine. The state of the blocks written matters too: see Note [Bench file state] in
-// tools/bench_io.cc.
+// (3) No merging by batching. Submitting many SQEs per io_uring_enter lets the plug merge adjacent
+// requests into 2-4 MiB ones behind the engine's back, which was slower for writes and for random
+// 4 KiB reads, so submit_batch is 1.
+// Fixed buffers, IOSQE_ASYNC, the ring flags and queue depth past 4 made no difference beyond the
+// noise; random 4 KiB I/O is bound by the per-request cost whatever the engine. The state of the
+// blocks written matters too: see Note [Bench file state] in tools/bench_io.cc.
 #include <liburing.h>
 #include <sys/eventfd.h>
 #include <unistd.h>

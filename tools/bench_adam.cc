@@ -3,10 +3,11 @@
 // --mode update (default) times the bare AdamW update (optim::adam_step) over --params fp32
 // parameters, for each thread count 1..N (or --threads N) in a tbb::task_arena of that size, and
 // next to it the Adam-shaped memory pass (optim/memory_pass.h: the same streams, same SIMD level,
-// blocks and threads, trivial math), which no CPU Adam can beat. This machine's memory bandwidth
-// moves by +-20 % from one second to the next, so every repetition runs pass, Adam, pass back to
-// back, each figure is the best of the repetitions, and the fraction is taken against the mean of
-// the pass before and the pass after (both printed; also against the faster one).
+// blocks and threads, trivial math), which no CPU Adam can beat. A shared machine's memory
+// bandwidth moves from one second to the next (docs/MEASUREMENTS.md), so every repetition runs
+// pass, Adam, pass back to back, each figure is the best of the repetitions, and the fraction is
+// taken against the mean of the pass before and the pass after (both printed; also against the
+// faster one).
 //
 // --mode phase times the whole optimizer phase with a dynamic loss scale and gradient clipping:
 // the fused phase (optim::fused_optimizer_phase: one norm/non-finite pass over the gradients + one

@@ -7,8 +7,8 @@
 // byte written once, no read). Right after each checkpoint it measures the disk in the checkpoint
 // directory through the same I/O engine on the checkpoint's byte count, one sequential write pass
 // and one read pass over written blocks, as `strata bench io` does (checkpoint, disk, checkpoint,
-// disk, ...: this disk's speed moves 30-100 % between runs). The figures, medians over the pairs
-// after one warm-up:
+// disk, ...: a virtual disk's speed drifts between runs, docs/MEASUREMENTS.md). The figures,
+// medians over the pairs after one warm-up:
 //   copy:    checkpoint seconds / (bytes / read bandwidth + bytes / write bandwidth)
 //   capture: (checkpoint seconds + how much longer the capturing step took than the steps between
 //            checkpoints) / (bytes / write bandwidth)

@@ -5,9 +5,9 @@
 // permutation of the blocks), and prints GB/s (1e9 bytes/s), IOPS and the p50/p99 latency of one
 // request (submit to completion). With --vs-fio it runs fio on the same file with the same
 // parameters (direct=1, ioengine=io_uring, one job per path) alternately with Strata (A B A B, at
-// least 3 pairs, because this kind of disk moves 30-100 % between runs) and prints the medians
-// and the median of the per-pair ratios. The engine defaults are the ones Strata uses for
-// swapping; --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers
+// least 3 pairs, because this kind of disk drifts between runs: docs/MEASUREMENTS.md) and prints
+// the medians and the median of the per-pair ratios. The engine defaults are the ones Strata uses
+// for swapping; --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers
 // expose the choices of Note [Request size and merging] (offload/uring_engine.cc) so their effect
 // can be measured, and --file-state the state of the blocks under the file (Note [Bench file
 // state]), given to Strata and fio alike. Strata's buffers are 2 MiB huge pages (as BufferPool's;
@@ -294,16 +294,16 @@ double run_fio(const std::vector<TestFile>& files, const Row& row, std::uint64_t
 // What a write costs on this kind of disk depends on the state of the blocks under the file, not
 // only on the engine: blocks that were freed and discarded (ext4 mounted with `discard` passes the
 // discard to the host, which drops its backing storage) must be allocated again by the host on
-// the first write. Measured on the virtio disk of Note [Request size and merging], 1 GiB of
-// sequential 1 MiB O_DIRECT writes: 2.2-2.6 GB/s into written blocks, the same into blocks turned
-// back into ext4 unwritten extents over host-allocated storage (FALLOC_FL_ZERO_RANGE: the extent
-// conversion costs nothing measurable), 1.75-2.05 GB/s into fresh fallocated blocks after a
-// hole punch (host allocation). A freshly preallocated test file therefore handicaps whichever
-// tool writes it first (Strata, in A B A B order). --file-state written (the default) writes every
-// test file once in full before the first timed run, so Strata and fio both see written blocks;
-// --file-state fallocated punches the file back to fresh preallocated blocks before every timed
-// write run of both tools, to measure the first-write case fairly. Reads always need written
-// data (reads of unwritten extents return zeros without touching the disk).
+// the first write. On the virtio disk of Note [Request size and merging], writes into written
+// blocks and into blocks turned back into ext4 unwritten extents over host-allocated storage
+// (FALLOC_FL_ZERO_RANGE) ran at the same speed, writes into fresh fallocated blocks after a hole
+// punch (host allocation) ~20 % slower (docs/MEASUREMENTS.md, "Bench file state"). A freshly
+// preallocated test file therefore handicaps whichever tool writes it first (Strata, in A B A B
+// order). --file-state written (the default) writes every test file once in full before the first
+// timed run, so Strata and fio both see written blocks; --file-state fallocated punches the file
+// back to fresh preallocated blocks before every timed write run of both tools, to measure the
+// first-write case fairly. Reads always need written data (reads of unwritten extents return zeros
+// without touching the disk).
 enum class FileState : std::uint8_t { Written, Fallocated };
 
 FileState parse_file_state(const std::string& text) {
@@ -412,14 +412,12 @@ int run_bench_io(const BenchIoArgs& a) {
   // Note [Bench buffers]: the I/O buffers are one region on 2 MiB huge pages, as BufferPool's
   // (Note [Request size and merging] in offload/uring_engine.cc: a request over a huge page is one
   // segment), except for random writes of blocks of 16 KiB or less under --huge-pages auto, which
-  // use 4 KiB pages. Measured on the disk of that Note, five alternated rounds of 256 MiB (medians):
-  // random 4 KiB writes ran at 0.350 GB/s (qd 32) and 0.212 (qd 8) from 4 KiB pages against 0.276
-  // and 0.187 from a huge page, 16 KiB ones at 1.03-1.22 against 0.87-1.15 GB/s (qd 32); random
-  // 4 KiB reads did not care, random 16 KiB reads ran 1.01-1.06 against 0.75-0.76 GB/s (qd 32) from the huge
-  // page, and 64 KiB random writes and every sequential row (whose requests coalesce across pages)
-  // 10-100 % faster from it. Why small random writes prefer 4 KiB pages we do not know: the
-  // buffers are registered (fixed), so the kernel does not pin pages per request. `huge_pages` in
-  // the JSON rows says which backing was asked for (THP through madvise; the kernel may decline).
+  // use 4 KiB pages: on the disk of that Note those ran faster from 4 KiB pages, while random reads
+  // of 16 KiB, random writes of 64 KiB and every sequential row (whose requests coalesce across
+  // pages) ran faster from the huge page (docs/MEASUREMENTS.md, "Bench buffers"). Why small random
+  // writes prefer 4 KiB pages we do not know: the buffers are registered (fixed), so the kernel
+  // does not pin pages per request. `huge_pages` in the JSON rows says which backing was asked for
+  // (THP through madvise; the kernel may decline).
   const auto row_huge = [&](const Row& row) {
     return huge_always.value_or(!(row.rw == "randwrite" && row.bs_bytes <= 16 * KiB));
   };
