@@ -18,6 +18,7 @@
 #include "optim/grad_stats.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
+#include "optim/optimizer_phase.h"
 
 namespace strata {
 
@@ -464,10 +465,45 @@ StepResult ZeroEngine::step(double lr) {
   comm_stream_->synchronize();
   if (off.worker) off.worker->synchronize();
 
-  // Fold each group's partial sums into one fp32 gradient (exact: lowest level first, each higher
-  // level on the left; fast: the accumulator).
+  const std::vector<float*> final_grads = fold_final_grads();
+  const double sum_squares = global_sum_squares(final_grads);
+
+  // The phase's decision is optim's (optim/optimizer_phase.h, the same code the CPU phase and
+  // `strata bench adam` run): skip on a non-finite norm, else clip and unscale into grad_scale.
+  optim::PhaseOptions phase_options;
+  phase_options.max_grad_norm = config_.gradient_clipping;
+  phase_options.grad_divisor = static_cast<double>(accumulation_) * topo_.world_size;
+  const optim::PhaseResult phase =
+      optim::decide_phase(optim::GradStats{sum_squares}, impl_->scaler.get(), phase_options);
+  StepResult result;
+  result.applied = phase.applied;
+  result.grad_norm = phase.grad_norm;
+  result.loss_scale = phase.loss_scale;
+  result.lr = lr;
+  if (!phase.applied) {
+    if (off.optimizer) drop_offloaded_grads();
+  } else if (off.optimizer) {
+    if (!overlapped) {
+      impl_->optimizer.set_lr(lr);
+      run_offloaded_optimizer(phase.grad_scale);
+    }
+    impl_->optimizer.set_step_count(impl_->optimizer.step_count() + 1);
+  } else {
+    update_device_state(final_grads, lr, phase.grad_scale);
+  }
+  off.capture = nullptr;  // armed for this step only (Note [Checkpoint capture])
+  if (result.applied) publish_weights();
+  reset_after_step();
+  return result;
+}
+
+// Each group's partial sums folded into one fp32 gradient on the device (exact: lowest level
+// first, each higher level on the left; fast: the accumulator). Empty where the optimizer is
+// offloaded (its tier formed the final gradient already).
+std::vector<float*> ZeroEngine::fold_final_grads() {
   std::vector<float*> final_grads(groups_.size());
-  for (std::size_t g = 0; g < groups_.size() && !off.optimizer; ++g) {
+  if (impl_->off.optimizer) return final_grads;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
     Group& G = *groups_[g];
     if (!config_.strata.exact) {
       final_grads[g] = G.accum.as<float>();
@@ -484,9 +520,13 @@ StepResult ZeroEngine::step(double lr) {
     }
     final_grads[g] = acc;
   }
+  return final_grads;
+}
 
-  // Global norm: one partial per optimizer block, summed over all blocks in model order. Ranks
-  // whose gradients are shards gather the partials of their shard group first.
+// Global sum of squares: one partial per optimizer block, summed over all blocks in model order.
+// Ranks whose gradients are shards gather the partials of their shard group first.
+double ZeroEngine::global_sum_squares(const std::vector<float*>& final_grads) {
+  const ZeroOffload& off = impl_->off;
   double sum_squares = 0.0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     Group& G = *groups_[g];
@@ -516,69 +556,53 @@ StepResult ZeroEngine::step(double lr) {
     }
     for (double p : all) sum_squares += p;
   }
+  return sum_squares;
+}
 
-  StepResult result;
-  result.lr = lr;
-  const double loss_scale = impl_->scaler ? impl_->scaler->scale() : 1.0;
-  result.loss_scale = loss_scale;
-  const double units = static_cast<double>(accumulation_) * topo_.world_size;
-  const bool finite = std::isfinite(sum_squares);
-  result.grad_norm = std::sqrt(sum_squares) / (loss_scale * units);
-  if (!finite) {
-    result.applied = false;
-    if (impl_->scaler) impl_->scaler->update(true);
-    if (off.optimizer) drop_offloaded_grads();
-  } else if (off.optimizer) {
-    if (impl_->scaler) impl_->scaler->update(false);
-    const double clip = optim::clip_coefficient(result.grad_norm, config_.gradient_clipping);
-    const auto grad_scale = static_cast<float>(clip / (loss_scale * units));
-    if (!overlapped) {
-      impl_->optimizer.set_lr(lr);
-      run_offloaded_optimizer(grad_scale);
+// The update of device-resident state: optim's CPU kernels on the sim device's memory.
+void ZeroEngine::update_device_state(const std::vector<float*>& final_grads, double lr, float grad_scale) {
+  impl_->optimizer.set_lr(lr);
+  std::vector<optim::OptimShard> shards;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    Group& G = *groups_[g];
+    optim::OptimShard s;
+    s.master = std::span<float>(G.master.as<float>(), G.plan.state_elems);
+    s.moment1 = std::span<float>(G.moment1.as<float>(), G.plan.state_elems);
+    if (!G.moment2.empty()) s.moment2 = std::span<float>(G.moment2.as<float>(), G.plan.state_elems);
+    s.grad = optim::GradRef{final_grads[g] + G.plan.grad_offset, DType::F32};
+    if (working_dtype_ != DType::F32) {
+      void* out = G.plan.sharded_params ? G.w_shard.data()
+                                        : G.w_full.as<char>() + G.plan.state_offset * dtype_bytes(working_dtype_);
+      s.out = optim::LowPrecisionOut{out, working_dtype_};
     }
-    impl_->optimizer.set_step_count(impl_->optimizer.step_count() + 1);
-  } else {
-    if (impl_->scaler) impl_->scaler->update(false);
-    const double clip = optim::clip_coefficient(result.grad_norm, config_.gradient_clipping);
-    const auto grad_scale = static_cast<float>(clip / (loss_scale * units));
-    impl_->optimizer.set_lr(lr);
-    std::vector<optim::OptimShard> shards;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      Group& G = *groups_[g];
-      optim::OptimShard s;
-      s.master = std::span<float>(G.master.as<float>(), G.plan.state_elems);
-      s.moment1 = std::span<float>(G.moment1.as<float>(), G.plan.state_elems);
-      if (!G.moment2.empty()) s.moment2 = std::span<float>(G.moment2.as<float>(), G.plan.state_elems);
-      s.grad = optim::GradRef{final_grads[g] + G.plan.grad_offset, DType::F32};
-      if (working_dtype_ != DType::F32) {
-        void* out = G.plan.sharded_params ? G.w_shard.data()
-                                     : G.w_full.as<char>() + G.plan.state_offset * dtype_bytes(working_dtype_);
-        s.out = optim::LowPrecisionOut{out, working_dtype_};
-      }
-      shards.push_back(s);
-    }
-    impl_->optimizer.step(shards, grad_scale, impl_->exec);
+    shards.push_back(s);
   }
-  off.capture = nullptr;  // armed for this step only (Note [Checkpoint capture])
-  if (result.applied) {
-    // Publish: groups whose W is a full resident copy gather every shard's new values into it.
-    for (auto& G : groups_) {
-      if (G->plan.sharded_params || plan_.stage == 0) continue;
-      const std::size_t wbytes = dtype_bytes(working_dtype_);
-      const void* mine = working_dtype_ == DType::F32 && !off.optimizer
-                             ? G->master.data()
-                             : G->w_full.as<char>() + G->plan.state_offset * wbytes;
-      if (G->layout.shard_count() == 1) {
-        if (mine != G->w_full.data()) comm_stream_->copy_d2d(G->w_full.data(), mine, G->plan.state_elems * wbytes);
-      } else {
-        shard_comm_->all_gather(mine, G->w_full.data(), G->layout.shard_elems(), working_dtype_, *comm_stream_);
-      }
-    }
-    comm_stream_->record(*impl_->weights_event);
-    impl_->weights_event_recorded = true;
-  }
+  impl_->optimizer.step(shards, grad_scale, impl_->exec);
+}
 
-  // Reset for the next step: gradients, gathered copies (now stale), the trace.
+// Groups whose W is a full resident copy gather every shard's new values into it; later
+// acquisitions wait for the event recorded after that.
+void ZeroEngine::publish_weights() {
+  const ZeroOffload& off = impl_->off;
+  for (auto& G : groups_) {
+    if (G->plan.sharded_params || plan_.stage == 0) continue;
+    const std::size_t wbytes = dtype_bytes(working_dtype_);
+    const void* mine = working_dtype_ == DType::F32 && !off.optimizer
+                           ? G->master.data()
+                           : G->w_full.as<char>() + G->plan.state_offset * wbytes;
+    if (G->layout.shard_count() == 1) {
+      if (mine != G->w_full.data()) comm_stream_->copy_d2d(G->w_full.data(), mine, G->plan.state_elems * wbytes);
+    } else {
+      shard_comm_->all_gather(mine, G->w_full.data(), G->layout.shard_elems(), working_dtype_, *comm_stream_);
+    }
+  }
+  comm_stream_->record(*impl_->weights_event);
+  impl_->weights_event_recorded = true;
+}
+
+// Ready for the next step: gradients dropped, gathered copies (now stale) freed, the trace kept
+// or replaced, and the next step's first groups prefetched.
+void ZeroEngine::reset_after_step() {
   for (auto& G : groups_) {
     for (auto& level : G->levels) comm_stream_->release_after(std::move(level));
     G->levels.clear();
@@ -601,7 +625,6 @@ StepResult ZeroEngine::step(double lr) {
   // Start fetching the next step's first groups now (their weights are final): with parameters on
   // NVMe this hides the first reads behind the caller's work between steps.
   prefetch_after(0);
-  return result;
 }
 
 std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) {

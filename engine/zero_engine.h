@@ -214,6 +214,12 @@ class ZeroEngine final : public ParamProvider {
   void prefetch_after(std::size_t position);
   void reduce_micro_grads(std::size_t g);
   void combine_unit(std::size_t g, DeviceMemory reduced, std::size_t elems);
+  // The parts of step().
+  std::vector<float*> fold_final_grads();
+  double global_sum_squares(const std::vector<float*>& final_grads);
+  void update_device_state(const std::vector<float*>& final_grads, double lr, float grad_scale);
+  void publish_weights();
+  void reset_after_step();
   // Offload (engine/zero_engine_offload.cc).
   void setup_offload();
   void init_offloaded_group(std::size_t g, const float* master_full, const void* working_full);

@@ -17,20 +17,26 @@ std::size_t shard_elems(std::span<const OptimShard> shards, std::size_t s) { ret
 
 }  // namespace
 
-PhaseResult apply_update(ParamGroup& group, std::span<const OptimShard> shards, const GradStats& global_stats,
-                         LossScaler* scaler, const PhaseOptions& options, const CpuExec& exec) {
+PhaseResult decide_phase(const GradStats& global_stats, LossScaler* scaler, const PhaseOptions& options) {
   PhaseResult result;
   result.loss_scale = scaler != nullptr ? scaler->scale() : 1.0;
-  result.grad_norm = unscaled_norm(global_stats, result.loss_scale);
+  const double divisor = result.loss_scale * options.grad_divisor;
+  result.grad_norm = unscaled_norm(global_stats, divisor);
   if (!global_stats.finite()) {
     if (scaler != nullptr) scaler->update(true);
     return result;
   }
   result.clip_coef = clip_coefficient(result.grad_norm, options.max_grad_norm);
-  result.grad_scale = static_cast<float>(result.clip_coef / result.loss_scale);
-  group.step(shards, result.grad_scale, exec);
+  result.grad_scale = static_cast<float>(result.clip_coef / divisor);
   result.applied = true;
   if (scaler != nullptr) scaler->update(false);
+  return result;
+}
+
+PhaseResult apply_update(ParamGroup& group, std::span<const OptimShard> shards, const GradStats& global_stats,
+                         LossScaler* scaler, const PhaseOptions& options, const CpuExec& exec) {
+  const PhaseResult result = decide_phase(global_stats, scaler, options);
+  if (result.applied) group.step(shards, result.grad_scale, exec);
   return result;
 }
 

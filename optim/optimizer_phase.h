@@ -24,6 +24,9 @@ namespace strata::optim {
 
 struct PhaseOptions {
   double max_grad_norm = 0.0;  // DeepSpeed's gradient_clipping; <= 0 turns clipping off
+  // The stored gradients are sums of this many unit gradients and the update wants their mean
+  // (the ZeRO engine: micro-batches x ranks); folded into grad_scale with the loss scale.
+  double grad_divisor = 1.0;
 };
 
 struct PhaseResult {
@@ -40,6 +43,13 @@ struct PhaseResult {
 // apply_update() (below) instead.
 PhaseResult fused_optimizer_phase(ParamGroup& group, std::span<const OptimShard> shards, LossScaler* scaler,
                                   const PhaseOptions& options, const CpuExec& exec);
+
+// The phase's decision from the global stats, without touching any shard: the norm of the mean
+// unscaled gradient, skip on a non-finite norm (the scaler's update(true)), else the clip
+// coefficient and grad_scale = clip / (loss_scale * grad_divisor) (the scaler's update(false)).
+// applied says whether the update must run; the caller runs it where the state lives (the CPU
+// shards below, the ZeRO engine's device shards or its offloaded chunks) with that grad_scale.
+PhaseResult decide_phase(const GradStats& global_stats, LossScaler* scaler, const PhaseOptions& options);
 
 // Given the global stats: decides skip/apply, updates the scaler, runs the fused update.
 PhaseResult apply_update(ParamGroup& group, std::span<const OptimShard> shards, const GradStats& global_stats,

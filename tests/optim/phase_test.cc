@@ -181,6 +181,34 @@ TEST(Phase, OverflowWritesNothingAndLowersTheScale) {
   EXPECT_EQ(scaler.scale(), 16384.0);
 }
 
+// decide_phase is the decision the ZeRO engine's step takes over gradients summed from several
+// units: the norm and grad_scale of the mean, with the loss scale, by the same expressions.
+TEST(Phase, DecisionOfSummedGradientsUsesTheirMean) {
+  LossScalerConfig lc;
+  lc.initial_scale_power = 4;
+  lc.hysteresis = 1;
+  LossScaler scaler(lc);
+  PhaseOptions o;
+  o.max_grad_norm = 0.1;
+  o.grad_divisor = 6.0;  // e.g. 3 micro-batches on 2 ranks
+  const GradStats stats{1234.5};
+  const PhaseResult r = decide_phase(stats, &scaler, o);
+  ASSERT_TRUE(r.applied);
+  EXPECT_EQ(r.loss_scale, 16.0);
+  const double norm = std::sqrt(1234.5) / (16.0 * 6.0);
+  EXPECT_EQ(r.grad_norm, norm);
+  EXPECT_EQ(r.clip_coef, clip_coefficient(norm, 0.1));
+  EXPECT_LT(r.clip_coef, 1.0);  // the clip is active, so grad_scale carries it
+  EXPECT_EQ(r.grad_scale, static_cast<float>(r.clip_coef / (16.0 * 6.0)));
+  // Without clipping and scaler the mean alone remains.
+  const PhaseResult plain = decide_phase(stats, nullptr, PhaseOptions{0.0, 6.0});
+  EXPECT_EQ(plain.grad_scale, static_cast<float>(1.0 / 6.0));
+  // A non-finite sum skips and lowers the scale, whatever the divisor.
+  const PhaseResult skip = decide_phase(GradStats{std::numeric_limits<double>::infinity()}, &scaler, o);
+  EXPECT_FALSE(skip.applied);
+  EXPECT_EQ(scaler.scale(), 8.0);
+}
+
 // SGD and Lion: the baseline scalar clone (libm fmaf) and the FMA clone agree bit for bit, and
 // both follow the formulas evaluated in double.
 TEST(Sgd, MomentumNesterovAndWeightDecayFollowTorch) {
