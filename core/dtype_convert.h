@@ -2,9 +2,9 @@
 //
 // The kernels (core/dtype_convert.cu) call the very STRATA_HD functions of core/dtype.h per
 // element, so the bits on the device are the bits the host test suite checks exhaustively
-// (DESIGN.md, "Device abstraction": shared host-tested math). This header includes no CUDA header
-// — the stream is passed as `void*` (a cudaStream_t, e.g. Stream::native_handle()) — so host-only
-// code may include it; the definitions exist only in builds with the CUDA backend.
+// (docs/DESIGN.md, "The device abstraction": shared host-tested math). This header includes no
+// CUDA header — the stream is passed as `void*` (a cudaStream_t, e.g. Stream::native_handle()) —
+// so host-only code may include it; the definitions exist only in builds with the CUDA backend.
 #pragma once
 
 #include <cstddef>

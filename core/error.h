@@ -1,6 +1,6 @@
 // Errors and the one CHECK family.
 //
-// Two kinds of failure, kept apart on purpose (see STYLE.md, habit 5):
+// Two kinds of failure, kept apart on purpose (docs/DESIGN.md, "Errors and data"):
 //  * Recoverable failures of the world outside the program — bad configs, I/O errors, full
 //    devices, corrupt files — are typed exceptions derived from strata::Error. Each carries the
 //    thing, the place and the fix in its message, so the top level prints one clear line.

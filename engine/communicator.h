@@ -1,4 +1,5 @@
-// Communicator: the collectives ZeRO needs, each enqueued on a device stream (DESIGN.md, "engine").
+// Communicator: the collectives ZeRO needs, each enqueued on a device stream (docs/DESIGN.md,
+// "Layers").
 //
 // Backends: `local` (one rank: collectives are copies), `mpi` (OpenMPI over host memory, used with
 // the sim device, whose device memory is host memory), and `nccl` (cuda device; the unique id is

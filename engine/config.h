@@ -1,4 +1,4 @@
-// The training config: a DeepSpeed-style JSON (DESIGN.md, "Interfaces people already know") plus a
+// The training config: a DeepSpeed-style JSON (README.md, "Using it") plus a
 // `strata` section, parsed into typed, validated structs.
 //
 // Units follow DeepSpeed where DeepSpeed has the key: stage3_* sizes, sub_group_size and bucket

@@ -1,7 +1,7 @@
 // The param-group provider: the contract between a model and whoever owns its parameters.
 //
-// A model owns no parameter memory (DESIGN.md, "The three tiers"). It declares its param groups
-// once (one per transformer block, the embedding, the final norm/head: the unit of fetch and
+// A model owns no parameter memory (docs/DESIGN.md, "One training step"). It declares its param
+// groups once (one per transformer block, the embedding, the final norm/head: the unit of fetch and
 // release), and while it runs it asks the provider for a group's tensor views before use and hands
 // the group back after use. Gradients travel the same way: the model acquires a group's gradient
 // views, accumulates into them (it never overwrites: the provider zeroes them at the start of a

@@ -1,5 +1,5 @@
 // Partitioning: each param group is one flat buffer, padded so it splits evenly into shard_count
-// aligned shards; rank r of a shard group owns shard r (DESIGN.md, "The three tiers").
+// aligned shards; rank r of a shard group owns shard r (docs/DESIGN.md, "Tiers").
 //
 // Tensor offsets inside the flat buffer are aligned to kTensorAlignElems (256 bytes of fp32, what
 // vector loads and cuBLAS like); the flat size is padded to shard_count * kShardAlignElems, so

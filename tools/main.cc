@@ -1,4 +1,4 @@
-// The `strata` command: one executable, one subcommand per job (DESIGN.md, "The command line").
+// The `strata` command: one executable, one subcommand per job (README.md, "Using it").
 // Each subcommand lives in its own file and registers here; errors that reach this level are
 // printed as one clear line and turned into exit code 1 (bad input) or 2 (internal error).
 #include <CLI/CLI.hpp>

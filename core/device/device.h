@@ -1,5 +1,5 @@
-// The Device abstraction: memory, streams and events of one accelerator (DESIGN.md, "Device
-// abstraction"). Three things are kept apart, as in ggml's backend interface:
+// The Device abstraction: memory, streams and events of one accelerator (docs/DESIGN.md, "The
+// device abstraction"). Three things are kept apart, as in ggml's backend interface:
 //   * allocation policy and the owned allocation: Device::allocate -> DeviceMemory (RAII);
 //   * ordering: Stream (an ordered queue of copies, host functions and kernels) and Event;
 //   * page-locking of host memory: Device is the HostMemoryPinner that core/host_buffer uses.

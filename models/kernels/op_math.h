@@ -1,8 +1,8 @@
 // Per-element math of the model ops, shared by the CPU kernels and the CUDA kernels.
 //
 // Every function here is STRATA_HD (core/hd.h): the CUDA kernels in models/kernels/*.cu call these
-// very functions, so the host test suite exercises the math the GPU runs (DESIGN.md, "Device
-// abstraction"). Keep them small, branch-light and free of host-only calls.
+// very functions, so the host test suite exercises the math the GPU runs (docs/DESIGN.md, "The
+// device abstraction"). Keep them small, branch-light and free of host-only calls.
 #pragma once
 
 #include <cmath>

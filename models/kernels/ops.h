@@ -11,7 +11,7 @@
 //    per-element math they share with the CPU path is in models/kernels/op_math.h (STRATA_HD).
 //    Compiled in CI; not yet run on a GPU.
 //  * stream == nullptr: the CPU kernel runs inline on the calling thread over host memory. This is
-//    the plain in-memory reference run that DESIGN.md compares the sim device against.
+//    the plain in-memory reference run that docs/DESIGN.md compares the sim device against.
 //
 // Determinism (exact mode): every CPU kernel gives the same bits run to run and for any thread
 // count: rows are independent tasks, and reductions across rows (bias, norm weights, embeddings,
