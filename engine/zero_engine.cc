@@ -2,6 +2,7 @@
 // engine/zero_engine.h for the design and Note [Exact gradient sums]).
 #include "engine/zero_engine.h"
 #include "engine/zero_engine_internal.h"
+#include "engine/device_ops.h"
 
 #include <algorithm>
 #include <bit>
@@ -387,6 +388,8 @@ void ZeroEngine::reduce_micro_grads(std::size_t g) {
   G.reduced_this_micro = true;
 }
 
+// One micro-batch's reduced gradient joins the step's fp32 sum on the device, through the device
+// front layer (engine/device_ops.h) on the communication stream.
 void ZeroEngine::combine_unit(std::size_t g, DeviceMemory reduced, std::size_t elems) {
   Group& G = group(g);
   const DType dtype = working_dtype_;
@@ -394,17 +397,10 @@ void ZeroEngine::combine_unit(std::size_t g, DeviceMemory reduced, std::size_t e
   if (!config_.strata.exact) {
     if (G.accum.empty()) {
       G.accum = device_.allocate(elems * sizeof(float), "grad.accum");
-      float* dst = G.accum.as<float>();
-      comm_stream_->launch_host([dst, src, dtype, elems] { convert_parallel(src, dtype, dst, DType::F32, elems); });
+      device_ops::convert(*comm_stream_, src, dtype, G.accum.as<float>(), DType::F32, elems);
     } else {
-      float* dst = G.accum.as<float>();
-      DeviceMemory tmp = device_.allocate(elems * sizeof(float), "grad.accum");
-      float* t = tmp.as<float>();
-      comm_stream_->launch_host([dst, t, src, dtype, elems] {
-        convert_parallel(src, dtype, t, DType::F32, elems);
-        add_left(dst, t, elems);  // dst = t + dst: order is irrelevant in fast mode
-      });
-      comm_stream_->release_after(std::move(tmp));
+      // accum = widen(reduced) + accum: the order is irrelevant in fast mode.
+      device_ops::convert_add_left(*comm_stream_, src, dtype, G.accum.as<float>(), elems);
     }
   } else {
     // Binary counter (Note [Exact gradient sums]): unit a merges with the partial sums at the
@@ -412,14 +408,12 @@ void ZeroEngine::combine_unit(std::size_t g, DeviceMemory reduced, std::size_t e
     const auto a = static_cast<unsigned>(G.units);
     const int merges = std::countr_one(a);
     DeviceMemory carry = device_.allocate(elems * sizeof(float), "grad.accum");
-    float* c = carry.as<float>();
-    std::vector<const float*> lefts;
-    for (int k = 0; k < merges; ++k) lefts.push_back(G.levels[static_cast<std::size_t>(k)].as<float>());
-    comm_stream_->launch_host([c, src, dtype, elems, lefts] {
-      convert_parallel(src, dtype, c, DType::F32, elems);
-      for (const float* left : lefts) add_left(c, left, elems);
-    });
-    for (int k = 0; k < merges; ++k) comm_stream_->release_after(std::move(G.levels[static_cast<std::size_t>(k)]));
+    device_ops::convert(*comm_stream_, src, dtype, carry.as<float>(), DType::F32, elems);
+    for (int k = 0; k < merges; ++k) {
+      DeviceMemory& left = G.levels[static_cast<std::size_t>(k)];
+      device_ops::add_left(*comm_stream_, carry.as<float>(), left.as<float>(), elems);
+      comm_stream_->release_after(std::move(left));
+    }
     if (G.levels.size() <= static_cast<std::size_t>(merges)) G.levels.resize(static_cast<std::size_t>(merges) + 1);
     G.levels[static_cast<std::size_t>(merges)] = std::move(carry);
   }
@@ -515,11 +509,12 @@ std::vector<float*> ZeroEngine::fold_final_grads() {
       if (acc == nullptr) {
         acc = level.as<float>();
       } else {
-        add_left(acc, level.as<float>(), G.plan.grad_elems);
+        device_ops::add_left(*comm_stream_, acc, level.as<float>(), G.plan.grad_elems);
       }
     }
     final_grads[g] = acc;
   }
+  comm_stream_->synchronize();  // the norm below reads the folded sums' partials on the host
   return final_grads;
 }
 
@@ -537,14 +532,12 @@ double ZeroEngine::global_sum_squares(const std::vector<float*>& final_grads) {
     const std::size_t blocks = offloaded ? G.block_partials.size()
                                          : (G.plan.grad_elems + optim::kCpuBlockElems - 1) / optim::kCpuBlockElems;
     std::vector<double> partials(blocks);
-    if (offloaded) partials = G.block_partials;
-    if (!offloaded) tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
-      const std::size_t begin = b * optim::kCpuBlockElems;
-      const std::size_t n = std::min(optim::kCpuBlockElems, G.plan.grad_elems - begin);
-      const optim::GradSpan span{final_grads[g] + begin, DType::F32, n};
-      optim::CpuExec serial{impl_->exec.simd, nullptr};
-      partials[b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), serial).sum_squares;
-    });
+    if (offloaded) {
+      partials = G.block_partials;
+    } else {
+      device_ops::block_sum_squares(*comm_stream_, final_grads[g], G.plan.grad_elems, partials.data(), impl_->exec);
+      comm_stream_->synchronize();  // host sync: the partials are exchanged and summed on the host
+    }
     std::vector<double> all = partials;
     if ((plan_.stage >= 2 || offloaded) && G.layout.shard_count() > 1) {
       all.resize(blocks * static_cast<std::size_t>(G.layout.shard_count()));
@@ -559,7 +552,8 @@ double ZeroEngine::global_sum_squares(const std::vector<float*>& final_grads) {
   return sum_squares;
 }
 
-// The update of device-resident state: optim's CPU kernels on the sim device's memory.
+// The update of device-resident state, enqueued on the communication stream through the device
+// front layer (publish_weights follows it there).
 void ZeroEngine::update_device_state(const std::vector<float*>& final_grads, double lr, float grad_scale) {
   impl_->optimizer.set_lr(lr);
   std::vector<optim::OptimShard> shards;
@@ -577,7 +571,9 @@ void ZeroEngine::update_device_state(const std::vector<float*>& final_grads, dou
     }
     shards.push_back(s);
   }
-  impl_->optimizer.step(shards, grad_scale, impl_->exec);
+  const std::int64_t step = impl_->optimizer.step_count() + 1;
+  device_ops::optimizer_update(*comm_stream_, impl_->optimizer, shards, grad_scale, step, impl_->exec);
+  impl_->optimizer.set_step_count(step);
 }
 
 // Groups whose W is a full resident copy gather every shard's new values into it; later
