@@ -125,6 +125,9 @@ class ZeroEngine final : public ParamProvider {
 
   // The working dtype of W and of the gradients the model writes.
   DType working_dtype() const { return working_dtype_; }
+  // The factor the model must multiply its loss gradient by in the next micro-batches: the fp16
+  // loss scale (1 in bf16 and fp32). step() divides it out again (optim::decide_phase).
+  double loss_scale() const;
   // Where everything lives (engine/run_plan.h).
   const RunPlan& plan() const { return plan_; }
   int micro_batches_per_step() const { return accumulation_; }

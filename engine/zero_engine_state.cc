@@ -28,6 +28,8 @@ namespace strata {
 
 int ZeroEngine::state_arrays() const { return plan_.state_arrays; }
 
+double ZeroEngine::loss_scale() const { return impl_->scaler ? impl_->scaler->scale() : 1.0; }
+
 StateRange ZeroEngine::state_range(std::size_t g) const {
   STRATA_CHECK(g < groups_.size(), "param group {} of {}", g, groups_.size());
   const Group& G = *groups_[g];

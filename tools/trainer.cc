@@ -492,8 +492,10 @@ TrainSummary run_training(const TrainOptions& options) {
       sampler.restore(models::SamplerState{seed, static_cast<std::uint64_t>((s * units + unit) * micro)});
       sampler.next(inputs.data(), targets.data());
       engine.begin_micro_batch();
+      // The loss gradient carries the fp16 loss scale (1 otherwise); the engine's step divides it out.
+      const float grad_seed = static_cast<float>(engine.loss_scale()) / static_cast<float>(micro * seq);
       const models::LossSum loss = decoder.forward_backward(rt, engine, inputs.data(), targets.data(), micro, seq,
-                                                            1.0f / static_cast<float>(micro * seq));
+                                                            grad_seed);
       engine.end_micro_batch();
       loss_sum += loss.mean();
     }

@@ -35,6 +35,19 @@ l0=$(echo "$e0" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
 l1=$(echo "$e1" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
 check "eval: trained weights ($l1) beat the initialization ($l0) on validation" "awk 'BEGIN{exit !($l1 < $l0)}'"
 
+# fp16 multiplies the loss gradient by the loss scale and the step divides it out: the first step's
+# gradient norm (the same data, the same initial weights) is bf16's up to 16-bit rounding, not 1/scale
+# of it (the scale was once never applied).
+for p in bf16 fp16; do
+  rm -f "norm.$p.jsonl"
+  "$strata" --log-level error train --config "$config" --steps 1 --set strata.exact=false --set $p.enabled=true \
+    --set strata.metrics="\"norm.$p.jsonl\"" > /dev/null 2>&1
+done
+n16=$(sed 's/.*"grad_norm":\([0-9.e+-]*\).*/\1/' norm.fp16.jsonl); nb16=$(sed 's/.*"grad_norm":\([0-9.e+-]*\).*/\1/' norm.bf16.jsonl)
+s16=$(sed 's/.*"loss_scale":\([0-9.e+-]*\).*/\1/' norm.fp16.jsonl)
+check "fp16 gradient norm $n16 at loss scale $s16 matches bf16's $nb16 within 5%" \
+  "awk 'BEGIN{exit !($s16 > 1 && $n16 > 0.95 * $nb16 && $n16 < 1.05 * $nb16)}'"
+
 b=$("$strata" --log-level warn bench model --model tiny --seq-len 32 --steps 1 --warmup 0 --json)
 check "bench model --json reports tokens/s and the sgemm yardstick" "echo '$b' | grep -q tokens_per_s && echo '$b' | grep -q sgemm"
 
