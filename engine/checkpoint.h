@@ -27,8 +27,14 @@
 // succeeded; rank 0 then writes and fsyncs the manifest, fsyncs the directory, renames it to
 // step-00000120, fsyncs PARENT, replaces PARENT/latest (a one-line file naming the directory)
 // through latest.tmp + fsync + rename + fsync, and finally retires all but the newest `keep`
-// checkpoints (deleted in the background: Note [Pruning in the background]). A crash or an I/O error (ENOSPC, EIO) at any point leaves the previous checkpoint
-// and `latest` as they were: a failed save removes its temporary directory and reports an IoError.
+// checkpoints (deleted in the background: Note [Pruning in the background] in
+// engine/checkpoint_retention.cc). A crash or an I/O error (ENOSPC, EIO) at any point leaves the
+// previous checkpoint and `latest` as they were: a failed save removes its temporary directory and
+// reports an IoError.
+//
+// The implementation: engine/checkpoint_format.cc (manifest, checksums, CheckpointReader),
+// engine/checkpoint_writer.cc (begin and save), engine/checkpoint_retention.cc (old checkpoints
+// and spare data files), engine/checkpoint_load.cc (loading into an engine).
 #pragma once
 
 #include <cstddef>
@@ -42,6 +48,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/file_io.h"
+#include "engine/checkpoint_retention.h"
 #include "engine/communicator.h"
 #include "engine/config.h"
 #include "engine/param_provider.h"
@@ -62,6 +70,9 @@ struct CheckpointSaveOptions {
   // Tests: called before every write to a checkpoint file (data files, manifest, latest) with the
   // file's path; a non-zero errno makes that write fail with it, as ENOSPC or EIO from the kernel.
   std::function<int(const std::string& path)> fault_hook;
+  // Deletes the checkpoints a save retires in the background and must outlive the begin/save calls
+  // it is passed to (the trainer owns one for the run); none: the save deletes them before it returns.
+  CheckpointRetention* retention = nullptr;
 };
 
 struct CheckpointSaveResult {
@@ -105,10 +116,6 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(ZeroEngine& engine, Communic
 CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
                                      const std::string& model_name, std::int64_t step,
                                      const CheckpointSaveOptions& options, PendingCheckpoint* pending = nullptr);
-
-// Waits until the checkpoints a save retired are deleted (Note [Pruning in the background] in
-// engine/checkpoint.cc); saves do this themselves, tests and tools that list the parent call it.
-void wait_for_checkpoint_cleanup();
 
 // One (range, array) segment layout of a data file.
 struct CheckpointRange {
@@ -188,7 +195,7 @@ class CheckpointReader {
  private:
   int fd_of(const CheckpointFile& file);
   CheckpointManifest manifest_;
-  std::map<std::string, int> fds_;
+  std::map<std::string, UniqueFd> fds_;
 };
 
 // Every problem found in a checkpoint (manifest, completeness, sizes, checksums, the `latest`

@@ -1,10 +1,9 @@
 // safetensors read/write with full validation (see models/safetensors.h).
 #include "models/safetensors.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -12,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "models/file_io.h"
+#include "core/file_io.h"
 
 namespace strata::models {
 
@@ -145,7 +144,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  FileDescriptor fd = open_for_read(path, "safetensors file");
+  UniqueFd fd = open_for_read(path, "safetensors file");
   const std::uint64_t size = file_size_bytes(fd.get(), path);
   if (size < 8) bad(path, fmt::format("the file has {} bytes, fewer than the 8-byte header length; it is truncated", size));
   unsigned char len_bytes[8];
@@ -166,25 +165,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   f.header_ = parse_safetensors_header(text, size - 8 - header_len, path);
   f.path_ = path;
   f.data_offset_ = 8 + header_len;
-  f.fd_ = fd.release();
+  f.fd_ = std::move(fd);
   return f;
-}
-
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept { *this = std::move(other); }
-
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    path_ = std::move(other.path_);
-    fd_ = std::exchange(other.fd_, -1);
-    data_offset_ = other.data_offset_;
-    header_ = std::move(other.header_);
-  }
-  return *this;
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
 }
 
 const SafetensorsEntry* SafetensorsFile::find(std::string_view name) const {
@@ -220,11 +202,11 @@ void SafetensorsFile::read_elems(const SafetensorsEntry& entry, DType to, std::u
   const std::size_t from_bytes = dtype_bytes(from);
   const std::uint64_t file_offset = data_offset_ + entry.data_begin + first * from_bytes;
   if (from == to) {
-    read_exact(fd_, dst, n * from_bytes, file_offset, path_);
+    read_exact(fd_.get(), dst, n * from_bytes, file_offset, path_);
     return;
   }
   std::vector<std::uint8_t> raw(n * from_bytes);
-  read_exact(fd_, raw.data(), raw.size(), file_offset, path_);
+  read_exact(fd_.get(), raw.data(), raw.size(), file_offset, path_);
   for (std::uint64_t i = 0; i < n; ++i) {
     float v = 0;
     if (from == DType::F32) {
@@ -263,12 +245,12 @@ void write_safetensors(const std::string& path, std::span<const SafetensorsTenso
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(text.size() >> (8 * i));
   AtomicFileWriter out(path);
-  out.write_all(len_bytes, 8);
-  out.write_all(text.data(), text.size());
+  out.append(len_bytes, 8);
+  out.append(text.data(), text.size());
   for (const auto& t : tensors) {
     std::uint64_t elems = 1;
     for (auto d : t.shape) elems *= static_cast<std::uint64_t>(d);
-    out.write_all(t.data, elems * dtype_bytes(t.dtype));
+    out.append(t.data, elems * dtype_bytes(t.dtype));
   }
   out.commit();
 }

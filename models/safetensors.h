@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/file_io.h"
 
 namespace strata::models {
 
@@ -53,11 +54,11 @@ class SafetensorsFile {
   // Opens and validates `path`; throws IoError (cannot open/read) or FormatError (bad contents).
   static SafetensorsFile open(const std::string& path);
 
-  SafetensorsFile(SafetensorsFile&& other) noexcept;
-  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
+  SafetensorsFile(SafetensorsFile&& other) noexcept = default;
+  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept = default;
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
-  ~SafetensorsFile();
+  ~SafetensorsFile() = default;
 
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& tensors() const { return header_.tensors; }
@@ -76,7 +77,7 @@ class SafetensorsFile {
   SafetensorsFile() = default;
   void read_elems(const SafetensorsEntry& entry, DType to, std::uint64_t first, std::uint64_t n, void* dst) const;
   std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
   std::uint64_t data_offset_ = 0;  // file offset of the data buffer
   SafetensorsHeader header_;
 };

@@ -6,14 +6,12 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "models/file_io.h"
+#include "core/file_io.h"
 
 namespace strata::models {
 
@@ -45,7 +43,7 @@ std::uint64_t splitmix64(std::uint64_t x) {
 }  // namespace
 
 TokenFile TokenFile::open(const std::string& path, FlatTokenWidth flat_width) {
-  FileDescriptor fd = open_for_read(path, "token file");
+  const UniqueFd fd = open_for_read(path, "token file");
   const std::uint64_t size = file_size_bytes(fd.get(), path);
   TokenFile f;
   f.path_ = path;
@@ -156,12 +154,12 @@ void write_token_file(const std::string& path, std::span<const std::uint32_t> to
   std::memcpy(header + 16, &count, 8);
   std::memcpy(header + 24, &vocab_size, 8);
   AtomicFileWriter out(path);
-  out.write_all(header, sizeof header);
+  out.append(header, sizeof header);
   if (narrow) {
     std::vector<std::uint16_t> t16(tokens.begin(), tokens.end());
-    out.write_all(t16.data(), t16.size() * 2);
+    out.append(t16.data(), t16.size() * 2);
   } else {
-    out.write_all(tokens.data(), tokens.size() * 4);
+    out.append(tokens.data(), tokens.size() * 4);
   }
   out.commit();
 }
@@ -172,8 +170,8 @@ void write_llmc_token_file(const std::string& path, std::span<const std::uint16_
   header[1] = 1;
   header[2] = static_cast<std::int32_t>(tokens.size());
   AtomicFileWriter out(path);
-  out.write_all(header, sizeof header);
-  out.write_all(tokens.data(), tokens.size() * 2);
+  out.append(header, sizeof header);
+  out.append(tokens.data(), tokens.size() * 2);
   out.commit();
 }
 
@@ -244,11 +242,7 @@ TextCorpus load_fortunes(const std::string& dir) {
   std::sort(files.begin(), files.end());
   TextCorpus corpus;
   for (const auto& p : files) {
-    std::ifstream in(p, std::ios::binary);
-    if (!in) throw IoError(fmt::format("cannot read fortune file '{}'", p.string()), EIO);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    const std::string text = read_text_file(p.string(), "fortune file");
     ++corpus.files;
     // Entries are separated by lines holding only "%" (some files have trailing blanks or CRs).
     std::string entry;

@@ -14,25 +14,11 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/host_buffer.h"
 #include "core/units.h"
 
 namespace strata::offload {
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
-  if (this != &o) {
-    reset();
-    fd_ = std::exchange(o.fd_, -1);
-  }
-  return *this;
-}
-
-void UniqueFd::reset() noexcept {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
-}
 
 std::string check_directory(const std::string& dir, const std::string& what) {
   struct stat st {};
@@ -105,14 +91,22 @@ std::string probe_direct_io(const std::string& canonical_dir) {
   }
   HostBuffer buf = HostBuffer::allocate(4096);
   std::memset(buf.data(), 0x5A, 4096);
+  const std::string path = path_inside(canonical_dir, name);
   std::string reason;
-  if (::pwrite(fd.get(), buf.data(), 4096, 0) != 4096) {
-    reason = fmt::format("O_DIRECT write of 4 KiB failed: {}", errno_text(errno));
-  } else if (::pread(fd.get(), buf.data(), 4096, 0) != 4096) {
-    reason = fmt::format("O_DIRECT read of 4 KiB failed: {}", errno_text(errno));
+  try {
+    write_exact(fd.get(), buf.data(), 4096, 0, path);
+  } catch (const Error& e) {
+    reason = fmt::format("O_DIRECT write of 4 KiB failed: {}", e.what());
+  }
+  if (reason.empty()) {
+    try {
+      read_exact(fd.get(), buf.data(), 4096, 0, path);
+    } catch (const Error& e) {
+      reason = fmt::format("O_DIRECT read of 4 KiB failed: {}", e.what());
+    }
   }
   fd.reset();
-  ::unlink(path_inside(canonical_dir, name).c_str());
+  ::unlink(path.c_str());
   return reason;
 }
 

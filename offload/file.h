@@ -1,34 +1,20 @@
-// Files of the NVMe tier: an owning file descriptor, safe creation of files inside the directory
-// a user named (0600, no symlinks, no `..`, nothing outside it), and the checks that turn a bad
-// swap directory into one clear message (missing, not a directory, not writable, no O_DIRECT,
-// too small — with the numbers).
+// Files of the NVMe tier: safe creation of files inside the directory a user named (0600, no
+// symlinks, no `..`, nothing outside it), and the checks that turn a bad swap directory into one
+// clear message (missing, not a directory, not writable, no O_DIRECT, too small — with the
+// numbers). Descriptors, exact reads and writes and fsync are core/file_io.h's.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
+
+#include "core/file_io.h"
 
 namespace strata::offload {
 
-// Owns one file descriptor; move-only.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset() noexcept;
-
- private:
-  int fd_ = -1;
-};
+// The descriptor is core's (core/file_io.h, where the checked reads, writes and fsyncs live);
+// named here too because the NVMe tier's callers spell it offload::UniqueFd.
+using strata::UniqueFd;
 
 enum class Direct : std::uint8_t { Off, On };
 enum class Truncate : std::uint8_t { Keep, Truncate };

@@ -41,6 +41,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/host_buffer.h"
 #include "core/units.h"
 #include "offload/file.h"
@@ -334,7 +335,7 @@ void reallocate(const std::vector<TestFile>& files, std::uint64_t file_bytes) {
                     errno);
     }
     offload::preallocate(f.fd.get(), f.path, file_bytes);
-    STRATA_CHECK_ERRNO(::fsync(f.fd.get()));
+    fsync_file(f.fd.get(), f.path);
   }
 }
 

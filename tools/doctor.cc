@@ -26,6 +26,7 @@
 #include "core/cpu_features.h"
 #include "core/device/device.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/host_buffer.h"
 #include "core/topology.h"
 #include "core/units.h"
@@ -159,10 +160,10 @@ Check check_o_direct(const std::string& dir) {
                            errno_text(errno));
     return c;
   }
-  close(tmp_fd);
+  close(tmp_fd);  // only the unique name is needed: the file is reopened with O_DIRECT
   path.assign(name.data());
-  const int fd = open(path.c_str(), O_RDWR | O_DIRECT);
-  if (fd < 0) {
+  UniqueFd fd(open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC));
+  if (!fd.valid()) {
     const int err = errno;
     unlink(path.c_str());
     c.verdict = Verdict::Fail;
@@ -174,19 +175,28 @@ Check check_o_direct(const std::string& dir) {
   HostBuffer out = HostBuffer::allocate(4096);
   HostBuffer in = HostBuffer::allocate(4096);
   for (std::size_t i = 0; i < 4096; ++i) out.as<unsigned char>()[i] = static_cast<unsigned char>(i * 7 + 3);
-  const ssize_t w = pwrite(fd, out.data(), 4096, 0);
-  const int werr = errno;
-  const ssize_t r = w == 4096 ? pread(fd, in.data(), 4096, 0) : -1;
-  const int rerr = errno;
-  close(fd);
+  std::string write_failure, read_failure;
+  try {
+    write_exact(fd.get(), out.data(), 4096, 0, path);
+  } catch (const Error& e) {
+    write_failure = e.what();
+  }
+  if (write_failure.empty()) {
+    try {
+      read_exact(fd.get(), in.data(), 4096, 0, path);
+      if (std::memcmp(out.data(), in.data(), 4096) != 0) read_failure = "data differs from what was written";
+    } catch (const Error& e) {
+      read_failure = e.what();
+    }
+  }
+  fd.reset();
   unlink(path.c_str());
-  if (w != 4096) {
+  if (!write_failure.empty()) {
     c.verdict = Verdict::Fail;
-    c.detail = fmt::format("O_DIRECT write of 4 KiB into '{}' failed: {}", dir, w < 0 ? errno_text(werr) : "short write");
-  } else if (r != 4096 || std::memcmp(out.data(), in.data(), 4096) != 0) {
+    c.detail = fmt::format("O_DIRECT write of 4 KiB into '{}' failed: {}", dir, write_failure);
+  } else if (!read_failure.empty()) {
     c.verdict = Verdict::Fail;
-    c.detail = fmt::format("O_DIRECT read back from '{}' failed: {}", dir,
-                           r < 0 ? errno_text(rerr) : "data differs from what was written");
+    c.detail = fmt::format("O_DIRECT read back from '{}' failed: {}", dir, read_failure);
   } else {
     const std::optional<std::size_t> disk_max = offload::disk_max_request_bytes(dir);
     c.detail = fmt::format("'{}' supports O_DIRECT (4 KiB aligned write and read back verified); its disk takes "

@@ -325,10 +325,11 @@ class TrainCheckpoints {
   }
 
  private:
-  CheckpointSaveOptions options() const {
+  CheckpointSaveOptions options() {
     CheckpointSaveOptions o;
     o.parent = cfg_.strata.checkpoint.dir;
     o.keep = cfg_.strata.checkpoint.keep;
+    o.retention = &retention_;
     return o;
   }
 
@@ -351,6 +352,7 @@ class TrainCheckpoints {
   std::string model_name_;
   std::int64_t last_saved_ = -1;
   std::unique_ptr<PendingCheckpoint> pending_;  // begun before the step it saves
+  CheckpointRetention retention_;  // deletes retired checkpoints in the background; waits for that on destruction
   double begin_seconds_ = 0;
   Clock::time_point last_time_;
   struct sigaction old_term_ {};
@@ -568,7 +570,6 @@ TrainSummary run_training(const TrainOptions& options) {
     if (summary.stopped_by_signal != 0) break;
   }
   bar.finish();
-  wait_for_checkpoint_cleanup();  // old checkpoints retired by the last save are gone when the run ends
   summary.optimizer_chunk_updates = engine.chunk_updates();
   summary.overlapped_chunk_updates = engine.overlapped_chunk_updates();
   summary.step_call_fraction = step_seconds_total > 0 ? exposed_seconds_total / step_seconds_total : 0;

@@ -80,22 +80,26 @@ struct ToyTrainer {
     return r;
   }
   static CheckpointSaveOptions options(const std::string& parent, int keep = 2,
-                                       std::function<int(const std::string&)> hook = {}) {
+                                       std::function<int(const std::string&)> hook = {},
+                                       CheckpointRetention* retention = nullptr) {
     CheckpointSaveOptions o;
     o.parent = parent;
     o.keep = keep;
     o.fault_hook = std::move(hook);
+    o.retention = retention;
     return o;
   }
+  // Saves as the trainer does: old checkpoints are deleted in the background by `retention`.
   CheckpointSaveResult save(const std::string& parent, std::int64_t step, int keep = 2,
                             std::function<int(const std::string&)> hook = {}, PendingCheckpoint* pending = nullptr) {
-    return save_checkpoint(*engine, *comm, config, kModel, step, options(parent, keep, std::move(hook)), pending);
+    return save_checkpoint(*engine, *comm, config, kModel, step, options(parent, keep, std::move(hook), &retention),
+                           pending);
   }
   // Trains up to `step` with the last step captured into a checkpoint begun before it.
   CheckpointSaveResult train_and_capture(const std::string& parent, int from, int step,
                                          std::function<int(const std::string&)> hook = {}) {
     train(from, step - 1);
-    auto pending = begin_checkpoint(*engine, *comm, config, step, options(parent, 2, hook));
+    auto pending = begin_checkpoint(*engine, *comm, config, step, options(parent, 2, hook, &retention));
     train(step - 1, step);
     captured = engine->captured_pieces();
     return save(parent, step, 2, hook, pending.get());
@@ -112,6 +116,7 @@ struct ToyTrainer {
   std::unique_ptr<Stream> stream;
   bool overlap = false;       // announce each step's lr: offloaded updates overlap backward
   std::size_t captured = 0;   // pieces the last train_and_capture step handed out
+  CheckpointRetention retention;
 };
 
 constexpr int kSteps = 5;
@@ -217,7 +222,7 @@ TEST_F(Checkpoint, LayoutIsAtomicWithLatestAndKeepsTheNewestK) {
     const CheckpointSaveResult r = t.save(parent, s, /*keep=*/2);
     EXPECT_EQ(fs::path(r.dir).filename().string(), checkpoint_dir_name(s));
   }
-  wait_for_checkpoint_cleanup();
+  t.retention.wait();
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(parent)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
@@ -238,6 +243,23 @@ TEST_F(Checkpoint, LayoutIsAtomicWithLatestAndKeepsTheNewestK) {
   EXPECT_EQ(fs::status(m.dir + "/" + m.files[0].name).permissions() & fs::perms::others_all, fs::perms::none);
   // Saving the same step again keeps what is there.
   EXPECT_NO_THROW(t.save(parent, 4));
+}
+
+TEST_F(Checkpoint, ASaveWithoutARetentionDeletesWhatItRetiresBeforeReturning) {
+  const std::string parent = dir_.sub("ckpt");
+  ToyTrainer t(config(2));
+  for (int s = 1; s <= 3; ++s) {
+    t.train(s - 1, s);
+    save_checkpoint(*t.engine, *t.comm, t.config, kModel, s, ToyTrainer::options(parent, /*keep=*/1));
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(parent)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    const std::vector<std::string> expected =
+        s == 1 ? std::vector<std::string>{"latest", checkpoint_dir_name(1)}
+               : std::vector<std::string>{".spare-rank-00000.bin", "latest", checkpoint_dir_name(s)};
+    EXPECT_EQ(names, expected) << "after the save of step " << s;
+  }
+  EXPECT_TRUE(verify_checkpoint(parent).empty());
 }
 
 TEST_F(Checkpoint, AFailedSaveLeavesThePreviousCheckpointLoadable) {

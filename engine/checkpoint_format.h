@@ -1,0 +1,66 @@
+// The checkpoint format's pieces shared by the checkpoint files (Note [Checkpoint format] in
+// engine/checkpoint.h): range alignment, checksums, step directory names, the manifest's JSON
+// (written by engine/checkpoint_writer.cc, parsed and verified in engine/checkpoint_format.cc) and
+// typed access to its fields (also used by engine/checkpoint_load.cc). Not part of the public
+// interface, which is engine/checkpoint.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/checkpoint.h"
+
+namespace strata::checkpoint_internal {
+
+// Format version 2 starts every range, and ends every file, at a multiple of this (zeros between).
+inline constexpr std::uint64_t kRangeAlignBytes = 4096;
+inline constexpr const char* kArrayNames[] = {"master", "moment1", "moment2"};
+
+inline std::uint64_t align_to_range(std::uint64_t bytes) {
+  return (bytes + kRangeAlignBytes - 1) / kRangeAlignBytes * kRangeAlignBytes;
+}
+
+inline std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
+
+// A file's checksum: XXH64 of its segments' checksums (Note [Checkpoint format]).
+std::uint64_t file_checksum(const std::vector<std::uint64_t>& segment_sums);
+
+// Whether `name` is a checkpoint directory name ("step-00000120"); sets *step.
+bool parse_step_dir(const std::string& name, std::int64_t* step);
+
+// A data file's manifest record (its "files" entry).
+nlohmann::json file_record_json(const CheckpointFile& file);
+
+// The manifest of a checkpoint of `engine` after `step` steps whose data files are `files`
+// (records from file_record_json, in rank order).
+nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                             const std::string& model_name, std::int64_t step, const nlohmann::json& files);
+
+// Typed access to manifest fields with errors naming the file and the field.
+class ManifestFields {
+ public:
+  explicit ManifestFields(std::string path) : path_(std::move(path)) {}
+  template <typename T>
+  T get(const nlohmann::json& j, const std::string& key, const std::string& where) const {
+    const std::string field = where.empty() ? key : where + "." + key;
+    if (!j.is_object() || !j.contains(key)) throw error(field, "is missing");
+    try {
+      return j.at(key).get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw error(field, fmt::format("has the wrong type ({})", j.at(key).dump().substr(0, 60)));
+    }
+  }
+  FormatError error(const std::string& field, const std::string& text) const {
+    return FormatError(fmt::format("checkpoint manifest {}: field '{}' {}", path_, field, text));
+  }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace strata::checkpoint_internal
