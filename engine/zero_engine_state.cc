@@ -76,7 +76,7 @@ std::vector<ZeroEngine::StateChunkInfo> ZeroEngine::state_chunks() const {
 }
 
 // Note [Checkpoint copy]: export_state moves the state at disk speed. A piece handed to the sink
-// is written (O_DIRECT, engine/checkpoint.cc) straight from where it already is: a host-tier
+// is written (O_DIRECT, engine/checkpoint_writer.cc) straight from where it already is: a host-tier
 // chunk from its host array, an NVMe chunk from the pinned slot its read landed in, device state
 // from a staging buffer filled by one copy per array. Up to `depth` pieces are in flight: while
 // the sink hashes and writes piece i, the reads of pieces i+1.. are already queued (NVMe), so the
