@@ -312,7 +312,8 @@ inline void check_block_sum_squares(Rig& rig, std::size_t n, Poison poison) {
   SCOPED_TRACE(label("block_sum_squares", n) + (poison == Poison::Yes ? " with inf/nan" : ""));
   std::vector<float> grad = normal_floats(n, static_cast<std::uint32_t>(n) + 9, 3e-3f);
   if (poison == Poison::Yes) {
-    if (n > optim::kCpuBlockElems) grad[optim::kCpuBlockElems + 5] = INFINITY;
+    // The first element of the second block (n = kCpuBlockElems + 3 puts it and the NaN in one block).
+    if (n > optim::kCpuBlockElems) grad[optim::kCpuBlockElems] = INFINITY;
     grad[n - 1] = NAN;
   }
   const std::vector<double> want = reference::block_sum_squares(grad.data(), n);
