@@ -28,10 +28,17 @@
 // model order, so it too is independent of the partitioning. In fast mode the micro-batch results
 // are simply added into one fp32 accumulator.
 //
-// The optimizer (optim/) runs where the state lives: on the sim device, whose memory is host
-// memory, the CPU kernels update the shards in place. This version of the engine runs on the sim
-// device; on the cuda device it refuses with a clear message (the kernels it needs exist, the
-// wiring is not written yet).
+// The optimizer (optim/) runs where the state lives: device-resident state is updated by device
+// ops (engine/device_ops.h: the CPU kernels on the sim device, whose memory is host memory); state
+// on a tier by the CPU optimizer. This version of the engine runs on the sim device; on the cuda
+// device it refuses with a clear message (the kernels it needs exist, the wiring is not written).
+//
+// The engine is the orchestration of four parts (engine/engine_context.h lists them): the working
+// weights (engine/working_weights.h), the parameter fetcher (trace, prefetch, gather, release;
+// engine/param_fetcher.h), the gradient reducer (micro-batch buffers, reductions across ranks;
+// engine/grad_reducer.h) and the optimizer-state home (on the device or on host/NVMe tiers behind
+// one interface; engine/state_home.h). step() takes the phase decision from optim
+// (optim/optimizer_phase.h) and has the home apply it.
 //
 // Note [Offload]: with zero_optimization.offload_optimizer on cpu or nvme, each rank's master
 // weights and moments live on that tier in chunks (engine/offload_tier.h), never on the device.
@@ -59,27 +66,21 @@
 #include "core/device/device.h"
 #include "engine/communicator.h"
 #include "engine/config.h"
+#include "engine/engine_state.h"
 #include "engine/offload_tier.h"
 #include "engine/param_provider.h"
 #include "engine/partition.h"
 #include "engine/run_plan.h"
 #include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
 
 namespace strata {
 
-// What a checkpoint needs beside the state arrays (engine/zero_engine_state.cc).
-struct EngineCounters {
-  std::int64_t optimizer_steps = 0;                        // applied steps (the optimizer's counter)
-  std::optional<optim::LossScaler::State> loss_scaler;    // fp16 only
-};
-
-// This rank's optimizer state range of one param group: elements [offset_elems, offset_elems +
-// elems) of the group's flat padded buffer of total_elems (engine/partition.h).
-struct StateRange {
-  std::size_t offset_elems = 0;
-  std::size_t elems = 0;
-  std::size_t total_elems = 0;
-};
+struct EngineContext;
+class WorkingWeights;
+class StateHome;
+class ParamFetcher;
+class GradReducer;
 
 struct StepResult {
   bool applied = true;      // false: non-finite gradients, the step was skipped (fp16)
@@ -140,8 +141,8 @@ class ZeroEngine final : public ParamProvider {
   std::size_t model_state_device_bytes() const;
   // How many gathers the prefetcher issued ahead of use, and how many acquisitions found their
   // group already gathered (tests and the progress line).
-  std::uint64_t prefetched_gathers() const { return prefetched_; }
-  std::uint64_t gathers() const { return gathers_; }
+  std::uint64_t prefetched_gathers() const;
+  std::uint64_t gathers() const;
   // Offload: whether state lives on host/NVMe, the tiers' byte counts, and how many state chunks
   // were updated in all / during backward.
   bool optimizer_offloaded() const;
@@ -161,18 +162,12 @@ class ZeroEngine final : public ParamProvider {
   // Whether this rank's state is the first copy of its shard (replica 0 of hybrid sharding; rank 0
   // at stage 0): the ranks a checkpoint needs data from.
   bool holds_primary_state() const { return topo_.shard_group() == 0; }
-  // One piece of this rank's state as a checkpoint copies it: elements [begin_elems, begin_elems +
-  // elems) of the rank's state range of `group`, its state arrays back to back (master | moment1
-  // [| moment2], fp32) as the offload tiers keep a chunk (engine/offload_tier.h).
-  struct StateChunkInfo {
-    std::size_t group = 0;
-    std::size_t begin_elems = 0;
-    std::size_t elems = 0;
-  };
+  // One piece of this rank's state as a checkpoint copies it (engine/engine_state.h).
+  using StateChunkInfo = strata::StateChunkInfo;
   // The pieces export_state hands out, in order: the offload chunks where the optimizer is
   // offloaded, else pieces of at most kStatePieceElems; every group's state range is covered.
   std::vector<StateChunkInfo> state_chunks() const;
-  static constexpr std::size_t kStatePieceElems = std::size_t{1} << 20;
+  static constexpr std::size_t kStatePieceElems = strata::kStatePieceElems;
   // Hands piece i of state_chunks() to `sink` as bytes: 4 KiB-aligned, state_arrays() * 4 * elems
   // meaningful bytes padded with zeros to a multiple of 4 KiB. The sink starts whatever it does
   // with them (an O_DIRECT write) and returns its handle; the bytes stay valid and unchanged until
@@ -180,63 +175,30 @@ class ZeroEngine final : public ParamProvider {
   // while earlier ones are handed out (Note [Checkpoint copy] in engine/zero_engine_state.cc). Returns when every handle
   // completed; rethrows the first error (a read, the sink, a handle) after everything in flight
   // finished.
-  using StateSink = std::function<offload::IoHandle(std::size_t index, std::span<const std::byte> padded)>;
+  using StateSink = strata::StateSink;
   void export_state(const StateSink& sink);
   // Arms the next step to hand each chunk's new state to `sink` the moment the optimizer wrote it
-  // (Note [Checkpoint capture] in engine/zero_engine_offload.cc): piece `index` of state_chunks(),
+  // (Note [Checkpoint capture] in engine/state_home_tiered_state.cc): piece `index` of state_chunks(),
   // the bytes export_state would give after the step, and `done`, which the sink must pass as the
   // I/O callback of the handle it returns (the chunk's pinned slot is held until then). The sink
   // must not throw. Only where the optimizer is offloaded; returns false (nothing armed) otherwise
   // and for an empty sink, which disarms.
   // step() disarms it; captured_pieces() then says how many pieces were handed out: all of them,
   // or none when the step was skipped (non-finite gradients).
-  using StateCaptureSink = std::function<offload::IoHandle(std::size_t index, std::span<const std::byte> padded,
-                                                           offload::IoCallback done)>;
+  using StateCaptureSink = strata::StateCaptureSink;
   bool capture_next_step(StateCaptureSink sink);
   std::size_t captured_pieces() const;
   // The reverse: `source` fills each piece; then the working weights are derived from the new
   // master (the optimizer's rounding) on whichever tier they live. Every rank must call it.
-  using StateSource = std::function<void(std::size_t group, int array, std::size_t begin_elems,
-                                         std::span<float> values)>;
+  using StateSource = strata::StateSource;
   void import_state(const StateSource& source);
   EngineCounters counters() const;
   void restore_counters(const EngineCounters& counters);
 
  private:
-  struct Group;
-  struct TraceEntry {
-    std::size_t group;
-    ParamPhase phase;
-  };
-
-  Group& group(std::size_t g);
   void init_group(std::size_t g, const InitFn& init);
-  GroupViews views_of(std::size_t g, void* base, DType dtype) const;
-  void start_gather(std::size_t g, bool prefetch);
-  DeviceMemory allocate_device(std::size_t bytes, std::string_view tag, std::size_t keep_group, bool prefetch = false);
-  void prefetch_after(std::size_t position);
-  void reduce_micro_grads(std::size_t g);
-  void combine_unit(std::size_t g, DeviceMemory reduced, std::size_t elems);
-  // The parts of step().
-  std::vector<float*> fold_final_grads();
-  double global_sum_squares(const std::vector<float*>& final_grads);
-  void update_device_state(const std::vector<float*>& final_grads, double lr, float grad_scale);
-  void publish_weights();
-  void reset_after_step();
-  // Offload (engine/zero_engine_offload.cc).
-  void setup_offload();
-  void init_offloaded_group(std::size_t g, const float* master_full, const void* working_full);
-  void offload_reduced(std::size_t g, DeviceMemory reduced);
-  void offload_combine(std::size_t g, const void* reduced, int unit, bool last, bool overlap);
-  void update_chunk(std::size_t g, const StateChunk& c, float* state, const float* grad, std::byte* wout,
-                    float grad_scale, std::int64_t step);
-  void run_offloaded_optimizer(float grad_scale);
-  void drop_offloaded_grads();
-  std::vector<float> offloaded_master_range(std::size_t g);
-  // Checkpoint state (engine/zero_engine_state.cc).
   void check_between_steps(const char* what) const;
-  void import_offloaded_state(const StateSource& source);
-  void publish_imported_weights();
+  double global_sum_squares();
 
   TrainConfig config_;
   RunPlan plan_;
@@ -248,26 +210,15 @@ class ZeroEngine final : public ParamProvider {
   DType working_dtype_;
   int accumulation_;
   std::vector<ParamGroupSpec> specs_;
-  std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<Stream> comm_stream_;
-
-  // Trace-based prefetch.
-  std::vector<TraceEntry> trace_;
-  std::vector<TraceEntry> recording_;
-  bool trace_valid_ = false;
-  std::size_t trace_pos_ = 0;
-  std::size_t live_elems_ = 0;
-
-  // Micro-batch bookkeeping.
-  int micro_index_ = -1;
-  bool first_micro_batch_ever_ = true;
-  bool declared_ready_ = false;  // every group declared its grads_ready calls (ParamGroupSpec)
-  std::vector<int> ready_per_micro_;  // grads_ready calls per group per micro-batch (from the first)
-
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-  std::uint64_t prefetched_ = 0;
-  std::uint64_t gathers_ = 0;
+  optim::ParamGroup optimizer_;
+  std::unique_ptr<optim::LossScaler> scaler_;  // fp16 only
+  // The parts (declared in the order they are built; destroyed in reverse).
+  std::unique_ptr<EngineContext> ctx_;
+  std::unique_ptr<WorkingWeights> weights_;
+  std::unique_ptr<StateHome> home_;
+  std::unique_ptr<ParamFetcher> fetcher_;
+  std::unique_ptr<GradReducer> reducer_;
 };
 
 }  // namespace strata

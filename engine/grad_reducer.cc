@@ -1,0 +1,111 @@
+// Gradient reduction of the ZeRO engine (engine/grad_reducer.h).
+#include "engine/grad_reducer.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "engine/param_fetcher.h"
+#include "engine/state_home.h"
+
+namespace strata {
+
+GradReducer::GradReducer(EngineContext& ctx, std::span<const ParamGroupSpec> specs, ParamFetcher& memory,
+                         StateHome& home)
+    : ctx_(ctx), memory_(memory), home_(home), groups_(ctx.group_count()) {
+  for (Group& G : groups_) G.grad_event = ctx_.device.create_event();
+  ready_per_micro_.assign(specs.size(), 0);
+  declared_ready_ = !specs.empty();
+  for (std::size_t g = 0; g < specs.size(); ++g) {
+    ready_per_micro_[g] = specs[g].grads_ready_calls;
+    declared_ready_ = declared_ready_ && specs[g].grads_ready_calls > 0;
+  }
+}
+
+void GradReducer::begin_micro_batch() {
+  STRATA_CHECK(micro_index_ < 0, "begin_micro_batch twice without end_micro_batch");
+  micro_index_ = groups_.empty() ? 0 : groups_.front().units;
+  STRATA_CHECK(micro_index_ < ctx_.accumulation(), "micro-batch {} of a step of {} (call step())", micro_index_ + 1,
+               ctx_.accumulation());
+}
+
+GroupViews GradReducer::acquire(std::size_t g, Stream* stream) {
+  STRATA_CHECK(stream != nullptr, "the ZeRO engine needs a compute stream (group {})", g);
+  STRATA_CHECK(micro_index_ >= 0, "acquire_grads outside begin_micro_batch/end_micro_batch");
+  STRATA_CHECK(g < groups_.size(), "param group {} of {}", g, groups_.size());
+  Group& G = groups_[g];
+  const GroupLayout& L = ctx_.group(g).layout;
+  STRATA_CHECK(!G.reduced_this_micro, "group {} ({}) gradients acquired after they were reduced", g, L.name());
+  const std::size_t bytes = L.total_elems() * ctx_.wbytes();
+  if (G.micro_grad.empty()) {
+    G.micro_grad = memory_.allocate(bytes, "grad.micro", g);
+    stream->memset(G.micro_grad.data(), 0, bytes);
+  }
+  return views_of(L, G.micro_grad.data(), ctx_.working());
+}
+
+void GradReducer::ready(std::size_t g, Stream* stream) {
+  STRATA_CHECK(g < groups_.size(), "param group {} of {}", g, groups_.size());
+  Group& G = groups_[g];
+  ++G.ready_count;
+  stream->record(*G.grad_event);
+  if ((declared_ready_ || !first_micro_batch_ever_) && G.ready_count == ready_per_micro_[g]) reduce(g);
+}
+
+void GradReducer::reduce(std::size_t g) {
+  Group& G = groups_[g];
+  const GroupPlan& P = ctx_.group(g);
+  const GroupLayout& L = P.layout;
+  const std::size_t wbytes = ctx_.wbytes();
+  const DType dtype = ctx_.working();
+  Stream& comm = ctx_.comm;
+  if (G.micro_grad.empty()) {
+    // This group got no gradient this micro-batch: its unit gradient is zero, but it still takes
+    // its place in the sum so every rank runs the same collectives in the same order.
+    G.micro_grad = memory_.allocate(L.total_elems() * wbytes, "grad.micro", g);
+    comm.memset(G.micro_grad.data(), 0, L.total_elems() * wbytes);
+  } else {
+    comm.wait(*G.grad_event);
+  }
+  DeviceMemory reduced = memory_.allocate(P.grad_elems * wbytes, "grad.reduced", g);
+  if (ctx_.plan.stage >= 2) {
+    if (L.shard_count() == 1) {
+      comm.copy_d2d(reduced.data(), G.micro_grad.data(), P.grad_elems * wbytes);
+    } else {
+      ctx_.shard_comm.reduce_scatter(G.micro_grad.data(), reduced.data(), P.grad_elems, dtype, ReduceOp::Sum, comm);
+    }
+    if (ctx_.plan.topo.replica_count() > 1) {
+      ctx_.replica_comm.all_reduce(reduced.data(), reduced.data(), P.grad_elems, dtype, ReduceOp::Sum, comm);
+    }
+  } else {
+    ctx_.world.all_reduce(G.micro_grad.data(), reduced.data(), P.grad_elems, dtype, ReduceOp::Sum, comm);
+  }
+  comm.release_after(std::move(G.micro_grad));
+  home_.add_unit(g, std::move(reduced), G.units);
+  ++G.units;
+  G.reduced_this_micro = true;
+}
+
+void GradReducer::end_micro_batch() {
+  STRATA_CHECK(micro_index_ >= 0, "end_micro_batch without begin_micro_batch");
+  // Groups not reduced yet (every group in the very first micro-batch, whose per-group counts are
+  // being learned; groups without gradients) are reduced now, in group order on every rank.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    Group& G = groups_[g];
+    if (declared_ready_ && G.ready_count != ready_per_micro_[g] && G.ready_count != 0) {
+      throw InternalError(fmt::format("param group {} declares {} grads_ready calls per backward but got {}",
+                                      ctx_.group(g).layout.name(), ready_per_micro_[g], G.ready_count));
+    }
+    if (!G.reduced_this_micro) reduce(g);
+    if (first_micro_batch_ever_ && !declared_ready_) ready_per_micro_[g] = G.ready_count;
+    G.ready_count = 0;
+    G.reduced_this_micro = false;
+  }
+  first_micro_batch_ever_ = false;
+  micro_index_ = -1;
+}
+
+void GradReducer::end_step() {
+  for (Group& G : groups_) G.units = 0;
+}
+
+}  // namespace strata

@@ -1,0 +1,229 @@
+// The optimizer state on the device (engine/state_home.h): fp32 master and moments of this rank's
+// state range in device memory, the step's gradient sum formed there (the binary counter of Note
+// [Exact gradient sums] in exact mode, one accumulator otherwise), the norm's block partials and
+// the update enqueued as device ops (engine/device_ops.h) on the communication stream.
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "engine/device_ops.h"
+#include "engine/state_home.h"
+#include "engine/working_weights.h"
+
+namespace strata {
+
+namespace {
+
+class DeviceStateHome final : public StateHome {
+ public:
+  DeviceStateHome(EngineContext& ctx, WorkingWeights& weights)
+      : ctx_(ctx), weights_(weights), groups_(ctx.group_count()) {}
+
+  void init_group(std::size_t g, const float* master_full, const void* /*working_full*/) override {
+    Group& G = groups_[g];
+    const GroupPlan& P = ctx_.group(g);
+    const std::size_t bytes = P.state_elems * sizeof(float);
+    G.master = ctx_.device.allocate(bytes, "optim.master");
+    ctx_.comm.copy_h2d(G.master.data(), master_full + P.state_offset, bytes);
+    G.moment1 = ctx_.device.allocate(bytes, "optim.moments");
+    ctx_.comm.memset(G.moment1.data(), 0, bytes);
+    if (ctx_.plan.state_arrays == 3) {
+      G.moment2 = ctx_.device.allocate(bytes, "optim.moments");
+      ctx_.comm.memset(G.moment2.data(), 0, bytes);
+    }
+  }
+
+  float* device_master(std::size_t g) const override { return groups_[g].master.as<float>(); }
+
+  bool prepare_step(double /*lr*/) override { return false; }
+  bool take_overlap(double /*lr*/) override { return false; }
+
+  // One micro-batch's reduced gradient joins the step's fp32 sum on the device, through the device
+  // front layer on the communication stream.
+  void add_unit(std::size_t g, DeviceMemory reduced, int unit) override {
+    Group& G = groups_[g];
+    const std::size_t elems = ctx_.group(g).grad_elems;
+    const DType dtype = ctx_.working();
+    const void* src = reduced.data();
+    Stream& comm = ctx_.comm;
+    if (!ctx_.exact()) {
+      if (G.accum.empty()) {
+        G.accum = ctx_.device.allocate(elems * sizeof(float), "grad.accum");
+        device_ops::convert(comm, src, dtype, G.accum.as<float>(), DType::F32, elems);
+      } else {
+        // accum = widen(reduced) + accum: the order is irrelevant in fast mode.
+        device_ops::convert_add_left(comm, src, dtype, G.accum.as<float>(), elems);
+      }
+    } else {
+      const auto merges = static_cast<std::size_t>(counter_merges(unit));
+      DeviceMemory carry = ctx_.device.allocate(elems * sizeof(float), "grad.accum");
+      device_ops::convert(comm, src, dtype, carry.as<float>(), DType::F32, elems);
+      for (std::size_t k = 0; k < merges; ++k) {
+        device_ops::add_left(comm, carry.as<float>(), G.levels[k].as<float>(), elems);
+        comm.release_after(std::move(G.levels[k]));
+      }
+      if (G.levels.size() <= merges) G.levels.resize(merges + 1);
+      G.levels[merges] = std::move(carry);
+    }
+    comm.release_after(std::move(reduced));
+  }
+
+  // Each group's partial sums folded into one fp32 gradient (exact: lowest level first, each higher
+  // level on the left; fast: the accumulator).
+  void finish_grads() override {
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      Group& G = groups_[g];
+      if (!ctx_.exact()) {
+        G.final_grad = G.accum.as<float>();
+        continue;
+      }
+      float* acc = nullptr;
+      for (auto& level : G.levels) {
+        if (level.empty()) continue;
+        if (acc == nullptr) {
+          acc = level.as<float>();
+        } else {
+          device_ops::add_left(ctx_.comm, acc, level.as<float>(), ctx_.group(g).grad_elems);
+        }
+      }
+      G.final_grad = acc;
+    }
+    ctx_.comm.synchronize();
+  }
+
+  std::vector<double> block_partials(std::size_t g) override {
+    const std::size_t n = ctx_.group(g).grad_elems;
+    std::vector<double> partials(device_ops::sum_squares_blocks(n));
+    device_ops::block_sum_squares(ctx_.comm, groups_[g].final_grad, n, partials.data(), ctx_.exec);
+    ctx_.comm.synchronize();  // host sync: the partials are exchanged and summed on the host
+    return partials;
+  }
+
+  bool partials_are_shards() const override { return ctx_.plan.stage >= 2; }
+
+  // The update, enqueued on the communication stream (the weights' publishing follows it there).
+  void update(double lr, float grad_scale, std::int64_t step) override {
+    ctx_.optimizer.set_lr(lr);
+    std::vector<optim::OptimShard> shards;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      Group& G = groups_[g];
+      const GroupPlan& P = ctx_.group(g);
+      optim::OptimShard s;
+      s.master = std::span<float>(G.master.as<float>(), P.state_elems);
+      s.moment1 = std::span<float>(G.moment1.as<float>(), P.state_elems);
+      if (!G.moment2.empty()) s.moment2 = std::span<float>(G.moment2.as<float>(), P.state_elems);
+      s.grad = optim::GradRef{G.final_grad + P.grad_offset, DType::F32};
+      if (ctx_.working() != DType::F32) s.out = optim::LowPrecisionOut{weights_.state_range(g), ctx_.working()};
+      shards.push_back(s);
+    }
+    device_ops::optimizer_update(ctx_.comm, ctx_.optimizer, shards, grad_scale, step, ctx_.exec);
+  }
+
+  void drop_grads() override {}
+
+  void end_step() override {
+    for (Group& G : groups_) {
+      for (auto& level : G.levels) ctx_.comm.release_after(std::move(level));
+      G.levels.clear();
+      if (!G.accum.empty()) ctx_.comm.release_after(std::move(G.accum));
+      G.final_grad = nullptr;
+    }
+  }
+
+  std::vector<StateChunkInfo> pieces() const override {
+    std::vector<StateChunkInfo> out;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const std::size_t n = ctx_.group(g).state_elems;
+      for (std::size_t b = 0; b < n; b += kStatePieceElems) out.push_back({g, b, std::min(kStatePieceElems, n - b)});
+    }
+    return out;
+  }
+
+  std::size_t export_depth() const override { return 4; }
+
+  // Device state goes through a host staging buffer filled by one copy per array.
+  StatePiece fetch_piece(std::size_t /*index*/, const StateChunkInfo& c, std::vector<HostBuffer>& spare) override {
+    const Group& G = groups_[c.group];
+    const auto nstate = static_cast<std::size_t>(ctx_.plan.state_arrays);
+    StatePiece p;
+    p.meaningful = nstate * 4 * c.elems;
+    const std::size_t padded = offload::SwapStore::padded(p.meaningful);
+    if (!spare.empty() && spare.back().size_bytes() >= padded) {
+      p.staging = std::move(spare.back());
+      spare.pop_back();
+    } else {
+      const std::size_t largest = std::min(kStatePieceElems, ctx_.group(c.group).state_elems);
+      p.staging = HostBuffer::allocate(offload::SwapStore::padded(nstate * 4 * largest));
+    }
+    p.bytes = std::span<std::byte>(p.staging.as<std::byte>().data(), padded);
+    const DeviceMemory* arrays[] = {&G.master, &G.moment1, &G.moment2};
+    for (std::size_t a = 0; a < nstate; ++a) {
+      ctx_.comm.copy_d2h(p.bytes.data() + a * c.elems * 4, arrays[a]->as<float>() + c.begin_elems, c.elems * 4);
+    }
+    ctx_.comm.synchronize();
+    std::memset(p.bytes.data() + p.meaningful, 0, padded - p.meaningful);
+    return p;
+  }
+
+  void import_state(const StateSource& source) override;
+
+  std::vector<float> master_range(std::size_t g) override {
+    std::vector<float> out(ctx_.group(g).state_elems);
+    ctx_.comm.copy_d2h(out.data(), groups_[g].master.data(), out.size() * sizeof(float));
+    ctx_.comm.synchronize();
+    return out;
+  }
+
+  bool arm_capture(StateCaptureSink /*sink*/) override { return false; }
+  void disarm_capture() override {}
+  std::size_t captured_pieces() const override { return 0; }
+
+ private:
+  struct Group {
+    DeviceMemory master;
+    DeviceMemory moment1;
+    DeviceMemory moment2;
+    std::vector<DeviceMemory> levels;  // exact: binary-counter partial sums (fp32, grad_elems)
+    DeviceMemory accum;                // fast: one fp32 accumulator
+    float* final_grad = nullptr;       // between finish_grads and end_step
+  };
+
+  EngineContext& ctx_;
+  WorkingWeights& weights_;
+  std::vector<Group> groups_;
+};
+
+// Master and moments piece by piece from `source`, and W over the state range from the new master
+// (the optimizer's rounding) where the device keeps a separate copy.
+void DeviceStateHome::import_state(const StateSource& source) {
+  const std::size_t wbytes = ctx_.wbytes();
+  std::vector<float> piece;
+  WorkingCopy w;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    Group& G = groups_[g];
+    const std::size_t n_state = ctx_.group(g).state_elems;
+    DeviceMemory* arrays[] = {&G.master, &G.moment1, &G.moment2};
+    piece.resize(std::min(kStatePieceElems, n_state));
+    auto* wdst = static_cast<std::byte*>(weights_.state_range(g));
+    for (int a = 0; a < ctx_.plan.state_arrays; ++a) {
+      auto* dst = arrays[a]->as<float>();
+      for (std::size_t b = 0; b < n_state; b += kStatePieceElems) {
+        const std::size_t n = std::min(kStatePieceElems, n_state - b);
+        source(g, a, b, std::span<float>(piece.data(), n));
+        ctx_.comm.copy_h2d(dst + b, piece.data(), n * sizeof(float));
+        if (a == 0 && wdst != nullptr) {
+          ctx_.comm.copy_h2d(wdst + b * wbytes, w.convert(piece.data(), ctx_.working(), n), n * wbytes);
+        }
+        ctx_.comm.synchronize();  // the staging is refilled by the next piece
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<StateHome> make_device_state_home(EngineContext& ctx, WorkingWeights& weights) {
+  return std::make_unique<DeviceStateHome>(ctx, weights);
+}
+
+}  // namespace strata

@@ -1,0 +1,381 @@
+// The optimizer state on host memory or NVMe: set-up, the gradient sums on the worker stream, the
+// chunked update and the overlapped update (engine/state_home_tiered.h).
+#include "engine/state_home_tiered.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <tbb/parallel_for.h>
+
+#include "core/dtype_bulk.h"
+#include "core/error.h"
+#include "core/units.h"
+#include "engine/working_weights.h"
+#include "optim/grad_stats.h"
+
+namespace strata {
+
+namespace {
+
+constexpr std::size_t kBlock = optim::kCpuBlockElems;
+constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+
+std::size_t add_field(ChunkJob& job, std::string key, Tier tier, std::size_t bytes, ChunkField::Kind kind) {
+  job.fields.push_back(ChunkField{std::move(key), tier, bytes, kind});
+  return job.fields.size() - 1;
+}
+
+template <typename T>
+T* as(std::span<std::byte> s) {
+  return reinterpret_cast<T*>(s.data());
+}
+
+Tier tier_of(Home home) { return home == Home::Nvme ? Tier::Nvme : Tier::Host; }
+
+// dst[i] = left[i] + dst[i] on host arrays (the left operand is the older partial sum: tree order
+// matters), as device_ops::add_left does on the device.
+void add_left(float* dst, const float* left, std::size_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
+    for (std::size_t i = r.begin(); i < r.end(); ++i) dst[i] = left[i] + dst[i];
+  });
+}
+
+}  // namespace
+
+// Builds what the plan's offload section asks for: the swap store (one file per NVMe directory),
+// the host/NVMe array store, the pinned pools and the two host-side streams.
+TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : ctx_(ctx), weights_(weights) {
+  const OffloadPlan& op = ctx_.plan.offload;
+  opt_tier_ = tier_of(op.optimizer);
+  params_ = ctx_.plan.params_offloaded();
+  param_tier_ = tier_of(op.params);
+  nstate_ = ctx_.plan.state_arrays;
+  chunk_elems_ = op.chunk_elems;
+  for (const GroupPlan& P : ctx_.plan.groups) block_partials_.emplace_back(P.state_elems / kBlock, 0.0);
+
+  HostMemoryPinner* pinner = op.pin_optimizer ? &ctx_.device : nullptr;
+  if (op.swap_bytes > 0) {
+    for (const auto& d : op.nvme_dirs) {
+      std::error_code ec;  // a directory that cannot be created is reported by the swap store below
+      std::filesystem::create_directories(d, ec);
+    }
+    io_ = offload::make_io_engine(op.io);
+    offload::SwapStoreOptions so;
+    so.dirs = op.nvme_dirs;
+    so.capacity_bytes = op.swap_capacity_bytes;
+    so.file_name = op.swap_file_name;
+    swap_ = std::make_unique<offload::SwapStore>(*io_, so);
+  }
+  store_ = std::make_unique<TierStore>(swap_.get(), pinner);
+  offload::BufferPoolOptions po;
+  po.slot_count = op.slot_count;
+  po.slot_bytes = op.slot_bytes;
+  po.pinner = pinner;
+  pool_ = std::make_unique<offload::BufferPool>(po, io_.get());
+  if (op.param_slot_count > 0) {
+    offload::BufferPoolOptions pp;
+    pp.slot_count = op.param_slot_count;
+    pp.slot_bytes = op.param_slot_bytes;
+    pp.pinner = op.pin_params ? &ctx_.device : nullptr;
+    param_pool_ = std::make_unique<offload::BufferPool>(pp, nullptr);
+  }
+  worker_ = ctx_.device.create_stream("zero.offload");
+  transfer_ = ctx_.device.create_stream("zero.transfer");
+  spdlog::debug("offload: optimizer on {}, params {}, chunks of {} elements, {} pinned slots of {}, swap {}",
+                tier_name(opt_tier_), params_ ? tier_name(param_tier_) : "on the device", op.chunk_elems,
+                op.slot_count, format_bytes(op.slot_bytes), format_bytes(op.swap_bytes));
+}
+
+TieredStateHome::~TieredStateHome() {
+  // Queued host work reads this home's arrays: let it finish before they are freed.
+  try {
+    worker_->synchronize();
+    transfer_->synchronize();
+  } catch (const std::exception& e) {
+    spdlog::error("zero engine shutdown: {}", e.what());
+  }
+}
+
+void TieredStateHome::init_group(std::size_t g, const float* master_full, const void* working_full) {
+  const GroupPlan& P = ctx_.group(g);
+  const std::size_t wbytes = ctx_.wbytes();
+  HostBuffer staging;
+  if (opt_tier_ == Tier::Nvme || (params_ && param_tier_ == Tier::Nvme)) {
+    staging = HostBuffer::allocate(offload::SwapStore::padded(std::max(state_bytes(1), wbytes) * chunk_elems_));
+  }
+  auto* stage = static_cast<std::byte*>(staging.data());
+  for (std::size_t k = 0; k < P.chunks.size(); ++k) {
+    const StateChunk& c = P.chunks[k];
+    const std::size_t bytes = state_bytes(c.elems);
+    const std::string key = state_key(g, k);
+    std::byte* dst = opt_tier_ == Tier::Host ? store_->host(key, bytes).data() : stage;
+    std::memcpy(dst, master_full + P.state_offset + c.begin, 4 * c.elems);
+    std::memset(dst + 4 * c.elems, 0, bytes - 4 * c.elems);
+    if (opt_tier_ == Tier::Nvme) store_->write_now(key, staging.as<std::byte>(), bytes);
+    if (params_ && P.sharded_params) {
+      const std::size_t pbytes = wbytes * c.elems;
+      const std::string pkey = param_key(g, k);
+      std::byte* pdst = param_tier_ == Tier::Host ? store_->host(pkey, pbytes).data() : stage;
+      std::memcpy(pdst, static_cast<const std::byte*>(working_full) + (P.state_offset + c.begin) * wbytes, pbytes);
+      if (param_tier_ == Tier::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
+    }
+  }
+}
+
+// Note [Overlapped update]: Adam's update of a chunk needs the step's final gradient of that chunk
+// and a few scalars: the learning rate, the step number and grad_scale = clip / (loss_scale *
+// units). Without gradient clipping and without fp16 loss scaling, clip and loss_scale are 1, so
+// nothing depends on the rest of the step, and the worker updates each chunk the moment its final
+// gradient is formed, while backward still runs for earlier layers (LoHan/Fuyou's idea). The
+// result is the same expression on the same numbers as the waiting path, so exact mode gives the
+// same bits. The waiting path would skip a step whose gradient norm is not finite; an overlapped
+// update cannot undo the chunks it already wrote, so a non-finite chunk gradient fails the step
+// with an error that says so. With clipping or fp16 the engine waits (the README says why).
+bool TieredStateHome::prepare_step(double lr) {
+  overlap_step_ = ctx_.config.strata.offload.overlap_optimizer && !(ctx_.config.gradient_clipping > 0) &&
+                  ctx_.config.precision != Precision::Fp16;
+  overlap_lr_ = lr;
+  if (overlap_step_) ctx_.optimizer.set_lr(lr);
+  return overlap_step_;
+}
+
+bool TieredStateHome::take_overlap(double lr) {
+  const bool overlapped = overlap_step_;
+  overlap_step_ = false;  // prepare_step() is per step
+  if (overlapped && lr != overlap_lr_) {
+    throw InternalError(fmt::format("step({}) after prepare_step({}): the overlapped update already used the "
+                                    "announced learning rate",
+                                    lr, overlap_lr_));
+  }
+  return overlapped;
+}
+
+void TieredStateHome::add_unit(std::size_t g, DeviceMemory reduced, int unit) {
+  std::shared_ptr<Event> ready(ctx_.device.create_event());
+  ctx_.comm.record(*ready);
+  worker_->wait(*ready);
+  const bool last = unit + 1 == ctx_.accumulation();
+  const bool overlap = last && overlap_step_;
+  const void* src = reduced.data();
+  worker_->launch_host([this, g, src, unit, last, overlap, ready] { combine(g, src, unit, last, overlap); });
+  worker_->release_after(std::move(reduced));
+}
+
+// One micro-batch's reduced gradient of group g (device, working dtype) joins the step's sum on
+// the optimizer tier, chunk by chunk, with the same operations in the same order as the device
+// home (Note [Exact gradient sums]): exact mode merges the binary counter's levels and, at the last
+// unit, folds the remaining levels (lowest first, each higher one on the left) into the final
+// gradient; fast mode adds into one accumulator.
+void TieredStateHome::combine(std::size_t g, const void* reduced, int unit, bool last, bool overlap) {
+  std::vector<ChunkJob> jobs;
+  for (std::size_t k = 0; k < ctx_.group(g).chunks.size(); ++k) jobs.push_back(combine_job(g, k, reduced, unit, last, overlap));
+  ChunkPipeline(*store_, *pool_).run(jobs);
+}
+
+ChunkJob TieredStateHome::combine_job(std::size_t g, std::size_t k, const void* reduced, int unit, bool last,
+                                      bool overlap) {
+  const GroupPlan& P = ctx_.group(g);
+  const std::size_t wbytes = ctx_.wbytes();
+  const DType wdtype = ctx_.working();
+  const bool exact = ctx_.exact();
+  const int merges = exact ? counter_merges(unit) : 0;
+  const StateChunk c = P.chunks[k];
+  const std::size_t n = c.elems;
+  const Tier tier = opt_tier_;
+  ChunkJob job;
+  const std::size_t i_stage = add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
+  std::vector<std::size_t> i_adds;
+  std::size_t i_out = kNone, i_tmp = kNone;
+  if (exact) {
+    std::vector<int> adds;
+    for (int level = 0; level < merges; ++level) adds.push_back(level);
+    if (last) {
+      const std::vector<int> left = counter_levels_left(ctx_.accumulation(), merges);
+      adds.insert(adds.end(), left.begin(), left.end());
+    }
+    for (int level : adds) {
+      i_adds.push_back(add_field(job, level_key(g, level, k), tier, 4 * n, ChunkField::Read));
+      job.remove_after.push_back(level_key(g, level, k));
+    }
+    if (overlap) {
+      i_out = add_field(job, "", Tier::Host, 4 * n, ChunkField::Scratch);
+    } else {
+      i_out = add_field(job, last ? grad_key(g, k) : level_key(g, merges, k), tier, 4 * n, ChunkField::Write);
+    }
+  } else if (unit == 0) {
+    i_out = overlap ? add_field(job, "", Tier::Host, 4 * n, ChunkField::Scratch)
+                    : add_field(job, grad_key(g, k), tier, 4 * n, ChunkField::Write);
+  } else {
+    i_out = add_field(job, grad_key(g, k), tier, 4 * n, overlap ? ChunkField::Read : ChunkField::Update);
+    if (overlap) job.remove_after.push_back(grad_key(g, k));
+    i_tmp = add_field(job, "", Tier::Host, 4 * n, ChunkField::Scratch);
+  }
+  std::size_t i_state = kNone, i_w = kNone;
+  if (overlap) {
+    i_state = add_field(job, state_key(g, k), tier, state_bytes(n), ChunkField::Update);
+    i_w = (params_ && P.sharded_params) ? add_field(job, param_key(g, k), param_tier_, n * wbytes, ChunkField::Write)
+                                        : add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
+  }
+  job.work = [=, this, &P](std::span<const std::span<std::byte>> f) {
+    std::byte* stage = f[i_stage].data();
+    transfer_->copy_d2h(stage, static_cast<const std::byte*>(reduced) + (P.grad_offset + c.begin) * wbytes, n * wbytes);
+    transfer_->synchronize();
+    copy_bytes_.fetch_add(n * wbytes);
+    float* out = as<float>(f[i_out]);
+    if (exact || unit == 0) {
+      convert_parallel(stage, wdtype, out, DType::F32, n);
+      for (std::size_t i : i_adds) add_left(out, as<float>(f[i]), n);
+    } else {
+      float* t = as<float>(f[i_tmp]);
+      convert_parallel(stage, wdtype, t, DType::F32, n);
+      add_left(out, t, n);  // out = t + out, as the device home
+    }
+    if (last) {
+      final_chunk(g, c, out, overlap, overlap ? as<float>(f[i_state]) : nullptr,
+                  overlap ? f[i_w].data() : nullptr);
+    }
+  };
+  if (overlap) add_capture(job, g, k, i_state, state_bytes(n));
+  return job;
+}
+
+// The final gradient of chunk c is formed: its block partials, and with an overlapped step its
+// update right away.
+void TieredStateHome::final_chunk(std::size_t g, const StateChunk& c, const float* grad, bool overlap, float* state,
+                                  std::byte* wout) {
+  std::vector<double>& partials = block_partials_[g];
+  const std::size_t first_block = c.begin / kBlock;
+  const std::size_t blocks = c.elems / kBlock;
+  tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
+    const optim::GradSpan span{grad + b * kBlock, DType::F32, kBlock};
+    optim::CpuExec serial{ctx_.exec.simd, nullptr};
+    partials[first_block + b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), serial).sum_squares;
+  });
+  if (!overlap) return;
+  const std::int64_t step = ctx_.optimizer.step_count() + 1;
+  double sum = 0;
+  for (std::size_t b = 0; b < blocks; ++b) sum += partials[first_block + b];
+  if (!std::isfinite(sum)) {
+    throw Error(fmt::format("step {}: non-finite gradients in param group {} while the optimizer update was "
+                            "overlapped with backward; the groups already updated cannot be rolled back. Set "
+                            "gradient_clipping (or strata.offload.overlap_optimizer=false) to have such steps "
+                            "skipped instead",
+                            step, ctx_.group(g).layout.name()));
+  }
+  // step(): grad_scale = clip / (loss_scale * units), with clip and loss_scale 1 here.
+  const double units = static_cast<double>(ctx_.accumulation()) * ctx_.plan.topo.world_size;
+  update_chunk(g, c, state, grad, wout, static_cast<float>(1.0 / (1.0 * units)), step);
+  overlapped_chunks_.fetch_add(1);
+}
+
+void TieredStateHome::update_chunk(std::size_t g, const StateChunk& c, float* state, const float* grad,
+                                   std::byte* wout, float grad_scale, std::int64_t step) {
+  const GroupPlan& P = ctx_.group(g);
+  const std::size_t n = c.elems;
+  const std::size_t wbytes = ctx_.wbytes();
+  optim::OptimShard s;
+  s.master = std::span<float>(state, n);
+  s.moment1 = std::span<float>(state + n, n);
+  if (nstate_ == 3) s.moment2 = std::span<float>(state + 2 * n, n);
+  s.grad = optim::GradRef{grad, DType::F32};
+  if (ctx_.working() != DType::F32) s.out = optim::LowPrecisionOut{wout, ctx_.working()};
+  ctx_.optimizer.apply(std::span<const optim::OptimShard>(&s, 1), grad_scale, step, ctx_.exec);
+  if (ctx_.working() == DType::F32) std::memcpy(wout, state, 4 * n);
+  chunk_updates_.fetch_add(1);
+  // Working weights that live on the device get the new values now.
+  if (!(params_ && P.sharded_params)) {
+    auto* dev = static_cast<std::byte*>(weights_.state_range(g));
+    transfer_->copy_h2d(dev + c.begin * wbytes, wout, n * wbytes);
+    transfer_->synchronize();
+    copy_bytes_.fetch_add(n * wbytes);
+  }
+}
+
+void TieredStateHome::update(double lr, float grad_scale, std::int64_t step) {
+  ctx_.optimizer.set_lr(lr);
+  const std::size_t wbytes = ctx_.wbytes();
+  std::vector<ChunkJob> jobs;
+  for (std::size_t g = 0; g < ctx_.group_count(); ++g) {
+    const GroupPlan& P = ctx_.group(g);
+    for (std::size_t k = 0; k < P.chunks.size(); ++k) {
+      const StateChunk c = P.chunks[k];
+      const std::size_t n = c.elems;
+      ChunkJob job;
+      add_field(job, state_key(g, k), opt_tier_, state_bytes(n), ChunkField::Update);
+      add_field(job, grad_key(g, k), opt_tier_, 4 * n, ChunkField::Read);
+      job.remove_after.push_back(grad_key(g, k));
+      if (params_ && P.sharded_params) {
+        add_field(job, param_key(g, k), param_tier_, n * wbytes, ChunkField::Write);
+      } else {
+        add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
+      }
+      job.work = [=, this](std::span<const std::span<std::byte>> f) {
+        update_chunk(g, c, as<float>(f[0]), as<float>(f[1]), f[2].data(), grad_scale, step);
+      };
+      add_capture(job, g, k, 0, state_bytes(n));
+      jobs.push_back(std::move(job));
+    }
+  }
+  ChunkPipeline(*store_, *pool_).run(jobs);
+}
+
+void TieredStateHome::drop_grads() {
+  for (std::size_t g = 0; g < ctx_.group_count(); ++g) {
+    for (std::size_t k = 0; k < ctx_.group(g).chunks.size(); ++k) store_->remove(grad_key(g, k));
+  }
+}
+
+std::shared_ptr<offload::BufferLease> TieredStateHome::reserve_param_slot(std::size_t /*g*/) {
+  if (param_tier_ != Tier::Nvme) return nullptr;
+  return std::make_shared<offload::BufferLease>(param_pool_->acquire());
+}
+
+void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<offload::BufferLease> slot) {
+  const GroupPlan& P = ctx_.group(g);
+  const std::size_t wbytes = ctx_.wbytes();
+  Stream& comm = ctx_.comm;
+  if (slot) {
+    std::vector<offload::IoHandle> reads;
+    for (std::size_t k = 0; k < P.chunks.size(); ++k) {
+      const StateChunk& c = P.chunks[k];
+      reads.push_back(store_->swap().read(param_key(g, k), slot->span().subspan(c.begin * wbytes, c.elems * wbytes)));
+      store_->count_read(c.elems * wbytes);
+    }
+    comm.launch_host([reads] { offload::wait_all(reads); });
+    comm.copy_h2d(dst, slot->data(), P.state_elems * wbytes);
+    copy_bytes_.fetch_add(P.state_elems * wbytes);
+    comm.launch_host([slot]() mutable { slot.reset(); });
+    return;
+  }
+  for (std::size_t k = 0; k < P.chunks.size(); ++k) {
+    const StateChunk& c = P.chunks[k];
+    copy_bytes_.fetch_add(c.elems * wbytes);
+    comm.copy_h2d(static_cast<char*>(dst) + c.begin * wbytes, store_->host(param_key(g, k), c.elems * wbytes).data(),
+                  c.elems * wbytes);
+  }
+}
+
+StateHomeStats TieredStateHome::stats() const {
+  StateHomeStats s;
+  s.tiers = store_->stats();
+  s.chunk_updates = chunk_updates_.load();
+  s.overlapped_updates = overlapped_chunks_.load();
+  s.copy_bytes = copy_bytes_.load();
+  for (const auto* p : {pool_.get(), param_pool_.get()}) {
+    if (p != nullptr) s.pinned_pool_bytes += p->slot_bytes() * p->slot_count();
+  }
+  return s;
+}
+
+std::unique_ptr<StateHome> make_device_state_home(EngineContext& ctx, WorkingWeights& weights);
+
+std::unique_ptr<StateHome> make_state_home(EngineContext& ctx, WorkingWeights& weights) {
+  if (ctx.plan.optimizer_offloaded()) return std::make_unique<TieredStateHome>(ctx, weights);
+  return make_device_state_home(ctx, weights);
+}
+
+}  // namespace strata

@@ -1,0 +1,108 @@
+// The optimizer state on host memory or NVMe (engine/state_home.h; Note [Offload] in
+// engine/zero_engine.h): each rank's master weights and moments live on the optimizer tier in
+// chunks (engine/offload_tier.h), never on the device. Each micro-batch's reduced gradient goes
+// device -> host on a transfer stream and is combined there (the same binary-counter tree, the same
+// bits) into fp32 chunks on the same tier by a worker stream that runs while backward goes on; the
+// last micro-batch forms the final gradient and its per-block sums of squares. The step streams
+// the chunks through the pinned pool (Note [Chunk pipeline]): NVMe read -> CPU update ->
+// low-precision pack -> NVMe write or device upload, several chunks in flight; where it can, the
+// update runs during backward (Note [Overlapped update]). With offload_param (stage 3) the sharded
+// working weights live on the parameter tier too, and fetches bring them NVMe -> pinned slot ->
+// device. Files: engine/state_home_tiered.cc (set-up, sums, update), engine/state_home_tiered_state.cc
+// (checkpoints). Not part of the engine's interface.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/state_home.h"
+#include "offload/swap_store.h"
+
+namespace strata {
+
+class TieredStateHome final : public StateHome {
+ public:
+  TieredStateHome(EngineContext& ctx, WorkingWeights& weights);
+  ~TieredStateHome() override;
+
+  void init_group(std::size_t g, const float* master_full, const void* working_full) override;
+  float* device_master(std::size_t /*g*/) const override { return nullptr; }
+  Stream* host_stream() const override { return worker_.get(); }
+  void synchronize() override { worker_->synchronize(); }
+
+  bool prepare_step(double lr) override;
+  bool take_overlap(double lr) override;
+  void add_unit(std::size_t g, DeviceMemory reduced, int unit) override;
+  void finish_grads() override { worker_->synchronize(); }
+  std::vector<double> block_partials(std::size_t g) override { return block_partials_[g]; }
+  bool partials_are_shards() const override { return true; }
+  void update(double lr, float grad_scale, std::int64_t step) override;
+  void drop_grads() override;
+  void end_step() override {}
+
+  std::vector<StateChunkInfo> pieces() const override;
+  std::size_t export_depth() const override;
+  StatePiece fetch_piece(std::size_t index, const StateChunkInfo& c, std::vector<HostBuffer>& spare) override;
+  void import_state(const StateSource& source) override;
+  std::vector<float> master_range(std::size_t g) override;
+  bool arm_capture(StateCaptureSink sink) override;
+  void disarm_capture() override { capture_ = nullptr; }
+  std::size_t captured_pieces() const override { return captured_.load(); }
+
+  bool params_offloaded() const override { return params_; }
+  std::shared_ptr<offload::BufferLease> reserve_param_slot(std::size_t g) override;
+  void upload_params(std::size_t g, void* dst, std::shared_ptr<offload::BufferLease> slot) override;
+
+  StateHomeStats stats() const override;
+
+ private:
+  // Tier keys of chunk k of group g: optimizer state, final gradient, working weights, and the
+  // binary counter's partial sum at `level`.
+  static std::string state_key(std::size_t g, std::size_t k) { return "o" + std::to_string(g) + "." + std::to_string(k); }
+  static std::string grad_key(std::size_t g, std::size_t k) { return "g" + std::to_string(g) + "." + std::to_string(k); }
+  static std::string param_key(std::size_t g, std::size_t k) { return "w" + std::to_string(g) + "." + std::to_string(k); }
+  static std::string level_key(std::size_t g, int level, std::size_t k) {
+    return "l" + std::to_string(g) + "." + std::to_string(level) + "." + std::to_string(k);
+  }
+  std::size_t state_bytes(std::size_t elems) const { return static_cast<std::size_t>(nstate_) * 4 * elems; }
+
+  void combine(std::size_t g, const void* reduced, int unit, bool last, bool overlap);
+  ChunkJob combine_job(std::size_t g, std::size_t k, const void* reduced, int unit, bool last, bool overlap);
+  void final_chunk(std::size_t g, const StateChunk& c, const float* grad, bool overlap, float* state, std::byte* wout);
+  void update_chunk(std::size_t g, const StateChunk& c, float* state, const float* grad, std::byte* wout,
+                    float grad_scale, std::int64_t step);
+  void add_capture(ChunkJob& job, std::size_t g, std::size_t k, std::size_t field, std::size_t bytes);
+
+  EngineContext& ctx_;
+  WorkingWeights& weights_;
+  Tier opt_tier_ = Tier::Host;
+  bool params_ = false;  // stage-3 sharded working weights live on `param_tier_`
+  Tier param_tier_ = Tier::Host;
+  int nstate_ = 3;  // fp32 arrays per element in a state chunk: master, moment1[, moment2]
+  std::size_t chunk_elems_ = 0;
+  std::unique_ptr<offload::IoEngine> io_;
+  std::unique_ptr<offload::SwapStore> swap_;
+  std::unique_ptr<TierStore> store_;
+  std::unique_ptr<offload::BufferPool> pool_;        // the optimizer's chunk pipeline
+  std::unique_ptr<offload::BufferPool> param_pool_;  // NVMe -> device parameter fetches
+  std::unique_ptr<Stream> worker_;    // gradient combines and overlapped updates (host work, in order)
+  std::unique_ptr<Stream> transfer_;  // d2h of reduced gradients, h2d of new weights (from the worker)
+  // Per group: the per-block sums of squares of the step's final gradient (taken when it is formed,
+  // chunk by chunk).
+  std::vector<std::vector<double>> block_partials_;
+  bool overlap_step_ = false;  // this step's updates run as gradients become final
+  double overlap_lr_ = 0;
+  std::atomic<std::uint64_t> overlapped_chunks_{0};
+  std::atomic<std::uint64_t> chunk_updates_{0};
+  std::atomic<std::uint64_t> copy_bytes_{0};
+  // Note [Checkpoint capture]: armed for one step by arm_capture.
+  StateCaptureSink capture_;
+  std::vector<std::size_t> capture_first_;  // piece index of each group's first chunk
+  std::atomic<std::size_t> captured_{0};
+};
+
+}  // namespace strata
