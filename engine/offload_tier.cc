@@ -95,6 +95,59 @@ struct InFlight {
   std::vector<offload::IoHandle> reads;
 };
 
+// Job i's fields: host arrays in place, NVMe and scratch fields carved from the slot `lease`, the
+// NVMe reads started.
+InFlight issue_job(TierStore& store, const ChunkJob& job, std::size_t i, offload::BufferLease lease) {
+  InFlight f;
+  f.index = i;
+  if (lease.valid()) f.lease = std::make_shared<offload::BufferLease>(std::move(lease));
+  std::size_t offset = 0;
+  try {
+    for (const auto& field : job.fields) {
+      if (!in_slot(field)) {
+        f.spans.push_back(store.host(field.key, field.bytes));
+        continue;
+      }
+      const std::size_t padded = offload::SwapStore::padded(field.bytes);
+      STRATA_CHECK(f.lease && offset + padded <= f.lease->size_bytes(),
+                   "chunk job needs {} bytes of staging, the slot has {}", offset + padded,
+                   f.lease ? f.lease->size_bytes() : 0);
+      std::span<std::byte> s = f.lease->span().subspan(offset, padded);
+      offset += padded;
+      if (field.tier == Tier::Nvme && (field.kind == ChunkField::Read || field.kind == ChunkField::Update)) {
+        f.reads.push_back(store.swap().read(field.key, s));
+        store.count_read(field.bytes);
+      }
+      f.spans.push_back(s);
+    }
+  } catch (...) {
+    // A read already started still lands in the slot: let it finish before the slot goes back.
+    for (auto& h : f.reads) (void)h.wait_error();
+    throw;
+  }
+  return f;
+}
+
+// Runs an issued job once its reads landed, then starts its writes (write-behind: the slot returns
+// to the pool when the last write from it completes) and drops the keys it consumed.
+void run_job(TierStore& store, ChunkJob& job, InFlight& f, std::vector<offload::IoHandle>& writes) {
+  for (auto& h : f.reads) h.wait();
+  job.work(f.spans);
+  if (job.also) {
+    auto lease = f.lease;
+    writes.push_back(job.also(f.spans, [lease](std::exception_ptr&) mutable { lease.reset(); }));
+  }
+  for (std::size_t k = 0; k < job.fields.size(); ++k) {
+    const ChunkField& field = job.fields[k];
+    if (field.tier != Tier::Nvme || (field.kind != ChunkField::Update && field.kind != ChunkField::Write)) continue;
+    auto lease = f.lease;
+    writes.push_back(store.swap().write(field.key, f.spans[k], field.bytes,
+                                        [lease](std::exception_ptr&) mutable { lease.reset(); }));
+    store.count_written(field.bytes);
+  }
+  for (const auto& key : job.remove_after) store.remove(key);
+}
+
 }  // namespace
 
 std::size_t ChunkPipeline::slot_bytes_needed(const ChunkJob& job) {
@@ -111,31 +164,6 @@ void ChunkPipeline::run(std::vector<ChunkJob>& jobs) {
   std::exception_ptr error;
   const std::size_t depth = std::max<std::size_t>(pool_.slot_count(), 1);
 
-  auto issue = [&](std::size_t i, offload::BufferLease lease) {
-    ChunkJob& job = jobs[i];
-    InFlight f;
-    f.index = i;
-    if (lease.valid()) f.lease = std::make_shared<offload::BufferLease>(std::move(lease));
-    std::size_t offset = 0;
-    for (const auto& field : job.fields) {
-      if (in_slot(field)) {
-        const std::size_t padded = offload::SwapStore::padded(field.bytes);
-        STRATA_CHECK(f.lease && offset + padded <= f.lease->size_bytes(),
-                     "chunk job needs {} bytes of staging, the slot has {}", offset + padded,
-                     f.lease ? f.lease->size_bytes() : 0);
-        std::span<std::byte> s = f.lease->span().subspan(offset, padded);
-        offset += padded;
-        if (field.tier == Tier::Nvme && (field.kind == ChunkField::Read || field.kind == ChunkField::Update)) {
-          f.reads.push_back(store_.swap().read(field.key, s));
-          store_.count_read(field.bytes);
-        }
-        f.spans.push_back(s);
-      } else {
-        f.spans.push_back(store_.host(field.key, field.bytes));
-      }
-    }
-    queue.push_back(std::move(f));
-  };
   auto needs_slot = [&](std::size_t i) { return slot_bytes_needed(jobs[i]) > 0; };
 
   std::size_t next = 0;
@@ -151,7 +179,7 @@ void ChunkPipeline::run(std::vector<ChunkJob>& jobs) {
         }
       }
       try {
-        issue(next, std::move(lease));
+        queue.push_back(issue_job(store_, jobs[next], next, std::move(lease)));
       } catch (...) {
         error = std::current_exception();
         break;
@@ -161,23 +189,8 @@ void ChunkPipeline::run(std::vector<ChunkJob>& jobs) {
     if (error != nullptr || queue.empty()) break;
     InFlight f = std::move(queue.front());
     queue.pop_front();
-    ChunkJob& job = jobs[f.index];
     try {
-      for (auto& h : f.reads) h.wait();
-      job.work(f.spans);
-      if (job.also) {
-        auto lease = f.lease;
-        writes.push_back(job.also(f.spans, [lease](std::exception_ptr&) mutable { lease.reset(); }));
-      }
-      for (std::size_t k = 0; k < job.fields.size(); ++k) {
-        const ChunkField& field = job.fields[k];
-        if (field.tier != Tier::Nvme || (field.kind != ChunkField::Update && field.kind != ChunkField::Write)) continue;
-        auto lease = f.lease;  // the slot returns to the pool when the last write from it completes
-        writes.push_back(store_.swap().write(field.key, f.spans[k], field.bytes,
-                                             [lease](std::exception_ptr&) mutable { lease.reset(); }));
-        store_.count_written(field.bytes);
-      }
-      for (const auto& key : job.remove_after) store_.remove(key);
+      run_job(store_, jobs[f.index], f, writes);
     } catch (...) {
       error = std::current_exception();
     }

@@ -172,7 +172,9 @@ void TieredStateHome::add_unit(std::size_t g, DeviceMemory reduced, int unit) {
 // gradient; fast mode adds into one accumulator.
 void TieredStateHome::combine(std::size_t g, const void* reduced, int unit, bool last, bool overlap) {
   std::vector<ChunkJob> jobs;
-  for (std::size_t k = 0; k < ctx_.group(g).chunks.size(); ++k) jobs.push_back(combine_job(g, k, reduced, unit, last, overlap));
+  for (std::size_t k = 0; k < ctx_.group(g).chunks.size(); ++k) {
+    jobs.push_back(combine_job(g, k, reduced, unit, last, overlap));
+  }
   ChunkPipeline(*store_, *pool_).run(jobs);
 }
 
