@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Soak of `strata train`: 300 steps of the tiny model with the optimizer state and the parameters on
 # NVMe and a checkpoint every 20 steps (keep 2). What a long run holds must not grow with the steps
-# and the checkpoints taken. From the per-step metrics lines (tools/trainer.cc: rss_bytes, open_fds,
-# swap_file_bytes), step 40 (after the first two checkpoints) against every later step to 300:
+# and the checkpoints taken. From the per-step metrics lines (tools/trainer_report.cc: rss_bytes,
+# open_fds, swap_file_bytes), step 40 (after the first two checkpoints) against every later step
+# to 300:
 #   open file descriptors: between checkpoints, the fewest of every stretch of steps between two
 #     checkpoints equals step 41's count (a descriptor leaked per step or per checkpoint raises
 #     it); on the steps writing a checkpoint (which also hold the checkpoint's data file and I/O

@@ -1,0 +1,113 @@
+// The trainer's checkpoints, resume and stopping on a signal (see tools/trainer_checkpoints.h).
+#include "tools/trainer_checkpoints.h"
+
+#include <utility>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace strata::tools {
+namespace {
+
+// The signal that asked the run to stop, 0 while none did. A handler may only set a flag; the
+// training loop reads it once per step (Note [Stopping on a signal]).
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void note_stop_signal(int signo) { g_stop_signal = signo; }
+
+}  // namespace
+
+// Note [Stopping on a signal]: with strata.checkpoint.dir set, SIGTERM and SIGINT let the current
+// step finish. After every step the ranks agree in one host all-reduce (max of 2 x the signal seen
+// + rank 0's "the minute interval is up"), so all of them stop, or write a checkpoint, after the
+// same step; a stopping run writes a final checkpoint and exits with 128 + the signal. The
+// handlers reset themselves (SA_RESETHAND): a second signal ends the process at once, and the last
+// complete checkpoint is still intact (Note [Atomic checkpoints]).
+TrainCheckpoints::TrainCheckpoints(const TrainConfig& cfg, Communicator& comm, std::string model_name)
+    : cfg_(cfg), comm_(comm), model_name_(std::move(model_name)), last_time_(Clock::now()) {
+  if (!enabled()) return;
+  if (cfg.strata.checkpoint.keep < 1) {
+    throw ConfigError(fmt::format("{}: strata.checkpoint.keep = {} must be at least 1", cfg.source,
+                                  cfg.strata.checkpoint.keep));
+  }
+  g_stop_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = note_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  ::sigaction(SIGTERM, &sa, &old_term_);
+  ::sigaction(SIGINT, &sa, &old_int_);
+}
+
+TrainCheckpoints::~TrainCheckpoints() {
+  if (!enabled()) return;
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+  ::sigaction(SIGINT, &old_int_, nullptr);
+}
+
+std::int64_t TrainCheckpoints::resume(const std::string& dir, ZeroEngine& engine) {
+  const CheckpointManifest m = load_checkpoint(engine, comm_, cfg_, model_name_, dir);
+  last_saved_ = m.step;
+  if (comm_.rank() == 0) {
+    spdlog::info("resumed from {} at step {} (written by world size {}, stage {}, sharding factor {})", m.dir, m.step,
+                 m.world_size, m.stage, m.sharding_factor);
+    if (m.step >= cfg_.strata.steps) {
+      spdlog::warn("the checkpoint is at step {}, the run asks for {} steps in all: nothing left to train", m.step,
+                   cfg_.strata.steps);
+    }
+  }
+  return m.step;
+}
+
+void TrainCheckpoints::before_step(ZeroEngine& engine, std::int64_t steps_done, bool last_step) {
+  if (!enabled() || !capture) return;
+  const CheckpointConfig& c = cfg_.strata.checkpoint;
+  const bool due = last_step || (c.interval_steps > 0 && steps_done % c.interval_steps == 0);
+  if (!due || steps_done == last_saved_) return;
+  const auto t0 = Clock::now();
+  pending_ = begin_checkpoint(engine, comm_, cfg_, steps_done, options());
+  begin_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int TrainCheckpoints::after_step(ZeroEngine& engine, std::int64_t steps_done, bool last_step) {
+  if (!enabled()) return 0;
+  const CheckpointConfig& c = cfg_.strata.checkpoint;
+  const bool time_up = comm_.rank() == 0 && c.interval_minutes > 0 &&
+                       std::chrono::duration<double>(Clock::now() - last_time_).count() >= c.interval_minutes * 60;
+  const auto agreed = static_cast<int>(comm_.all_reduce_host(2.0 * g_stop_signal + (time_up ? 1 : 0), ReduceOp::Max));
+  const int signal = agreed / 2;
+  const bool due = signal != 0 || agreed % 2 == 1 || last_step ||
+                   (c.interval_steps > 0 && steps_done % c.interval_steps == 0);
+  if (due && steps_done != last_saved_) save(engine, steps_done);
+  if (signal != 0 && comm_.rank() == 0) {
+    spdlog::warn("stopped by signal {} after step {}; continue with: strata train --resume {} (and the same config)",
+                 signal, steps_done, c.dir);
+  }
+  return signal;
+}
+
+CheckpointSaveOptions TrainCheckpoints::options() {
+  CheckpointSaveOptions o;
+  o.parent = cfg_.strata.checkpoint.dir;
+  o.keep = cfg_.strata.checkpoint.keep;
+  o.retention = &retention_;
+  return o;
+}
+
+void TrainCheckpoints::save(ZeroEngine& engine, std::int64_t step) {
+  std::unique_ptr<PendingCheckpoint> pending = std::move(pending_);
+  if (pending != nullptr && pending->step() != step) pending.reset();
+  CheckpointSaveResult r = save_checkpoint(engine, comm_, cfg_, model_name_, step, options(), pending.get());
+  if (pending != nullptr) r.seconds += begin_seconds_;
+  last_saved_ = step;
+  last_time_ = Clock::now();
+  if (comm_.rank() == 0) {
+    spdlog::info("checkpoint of step {}: {} in {:.2f} s ({:.2f} GB/s) -> {}", step, format_bytes(r.bytes), r.seconds,
+                 r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds / 1e9 : 0.0, r.dir);
+  }
+  if (on_checkpoint) on_checkpoint(r.seconds, r.bytes);
+}
+
+}  // namespace strata::tools

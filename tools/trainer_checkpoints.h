@@ -1,0 +1,61 @@
+// The trainer's checkpoints: resume, periodic and final saves, and stopping on SIGTERM/SIGINT
+// (Note [Stopping on a signal] in tools/trainer_checkpoints.cc). Used by the training loop
+// (tools/trainer.cc) only; the checkpoint format and its writer live in engine/checkpoint*.h.
+#pragma once
+
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/checkpoint.h"
+#include "engine/communicator.h"
+#include "engine/config.h"
+#include "engine/zero_engine.h"
+
+namespace strata::tools {
+
+class TrainCheckpoints {
+ public:
+  TrainCheckpoints(const TrainConfig& cfg, Communicator& comm, std::string model_name);
+  ~TrainCheckpoints();
+  TrainCheckpoints(const TrainCheckpoints&) = delete;
+  TrainCheckpoints& operator=(const TrainCheckpoints&) = delete;
+
+  bool enabled() const { return !cfg_.strata.checkpoint.dir.empty(); }
+  std::function<void(double seconds, std::uint64_t bytes)> on_checkpoint;  // TrainOptions::on_checkpoint
+  bool capture = true;                                                      // TrainOptions::capture_checkpoints
+
+  // Loads `dir` into the freshly built engine; returns the step to continue from.
+  std::int64_t resume(const std::string& dir, ZeroEngine& engine);
+
+  // Before the step that brings the count to `steps_done`: begins the checkpoint that an interval
+  // in steps or the last step makes due after it, so that the step captures the new state as it is
+  // written (engine/zero_engine_offload.cc, Note [Checkpoint capture]) and the save reads nothing.
+  void before_step(ZeroEngine& engine, std::int64_t steps_done, bool last_step);
+
+  // After step `steps_done`: writes a checkpoint when one is due (interval in steps or minutes, the
+  // last step, a stop signal); returns the signal that asks the run to stop, 0 to go on.
+  int after_step(ZeroEngine& engine, std::int64_t steps_done, bool last_step);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  CheckpointSaveOptions options();
+  void save(ZeroEngine& engine, std::int64_t step);
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  std::string model_name_;
+  std::int64_t last_saved_ = -1;
+  std::unique_ptr<PendingCheckpoint> pending_;  // begun before the step it saves
+  CheckpointRetention retention_;  // deletes retired checkpoints in the background; waits for that on destruction
+  double begin_seconds_ = 0;
+  Clock::time_point last_time_;
+  struct sigaction old_term_ {};
+  struct sigaction old_int_ {};
+};
+
+}  // namespace strata::tools

@@ -1,0 +1,195 @@
+// What the training loop tells the user (see tools/trainer_report.h).
+#include "tools/trainer_report.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <string_view>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace strata::tools {
+namespace {
+
+// A "Field:   N kB" line of /proc/self/status, in bytes (0 when absent).
+std::uint64_t proc_status_bytes(std::string_view field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 && line[field.size()] == ':') {
+      return std::stoull(line.substr(field.size() + 1)) * 1024;
+    }
+  }
+  return 0;
+}
+// The current resident set of this process (VmRSS).
+std::uint64_t current_rss_bytes() { return proc_status_bytes("VmRSS"); }
+
+// File descriptors this process has open: the entries of /proc/self/fd, less the one the listing
+// itself holds; -1 where /proc cannot be read.
+std::int64_t open_fd_count() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  std::int64_t n = 0;
+  while (const dirent* e = ::readdir(dir)) n += e->d_name[0] != '.' ? 1 : 0;
+  ::closedir(dir);
+  return n - 1;
+}
+
+// Bytes this rank's swap files take on disk (st_blocks x 512; the engine preallocates them, so this
+// stays put while the run is healthy): the plan's swap file in each of its NVMe directories.
+std::uint64_t swap_file_bytes(const RunPlan& plan) {
+  std::uint64_t bytes = 0;
+  for (const auto& d : plan.offload.nvme_dirs) {
+    struct stat st {};
+    const std::string path = d + "/" + plan.offload.swap_file_name;
+    if (::stat(path.c_str(), &st) == 0) bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "?";
+  const auto t = static_cast<long long>(seconds + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::unique_ptr<std::ofstream> open_metrics(const TrainConfig& cfg, int rank) {
+  std::unique_ptr<std::ofstream> metrics;
+  if (rank == 0 && !cfg.strata.metrics_path.empty()) {
+    metrics = std::make_unique<std::ofstream>(cfg.strata.metrics_path, std::ios::app);
+    if (!*metrics) throw ConfigError(fmt::format("strata.metrics: cannot open '{}' for appending", cfg.strata.metrics_path));
+  }
+  return metrics;
+}
+
+}  // namespace
+
+std::uint64_t peak_rss_bytes() { return proc_status_bytes("VmHWM"); }
+
+ProgressBar::ProgressBar(std::int64_t total, bool enabled)
+    : total_(total), interactive_(enabled && ::isatty(STDERR_FILENO) != 0) {}
+
+void ProgressBar::update(std::int64_t done, const std::string& text) {
+  constexpr int kWidth = 24;
+  const int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : kWidth;
+  std::fprintf(stderr, "\r\033[K[%s%s] %lld/%lld %s", std::string(static_cast<std::size_t>(filled), '#').c_str(),
+               std::string(static_cast<std::size_t>(kWidth - filled), '.').c_str(), static_cast<long long>(done),
+               static_cast<long long>(total_), text.c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::finish() {
+  if (drawn_) std::fprintf(stderr, "\n");
+  drawn_ = false;
+}
+
+StepReporter::StepReporter(const TrainConfig& cfg, bool quiet, int rank, ZeroEngine& engine,
+                           std::int64_t tokens_per_step)
+    : cfg_(cfg),
+      quiet_(quiet),
+      engine_(engine),
+      tokens_per_step_(tokens_per_step),
+      metrics_(open_metrics(cfg, rank)),
+      bar_(cfg.strata.steps, rank == 0 && !quiet) {}
+
+void StepReporter::report(const StepFigures& f, std::int64_t s, double eta_seconds) {
+  const TierIoStats& io = f.io;
+  const std::uint64_t nvme_moved =
+      (io.nvme_bytes_read - f.io_before.nvme_bytes_read) + (io.nvme_bytes_written - f.io_before.nvme_bytes_written);
+  const double nvme_gbps = static_cast<double>(nvme_moved) / f.seconds / 1e9;
+  const std::uint64_t host_bytes = io.host_bytes + engine_.pinned_pool_bytes();
+  const double tok_s = static_cast<double>(tokens_per_step_) / f.seconds;
+  std::string tiers = fmt::format("device {}", format_bytes(f.stats.allocated_bytes));
+  if (engine_.optimizer_offloaded()) tiers += fmt::format(" | host {}", format_bytes(host_bytes));
+  if (io.peak_nvme_bytes > 0) tiers += fmt::format(" | nvme {} {:.2f} GB/s", format_bytes(io.nvme_bytes), nvme_gbps);
+  const std::string text = fmt::format("loss {:.4f}{} | {:.0f} tok/s | {} | ETA {}", f.loss,
+                                       f.result.applied ? "" : " (skipped)", tok_s, tiers, format_duration(eta_seconds));
+  if (bar_.interactive()) {
+    bar_.update(s + 1, text);
+  } else if (!quiet_ && (s % cfg_.steps_per_print == 0 || s + 1 == cfg_.strata.steps)) {
+    spdlog::info("step {}/{} | {} | lr {:.3g} | grad norm {:.3f}", s + 1, cfg_.strata.steps, text, f.lr,
+                 f.result.grad_norm);
+  }
+  if (metrics_) write_metrics_line(f, s, host_bytes);
+}
+
+void StepReporter::write_metrics_line(const StepFigures& f, std::int64_t s, std::uint64_t host_bytes) {
+  const TierIoStats& io = f.io;
+  *metrics_ << nlohmann::json{{"step", s + 1},
+                              {"loss", f.loss},
+                              {"lr", f.lr},
+                              {"grad_norm", f.result.grad_norm},
+                              {"applied", f.result.applied},
+                              {"loss_scale", f.result.loss_scale},
+                              {"tokens", tokens_per_step_},
+                              {"seconds", f.seconds},
+                              {"step_call_seconds", f.exposed},
+                              {"device_bytes", f.stats.allocated_bytes},
+                              {"device_peak_bytes", f.stats.peak_allocated_bytes},
+                              {"host_bytes", host_bytes},
+                              {"nvme_bytes", io.nvme_bytes},
+                              {"nvme_read_bytes", io.nvme_bytes_read - f.io_before.nvme_bytes_read},
+                              {"nvme_written_bytes", io.nvme_bytes_written - f.io_before.nvme_bytes_written},
+                              // Process resources, for soak runs (tests/tools/train_soak_test.sh).
+                              {"rss_bytes", current_rss_bytes()},
+                              {"open_fds", open_fd_count()},
+                              {"swap_file_bytes", swap_file_bytes(engine_.plan())}}
+                   .dump()
+            << "\n";
+  metrics_->flush();
+}
+
+void write_summary_json(const std::string& path, const TrainSummary& s) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) throw ConfigError(fmt::format("--summary-json: cannot open '{}' for writing", path));
+  out << nlohmann::json{{"steps", s.steps},
+                        {"first_loss", s.first_loss},
+                        {"last_loss", s.last_loss},
+                        {"tokens_per_second", s.tokens_per_second},
+                        {"peak_device_bytes", s.peak_device_bytes},
+                        {"peak_host_bytes", s.peak_host_bytes},
+                        {"pinned_bytes", s.pinned_bytes},
+                        {"peak_rss_bytes", s.peak_rss_bytes},
+                        {"peak_nvme_bytes", s.peak_nvme_bytes},
+                        {"nvme_bytes_read", s.nvme_bytes_read},
+                        {"nvme_bytes_written", s.nvme_bytes_written},
+                        {"optimizer_chunk_updates", s.optimizer_chunk_updates},
+                        {"overlapped_chunk_updates", s.overlapped_chunk_updates},
+                        {"step_call_fraction", s.step_call_fraction},
+                        {"model_state_bytes", s.model_state_bytes},
+                        {"device_capacity_bytes", s.device_capacity_bytes}}
+             .dump(2)
+      << "\n";
+  if (!out) throw IoError(fmt::format("--summary-json: writing '{}' failed", path), errno);
+}
+
+void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& device) {
+  spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
+               summary.first_loss, summary.last_loss, summary.tokens_per_second,
+               format_bytes(summary.peak_device_bytes), format_bytes(device.capacity_bytes()));
+  if (engine.optimizer_offloaded()) {
+    spdlog::info("tiers: peak host {} (pinned staging {}; process peak RSS {}), peak nvme {}; nvme read {}, written {}",
+                 format_bytes(summary.peak_host_bytes), format_bytes(engine.pinned_pool_bytes()),
+                 format_bytes(summary.peak_rss_bytes),
+                 format_bytes(summary.peak_nvme_bytes), format_bytes(summary.nvme_bytes_read),
+                 format_bytes(summary.nvme_bytes_written));
+    spdlog::info("overlap: {} of {} optimizer chunk updates ran during backward; step() (exposed reductions and "
+                 "updates) took {:.0f}% of the step time",
+                 summary.overlapped_chunk_updates, summary.optimizer_chunk_updates,
+                 100.0 * summary.step_call_fraction);
+  }
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,76 @@
+// What the training loop (tools/trainer.cc) tells the user: rank 0's progress bar or per-step log
+// lines, the JSON-lines metrics of strata.metrics, the closing summary lines and --summary-json.
+// The figures and formats are the trainer's; this file only writes them.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "core/device/device.h"
+#include "engine/config.h"
+#include "engine/offload_tier.h"
+#include "engine/zero_engine.h"
+#include "tools/trainer.h"
+
+namespace strata::tools {
+
+// One step's figures: what the summary, the progress line and the metrics line are made from.
+struct StepFigures {
+  double lr = 0;
+  StepResult result;
+  double loss = 0;     // averaged over ranks
+  double seconds = 0;  // the whole step
+  double exposed = 0;  // inside step(): reductions not yet done, optimizer not overlapped
+  MemoryStats stats;   // after the step
+  TierIoStats io_before;
+  TierIoStats io;
+  std::uint64_t copy_before = 0;  // engine.offload_copy_bytes() before the step
+};
+
+// A one-line progress bar on an interactive stderr, redrawn in place each step.
+class ProgressBar {
+ public:
+  ProgressBar(std::int64_t total, bool enabled);
+  bool interactive() const { return interactive_; }
+  void update(std::int64_t done, const std::string& text);
+  void finish();
+
+ private:
+  std::int64_t total_;
+  bool interactive_;
+  bool drawn_ = false;
+};
+
+// Rank 0's report of each step: the progress bar, or a log line every steps_per_print steps; and
+// with strata.metrics, one JSON line per step (opened for appending; a ConfigError if it cannot be).
+class StepReporter {
+ public:
+  StepReporter(const TrainConfig& cfg, bool quiet, int rank, ZeroEngine& engine, std::int64_t tokens_per_step);
+  // Step s (from 0), with the estimated seconds left. Call on rank 0 only.
+  void report(const StepFigures& f, std::int64_t s, double eta_seconds);
+  // Ends the progress bar's line.
+  void finish() { bar_.finish(); }
+
+ private:
+  void write_metrics_line(const StepFigures& f, std::int64_t s, std::uint64_t host_bytes);
+
+  const TrainConfig& cfg_;
+  bool quiet_;
+  ZeroEngine& engine_;
+  std::int64_t tokens_per_step_;
+  std::unique_ptr<std::ofstream> metrics_;  // rank 0 with strata.metrics; null otherwise
+  ProgressBar bar_;
+};
+
+// The peak resident set of this process (VmHWM).
+std::uint64_t peak_rss_bytes();
+
+// --summary-json: the summary as one JSON object.
+void write_summary_json(const std::string& path, const TrainSummary& s);
+
+// Rank 0's closing lines: loss, throughput and memory; the tiers and the overlap when offloading.
+void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& device);
+
+}  // namespace strata::tools
