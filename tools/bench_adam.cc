@@ -148,7 +148,16 @@ std::size_t available_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
 }
 
-int run_bench_adam(const BenchAdamArgs& args) {
+// The checked flags: the shard size, the gradient type and the mode.
+struct BenchAdamPlan {
+  std::size_t n = 0;
+  DType gdt = DType::F32;
+  bool phase = false;  // --mode phase
+  int max_threads = 0;
+};
+
+BenchAdamPlan check_args(const BenchAdamArgs& args) {
+  BenchAdamPlan plan;
   std::uint64_t n64 = 0;
   if (!parse_count(args.params, &n64) || n64 == 0) {
     throw ConfigError(fmt::format("--params '{}' is not a parameter count; write e.g. 10M, 100M or 1B", args.params));
@@ -169,17 +178,24 @@ int run_bench_adam(const BenchAdamArgs& args) {
                                   4 * max_threads, max_threads));
   }
   if (args.reps < 0) throw ConfigError(fmt::format("--reps {} must be >= 1 (0 picks by size)", args.reps));
+  plan.n = static_cast<std::size_t>(n64);
+  plan.gdt = gdt;
+  plan.phase = phase;
+  plan.max_threads = max_threads;
+  return plan;
+}
 
-  BenchState st;
-  st.n = static_cast<std::size_t>(n64);
-  st.grad_dtype = gdt;
+// Allocates the shard's buffers (the phase's bf16 output, pristine and fp32 gradients too), after
+// checking that the host has the memory.
+void allocate_state(BenchState& st, const std::string& params_flag, bool phase) {
+  const DType gdt = st.grad_dtype;
   const std::size_t gb = dtype_bytes(gdt);
   std::size_t need = st.n * (12 + gb);
   if (phase) need += st.n * (2 + gb + (gdt == DType::F32 ? 0 : 4));
   const std::size_t avail = available_memory_bytes();
   if (avail != 0 && need > avail) {
     throw ConfigError(fmt::format("--params {} needs {} of host memory but {} is available; use a smaller --params",
-                                  args.params, format_bytes(need), format_bytes(avail)));
+                                  params_flag, format_bytes(need), format_bytes(avail)));
   }
   st.p = alloc(st.n * 4);
   st.m = alloc(st.n * 4);
@@ -190,6 +206,161 @@ int run_bench_adam(const BenchAdamArgs& args) {
     st.g_pristine = alloc(st.n * gb);
     if (gdt != DType::F32) st.scratch = alloc(st.n * 4);
   }
+}
+
+// What every printed row shares.
+struct BenchAdamRun {
+  const BenchAdamArgs& args;
+  std::size_t n;
+  DType gdt;
+  SimdLevel simd;
+  int reps;
+};
+
+// The title lines and the table's header (without --json).
+void print_header(const BenchAdamRun& run, bool phase) {
+  const std::size_t gb = dtype_bytes(run.gdt);
+  fmt::print("strata bench adam --mode {}: {} parameters, gradients {}, SIMD {}, best of {} repetitions\n",
+             run.args.mode, run.n, dtype_name(run.gdt), simd_level_name(run.simd), run.reps);
+  if (!phase) {
+    fmt::print("yardstick: Adam-shaped memory pass (read p,m,v,g; write p,m,v; {} bytes/param), run before and "
+               "after each AdamW repetition\n",
+               24 + gb);
+    fmt::print("{:>7}  {:>14}  {:>8}  {:>17}  {:>17}  {:>13}  {:>15}\n", "threads", "AdamW Mparam/s", "GB/s",
+               "pass before Mp/s", "pass after Mp/s", "fraction/mean", "fraction/faster");
+  } else {
+    fmt::print("fused = norm+non-finite pass, then unscale+clip+AdamW+bf16-copy pass; separate = unscale, "
+               "non-finite scan, norm, clip, AdamW, bf16 copy (6 parallel passes)\n");
+    fmt::print("{:>7}  {:>16}  {:>19}  {:>10}  {:>17}  {:>17}\n", "threads", "fused Mparam/s", "separate Mparam/s",
+               "fused/sep", "pass before Mp/s", "pass after Mp/s");
+  }
+}
+
+// Best seconds of the repetitions: the memory pass before and after, and the timed kernels
+// (a: AdamW or the fused phase; b: the separate passes, phase mode only).
+struct BestSeconds {
+  double before = 1e30, after = 1e30, a = 1e30, b = 1e30;
+};
+
+// --mode update: pass, AdamW, pass, after one warm-up of each.
+BestSeconds time_update(const optim::OptimShard& shard, const optim::CpuExec& exec, int reps) {
+  auto pass = [&] { optim::adam_shaped_memory_pass({&shard, 1}, exec); };
+  BestSeconds best;
+  optim::AdamParams params;
+  std::int64_t step = 1;
+  auto adam = [&] {
+    optim::adam_step(optim::make_adam_consts(params, step++, 1.0f), params.weight_decay_mode, {&shard, 1}, exec);
+  };
+  pass();  // warm-up: page faults, TBB workers
+  adam();
+  for (int r = 0; r < reps; ++r) {
+    best.before = std::min(best.before, seconds_of(pass));
+    best.a = std::min(best.a, seconds_of(adam));
+    best.after = std::min(best.after, seconds_of(pass));
+  }
+  return best;
+}
+
+// --mode phase: pass, fused phase, separate passes, pass; gradients restored before each phase.
+BestSeconds time_phase(BenchState& st, const optim::OptimShard& shard, tbb::task_arena& arena,
+                       const optim::CpuExec& exec, int reps) {
+  auto pass = [&] { optim::adam_shaped_memory_pass({&shard, 1}, exec); };
+  BestSeconds best;
+  optim::LossScalerConfig lc;
+  lc.initial_scale_power = 10;  // = loss_scale in run_bench_adam
+  optim::LossScaler fused_scaler(lc), unfused_scaler(lc);
+  optim::ParamGroup fused_group = optim::ParamGroup::adam("bench", optim::OptimizerKind::AdamW, optim::AdamParams{});
+  optim::ParamGroup unfused_group = fused_group;
+  const optim::PhaseOptions options{1.0};
+  const std::span<float> g32 =
+      st.grad_dtype == DType::F32 ? st.g.as<float>().subspan(0, st.n) : st.scratch.as<float>().subspan(0, st.n);
+  optim::PhaseResult last{};
+  auto fused = [&] { last = optim::fused_optimizer_phase(fused_group, {&shard, 1}, &fused_scaler, options, exec); };
+  auto unfused = [&] {
+    last = optim::unfused_optimizer_phase(unfused_group, {&shard, 1}, {&g32, 1}, &unfused_scaler, options, exec);
+  };
+  for (int r = -1; r < reps; ++r) {  // r = -1: warm-up
+    const double before = seconds_of(pass);
+    restore_grads(st, arena);
+    const double a = seconds_of(fused);
+    STRATA_CHECK(last.applied && last.clip_coef < 1.0, "bench phase: step skipped or not clipped");
+    restore_grads(st, arena);
+    const double b = seconds_of(unfused);
+    STRATA_CHECK(last.applied && last.clip_coef < 1.0, "bench phase: step skipped or not clipped");
+    const double after = seconds_of(pass);
+    if (r < 0) continue;
+    best.before = std::min(best.before, before);
+    best.a = std::min(best.a, a);
+    best.b = std::min(best.b, b);
+    best.after = std::min(best.after, after);
+  }
+  return best;
+}
+
+// One thread count's row of --mode update: AdamW's rate and its fraction of the memory pass's.
+void print_update_row(const BenchAdamRun& run, int threads, const BestSeconds& best) {
+  const double n = static_cast<double>(run.n);
+  const double adam_bytes = n * (24.0 + static_cast<double>(dtype_bytes(run.gdt)));
+  const double rate_before = n / best.before, rate_after = n / best.after, rate_a = n / best.a;
+  const double roofline = 0.5 * (rate_before + rate_after);
+  const double fraction = rate_a / roofline;
+  const double fraction_faster = rate_a / std::max(rate_before, rate_after);
+  if (run.args.json) {
+    nlohmann::json j = {{"mode", "update"},
+                        {"params", run.n},
+                        {"threads", threads},
+                        {"grad_dtype", dtype_name(run.gdt)},
+                        {"simd", simd_level_name(run.simd)},
+                        {"reps", run.reps},
+                        {"params_per_s", rate_a},
+                        {"gbps", adam_bytes / best.a / 1e9},
+                        {"roofline_params_per_s", roofline},
+                        {"roofline_before_params_per_s", rate_before},
+                        {"roofline_after_params_per_s", rate_after},
+                        {"roofline_fraction", fraction},
+                        {"roofline_fraction_of_faster_pass", fraction_faster}};
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("{:>7}  {:>14.1f}  {:>8.2f}  {:>17.1f}  {:>17.1f}  {:>13.3f}  {:>15.3f}\n", threads, rate_a / 1e6,
+               adam_bytes / best.a / 1e9, rate_before / 1e6, rate_after / 1e6, fraction, fraction_faster);
+  }
+}
+
+// One thread count's row of --mode phase: the fused phase beside the separate passes and the memory pass.
+void print_phase_row(const BenchAdamRun& run, int threads, const BestSeconds& best) {
+  const double n = static_cast<double>(run.n);
+  const double rate_before = n / best.before, rate_after = n / best.after, rate_a = n / best.a;
+  const double roofline = 0.5 * (rate_before + rate_after);
+  const double rate_b = n / best.b;
+  if (run.args.json) {
+    nlohmann::json j = {{"mode", "phase"},
+                        {"params", run.n},
+                        {"threads", threads},
+                        {"grad_dtype", dtype_name(run.gdt)},
+                        {"simd", simd_level_name(run.simd)},
+                        {"reps", run.reps},
+                        {"params_per_s", rate_a},
+                        {"separate_passes_params_per_s", rate_b},
+                        {"fused_over_separate", rate_a / rate_b},
+                        {"roofline_params_per_s", roofline},
+                        {"roofline_before_params_per_s", rate_before},
+                        {"roofline_after_params_per_s", rate_after},
+                        {"roofline_fraction", rate_a / roofline}};
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("{:>7}  {:>16.1f}  {:>19.1f}  {:>10.2f}  {:>17.1f}  {:>17.1f}\n", threads, rate_a / 1e6,
+               rate_b / 1e6, rate_a / rate_b, rate_before / 1e6, rate_after / 1e6);
+  }
+}
+
+int run_bench_adam(const BenchAdamArgs& args) {
+  const BenchAdamPlan plan = check_args(args);
+  const bool phase = plan.phase;
+  const int max_threads = plan.max_threads;
+  BenchState st;
+  st.n = plan.n;
+  st.grad_dtype = plan.gdt;
+  allocate_state(st, args.params, phase);
   const int reps = args.reps > 0 ? args.reps : (st.n <= 20'000'000 ? 20 : (st.n <= 200'000'000 ? 8 : 3));
   const SimdLevel simd = simd_level();
   const float loss_scale = 1024.0f;
@@ -207,119 +378,16 @@ int run_bench_adam(const BenchAdamArgs& args) {
     for (int t = 1; t <= max_threads; ++t) thread_counts.push_back(t);
   }
   const optim::OptimShard shard = st.shard(phase);
-  const double adam_bytes = static_cast<double>(st.n) * (24.0 + static_cast<double>(gb));
-
-  if (!args.json) {
-    fmt::print("strata bench adam --mode {}: {} parameters, gradients {}, SIMD {}, best of {} repetitions\n", args.mode,
-               st.n, dtype_name(gdt), simd_level_name(simd), reps);
-    if (!phase) {
-      fmt::print("yardstick: Adam-shaped memory pass (read p,m,v,g; write p,m,v; {} bytes/param), run before and "
-                 "after each AdamW repetition\n",
-                 24 + gb);
-      fmt::print("{:>7}  {:>14}  {:>8}  {:>17}  {:>17}  {:>13}  {:>15}\n", "threads", "AdamW Mparam/s", "GB/s",
-                 "pass before Mp/s", "pass after Mp/s", "fraction/mean", "fraction/faster");
-    } else {
-      fmt::print("fused = norm+non-finite pass, then unscale+clip+AdamW+bf16-copy pass; separate = unscale, "
-                 "non-finite scan, norm, clip, AdamW, bf16 copy (6 parallel passes)\n");
-      fmt::print("{:>7}  {:>16}  {:>19}  {:>10}  {:>17}  {:>17}\n", "threads", "fused Mparam/s", "separate Mparam/s",
-                 "fused/sep", "pass before Mp/s", "pass after Mp/s");
-    }
-  }
+  const BenchAdamRun run{args, st.n, plan.gdt, simd, reps};
+  if (!args.json) print_header(run, phase);
 
   for (int threads : thread_counts) {
     tbb::task_arena arena(threads);
     const optim::CpuExec exec{simd, &arena};
-    auto pass = [&] { optim::adam_shaped_memory_pass({&shard, 1}, exec); };
-    double best_before = 1e30, best_after = 1e30, best_a = 1e30, best_b = 1e30;
     if (!phase) {
-      optim::AdamParams params;
-      std::int64_t step = 1;
-      auto adam = [&] {
-        optim::adam_step(optim::make_adam_consts(params, step++, 1.0f), params.weight_decay_mode, {&shard, 1}, exec);
-      };
-      pass();  // warm-up: page faults, TBB workers
-      adam();
-      for (int r = 0; r < reps; ++r) {
-        best_before = std::min(best_before, seconds_of(pass));
-        best_a = std::min(best_a, seconds_of(adam));
-        best_after = std::min(best_after, seconds_of(pass));
-      }
+      print_update_row(run, threads, time_update(shard, exec, reps));
     } else {
-      optim::LossScalerConfig lc;
-      lc.initial_scale_power = 10;  // = loss_scale above
-      optim::LossScaler fused_scaler(lc), unfused_scaler(lc);
-      optim::ParamGroup fused_group = optim::ParamGroup::adam("bench", optim::OptimizerKind::AdamW, optim::AdamParams{});
-      optim::ParamGroup unfused_group = fused_group;
-      const optim::PhaseOptions options{1.0};
-      const std::span<float> g32 =
-          gdt == DType::F32 ? st.g.as<float>().subspan(0, st.n) : st.scratch.as<float>().subspan(0, st.n);
-      optim::PhaseResult last{};
-      auto fused = [&] { last = optim::fused_optimizer_phase(fused_group, {&shard, 1}, &fused_scaler, options, exec); };
-      auto unfused = [&] {
-        last = optim::unfused_optimizer_phase(unfused_group, {&shard, 1}, {&g32, 1}, &unfused_scaler, options, exec);
-      };
-      for (int r = -1; r < reps; ++r) {  // r = -1: warm-up
-        const double before = seconds_of(pass);
-        restore_grads(st, arena);
-        const double a = seconds_of(fused);
-        STRATA_CHECK(last.applied && last.clip_coef < 1.0, "bench phase: step skipped or not clipped");
-        restore_grads(st, arena);
-        const double b = seconds_of(unfused);
-        STRATA_CHECK(last.applied && last.clip_coef < 1.0, "bench phase: step skipped or not clipped");
-        const double after = seconds_of(pass);
-        if (r < 0) continue;
-        best_before = std::min(best_before, before);
-        best_a = std::min(best_a, a);
-        best_b = std::min(best_b, b);
-        best_after = std::min(best_after, after);
-      }
-    }
-    const double n = static_cast<double>(st.n);
-    const double rate_before = n / best_before, rate_after = n / best_after, rate_a = n / best_a;
-    const double roofline = 0.5 * (rate_before + rate_after);
-    if (!phase) {
-      const double fraction = rate_a / roofline;
-      const double fraction_faster = rate_a / std::max(rate_before, rate_after);
-      if (args.json) {
-        nlohmann::json j = {{"mode", "update"},
-                            {"params", st.n},
-                            {"threads", threads},
-                            {"grad_dtype", dtype_name(gdt)},
-                            {"simd", simd_level_name(simd)},
-                            {"reps", reps},
-                            {"params_per_s", rate_a},
-                            {"gbps", adam_bytes / best_a / 1e9},
-                            {"roofline_params_per_s", roofline},
-                            {"roofline_before_params_per_s", rate_before},
-                            {"roofline_after_params_per_s", rate_after},
-                            {"roofline_fraction", fraction},
-                            {"roofline_fraction_of_faster_pass", fraction_faster}};
-        fmt::print("{}\n", j.dump());
-      } else {
-        fmt::print("{:>7}  {:>14.1f}  {:>8.2f}  {:>17.1f}  {:>17.1f}  {:>13.3f}  {:>15.3f}\n", threads, rate_a / 1e6,
-                   adam_bytes / best_a / 1e9, rate_before / 1e6, rate_after / 1e6, fraction, fraction_faster);
-      }
-    } else {
-      const double rate_b = n / best_b;
-      if (args.json) {
-        nlohmann::json j = {{"mode", "phase"},
-                            {"params", st.n},
-                            {"threads", threads},
-                            {"grad_dtype", dtype_name(gdt)},
-                            {"simd", simd_level_name(simd)},
-                            {"reps", reps},
-                            {"params_per_s", rate_a},
-                            {"separate_passes_params_per_s", rate_b},
-                            {"fused_over_separate", rate_a / rate_b},
-                            {"roofline_params_per_s", roofline},
-                            {"roofline_before_params_per_s", rate_before},
-                            {"roofline_after_params_per_s", rate_after},
-                            {"roofline_fraction", rate_a / roofline}};
-        fmt::print("{}\n", j.dump());
-      } else {
-        fmt::print("{:>7}  {:>16.1f}  {:>19.1f}  {:>10.2f}  {:>17.1f}  {:>17.1f}\n", threads, rate_a / 1e6,
-                   rate_b / 1e6, rate_a / rate_b, rate_before / 1e6, rate_after / 1e6);
-      }
+      print_phase_row(run, threads, time_phase(st, shard, arena, exec, reps));
     }
     std::fflush(stdout);
   }
