@@ -1,10 +1,10 @@
 // The `cuda` backend of the Device abstraction (contract in core/device/device.h) over the CUDA
-// runtime: device memory from a stream-ordered pool of Strata's own (cudaMemPoolCreate +
-// cudaMallocFromPoolAsync / cudaFreeAsync) under Strata's own capacity accounting, non-blocking
-// cudaStreams, cudaEvents, cudaMemcpyAsync / cudaMemsetAsync, host functions through
-// cudaLaunchHostFunc, and page-locking through cudaHostRegister. No GPU is available where Strata
-// is developed, so this file is verified by compilation (warnings as errors) and by review; the
-// per-element math its kernels run is shared with the host and tested there.
+// runtime: non-blocking cudaStreams, cudaEvents, cudaMemcpyAsync / cudaMemsetAsync, host functions
+// through cudaLaunchHostFunc, the Device itself and opening it. Device memory (a stream-ordered
+// pool of Strata's own under Strata's own capacity accounting) and page-locking through
+// cudaHostRegister are the shared state's, in core/device/cuda_state_cuda.cc. No GPU is available
+// where Strata is developed, so this file is verified by compilation (warnings as errors) and by
+// review; the per-element math its kernels run is shared with the host and tested there.
 //
 // Note [Cuda lifetimes]: as on sim, the Device owns a shared CudaState (pool, allocation table,
 // pin registry, and every stream and event it handed out); DeviceMemory, Stream and Event hold it
@@ -13,34 +13,23 @@
 // allocation, and destroys the pool, streams and events — so a Stream/Event/DeviceMemory that
 // outlives its Device finds the state expired, throws DeviceError when used, and does nothing
 // when destroyed.
-//
-// Note [Cuda capacity]: the capacity is the memory limit (or, without one, the free memory when
-// the device was opened). Allocations are rounded up to 256 bytes and counted against it before
-// the pool is asked, so the cap holds even though the pool itself would grow to the whole GPU; a
-// pool failure is reported the same way (OutOfMemoryError with format_memory_report). The pool
-// keeps freed memory up to the capacity (release threshold) instead of returning it to the driver
-// at every synchronization. Its internal fragmentation is not visible through the runtime API, so
-// largest_free_block_bytes reports the free bytes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
-#include <set>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include "core/cuda_check.h"
+#include "core/device/cuda_state_cuda.h"
 #include "core/device/device.h"
 #include "core/error.h"
 #include "core/units.h"
@@ -48,270 +37,9 @@
 namespace strata {
 namespace {
 
-constexpr std::size_t kAllocGranularityBytes = 256;
-
-std::string cuda_text(cudaError_t err) { return fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err)); }
-
-// The runtime's current device is per host thread and callers come from any thread: every call
-// that depends on it runs inside one of these, which restores the caller's device afterwards.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int ordinal) {
-    STRATA_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != ordinal) STRATA_CUDA_CHECK(cudaSetDevice(ordinal));
-    restore_ = previous_ != ordinal;
-  }
-  // For noexcept paths (release, destructors): failures are logged, not thrown.
-  ScopedDevice(int ordinal, std::nothrow_t) noexcept {
-    if (cudaGetDevice(&previous_) != cudaSuccess) return;
-    restore_ = previous_ != ordinal && cudaSetDevice(ordinal) == cudaSuccess;
-  }
-  ~ScopedDevice() {
-    if (restore_) (void)cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
-
-void log_if_failed(cudaError_t err, const char* what, const std::string& device_name) noexcept {
-  if (err != cudaSuccess) spdlog::error("{}: {} failed: {}", device_name, what, cuda_text(err));
-}
-
-// What DeviceMemory, Stream and Event share with the Device (Note [Cuda lifetimes]).
-class CudaState final : public detail::DeviceMemoryReleaser {
- public:
-  CudaState(int ordinal_in, std::string name_in, std::size_t capacity) : ordinal(ordinal_in), name(std::move(name_in)) {
-    stats_.capacity_bytes = capacity;
-    ScopedDevice on(ordinal);
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = ordinal;
-    STRATA_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
-    try {
-      std::uint64_t keep_bytes = capacity;  // Note [Cuda capacity]
-      STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_bytes));
-      STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
-    } catch (...) {
-      (void)cudaMemPoolDestroy(pool_);
-      throw;
-    }
-  }
-
-  ~CudaState() override {
-    ScopedDevice on(ordinal, std::nothrow);
-    std::lock_guard lock(mutex_);
-    // Work still queued may read or write the memory freed below.
-    for (cudaStream_t s : streams_) log_if_failed(cudaStreamSynchronize(s), "cudaStreamSynchronize", name);
-    for (const auto& [ptr, a] : allocations_) log_if_failed(cudaFreeAsync(ptr, alloc_stream_), "cudaFreeAsync", name);
-    log_if_failed(cudaStreamSynchronize(alloc_stream_), "cudaStreamSynchronize", name);
-    for (const auto& [ptr, bytes] : pinned_) {
-      spdlog::warn("{}: host memory at {} ({}) was still pinned when the device was destroyed; unpinning it", name,
-                   ptr, format_bytes(bytes));
-      log_if_failed(cudaHostUnregister(ptr), "cudaHostUnregister", name);
-    }
-    for (cudaEvent_t e : events_) log_if_failed(cudaEventDestroy(e), "cudaEventDestroy", name);
-    for (cudaStream_t s : streams_) log_if_failed(cudaStreamDestroy(s), "cudaStreamDestroy", name);
-    log_if_failed(cudaStreamDestroy(alloc_stream_), "cudaStreamDestroy", name);
-    log_if_failed(cudaMemPoolDestroy(pool_), "cudaMemPoolDestroy", name);
-  }
-
-  CudaState(const CudaState&) = delete;
-  CudaState& operator=(const CudaState&) = delete;
-
-  // The allocation is usable on every stream when this returns: Device::allocate is not stream
-  // ordered, so the pool's stream-ordered allocation is synchronized once, on an internal stream
-  // that carries nothing else (cheap when the pool already holds the memory).
-  void* allocate(std::size_t bytes, std::string_view tag) {
-    const std::size_t rounded = (bytes + kAllocGranularityBytes - 1) / kAllocGranularityBytes * kAllocGranularityBytes;
-    {
-      std::lock_guard lock(mutex_);
-      if (stats_.allocated_bytes + rounded > stats_.capacity_bytes) {
-        ++stats_.failed_allocations;
-        throw_out_of_memory_locked(bytes, tag, "over the device's capacity");
-      }
-      stats_.allocated_bytes += rounded;  // reserved now, so concurrent callers cannot overshoot
-    }
-    void* ptr = nullptr;
-    cudaError_t err = cudaSuccess;
-    {
-      ScopedDevice on(ordinal);
-      err = cudaMallocFromPoolAsync(&ptr, bytes, pool_, alloc_stream_);
-      if (err == cudaSuccess) {
-        err = cudaStreamSynchronize(alloc_stream_);
-        if (err != cudaSuccess) (void)cudaFreeAsync(ptr, alloc_stream_);
-      }
-    }
-    std::lock_guard lock(mutex_);
-    if (err != cudaSuccess) {
-      stats_.allocated_bytes -= rounded;
-      ++stats_.failed_allocations;
-      (void)cudaGetLastError();  // allocation failures are not sticky; clear the runtime's last error
-      if (err == cudaErrorMemoryAllocation) throw_out_of_memory_locked(bytes, tag, "the CUDA memory pool is exhausted");
-      STRATA_CUDA_CHECK(err);
-    }
-    const std::string tag_name(tag);
-    allocations_.emplace(ptr, Allocation{rounded, tag_name, nullptr});
-    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-    const std::size_t tag_bytes = stats_.bytes_by_tag[tag_name] += rounded;
-    std::size_t& tag_peak = stats_.peak_bytes_by_tag[tag_name];
-    tag_peak = std::max(tag_peak, tag_bytes);
-    ++stats_.live_allocations;
-    ++stats_.total_allocations;
-    return ptr;
-  }
-
-  // DeviceMemory's destructor: frees on the internal stream (the caller has ensured, per the
-  // contract, that no stream still uses the memory), or on the stream release_after named.
-  void release(void* ptr) noexcept override {
-    cudaStream_t stream = nullptr;
-    {
-      std::lock_guard lock(mutex_);
-      auto it = allocations_.find(ptr);
-      if (it == allocations_.end()) {
-        spdlog::error("{}: release of {} which is not a live allocation of this device", name, ptr);
-        return;
-      }
-      const Allocation& a = it->second;
-      stream = a.free_on != nullptr ? a.free_on : alloc_stream_;
-      stats_.allocated_bytes -= a.bytes;
-      auto tag = stats_.bytes_by_tag.find(a.tag);
-      tag->second -= a.bytes;
-      if (tag->second == 0) stats_.bytes_by_tag.erase(tag);
-      --stats_.live_allocations;
-      allocations_.erase(it);
-    }
-    ScopedDevice on(ordinal, std::nothrow);
-    log_if_failed(cudaFreeAsync(ptr, stream), "cudaFreeAsync", name);
-  }
-
-  // Stream::release_after: the next release of `ptr` frees it in `stream`'s order. False if `ptr`
-  // is not an allocation of this device.
-  bool free_on_stream(void* ptr, cudaStream_t stream) {
-    std::lock_guard lock(mutex_);
-    auto it = allocations_.find(ptr);
-    if (it == allocations_.end()) return false;
-    it->second.free_on = stream;
-    return true;
-  }
-
-  MemoryStats stats() const {
-    std::lock_guard lock(mutex_);
-    return stats_locked();
-  }
-
-  void reset_peak() {
-    std::lock_guard lock(mutex_);
-    stats_.peak_allocated_bytes = stats_.allocated_bytes;
-    stats_.peak_bytes_by_tag = stats_.bytes_by_tag;
-  }
-
-  // cudaHostRegister of a large buffer takes a while, so it runs outside the lock; the registry
-  // entry is claimed first so that two threads cannot pin the same memory.
-  void pin(void* ptr, std::size_t bytes) {
-    if (ptr == nullptr || bytes == 0) {
-      throw DeviceError(fmt::format("{}: pin_host({}, {} bytes): nothing to pin; pass a non-empty host buffer", name,
-                                    ptr, bytes));
-    }
-    {
-      std::lock_guard lock(mutex_);
-      if (!pinned_.emplace(ptr, 0).second) {
-        throw DeviceError(fmt::format("{}: pin_host({}): this host memory is already pinned; unpin it first", name, ptr));
-      }
-    }
-    cudaError_t err = cudaSuccess;
-    {
-      ScopedDevice on(ordinal, std::nothrow);
-      err = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
-    }
-    std::lock_guard lock(mutex_);
-    if (err != cudaSuccess) {
-      pinned_.erase(ptr);
-      (void)cudaGetLastError();
-      throw DeviceError(fmt::format(
-          "{}: cannot page-lock {} of host memory at {}: cudaHostRegister: {}. Pinned memory is limited by "
-          "`ulimit -l` (RLIMIT_MEMLOCK) and by the machine's RAM; raise the limit or use smaller pinned buffers",
-          name, format_bytes(bytes), ptr, cuda_text(err)));
-    }
-    pinned_[ptr] = bytes;
-    stats_.pinned_host_bytes += bytes;
-  }
-
-  void unpin(void* ptr) noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      auto it = pinned_.find(ptr);
-      if (it == pinned_.end()) {
-        spdlog::error("{}: unpin_host({}) of memory this device did not pin", name, ptr);
-        return;
-      }
-      stats_.pinned_host_bytes -= it->second;
-      pinned_.erase(it);
-    }
-    ScopedDevice on(ordinal, std::nothrow);
-    log_if_failed(cudaHostUnregister(ptr), "cudaHostUnregister", name);
-  }
-
-  // Streams and events are registered so that the state's destructor can destroy the ones that
-  // outlive the Device (Note [Cuda lifetimes]).
-  void add_stream(cudaStream_t s) {
-    std::lock_guard lock(mutex_);
-    streams_.insert(s);
-  }
-  void destroy_stream(cudaStream_t s) noexcept {
-    std::lock_guard lock(mutex_);
-    if (streams_.erase(s) == 0) return;
-    ScopedDevice on(ordinal, std::nothrow);
-    // cudaStreamDestroy returns at once and lets queued work finish, as a Stream's destructor should.
-    log_if_failed(cudaStreamDestroy(s), "cudaStreamDestroy", name);
-  }
-  void add_event(cudaEvent_t e) {
-    std::lock_guard lock(mutex_);
-    events_.insert(e);
-  }
-  void destroy_event(cudaEvent_t e) noexcept {
-    std::lock_guard lock(mutex_);
-    if (events_.erase(e) == 0) return;
-    ScopedDevice on(ordinal, std::nothrow);
-    log_if_failed(cudaEventDestroy(e), "cudaEventDestroy", name);
-  }
-
-  const int ordinal;
-  const std::string name;
-
- private:
-  struct Allocation {
-    std::size_t bytes;     // rounded, as counted
-    std::string tag;
-    cudaStream_t free_on;  // set by release_after; null: the internal stream
-  };
-
-  MemoryStats stats_locked() const {
-    MemoryStats s = stats_;
-    s.free_bytes = s.capacity_bytes - std::min(s.capacity_bytes, s.allocated_bytes);
-    s.largest_free_block_bytes = s.free_bytes;  // Note [Cuda capacity]
-    return s;
-  }
-
-  [[noreturn]] void throw_out_of_memory_locked(std::size_t bytes, std::string_view tag, std::string_view why) const {
-    throw OutOfMemoryError(fmt::format("cannot allocate {} for '{}' on {}: {}\n{}", format_bytes(bytes), tag, name, why,
-                                       format_memory_report(name, stats_locked())));
-  }
-
-  mutable std::mutex mutex_;
-  cudaMemPool_t pool_ = nullptr;
-  cudaStream_t alloc_stream_ = nullptr;
-  MemoryStats stats_;
-  std::unordered_map<void*, Allocation> allocations_;
-  std::map<void*, std::size_t> pinned_;
-  std::set<cudaStream_t> streams_;
-  std::set<cudaEvent_t> events_;
-};
+using cuda_backend::CudaState;
+using cuda_backend::cuda_text;
+using cuda_backend::ScopedDevice;
 
 [[noreturn]] void throw_destroyed(std::string_view device_name, std::string_view owner, std::string_view what) {
   throw DeviceError(fmt::format("device {} was destroyed; {} was used afterwards ({}). Streams, events and device "
