@@ -398,11 +398,35 @@ struct BlockPass {
   }
 };
 
-}  // namespace
+// One micro-batch through the whole model: what the phases of Decoder::run share, with the
+// shorthands their kernel calls use.
+struct ModelPass {
+  const ModelConfig& c;
+  const DecoderLayout& layout;
+  const KernelContext& ctx;
+  ParamProvider& provider;
+  Decoder::Workspace& ws;
+  const BlockPass& pass;
+  std::int64_t batch, seq;
+  bool training;
+  bool keep_all;  // every block keeps its activations (training without checkpointing)
+  Stream* stream = ctx.stream;
+  DType dt = c.dtype;
+  std::int64_t n = batch * seq, C = c.d_model, V = c.vocab_size;
+  std::size_t emb = layout.embedding, head = layout.head;
 
-LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
-                     const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool training, float grad_scale) {
-  const ModelConfig& c = config_;
+  // Forward through the embedding and the blocks.
+  void forward_blocks() const;
+  // Head: final norm, logits, fused softmax + cross-entropy (and, training, the head's backward).
+  void run_head(float grad_scale) const;
+  // Backward through the blocks, last first (recomputing a block's forward under checkpointing),
+  // then the embedding's.
+  void backward_blocks() const;
+};
+
+// The shape and the tokens of a micro-batch, before anything runs.
+void check_tokens(const ModelConfig& c, const std::int32_t* tokens, const std::int32_t* targets, std::int64_t batch,
+                  std::int64_t seq) {
   if (seq < 1 || seq > c.max_seq_len) {
     throw ConfigError(fmt::format("sequence length {} is outside 1..{} (model '{}' max_seq_len)", seq, c.max_seq_len, c.name));
   }
@@ -414,23 +438,9 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
                                     tokens[i], targets[i], i, c.name, c.vocab_size));
     }
   }
-  Workspace& ws = workspace(rt, batch, seq, training);
-  const KernelContext& ctx = rt.ctx;
-  Stream* stream = ctx.stream;
-  const DType dt = c.dtype;
-  const std::int64_t C = c.d_model, V = c.vocab_size;
-  if (stream == nullptr) {
-    std::memcpy(ws.tokens, tokens, static_cast<std::size_t>(n) * 4);
-    std::memcpy(ws.targets, targets, static_cast<std::size_t>(n) * 4);
-  } else {
-    stream->copy_h2d(ws.tokens, tokens, static_cast<std::size_t>(n) * 4);
-    stream->copy_h2d(ws.targets, targets, static_cast<std::size_t>(n) * 4);
-  }
-  const bool keep_all = training && options_.checkpointing == Checkpointing::Off;
-  const BlockPass pass{c, ctx, batch, seq, layout_.tiling.chunks};
-  const std::size_t emb = layout_.embedding, head = layout_.head;
+}
 
-  // Forward.
+void ModelPass::forward_blocks() const {
   {
     const GroupViews w = provider.acquire_params(emb, ParamPhase::Forward, stream);
     embedding_forward(ctx, dt, ws.tokens, w[embedding_group::kWte],
@@ -438,84 +448,89 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
     provider.release_params(emb, stream);
   }
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    const BlockGroups& bg = layout_.blocks[static_cast<std::size_t>(l)];
+    const BlockGroups& bg = layout.blocks[static_cast<std::size_t>(l)];
     const BlockParams bp{provider, bg, ParamPhase::Forward, stream,
                          provider.acquire_params(bg.base, ParamPhase::Forward, stream), {}};
     pass.forward(bp, ws.x[static_cast<std::size_t>(l)], ws.x[static_cast<std::size_t>(l + 1)],
                  ws.acts[keep_all ? static_cast<std::size_t>(l) : 0], ws.tmp);
     provider.release_params(bg.base, stream);
   }
-  // Head: final norm, logits, fused softmax + cross-entropy (and, training, the head's backward).
-  {
-    const GroupViews hw = provider.acquire_params(head, ParamPhase::Forward, stream);
-    const bool tied = c.arch == Architecture::Gpt2;
-    GroupViews ew;
-    if (tied) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
-    const void* head_w = tied ? ew[embedding_group::kWte] : hw[head_group::kLmHead];
-    void* x_final = ws.x.back();
-    if (tied) {
-      layernorm_forward(ctx, dt, x_final, hw[head_group::kNormW], hw[head_group::kNormB], ws.lnf_out, ws.lnf_mean,
-                        ws.lnf_rstd, n, C, c.norm_eps);
-    } else {
-      rmsnorm_forward(ctx, dt, x_final, hw[head_group::kNormW], ws.lnf_out, ws.lnf_rstd, n, C, c.norm_eps);
-    }
-    linear_forward(ctx, dt, ws.lnf_out, C, head_w, nullptr, ws.logits, V, batch, seq, C, V);
-    cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, training ? ws.logits : nullptr, n, V, V, grad_scale);
-    if (training) {
-      const GroupViews hg = provider.acquire_grads(head, stream);
-      if (tied) {
-        // Only d(lnf_out) now; the tied weight's gradient is added with the embedding's, per sequence
-        // (Note [Tied embedding gradient order]).
-        MatmulArgs a{dt, Trans::No, Trans::No, seq, C, V, ws.logits, V, seq * V, head_w, C, 0, ws.dln, C, seq * C, batch};
-        matmul(ctx, a);
-      } else {
-        linear_backward(ctx, dt, ws.lnf_out, C, head_w, ws.logits, V, ws.dln, C, Accumulate::No, hg[head_group::kLmHead],
-                        nullptr, batch, seq, C, V);
-      }
-      if (tied) {
-        layernorm_backward(ctx, dt, ws.dln, x_final, hw[head_group::kNormW], ws.lnf_mean, ws.lnf_rstd, ws.dres,
-                           hg[head_group::kNormW], hg[head_group::kNormB], n, C, Accumulate::No);
-      } else {
-        rmsnorm_backward(ctx, dt, ws.dln, x_final, hw[head_group::kNormW], ws.lnf_rstd, ws.dres, hg[head_group::kNormW],
-                         n, C, Accumulate::No);
-      }
-      provider.grads_ready(head, stream);
-    }
-    if (tied) provider.release_params(emb, stream);
-    provider.release_params(head, stream);
+}
+
+void ModelPass::run_head(float grad_scale) const {
+  const GroupViews hw = provider.acquire_params(head, ParamPhase::Forward, stream);
+  const bool tied = c.arch == Architecture::Gpt2;
+  GroupViews ew;
+  if (tied) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
+  const void* head_w = tied ? ew[embedding_group::kWte] : hw[head_group::kLmHead];
+  void* x_final = ws.x.back();
+  if (tied) {
+    layernorm_forward(ctx, dt, x_final, hw[head_group::kNormW], hw[head_group::kNormB], ws.lnf_out, ws.lnf_mean,
+                      ws.lnf_rstd, n, C, c.norm_eps);
+  } else {
+    rmsnorm_forward(ctx, dt, x_final, hw[head_group::kNormW], ws.lnf_out, ws.lnf_rstd, n, C, c.norm_eps);
   }
+  linear_forward(ctx, dt, ws.lnf_out, C, head_w, nullptr, ws.logits, V, batch, seq, C, V);
+  cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, training ? ws.logits : nullptr, n, V, V, grad_scale);
   if (training) {
-    for (std::int64_t l = c.n_layers - 1; l >= 0; --l) {
-      const BlockGroups& bg = layout_.blocks[static_cast<std::size_t>(l)];
-      BlockParams bp{provider, bg, ParamPhase::Backward, stream,
-                     provider.acquire_params(bg.base, ParamPhase::Backward, stream), {}};
-      const auto& a = ws.acts[keep_all ? static_cast<std::size_t>(l) : 0];
-      const void* x_in = ws.x[static_cast<std::size_t>(l)];
-      if (!keep_all) pass.forward(bp, x_in, ws.x[static_cast<std::size_t>(l + 1)], a, ws.tmp);  // recompute
-      bp.g = provider.acquire_grads(bg.base, stream);
-      pass.backward(bp, x_in, a, ws);
-      provider.grads_ready(bg.base, stream);
-      provider.release_params(bg.base, stream);
+    const GroupViews hg = provider.acquire_grads(head, stream);
+    if (tied) {
+      // Only d(lnf_out) now; the tied weight's gradient is added with the embedding's, per sequence
+      // (Note [Tied embedding gradient order]).
+      MatmulArgs a{dt, Trans::No, Trans::No, seq, C, V, ws.logits, V, seq * V, head_w, C, 0, ws.dln, C, seq * C, batch};
+      matmul(ctx, a);
+    } else {
+      linear_backward(ctx, dt, ws.lnf_out, C, head_w, ws.logits, V, ws.dln, C, Accumulate::No, hg[head_group::kLmHead],
+                      nullptr, batch, seq, C, V);
     }
-    const GroupViews w = provider.acquire_params(emb, ParamPhase::Backward, stream);
-    const GroupViews g = provider.acquire_grads(emb, stream);
-    // Note [Tied embedding gradient order]: GPT-2's wte gets two contributions per sequence, from
-    // the head (dlogits^T lnf_out; the logits buffer still holds dlogits) and from the lookup. They
-    // are added sequence by sequence, head then lookup, so that any split into micro-batches adds
-    // them in the same order (Note [Micro-batch invariance] in decoder.h).
-    for (std::int64_t b = 0; b < batch; ++b) {
-      if (c.arch == Architecture::Gpt2) {
-        MatmulArgs dw{dt, Trans::Yes, Trans::No, V, C, seq, at(ws.logits, b * seq * V, dt), V, 0,
-                      at(ws.lnf_out, b * seq * C, dt), C, 0, g[embedding_group::kWte], C, 0, 1};
-        dw.beta = 1.0f;
-        matmul(ctx, dw);
-      }
-      embedding_backward(ctx, dt, ws.tokens + b * seq, at(ws.dres, b * seq * C, dt), g[embedding_group::kWte],
-                         c.arch == Architecture::Gpt2 ? g[embedding_group::kWpe] : nullptr, 1, seq, C);
+    if (tied) {
+      layernorm_backward(ctx, dt, ws.dln, x_final, hw[head_group::kNormW], ws.lnf_mean, ws.lnf_rstd, ws.dres,
+                         hg[head_group::kNormW], hg[head_group::kNormB], n, C, Accumulate::No);
+    } else {
+      rmsnorm_backward(ctx, dt, ws.dln, x_final, hw[head_group::kNormW], ws.lnf_rstd, ws.dres, hg[head_group::kNormW],
+                       n, C, Accumulate::No);
     }
-    provider.grads_ready(emb, stream);
-    provider.release_params(emb, stream);
+    provider.grads_ready(head, stream);
   }
+  if (tied) provider.release_params(emb, stream);
+  provider.release_params(head, stream);
+}
+
+void ModelPass::backward_blocks() const {
+  for (std::int64_t l = c.n_layers - 1; l >= 0; --l) {
+    const BlockGroups& bg = layout.blocks[static_cast<std::size_t>(l)];
+    BlockParams bp{provider, bg, ParamPhase::Backward, stream,
+                   provider.acquire_params(bg.base, ParamPhase::Backward, stream), {}};
+    const auto& a = ws.acts[keep_all ? static_cast<std::size_t>(l) : 0];
+    const void* x_in = ws.x[static_cast<std::size_t>(l)];
+    if (!keep_all) pass.forward(bp, x_in, ws.x[static_cast<std::size_t>(l + 1)], a, ws.tmp);  // recompute
+    bp.g = provider.acquire_grads(bg.base, stream);
+    pass.backward(bp, x_in, a, ws);
+    provider.grads_ready(bg.base, stream);
+    provider.release_params(bg.base, stream);
+  }
+  const GroupViews w = provider.acquire_params(emb, ParamPhase::Backward, stream);
+  const GroupViews g = provider.acquire_grads(emb, stream);
+  // Note [Tied embedding gradient order]: GPT-2's wte gets two contributions per sequence, from
+  // the head (dlogits^T lnf_out; the logits buffer still holds dlogits) and from the lookup. They
+  // are added sequence by sequence, head then lookup, so that any split into micro-batches adds
+  // them in the same order (Note [Micro-batch invariance] in decoder.h).
+  for (std::int64_t b = 0; b < batch; ++b) {
+    if (c.arch == Architecture::Gpt2) {
+      MatmulArgs dw{dt, Trans::Yes, Trans::No, V, C, seq, at(ws.logits, b * seq * V, dt), V, 0,
+                    at(ws.lnf_out, b * seq * C, dt), C, 0, g[embedding_group::kWte], C, 0, 1};
+      dw.beta = 1.0f;
+      matmul(ctx, dw);
+    }
+    embedding_backward(ctx, dt, ws.tokens + b * seq, at(ws.dres, b * seq * C, dt), g[embedding_group::kWte],
+                       c.arch == Architecture::Gpt2 ? g[embedding_group::kWpe] : nullptr, 1, seq, C);
+  }
+  provider.grads_ready(emb, stream);
+  provider.release_params(emb, stream);
+}
+
+// The micro-batch's loss: the per-token losses back on the host, summed over counted targets.
+LossSum sum_losses(Stream* stream, const Decoder::Workspace& ws, const std::int32_t* targets, std::int64_t n) {
   std::vector<float> losses(static_cast<std::size_t>(n));
   if (stream == nullptr) {
     std::memcpy(losses.data(), ws.losses, losses.size() * 4);
@@ -530,6 +545,32 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
     ++out.tokens;
   }
   return out;
+}
+
+}  // namespace
+
+LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
+                     const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool training, float grad_scale) {
+  const ModelConfig& c = config_;
+  check_tokens(c, tokens, targets, batch, seq);
+  const std::int64_t n = batch * seq;
+  Workspace& ws = workspace(rt, batch, seq, training);
+  const KernelContext& ctx = rt.ctx;
+  Stream* stream = ctx.stream;
+  if (stream == nullptr) {
+    std::memcpy(ws.tokens, tokens, static_cast<std::size_t>(n) * 4);
+    std::memcpy(ws.targets, targets, static_cast<std::size_t>(n) * 4);
+  } else {
+    stream->copy_h2d(ws.tokens, tokens, static_cast<std::size_t>(n) * 4);
+    stream->copy_h2d(ws.targets, targets, static_cast<std::size_t>(n) * 4);
+  }
+  const bool keep_all = training && options_.checkpointing == Checkpointing::Off;
+  const BlockPass pass{c, ctx, batch, seq, layout_.tiling.chunks};
+  const ModelPass m{c, layout_, ctx, provider, ws, pass, batch, seq, training, keep_all};
+  m.forward_blocks();
+  m.run_head(grad_scale);
+  if (training) m.backward_blocks();
+  return sum_losses(stream, ws, targets, n);
 }
 
 LossSum accumulate_step_gradients(Decoder& decoder, const DecoderRuntime& rt, ParamProvider& provider,
