@@ -59,6 +59,82 @@ std::string_view safetensors_dtype_name(DType dtype) {
 
 std::string format_shape(std::span<const std::int64_t> shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
+namespace {
+
+// One tensor's entry of the header, checked on its own: known fields and dtype, a sane shape, and
+// data_offsets that match the shape and lie inside the data buffer.
+SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& value, std::uint64_t data_bytes,
+                             const std::string& where) {
+  const std::string t = fmt::format("tensor '{}'", name);
+  if (!value.is_object()) bad(where, t + " is not a JSON object");
+  for (const auto& [k, v] : value.items()) {
+    (void)v;
+    if (k != "dtype" && k != "shape" && k != "data_offsets") bad(where, fmt::format("{} has unknown field '{}'", t, k));
+  }
+  SafetensorsEntry e;
+  e.name = name;
+  if (!value.contains("dtype") || !value["dtype"].is_string()) bad(where, t + " has no string 'dtype'");
+  e.dtype_name = value["dtype"].get<std::string>();
+  const std::size_t esize = safetensors_dtype_bytes(e.dtype_name);
+  if (esize == 0) bad(where, fmt::format("{} has unknown dtype '{}'", t, e.dtype_name));
+  if (e.dtype_name == "F32") e.dtype = DType::F32;
+  if (e.dtype_name == "BF16") e.dtype = DType::BF16;
+  if (e.dtype_name == "F16") e.dtype = DType::F16;
+  if (!value.contains("shape") || !value["shape"].is_array()) bad(where, t + " has no array 'shape'");
+  std::uint64_t elems = 1;
+  for (const auto& d : value["shape"]) {
+    if (!d.is_number_integer() || d.get<std::int64_t>() < 0) bad(where, t + " has a shape entry that is not a non-negative integer");
+    const auto dim = d.get<std::int64_t>();
+    if (dim != 0 && elems > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(dim)) bad(where, t + " has an absurdly large shape");
+    elems *= static_cast<std::uint64_t>(dim);
+    e.shape.push_back(dim);
+  }
+  const auto& off = value.contains("data_offsets") ? value["data_offsets"] : nlohmann::json();
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+    bad(where, t + " needs 'data_offsets' as two non-negative integers [begin, end]");
+  }
+  e.data_begin = off[0].get<std::uint64_t>();
+  e.data_end = off[1].get<std::uint64_t>();
+  if (e.data_end < e.data_begin) bad(where, fmt::format("{} has data_offsets [{}, {}] with end before begin", t, e.data_begin, e.data_end));
+  if (e.bytes() != elems * esize) {
+    bad(where, fmt::format("{} of shape {} and dtype {} needs {} bytes but its data_offsets span {}", t,
+                           format_shape(e.shape), e.dtype_name, elems * esize, e.bytes()));
+  }
+  if (e.data_end > data_bytes) {
+    bad(where, fmt::format("{} has data_offsets [{}, {}] past the end of the data buffer ({} bytes); the file is "
+                           "truncated or corrupt",
+                           t, e.data_begin, e.data_end, data_bytes));
+  }
+  return e;
+}
+
+// The tensors sorted by offset, checked to tile the data buffer exactly: no overlap, no hole, no
+// trailing bytes.
+void sort_and_check_coverage(std::vector<SafetensorsEntry>& tensors, std::uint64_t data_bytes, const std::string& where) {
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) {
+    return a.data_begin != b.data_begin ? a.data_begin < b.data_begin : a.data_end < b.data_end;
+  });
+  std::uint64_t expected = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& e = tensors[i];
+    if (e.data_begin < expected) {
+      bad(where, fmt::format("tensor '{}' (bytes [{}, {})) overlaps tensor '{}' (bytes [{}, {}))", e.name, e.data_begin,
+                             e.data_end, tensors[i - 1].name, tensors[i - 1].data_begin, tensors[i - 1].data_end));
+    }
+    if (e.data_begin > expected) {
+      bad(where, fmt::format("the data buffer has a hole of {} bytes before tensor '{}' (the format forbids holes)",
+                             e.data_begin - expected, e.name));
+    }
+    expected = e.data_end;
+  }
+  if (expected != data_bytes) {
+    bad(where, fmt::format("the tensors cover {} bytes but the data buffer has {} (trailing garbage or a wrong header)",
+                           expected, data_bytes));
+  }
+}
+
+}  // namespace
+
 SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint64_t data_bytes,
                                            const std::string& where) {
   nlohmann::json j;
@@ -78,68 +154,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
       }
       continue;
     }
-    const std::string t = fmt::format("tensor '{}'", name);
-    if (!value.is_object()) bad(where, t + " is not a JSON object");
-    for (const auto& [k, v] : value.items()) {
-      (void)v;
-      if (k != "dtype" && k != "shape" && k != "data_offsets") bad(where, fmt::format("{} has unknown field '{}'", t, k));
-    }
-    SafetensorsEntry e;
-    e.name = name;
-    if (!value.contains("dtype") || !value["dtype"].is_string()) bad(where, t + " has no string 'dtype'");
-    e.dtype_name = value["dtype"].get<std::string>();
-    const std::size_t esize = safetensors_dtype_bytes(e.dtype_name);
-    if (esize == 0) bad(where, fmt::format("{} has unknown dtype '{}'", t, e.dtype_name));
-    if (e.dtype_name == "F32") e.dtype = DType::F32;
-    if (e.dtype_name == "BF16") e.dtype = DType::BF16;
-    if (e.dtype_name == "F16") e.dtype = DType::F16;
-    if (!value.contains("shape") || !value["shape"].is_array()) bad(where, t + " has no array 'shape'");
-    std::uint64_t elems = 1;
-    for (const auto& d : value["shape"]) {
-      if (!d.is_number_integer() || d.get<std::int64_t>() < 0) bad(where, t + " has a shape entry that is not a non-negative integer");
-      const auto dim = d.get<std::int64_t>();
-      if (dim != 0 && elems > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(dim)) bad(where, t + " has an absurdly large shape");
-      elems *= static_cast<std::uint64_t>(dim);
-      e.shape.push_back(dim);
-    }
-    const auto& off = value.contains("data_offsets") ? value["data_offsets"] : nlohmann::json();
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      bad(where, t + " needs 'data_offsets' as two non-negative integers [begin, end]");
-    }
-    e.data_begin = off[0].get<std::uint64_t>();
-    e.data_end = off[1].get<std::uint64_t>();
-    if (e.data_end < e.data_begin) bad(where, fmt::format("{} has data_offsets [{}, {}] with end before begin", t, e.data_begin, e.data_end));
-    if (e.bytes() != elems * esize) {
-      bad(where, fmt::format("{} of shape {} and dtype {} needs {} bytes but its data_offsets span {}", t,
-                             format_shape(e.shape), e.dtype_name, elems * esize, e.bytes()));
-    }
-    if (e.data_end > data_bytes) {
-      bad(where, fmt::format("{} has data_offsets [{}, {}] past the end of the data buffer ({} bytes); the file is "
-                             "truncated or corrupt",
-                             t, e.data_begin, e.data_end, data_bytes));
-    }
-    out.tensors.push_back(std::move(e));
+    out.tensors.push_back(parse_entry(name, value, data_bytes, where));
   }
-  std::sort(out.tensors.begin(), out.tensors.end(), [](const auto& a, const auto& b) {
-    return a.data_begin != b.data_begin ? a.data_begin < b.data_begin : a.data_end < b.data_end;
-  });
-  std::uint64_t expected = 0;
-  for (std::size_t i = 0; i < out.tensors.size(); ++i) {
-    const auto& e = out.tensors[i];
-    if (e.data_begin < expected) {
-      bad(where, fmt::format("tensor '{}' (bytes [{}, {})) overlaps tensor '{}' (bytes [{}, {}))", e.name, e.data_begin,
-                             e.data_end, out.tensors[i - 1].name, out.tensors[i - 1].data_begin, out.tensors[i - 1].data_end));
-    }
-    if (e.data_begin > expected) {
-      bad(where, fmt::format("the data buffer has a hole of {} bytes before tensor '{}' (the format forbids holes)",
-                             e.data_begin - expected, e.name));
-    }
-    expected = e.data_end;
-  }
-  if (expected != data_bytes) {
-    bad(where, fmt::format("the tensors cover {} bytes but the data buffer has {} (trailing garbage or a wrong header)",
-                           expected, data_bytes));
-  }
+  sort_and_check_coverage(out.tensors, data_bytes, where);
   return out;
 }
 
