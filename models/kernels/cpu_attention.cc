@@ -137,6 +137,7 @@ void attention_forward(DType dtype, const AttentionShape& shape, const void* q, 
   });
 }
 
+// Kept as one piece (~120 lines): both backward passes share the dtype dispatch, delta and the tile lambdas.
 void attention_backward(DType dtype, const AttentionShape& shape, const void* q, const void* k, const void* v,
                         const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv) {
   const Layout L{shape};
