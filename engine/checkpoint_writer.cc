@@ -66,7 +66,7 @@ void agree(Communicator& world, const std::exception_ptr& error, const std::stri
 // [Checkpoint copy] in engine/zero_engine_state.cc), each at a 4 KiB boundary, written with
 // O_DIRECT (buffered where the file system refuses it) through an I/O engine of its own, either
 // copied after the step (copy()) or captured during it (capture_sink(), Note [Checkpoint capture]
-// in engine/zero_engine_offload.cc).
+// in engine/state_home_tiered_state.cc).
 class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
  public:
   RankFileWriter(ZeroEngine& engine, const TrainConfig& config, const std::string& parent, const std::string& tmp_dir,

@@ -42,7 +42,7 @@ int counter_levels(int accumulation) { return std::bit_width(static_cast<unsigne
 
 // Chunk size: the most any chunk job stages in one pinned slot per element (a combine's staging,
 // partial sums, scratch, plus the state and new weights of an overlapped update), times the chunk,
-// fits a slot (engine/zero_engine_offload.cc builds those jobs).
+// fits a slot (engine/state_home_tiered.cc builds those jobs).
 void plan_chunks(const TrainConfig& c, RunPlan& p) {
   OffloadPlan& o = p.offload;
   const std::size_t wbytes = p.working_bytes();

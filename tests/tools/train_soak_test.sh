@@ -7,7 +7,7 @@
 #   open file descriptors: between checkpoints, the fewest of every stretch of steps between two
 #     checkpoints equals step 41's count (a descriptor leaked per step or per checkpoint raises
 #     it); on the steps writing a checkpoint (which also hold the checkpoint's data file and I/O
-#     ring while the optimizer writes into it: engine/zero_engine_offload.cc, Note [Checkpoint
+#     ring while the optimizer writes into it: engine/state_home_tiered_state.cc, Note [Checkpoint
 #     capture]), the fewest over all of them equals step 40's count. Any step may sample up to 2
 #     more while the background deletion of a retired checkpoint (engine/checkpoint_retention.cc,
 #     Note [Pruning in the background]) holds directory streams open; more than that fails too;
