@@ -28,7 +28,9 @@ void UniqueFd::reset() noexcept {
 }
 
 UniqueFd open_for_read(const std::string& path, std::string_view what, Symlinks symlinks) {
-  int flags = O_RDONLY | O_CLOEXEC;
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; it is
+  // refused below, and on a regular file the flag changes nothing.
+  int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
   if (symlinks == Symlinks::Refuse) flags |= O_NOFOLLOW;
   UniqueFd fd(::open(path.c_str(), flags));
   if (!fd.valid()) {
@@ -41,7 +43,44 @@ UniqueFd open_for_read(const std::string& path, std::string_view what, Symlinks 
     }
     throw IoError(fmt::format("cannot open {} {}: {}; check the path", what, path, errno_text(err)), err);
   }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    const int err = errno;
+    throw IoError(fmt::format("cannot stat {} {}: {}", what, path, errno_text(err)), err);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw IoError(fmt::format("{} {} is a directory; give the path of the file itself", what, path), EISDIR);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw IoError(fmt::format("{} {} is not a regular file (a FIFO, socket or device); Strata reads a {} from a "
+                              "regular file only: copy the data into one",
+                              what, path, what),
+                  EINVAL);
+  }
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   return fd;
+}
+
+void ensure_directory(const std::string& dir, std::string_view what) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) throw ConfigError(fmt::format("{} {} exists and is not a directory", what, dir));
+    return;
+  }
+  std::string parent = dir;
+  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+  const std::size_t slash = parent.rfind('/');
+  parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : parent.substr(0, slash));
+  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw ConfigError(fmt::format("{} {} does not exist, and neither does its parent {}; Strata creates only the last "
+                                  "component of a path: check it for a typo, or create {} first",
+                                  what, dir, parent, parent));
+  }
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    const int err = errno;
+    throw ConfigError(fmt::format("{} {} cannot be created: {}; choose a writable location", what, dir,
+                                  errno_text(err)));
+  }
 }
 
 UniqueFd create_new_file(const std::string& path, std::string_view what, unsigned mode) {

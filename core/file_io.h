@@ -41,9 +41,15 @@ class UniqueFd {
 enum class Symlinks : std::uint8_t { Follow, Refuse };
 
 // Opens `path` for reading. IoError naming `what` (e.g. "token file"), the path and errno; with
-// Symlinks::Refuse a symbolic link at `path` is refused (O_NOFOLLOW) with a message saying so.
+// Symlinks::Refuse a symbolic link at `path` is refused (O_NOFOLLOW) with a message saying so. A
+// directory, FIFO, socket or device is refused with a message saying what it is (a FIFO would
+// block the read forever).
 UniqueFd open_for_read(const std::string& path, std::string_view what, Symlinks symlinks = Symlinks::Follow);
 
+// Makes directory `dir` when it is missing, creating its last component only (a mistyped path must
+// not grow a chain of directories). ConfigError naming `what`, the path and the fix when the parent
+// is missing, `dir` is not a directory, or mkdir fails (read-only file system, permissions).
+void ensure_directory(const std::string& dir, std::string_view what);
 // Creates `path` for writing with permission bits `mode`; never opens an existing file or follows
 // a link (O_EXCL | O_NOFOLLOW). IoError naming `what`, the path and the fix.
 UniqueFd create_new_file(const std::string& path, std::string_view what, unsigned mode);

@@ -20,8 +20,7 @@ SwapStore::SwapStore(IoEngine& engine, SwapStoreOptions options) : engine_(engin
   if (options_.dirs.empty()) throw ConfigError("swap store: no directory given; set the NVMe swap path");
   if (options_.capacity_bytes == 0) throw ConfigError("swap store: capacity is 0 bytes; give a size");
   const std::size_t n = options_.dirs.size();
-  const std::uint64_t per_file = (options_.capacity_bytes + n - 1) / n;
-  const std::uint64_t per_file_bytes = (per_file + 4095) / 4096 * 4096;
+  const std::uint64_t per_file_bytes = file_bytes(options_.capacity_bytes, n);
   path_inside("/", options_.file_name);  // refuses names with '/' or '..' before anything is created
   try {
     for (const std::string& d : options_.dirs) {
@@ -45,6 +44,8 @@ SwapStore::SwapStore(IoEngine& engine, SwapStoreOptions options) : engine_(engin
                                       format_bytes(options_.capacity_bytes), n, n == 1 ? "y" : "ies"));
       }
       f.path = path_inside(f.dir, options_.file_name);
+      // Another run's swap file of the same name would be truncated under it: refuse instead.
+      f.lock = RunLock::acquire(f.path, "swap file");
       f.fd = open_inside(f.dir, options_.file_name, Direct::On, Truncate::Truncate);
       preallocate(f.fd.get(), f.path, per_file_bytes);
       f.allocator = std::make_unique<ExtentAllocator>(per_file_bytes);
@@ -60,6 +61,12 @@ SwapStore::SwapStore(IoEngine& engine, SwapStoreOptions options) : engine_(engin
   }
   spdlog::debug("swap store: {} in {} file(s), checksums {}", format_bytes(options_.capacity_bytes), files_.size(),
                 options_.verify == Verify::On ? "on" : "off");
+}
+
+std::uint64_t SwapStore::file_bytes(std::uint64_t capacity_bytes, std::size_t dirs) {
+  if (dirs == 0) return 0;
+  const std::uint64_t per_file = (capacity_bytes + dirs - 1) / dirs;
+  return (per_file + 4095) / 4096 * 4096;
 }
 
 SwapStore::~SwapStore() {

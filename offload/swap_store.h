@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/run_lock.h"
 #include "offload/extent_allocator.h"
 #include "offload/file.h"
 #include "offload/io_engine.h"
@@ -57,6 +58,8 @@ class SwapStore {
   SwapStore& operator=(const SwapStore&) = delete;
 
   static std::uint64_t padded(std::uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+  // The size of each of the `dirs` swap files a store of `capacity_bytes` preallocates.
+  static std::uint64_t file_bytes(std::uint64_t capacity_bytes, std::size_t dirs);
 
   // Stores `length_bytes` of `padded` under `key`, replacing any previous value (the old one is
   // gone at once; the new one becomes readable when the handle completes successfully). `padded`
@@ -84,6 +87,7 @@ class SwapStore {
   struct File {
     std::string dir;
     std::string path;
+    RunLock lock;  // held while the file exists (Note [Run locks], core/run_lock.h); released after the unlink
     UniqueFd fd;
     FileId id = -1;
     std::unique_ptr<ExtentAllocator> allocator;

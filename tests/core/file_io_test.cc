@@ -190,5 +190,43 @@ TEST_F(FileIo, UniqueFdClosesOnceAndMoves) {
   EXPECT_EQ(::fcntl(raw, F_GETFD), -1) << "closed";
 }
 
+TEST_F(FileIo, FifosDirectoriesAndDevicesAreRefusedInsteadOfBlockingOrFailingVaguely) {
+  // A FIFO would block the open (and the read) forever: refused at once, saying what it is.
+  const std::string fifo = dir_ + "/data.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    open_for_read(fifo, "token file");
+    FAIL() << "a FIFO was opened for reading";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fifo), std::string::npos) << e.what();
+  }
+  try {
+    read_text_file(dir_, "fortune file");
+    FAIL() << "a directory was read as a file";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(open_for_read("/dev/null", "safetensors file"), IoError);
+}
+
+TEST_F(FileIo, EnsureDirectoryMakesTheLastComponentOnly) {
+  ensure_directory(dir_ + "/made", "test directory");
+  EXPECT_TRUE(fs::is_directory(dir_ + "/made"));
+  ensure_directory(dir_ + "/made", "test directory");  // exists: nothing to do
+  ensure_directory(dir_ + "/trailing/", "test directory");
+  EXPECT_TRUE(fs::is_directory(dir_ + "/trailing"));
+  try {
+    ensure_directory(dir_ + "/typo/deeper", "nvme_path directory");
+    FAIL() << "a chain of directories was made";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("only the last component"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir_ + "/typo"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/typo"));
+  const std::string plain = file("plain", "x");
+  EXPECT_THROW(ensure_directory(plain, "test directory"), ConfigError);
+}
+
 }  // namespace
 }  // namespace strata
