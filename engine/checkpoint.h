@@ -166,6 +166,10 @@ struct CheckpointManifest {
   nlohmann::json json;  // as read
 };
 
+// The steps of the checkpoint directories (step-N, complete or not) in `parent`, ascending; empty
+// when there are none or `parent` does not exist.
+std::vector<std::int64_t> checkpoint_steps_in(const std::string& parent);
+
 // DIR itself when it holds a manifest, else the checkpoint DIR/latest names. Throws FormatError
 // naming what is missing.
 std::string resolve_checkpoint_dir(const std::string& dir);

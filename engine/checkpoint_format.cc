@@ -272,6 +272,19 @@ void check_coverage(const ManifestFields& f, const CheckpointManifest& m, GroupC
 
 std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:08}", step); }
 
+std::vector<std::int64_t> checkpoint_steps_in(const std::string& parent) {
+  std::vector<std::int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    std::int64_t step = 0;
+    if (e.is_directory(ec) && checkpoint_internal::parse_step_dir(e.path().filename().string(), &step)) {
+      steps.push_back(step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 std::string resolve_checkpoint_dir(const std::string& dir) {
   if (fs::exists(fs::path(dir) / kCheckpointManifest)) return dir;
   if (fs::exists(fs::path(dir) / kCheckpointLatest)) {

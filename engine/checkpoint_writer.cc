@@ -201,22 +201,26 @@ struct SaveDirs {
 };
 
 // Step 1 of a save (Note [Atomic checkpoints]), collective: rank 0 removes leftovers of crashed
-// saves and makes PARENT/.tmp-step-N. Returns false when step-N exists complete already.
-bool make_tmp_dir(Communicator& world, const CheckpointSaveOptions& options, CheckpointRetention& retention,
+// saves and makes PARENT/.tmp-step-N. A step-N that exists already is an error, never skipped: the
+// run's checkpoints would silently stop being written (another run writes into this directory, or
+// a run resumed from an older checkpoint of a series that went further).
+void make_tmp_dir(Communicator& world, const CheckpointSaveOptions& options, CheckpointRetention& retention,
                   std::int64_t step, SaveDirs* dirs) {
   const std::string name = checkpoint_dir_name(step);
   const std::string tmp_name = ".tmp-" + name;
   const std::string what = fmt::format("checkpoint of step {} into {}", step, options.parent);
   std::exception_ptr error;
-  double exists = 0;
   if (world.rank() == 0) {
     try {
-      std::error_code ec;
-      fs::create_directories(options.parent, ec);
+      ensure_directory(options.parent, "strata.checkpoint.dir");
       const std::string parent = offload::check_directory(options.parent, "strata.checkpoint.dir");
       retention.remove_leftovers(parent);
       if (fs::exists(fs::path(parent) / name / kCheckpointManifest)) {
-        exists = 1;
+        throw ConfigError(fmt::format("checkpoint {}/{} exists already, and this run will not skip or overwrite it: "
+                                      "another run writes into {}, or this run resumed from an older checkpoint of "
+                                      "a series that went further. Give this run its own strata.checkpoint.dir, or "
+                                      "remove the later checkpoints",
+                                      parent, name, parent));
       } else if (fs::exists(fs::path(parent) / name)) {
         throw IoError(fmt::format("{}/{} exists but is not a complete checkpoint (no {}); remove it", parent, name,
                                   kCheckpointManifest),
@@ -232,7 +236,6 @@ bool make_tmp_dir(Communicator& world, const CheckpointSaveOptions& options, Che
   dirs->parent = fs::canonical(options.parent).string();
   dirs->dir = dirs->parent + "/" + name;
   dirs->tmp_dir = dirs->parent + "/" + tmp_name;
-  return world.all_reduce_host(exists, ReduceOp::Max) == 0;
 }
 
 // Rank 0 collects every rank's file record (an empty record: that rank wrote no file).
@@ -283,7 +286,6 @@ std::exception_ptr publish(const nlohmann::json& manifest, const SaveDirs& dirs,
 struct PendingCheckpoint::State {
   ZeroEngine* engine = nullptr;
   std::int64_t step = 0;
-  bool exists = false;
   SaveDirs dirs;
   std::shared_ptr<RankFileWriter> writer;
 };
@@ -301,8 +303,8 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(ZeroEngine& engine, Communic
   auto state = std::make_unique<PendingCheckpoint::State>();
   state->engine = &engine;
   state->step = step;
-  state->exists = !make_tmp_dir(world, options, retention, step, &state->dirs);
-  if (!state->exists && engine.holds_primary_state() && engine.optimizer_offloaded()) {
+  make_tmp_dir(world, options, retention, step, &state->dirs);
+  if (engine.holds_primary_state() && engine.optimizer_offloaded()) {
     state->writer = std::make_shared<RankFileWriter>(engine, config, state->dirs.parent, state->dirs.tmp_dir,
                                                      world.rank(), options, retention);
     engine.capture_next_step(state->writer->capture_sink());
@@ -326,18 +328,12 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
 
   // 1. Rank 0 makes the temporary directory (after removing leftovers of crashed saves).
   SaveDirs dirs;
-  bool fresh = true;
   if (pending != nullptr) {
     dirs = pending->state_->dirs;
-    fresh = !pending->state_->exists;
   } else {
-    fresh = make_tmp_dir(world, options, retention, step, &dirs);
+    make_tmp_dir(world, options, retention, step, &dirs);
   }
   result.dir = dirs.dir;
-  if (!fresh) {
-    if (rank == 0) spdlog::info("checkpoint {} already exists; not written again", result.dir);
-    return result;
-  }
 
   // 2. Ranks with the first copy of a shard write their file: finished when the step captured it
   //    (Note [Checkpoint capture]), else copied now.

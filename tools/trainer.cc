@@ -409,6 +409,7 @@ TrainSummary run_training(const TrainOptions& options) {
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;
   checkpoints.capture = options.capture_checkpoints;
+  checkpoints.claim_directory(!options.resume.empty());
   const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
 
   auto stream = device->create_stream("compute");

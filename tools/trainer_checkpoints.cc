@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/units.h"
 
 namespace strata::tools {
@@ -47,8 +48,51 @@ TrainCheckpoints::~TrainCheckpoints() {
   ::sigaction(SIGINT, &old_int_, nullptr);
 }
 
+void TrainCheckpoints::on_rank0(const std::function<void()>& check) {
+  std::exception_ptr error;
+  if (comm_.rank() == 0) {
+    try {
+      check();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (comm_.all_reduce_host(error ? 1.0 : 0.0, ReduceOp::Max) == 0) return;
+  if (error) std::rethrow_exception(error);
+  throw ConfigError(fmt::format("{}: rank 0 refused strata.checkpoint.dir {} (its message says why)", cfg_.source,
+                                cfg_.strata.checkpoint.dir));
+}
+
+void TrainCheckpoints::claim_directory(bool resuming) {
+  if (!enabled()) return;
+  const std::string& dir = cfg_.strata.checkpoint.dir;
+  on_rank0([&] {
+    ensure_directory(dir, "strata.checkpoint.dir");
+    lock_ = RunLock::acquire(dir, "checkpoint directory", dir + "/.strata.lock");
+    const std::vector<std::int64_t> steps = checkpoint_steps_in(dir);
+    if (!resuming && !steps.empty()) {
+      throw ConfigError(fmt::format("{}: strata.checkpoint.dir {} already holds checkpoints (the newest is {}); a new "
+                                    "run would mix its checkpoints with them. Continue that run with --resume {}, or "
+                                    "point strata.checkpoint.dir at an empty directory",
+                                    cfg_.source, dir, checkpoint_dir_name(steps.back()), dir));
+    }
+  });
+}
+
 std::int64_t TrainCheckpoints::resume(const std::string& dir, ZeroEngine& engine) {
   const CheckpointManifest m = load_checkpoint(engine, comm_, cfg_, model_name_, dir);
+  if (enabled()) {
+    on_rank0([&] {
+      const std::vector<std::int64_t> steps = checkpoint_steps_in(cfg_.strata.checkpoint.dir);
+      if (!steps.empty() && steps.back() > m.step) {
+        throw ConfigError(fmt::format("resuming step {} from {}, but strata.checkpoint.dir {} holds later checkpoints "
+                                      "(the newest is {}), which this run would reach again. Resume from the newest "
+                                      "(--resume {}), or remove the later checkpoints to train again from step {}",
+                                      m.step, m.dir, cfg_.strata.checkpoint.dir, checkpoint_dir_name(steps.back()),
+                                      cfg_.strata.checkpoint.dir, m.step));
+      }
+    });
+  }
   last_saved_ = m.step;
   if (comm_.rank() == 0) {
     spdlog::info("resumed from {} at step {} (written by world size {}, stage {}, sharding factor {})", m.dir, m.step,

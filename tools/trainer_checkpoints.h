@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "core/run_lock.h"
 #include "engine/checkpoint.h"
 #include "engine/communicator.h"
 #include "engine/config.h"
@@ -28,7 +29,15 @@ class TrainCheckpoints {
   std::function<void(double seconds, std::uint64_t bytes)> on_checkpoint;  // TrainOptions::on_checkpoint
   bool capture = true;                                                      // TrainOptions::capture_checkpoints
 
-  // Loads `dir` into the freshly built engine; returns the step to continue from.
+  // Before anything is written (collective): rank 0 makes strata.checkpoint.dir (its last component
+  // only), takes it for this run (Note [Run locks], core/run_lock.h) and, for a fresh run, refuses
+  // a directory that holds checkpoints already (they belong to another run, or this run should be
+  // resumed). Every rank throws when rank 0 refused.
+  void claim_directory(bool resuming);
+
+  // Loads `dir` into the freshly built engine; returns the step to continue from. Refuses (before
+  // training) when strata.checkpoint.dir holds checkpoints later than the one resumed: the run
+  // would reach their steps and could neither skip nor silently replace them.
   std::int64_t resume(const std::string& dir, ZeroEngine& engine);
 
   // Before the step that brings the count to `steps_done`: begins the checkpoint that an interval
@@ -45,6 +54,8 @@ class TrainCheckpoints {
 
   CheckpointSaveOptions options();
   void save(ZeroEngine& engine, std::int64_t step);
+  // Runs `check` on rank 0; every rank throws when it threw (rank 0 its own error).
+  void on_rank0(const std::function<void()>& check);
 
   const TrainConfig& cfg_;
   Communicator& comm_;
@@ -52,6 +63,7 @@ class TrainCheckpoints {
   std::int64_t last_saved_ = -1;
   std::unique_ptr<PendingCheckpoint> pending_;  // begun before the step it saves
   CheckpointRetention retention_;  // deletes retired checkpoints in the background; waits for that on destruction
+  RunLock lock_;                   // rank 0: strata.checkpoint.dir is this run's
   double begin_seconds_ = 0;
   Clock::time_point last_time_;
   struct sigaction old_term_ {};
