@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +12,7 @@
 
 #include "core/dtype_bulk.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/units.h"
 #include "engine/working_weights.h"
 #include "optim/grad_stats.h"
@@ -59,10 +59,8 @@ TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : 
 
   HostMemoryPinner* pinner = op.pin_optimizer ? &ctx_.device : nullptr;
   if (op.swap_bytes > 0) {
-    for (const auto& d : op.nvme_dirs) {
-      std::error_code ec;  // a directory that cannot be created is reported by the swap store below
-      std::filesystem::create_directories(d, ec);
-    }
+    // Only the last component is made: a mistyped nvme_path must not grow a chain of directories.
+    for (const auto& d : op.nvme_dirs) ensure_directory(d, "nvme_path directory");
     io_ = offload::make_io_engine(op.io);
     offload::SwapStoreOptions so;
     so.dirs = op.nvme_dirs;

@@ -12,6 +12,7 @@
 #include "core/units.h"
 #include "engine/partition.h"
 #include "offload/file.h"
+#include "offload/swap_store.h"
 
 namespace strata {
 
@@ -74,6 +75,8 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   p.pinned = o.pinned_bytes();
   p.nvme = o.swap_bytes * static_cast<std::uint64_t>(world_size);
   p.nvme_gradients = o.swap_gradient_bytes * static_cast<std::uint64_t>(world_size);
+  p.nvme_files = offload::SwapStore::file_bytes(o.swap_capacity_bytes, o.nvme_dirs.size()) * o.nvme_dirs.size() *
+                 static_cast<std::uint64_t>(world_size);
   p.nvme_dirs = o.nvme_dirs;
   return p;
 }
@@ -137,15 +140,16 @@ void check_plan_fits(const TierPlan& p, const TierCapacities& cap, const std::st
         format_bytes(cap.host_available)));
   }
   if (!p.nvme_dirs.empty()) {
-    const std::uint64_t per_dir = p.nvme / p.nvme_dirs.size();
+    const std::uint64_t per_dir = p.nvme_files / p.nvme_dirs.size();
     for (std::size_t i = 0; i < p.nvme_dirs.size(); ++i) {
       const std::uint64_t free = i < cap.nvme_free.size() ? cap.nvme_free[i] : 0;
       if (per_dir > free) {
         throw ConfigError(fmt::format(
-            "{}: NVMe directory '{}' has {} free but this config stores {} there ({} in all over {} director{}); "
-            "free space, add directories to nvme_path, or offload less to NVMe",
-            source, p.nvme_dirs[i], format_bytes(free), format_bytes(per_dir), format_bytes(p.nvme),
-            p.nvme_dirs.size(), p.nvme_dirs.size() == 1 ? "y" : "ies"));
+            "{}: NVMe directory '{}' has {} free but this config's swap files take {} there ({} in all over {} "
+            "director{}: {} of state and gradients plus the store's room); free space, add directories to "
+            "nvme_path, or offload less to NVMe",
+            source, p.nvme_dirs[i], format_bytes(free), format_bytes(per_dir), format_bytes(p.nvme_files),
+            p.nvme_dirs.size(), p.nvme_dirs.size() == 1 ? "y" : "ies", format_bytes(p.nvme)));
       }
     }
   }
@@ -159,7 +163,8 @@ std::string describe_plan(const TierPlan& p, const TierCapacities& cap) {
   o << fmt::format("; host {} ({} arrays + {} pinned)", format_bytes(p.host_total()), format_bytes(p.host_arrays),
                    format_bytes(p.pinned));
   if (!p.nvme_dirs.empty()) {
-    o << fmt::format("; nvme {} over {} dir(s)", format_bytes(p.nvme), p.nvme_dirs.size());
+    o << fmt::format("; nvme {} in swap files of {} over {} dir(s)", format_bytes(p.nvme), format_bytes(p.nvme_files),
+                     p.nvme_dirs.size());
   }
   o << fmt::format("; model state {} = {:.1f}x the device", format_bytes(p.model_state),
                    cap.device > 0 ? static_cast<double>(p.model_state) / static_cast<double>(cap.device) : 0.0);

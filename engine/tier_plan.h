@@ -40,6 +40,9 @@ struct TierPlan {
   // NVMe, all ranks together, and the directories it is striped over.
   std::uint64_t nvme = 0;
   std::uint64_t nvme_gradients = 0;  // of which the gradient partial sums (held during a step only)
+  // What the swap files take on disk, preallocated at start: `nvme` plus the store's room for
+  // fragmentation (RunPlan's swap_capacity_bytes). The free-space check and the printed plan use it.
+  std::uint64_t nvme_files = 0;
   std::vector<std::string> nvme_dirs;
   // The model state in all (weights, fp32 master, moments, gradients), every rank together.
   std::uint64_t model_state = 0;

@@ -5,6 +5,10 @@
 // configs are refused with the numbers. The multi-rank matrix is in engine_mpi_main.cc.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <fstream>
 #include <string>
 
@@ -124,8 +128,10 @@ TEST_F(EngineOffload, StateLeavesTheDeviceAndAllNvmeKeepsHostArraysEmpty) {
   // 4 optimizer slots of the 4 MiB budget and 4 parameter slots, each rounded up to whole 2 MiB pages.
   EXPECT_LE(nvme.pinned_pool_bytes, std::size_t{8} * (2u << 20)) << "pinned staging beyond the configured budget";
 
-  // The optimizer's pinned pool does not grow with the model.
+  // The optimizer's pinned pool does not grow with the model. (Two engines alive at once: each
+  // needs its own swap directory, as two runs do: Note [Run locks].)
   TrainConfig bigger = c;
+  testing_toy::toy_offload(bigger, OffloadDevice::Nvme, OffloadDevice::Nvme, dir_.path() + "/deep");
   SimDeviceOptions o;
   o.capacity_bytes = 64 << 20;
   auto device = make_sim_device(o);
@@ -185,16 +191,46 @@ TEST_F(EngineOffload, BadOffloadConfigsAreRefusedWithTheNumbers) {
   TrainConfig small_param_buffer = c;
   small_param_buffer.zero.offload_param.buffer_size_elems = 1000;
   expect_refused(small_param_buffer, "offload_param.buffer_size");
-  // A missing nvme_path is created; one that cannot be (its parent is a file) is an error naming it.
+  // A missing nvme_path is created, its last component only; one that cannot be (its parent is a
+  // file) is an error naming it, and so is a path whose parent is missing too (a typo must not grow
+  // a chain of directories).
   { std::ofstream(dir_.path() + "/a-file") << "x"; }
   TrainConfig bad_dir = c;
   bad_dir.zero.offload_optimizer.nvme_paths = {dir_.path() + "/a-file/swap"};
   bad_dir.zero.offload_param.nvme_paths = bad_dir.zero.offload_optimizer.nvme_paths;
   expect_refused(bad_dir, "a-file/swap");
+  TrainConfig chain = c;
+  chain.zero.offload_optimizer.nvme_paths = {dir_.path() + "/typo/swap"};
+  chain.zero.offload_param.nvme_paths = chain.zero.offload_optimizer.nvme_paths;
+  expect_refused(chain, "creates only the last component");
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/typo"));
   TrainConfig new_dir = c;
-  new_dir.zero.offload_optimizer.nvme_paths = {dir_.path() + "/created/swap"};
+  new_dir.zero.offload_optimizer.nvme_paths = {dir_.path() + "/created"};
   new_dir.zero.offload_param.nvme_paths = new_dir.zero.offload_optimizer.nvme_paths;
   EXPECT_NO_THROW(ZeroEngine(new_dir, *device, *comm, groups, testing_toy::toy_init));
+}
+
+TEST_F(EngineOffload, TwoEnginesOnOneSwapFileAreRefusedNamingTheHolder) {
+  // Note [Run locks]: the second would truncate the first one's swap file under it.
+  auto device = make_sim_device(SimDeviceOptions{});
+  auto comm = make_local_communicator();
+  auto groups = testing_toy::toy_groups(wide_toy(), DType::F32);
+  TrainConfig c = config(3, 1);
+  testing_toy::toy_offload(c, OffloadDevice::Nvme, OffloadDevice::None, dir_.path());
+  {
+    ZeroEngine first(c, *device, *comm, groups, testing_toy::toy_init);
+    try {
+      ZeroEngine second(c, *device, *comm, groups, testing_toy::toy_init);
+      ADD_FAILURE() << "a second engine on the same swap file was accepted";
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("in use by another run"), std::string::npos) << m;
+      EXPECT_NE(m.find("pid " + std::to_string(::getpid())), std::string::npos) << m;
+      EXPECT_NE(m.find("strata-swap-rank0.bin"), std::string::npos) << m;
+    }
+  }
+  // Released with the first engine: the next one starts.
+  EXPECT_NO_THROW(ZeroEngine(c, *device, *comm, groups, testing_toy::toy_init));
 }
 
 TEST(EngineOffloadConfig, ParamOffloadNeedsOptimizerOffload) {

@@ -6,6 +6,8 @@
 // test is what keeps the planner and the engine from drifting apart.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <string>
 
 #include <fmt/format.h>
@@ -95,6 +97,14 @@ TEST_F(RunPlanTest, EngineAllocatesWhatThePlanSums) {
     // Every case places something somewhere the plan names.
     EXPECT_GT(bytes.device_optimizer + bytes.host_arrays + bytes.nvme, 0u);
     EXPECT_EQ(bytes.nvme > 0, !plan.offload.nvme_dirs.empty());
+    // The swap files take on disk exactly what the plan says they do.
+    std::uint64_t on_disk = 0;
+    for (const std::string& d : plan.offload.nvme_dirs) {
+      const std::string swap = d + "/" + plan.offload.swap_file_name;
+      if (std::filesystem::exists(swap)) on_disk += std::filesystem::file_size(swap);
+    }
+    EXPECT_EQ(on_disk, bytes.nvme_files);
+    EXPECT_GE(bytes.nvme_files, bytes.nvme);
   }
 }
 
