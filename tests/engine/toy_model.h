@@ -72,25 +72,18 @@ inline int toy_token(std::int64_t step, std::int64_t unit, int t, int vocab) {
   return static_cast<int>(h % static_cast<std::uint64_t>(vocab));
 }
 
-// Runs forward and backward of one unit through `provider` on `stream`; returns the loss (after
-// synchronizing the stream). Weights and gradients are fp32 here (exact mode).
-inline float toy_forward_backward(ParamProvider& provider, Stream& stream, const ToyShape& s, std::int64_t step,
-                                  std::int64_t unit) {
-  const int V = s.vocab, D = s.dim, L = s.layers, T = s.tokens;
-  struct Acts {
-    std::vector<std::vector<float>> x;  // [T][(L+1)*D]
-    std::vector<std::vector<float>> a;  // tanh outputs [T][L*D]
-    std::vector<std::vector<float>> dx;  // [T][D]
-    float loss = 0;
-  };
-  auto acts = std::make_shared<Acts>();
-  acts->x.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>((L + 1) * D)));
-  acts->a.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>(L * D)));
-  acts->dx.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>(D)));
-  std::vector<int> tok(static_cast<std::size_t>(T + 1));
-  for (int t = 0; t <= T; ++t) tok[static_cast<std::size_t>(t)] = toy_token(step, unit, t, V);
+// The activations of one unit, shared by the host functions its passes launch on the stream.
+struct ToyActs {
+  std::vector<std::vector<float>> x;  // [T][(L+1)*D]
+  std::vector<std::vector<float>> a;  // tanh outputs [T][L*D]
+  std::vector<std::vector<float>> dx;  // [T][D]
+  float loss = 0;
+};
 
-  // Forward: embedding lookup.
+// Forward: the embedding lookup of tokens 0..T-1, then the blocks in order.
+inline void toy_forward(ParamProvider& provider, Stream& stream, const ToyShape& s,
+                        const std::shared_ptr<ToyActs>& acts, const std::vector<int>& tok) {
+  const int D = s.dim, L = s.layers, T = s.tokens;
   auto E = provider.acquire_params(0, ParamPhase::Forward, &stream);
   stream.launch_host([acts, tok, E = static_cast<const float*>(E[0]), T, D, L] {
     for (int t = 0; t < T; ++t) {
@@ -116,7 +109,13 @@ inline float toy_forward_backward(ParamProvider& provider, Stream& stream, const
     });
     provider.release_params(static_cast<std::size_t>(1 + l), &stream);
   }
-  // Output through the tied embedding, loss and its gradient, backward of the output use.
+}
+
+// Output through the tied embedding, loss (next tokens 1..T are the targets) and its gradient,
+// backward of the output use.
+inline void toy_output_and_loss(ParamProvider& provider, Stream& stream, const ToyShape& s,
+                                const std::shared_ptr<ToyActs>& acts, const std::vector<int>& tok) {
+  const int V = s.vocab, D = s.dim, L = s.layers, T = s.tokens;
   auto E2 = provider.acquire_params(0, ParamPhase::Forward, &stream);
   auto dE = provider.acquire_grads(0, &stream);
   stream.launch_host([acts, tok, E = static_cast<const float*>(E2[0]), dEp = static_cast<float*>(dE[0]), T, D, V, L] {
@@ -139,7 +138,13 @@ inline float toy_forward_backward(ParamProvider& provider, Stream& stream, const
   });
   provider.grads_ready(0, &stream);
   provider.release_params(0, &stream);
-  // Backward through the blocks, in reverse.
+}
+
+// Backward through the blocks, in reverse, then of the input embedding use: the embedding's
+// gradients acquired a second time.
+inline void toy_backward(ParamProvider& provider, Stream& stream, const ToyShape& s,
+                         const std::shared_ptr<ToyActs>& acts, const std::vector<int>& tok) {
+  const int D = s.dim, L = s.layers, T = s.tokens;
   for (int l = L - 1; l >= 0; --l) {
     auto P = provider.acquire_params(static_cast<std::size_t>(1 + l), ParamPhase::Backward, &stream);
     auto G = provider.acquire_grads(static_cast<std::size_t>(1 + l), &stream);
@@ -166,7 +171,6 @@ inline float toy_forward_backward(ParamProvider& provider, Stream& stream, const
     provider.grads_ready(static_cast<std::size_t>(1 + l), &stream);
     provider.release_params(static_cast<std::size_t>(1 + l), &stream);
   }
-  // Backward of the input embedding use: the same group's gradients, acquired a second time.
   auto dE2 = provider.acquire_grads(0, &stream);
   stream.launch_host([acts, tok, dEp = static_cast<float*>(dE2[0]), T, D] {
     for (int t = 0; t < T; ++t) {
@@ -174,6 +178,22 @@ inline float toy_forward_backward(ParamProvider& provider, Stream& stream, const
     }
   });
   provider.grads_ready(0, &stream);
+}
+
+// Runs forward and backward of one unit through `provider` on `stream`; returns the loss (after
+// synchronizing the stream). Weights and gradients are fp32 here (exact mode).
+inline float toy_forward_backward(ParamProvider& provider, Stream& stream, const ToyShape& s, std::int64_t step,
+                                  std::int64_t unit) {
+  const int V = s.vocab, D = s.dim, L = s.layers, T = s.tokens;
+  auto acts = std::make_shared<ToyActs>();
+  acts->x.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>((L + 1) * D)));
+  acts->a.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>(L * D)));
+  acts->dx.assign(static_cast<std::size_t>(T), std::vector<float>(static_cast<std::size_t>(D)));
+  std::vector<int> tok(static_cast<std::size_t>(T + 1));
+  for (int t = 0; t <= T; ++t) tok[static_cast<std::size_t>(t)] = toy_token(step, unit, t, V);
+  toy_forward(provider, stream, s, acts, tok);
+  toy_output_and_loss(provider, stream, s, acts, tok);
+  toy_backward(provider, stream, s, acts, tok);
   stream.synchronize();
   return acts->loss;
 }
