@@ -15,16 +15,134 @@
 
 namespace {
 
+using namespace strata;
+
 // The value rank r contributes at element i: chosen so sums depend on order.
 float contribution(int r, std::size_t i) {
   const float big = (r % 2 == 0 ? 1.0e8f : -1.0e8f);
   return (r < 2 ? big : 0.0f) + static_cast<float>((i * 7 + static_cast<std::size_t>(r) * 13) % 17) * 0.37f;
 }
 
+// What every check uses: the world communicator, one stream on its sim device, and device buffers
+// of `total` floats (`count` per rank) to send from and receive into.
+struct Collectives {
+  Communicator& comm;
+  Stream& stream;
+  DeviceMemory& send;
+  DeviceMemory& recv;
+  testing_mpi::RankChecks& checks;
+  int rank;
+  int world;
+  std::size_t count;
+  std::size_t total;
+};
+
+// reduce_scatter: rank r gets the tree sum over ranks of element block r.
+void check_reduce_scatter(Collectives& c) {
+  const int rank = c.rank, world = c.world;
+  const std::size_t count = c.count, total = c.total;
+  std::vector<float> host(total);
+  for (std::size_t i = 0; i < total; ++i) host[i] = contribution(rank, i);
+  c.stream.copy_h2d(c.send.data(), host.data(), total * sizeof(float));
+  c.comm.reduce_scatter(c.send.data(), c.recv.data(), count, DType::F32, ReduceOp::Sum, c.stream);
+  std::vector<float> mine(count);
+  c.stream.copy_d2h(mine.data(), c.recv.data(), count * sizeof(float));
+  c.stream.synchronize();
+  int bad = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t i = static_cast<std::size_t>(rank) * count + k;
+    std::vector<float> parts(static_cast<std::size_t>(world));
+    std::vector<const void*> ptrs;
+    for (int r = 0; r < world; ++r) {
+      parts[static_cast<std::size_t>(r)] = contribution(r, i);
+    }
+    for (auto& p : parts) ptrs.push_back(&p);
+    float expected = 0;
+    tree_reduce_host(ptrs.data(), world, &expected, 1, DType::F32, ReduceOp::Sum);
+    if (std::memcmp(&expected, &mine[k], sizeof(float)) != 0) ++bad;
+  }
+  c.checks.expect(bad == 0, "reduce_scatter bit-identical to the tree sum (" + std::to_string(bad) + " wrong)");
+}
+
+// all_gather: everyone gets every rank's block.
+void check_all_gather(Collectives& c) {
+  const int rank = c.rank, world = c.world;
+  const std::size_t count = c.count, total = c.total;
+  std::vector<float> mine(count), host(total);
+  for (std::size_t k = 0; k < count; ++k) mine[k] = static_cast<float>(rank * 100000 + static_cast<int>(k));
+  c.stream.copy_h2d(c.send.data(), mine.data(), count * sizeof(float));
+  c.comm.all_gather(c.send.data(), c.recv.data(), count, DType::F32, c.stream);
+  c.stream.copy_d2h(host.data(), c.recv.data(), total * sizeof(float));
+  c.stream.synchronize();
+  int bad = 0;
+  for (int r = 0; r < world; ++r) {
+    for (std::size_t k = 0; k < count; ++k) {
+      if (host[static_cast<std::size_t>(r) * count + k] != static_cast<float>(r * 100000 + static_cast<int>(k))) ++bad;
+    }
+  }
+  c.checks.expect(bad == 0, "all_gather (" + std::to_string(bad) + " wrong)");
+}
+
+// all_reduce of an odd count in bf16: identical on every rank, equal to the tree sum rounded once.
+void check_all_reduce_bf16(Collectives& c) {
+  const int rank = c.rank, world = c.world;
+  const std::size_t odd = 777;
+  std::vector<bf16> hb(odd), out(odd);
+  for (std::size_t i = 0; i < odd; ++i) hb[i] = f32_to_bf16(contribution(rank, i) * 1e-6f);
+  c.stream.copy_h2d(c.send.data(), hb.data(), odd * sizeof(bf16));
+  c.comm.all_reduce(c.send.data(), c.recv.data(), odd, DType::BF16, ReduceOp::Sum, c.stream);
+  c.stream.copy_d2h(out.data(), c.recv.data(), odd * sizeof(bf16));
+  c.stream.synchronize();
+  int bad = 0;
+  for (std::size_t i = 0; i < odd; ++i) {
+    std::vector<bf16> parts(static_cast<std::size_t>(world));
+    std::vector<const void*> ptrs;
+    for (int r = 0; r < world; ++r) parts[static_cast<std::size_t>(r)] = f32_to_bf16(contribution(r, i) * 1e-6f);
+    for (auto& p : parts) ptrs.push_back(&p);
+    bf16 expected{};
+    tree_reduce_host(ptrs.data(), world, &expected, 1, DType::BF16, ReduceOp::Sum);
+    if (expected.bits != out[i].bits) ++bad;
+  }
+  c.checks.expect(bad == 0, "all_reduce bf16 (" + std::to_string(bad) + " wrong)");
+}
+
+// broadcast from the last rank.
+void check_broadcast(Collectives& c) {
+  const int rank = c.rank, world = c.world;
+  const std::size_t count = c.count;
+  std::vector<float> mine(count);
+  for (std::size_t k = 0; k < count; ++k) mine[k] = rank == world - 1 ? static_cast<float>(k) : -1.0f;
+  c.stream.copy_h2d(c.send.data(), mine.data(), count * sizeof(float));
+  c.comm.broadcast(c.send.data(), count, DType::F32, world - 1, c.stream);
+  c.stream.copy_d2h(mine.data(), c.send.data(), count * sizeof(float));
+  c.stream.synchronize();
+  int bad = 0;
+  for (std::size_t k = 0; k < count; ++k) bad += mine[k] != static_cast<float>(k);
+  c.checks.expect(bad == 0, "broadcast");
+}
+
+// Host scalars: sum and NaN-propagating max.
+void check_host_scalars(Collectives& c) {
+  const int rank = c.rank, world = c.world;
+  c.checks.expect(c.comm.all_reduce_host(rank + 1.0, ReduceOp::Sum) == world * (world + 1) / 2.0,
+                  "all_reduce_host sum");
+  const double mx = c.comm.all_reduce_host(rank == 0 ? NAN : 1.0, ReduceOp::Max);
+  c.checks.expect(std::isnan(mx), "all_reduce_host max sees a NaN from rank 0");
+}
+
+// Hybrid sharding: groups of 2 consecutive ranks.
+void check_split(Collectives& c) {
+  const int rank = c.rank, world = c.world;
+  if (world % 2 == 0) {
+    auto group = c.comm.split(rank / 2, rank);
+    c.checks.expect(group->world_size() == 2 && group->rank() == rank % 2, "split into groups of 2");
+    c.checks.expect(group->all_reduce_host(1.0, ReduceOp::Sum) == 2.0, "collective inside a group");
+  }
+}
+
 }  // namespace
 
 int main() {
-  using namespace strata;
   if (!launched_by_mpi()) {
     std::fprintf(stderr, "comm_mpi_test must run under mpirun (ctest does this)\n");
     return 1;
@@ -43,85 +161,13 @@ int main() {
   const std::size_t total = count * static_cast<std::size_t>(world);
   DeviceMemory send = device->allocate(total * sizeof(float), "test");
   DeviceMemory recv = device->allocate(total * sizeof(float), "test");
-  std::vector<float> host(total);
-
-  // reduce_scatter: rank r gets the tree sum over ranks of element block r.
-  for (std::size_t i = 0; i < total; ++i) host[i] = contribution(rank, i);
-  stream->copy_h2d(send.data(), host.data(), total * sizeof(float));
-  comm->reduce_scatter(send.data(), recv.data(), count, DType::F32, ReduceOp::Sum, *stream);
-  std::vector<float> mine(count);
-  stream->copy_d2h(mine.data(), recv.data(), count * sizeof(float));
-  stream->synchronize();
-  int bad = 0;
-  for (std::size_t k = 0; k < count; ++k) {
-    const std::size_t i = static_cast<std::size_t>(rank) * count + k;
-    std::vector<float> parts(static_cast<std::size_t>(world));
-    std::vector<const void*> ptrs;
-    for (int r = 0; r < world; ++r) {
-      parts[static_cast<std::size_t>(r)] = contribution(r, i);
-    }
-    for (auto& p : parts) ptrs.push_back(&p);
-    float expected = 0;
-    tree_reduce_host(ptrs.data(), world, &expected, 1, DType::F32, ReduceOp::Sum);
-    if (std::memcmp(&expected, &mine[k], sizeof(float)) != 0) ++bad;
-  }
-  checks.expect(bad == 0, "reduce_scatter bit-identical to the tree sum (" + std::to_string(bad) + " wrong)");
-
-  // all_gather: everyone gets every rank's block.
-  for (std::size_t k = 0; k < count; ++k) mine[k] = static_cast<float>(rank * 100000 + static_cast<int>(k));
-  stream->copy_h2d(send.data(), mine.data(), count * sizeof(float));
-  comm->all_gather(send.data(), recv.data(), count, DType::F32, *stream);
-  stream->copy_d2h(host.data(), recv.data(), total * sizeof(float));
-  stream->synchronize();
-  bad = 0;
-  for (int r = 0; r < world; ++r) {
-    for (std::size_t k = 0; k < count; ++k) {
-      if (host[static_cast<std::size_t>(r) * count + k] != static_cast<float>(r * 100000 + static_cast<int>(k))) ++bad;
-    }
-  }
-  checks.expect(bad == 0, "all_gather (" + std::to_string(bad) + " wrong)");
-
-  // all_reduce of an odd count in bf16: identical on every rank, equal to the tree sum rounded once.
-  const std::size_t odd = 777;
-  std::vector<bf16> hb(odd), out(odd);
-  for (std::size_t i = 0; i < odd; ++i) hb[i] = f32_to_bf16(contribution(rank, i) * 1e-6f);
-  stream->copy_h2d(send.data(), hb.data(), odd * sizeof(bf16));
-  comm->all_reduce(send.data(), recv.data(), odd, DType::BF16, ReduceOp::Sum, *stream);
-  stream->copy_d2h(out.data(), recv.data(), odd * sizeof(bf16));
-  stream->synchronize();
-  bad = 0;
-  for (std::size_t i = 0; i < odd; ++i) {
-    std::vector<bf16> parts(static_cast<std::size_t>(world));
-    std::vector<const void*> ptrs;
-    for (int r = 0; r < world; ++r) parts[static_cast<std::size_t>(r)] = f32_to_bf16(contribution(r, i) * 1e-6f);
-    for (auto& p : parts) ptrs.push_back(&p);
-    bf16 expected{};
-    tree_reduce_host(ptrs.data(), world, &expected, 1, DType::BF16, ReduceOp::Sum);
-    if (expected.bits != out[i].bits) ++bad;
-  }
-  checks.expect(bad == 0, "all_reduce bf16 (" + std::to_string(bad) + " wrong)");
-
-  // broadcast from the last rank.
-  for (std::size_t k = 0; k < count; ++k) mine[k] = rank == world - 1 ? static_cast<float>(k) : -1.0f;
-  stream->copy_h2d(send.data(), mine.data(), count * sizeof(float));
-  comm->broadcast(send.data(), count, DType::F32, world - 1, *stream);
-  stream->copy_d2h(mine.data(), send.data(), count * sizeof(float));
-  stream->synchronize();
-  bad = 0;
-  for (std::size_t k = 0; k < count; ++k) bad += mine[k] != static_cast<float>(k);
-  checks.expect(bad == 0, "broadcast");
-
-  // Host scalars: sum and NaN-propagating max.
-  checks.expect(comm->all_reduce_host(rank + 1.0, ReduceOp::Sum) == world * (world + 1) / 2.0, "all_reduce_host sum");
-  const double mx = comm->all_reduce_host(rank == 0 ? NAN : 1.0, ReduceOp::Max);
-  checks.expect(std::isnan(mx), "all_reduce_host max sees a NaN from rank 0");
-
-  // Hybrid sharding: groups of 2 consecutive ranks.
-  if (world % 2 == 0) {
-    auto group = comm->split(rank / 2, rank);
-    checks.expect(group->world_size() == 2 && group->rank() == rank % 2, "split into groups of 2");
-    checks.expect(group->all_reduce_host(1.0, ReduceOp::Sum) == 2.0, "collective inside a group");
-  }
+  Collectives c{*comm, *stream, send, recv, checks, rank, world, count, total};
+  check_reduce_scatter(c);
+  check_all_gather(c);
+  check_all_reduce_bf16(c);
+  check_broadcast(c);
+  check_host_scalars(c);
+  check_split(c);
   comm->barrier();
   return checks.finish();
 }

@@ -57,6 +57,90 @@ std::string first_difference(const Run& a, const Run& b) {
   return "";
 }
 
+// Every stage (0-3), accumulation (1, 2) and sharding factor on `world`: the same bits as the
+// single-rank stage-0 run over the same units.
+void check_stages_match_single_rank(Communicator& world, Communicator& local, testing_mpi::RankChecks& checks) {
+  const int W = world.world_size();
+  const ToyShape shape;
+  const int steps = 5;
+  for (int accumulation : {1, 2}) {
+    // The reference: one rank, all W * accumulation units per step, stage 0.
+    const Run reference = run(toy_config(0, W * accumulation, 0), local, steps, shape);
+    std::vector<int> factors = {0};
+    if (W == 4) factors.push_back(2);
+    for (int stage : {0, 1, 2, 3}) {
+      for (int factor : factors) {
+        if (stage == 0 && factor != 0) continue;
+        const Run r = run(toy_config(stage, accumulation, factor), world, steps, shape);
+        const std::size_t bad = count_differences(r, reference);
+        checks.expect(bad == 0,
+               "world " + std::to_string(W) + " stage " + std::to_string(stage) + " accumulation " +
+                   std::to_string(accumulation) + " sharding factor " + std::to_string(factor) + ": " +
+                   std::to_string(bad) + " weights differ from the single-rank stage-0 run");
+      }
+    }
+  }
+}
+
+// Offload at stage 3 (and the optimizer alone at stage 2), on a toy wide enough for several chunks per
+// group: the same bits as the single-rank in-memory run, with the update waiting (clipping on) and
+// overlapped with backward (clipping off).
+void check_offload_matches_in_memory(Communicator& world, Communicator& local, testing_mpi::RankChecks& checks) {
+  const int rank = world.rank();
+  const int W = world.world_size();
+  const std::string dir = std::filesystem::current_path().string() + "/engine_mpi_swap_w" + std::to_string(W);
+  std::filesystem::create_directories(dir);
+  ToyShape wide;
+  wide.dim = 256;
+  wide.vocab = 64;
+  wide.layers = 2;
+  wide.tokens = 2;
+  for (bool clip : {true, false}) {
+    TrainConfig base = toy_config(0, W, 0);
+    if (!clip) base.gradient_clipping = 0;
+    const Run reference = run(base, local, 3, wide);
+    struct Case {
+      int stage;
+      OffloadDevice opt, param;
+    };
+    for (Case k : {Case{3, OffloadDevice::Cpu, OffloadDevice::Cpu}, Case{3, OffloadDevice::Nvme, OffloadDevice::Nvme},
+                   Case{3, OffloadDevice::Nvme, OffloadDevice::None}, Case{2, OffloadDevice::Cpu, OffloadDevice::None}}) {
+      TrainConfig c = toy_config(k.stage, 1, 0);
+      if (!clip) c.gradient_clipping = 0;
+      testing_toy::toy_offload(c, k.opt, k.param, dir);
+      const Run r = run(c, world, 3, wide, /*prepare=*/!clip);
+      const std::string what = "world " + std::to_string(W) + " stage " + std::to_string(k.stage) + " optimizer " +
+                               std::string(offload_device_name(k.opt)) + " params " +
+                               std::string(offload_device_name(k.param)) + (clip ? " (waiting)" : " (overlapped)");
+      checks.expect(count_differences(r, reference) == 0,
+                    what + ": " + std::to_string(count_differences(r, reference)) +
+                        " weights differ from the single-rank in-memory run; " + first_difference(r, reference));
+      checks.expect(clip ? r.overlapped_updates == 0 : r.overlapped_updates == r.chunk_updates && r.chunk_updates > 0,
+                    what + ": " + std::to_string(r.overlapped_updates) + " of " + std::to_string(r.chunk_updates) +
+                        " chunk updates overlapped");
+    }
+  }
+  world.barrier();
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// Memory: a wider toy so padding does not dominate. Model-state bytes after a step at stage 3
+// against stage 0 on the same world: about 1/W, plus padding to whole aligned shards.
+void check_stage3_memory(Communicator& world, testing_mpi::RankChecks& checks) {
+  const int rank = world.rank();
+  const int W = world.world_size();
+  ToyShape wide;
+  wide.dim = 512;
+  wide.layers = 2;
+  wide.tokens = 2;
+  const Run s0 = run(toy_config(0, 1, 0), world, 1, wide);
+  const Run s3 = run(toy_config(3, 1, 0), world, 1, wide);
+  const double ratio = static_cast<double>(s3.state_bytes) / static_cast<double>(s0.state_bytes);
+  std::printf("rank %d: stage 3 model-state bytes %zu vs stage 0 %zu: ratio %.3f (1/W = %.3f)\n", rank, s3.state_bytes,
+              s0.state_bytes, ratio, 1.0 / W);
+  checks.expect(ratio <= 1.3 / W, "stage 3 holds about 1/W of stage 0's model state (ratio " + std::to_string(ratio) + ")");
+}
+
 }  // namespace
 
 int main() {
@@ -71,81 +155,9 @@ int main() {
   auto local = make_local_communicator();
   const int rank = world->rank();
   testing_mpi::RankChecks checks(rank);
-  const int W = world->world_size();
-  const ToyShape shape;
-  const int steps = 5;
-
-  for (int accumulation : {1, 2}) {
-    // The reference: one rank, all W * accumulation units per step, stage 0.
-    const Run reference = run(toy_config(0, W * accumulation, 0), *local, steps, shape);
-    std::vector<int> factors = {0};
-    if (W == 4) factors.push_back(2);
-    for (int stage : {0, 1, 2, 3}) {
-      for (int factor : factors) {
-        if (stage == 0 && factor != 0) continue;
-        const Run r = run(toy_config(stage, accumulation, factor), *world, steps, shape);
-        const std::size_t bad = count_differences(r, reference);
-        checks.expect(bad == 0,
-               "world " + std::to_string(W) + " stage " + std::to_string(stage) + " accumulation " +
-                   std::to_string(accumulation) + " sharding factor " + std::to_string(factor) + ": " +
-                   std::to_string(bad) + " weights differ from the single-rank stage-0 run");
-      }
-    }
-  }
-
-  // Offload at stage 3 (and the optimizer alone at stage 2), on a toy wide enough for several chunks per
-  // group: the same bits as the single-rank in-memory run, with the update waiting (clipping on) and
-  // overlapped with backward (clipping off).
-  {
-    const std::string dir = std::filesystem::current_path().string() + "/engine_mpi_swap_w" + std::to_string(W);
-    std::filesystem::create_directories(dir);
-    ToyShape wide;
-    wide.dim = 256;
-    wide.vocab = 64;
-    wide.layers = 2;
-    wide.tokens = 2;
-    for (bool clip : {true, false}) {
-      TrainConfig base = toy_config(0, W, 0);
-      if (!clip) base.gradient_clipping = 0;
-      const Run reference = run(base, *local, 3, wide);
-      struct Case {
-        int stage;
-        OffloadDevice opt, param;
-      };
-      for (Case k : {Case{3, OffloadDevice::Cpu, OffloadDevice::Cpu}, Case{3, OffloadDevice::Nvme, OffloadDevice::Nvme},
-                     Case{3, OffloadDevice::Nvme, OffloadDevice::None}, Case{2, OffloadDevice::Cpu, OffloadDevice::None}}) {
-        TrainConfig c = toy_config(k.stage, 1, 0);
-        if (!clip) c.gradient_clipping = 0;
-        testing_toy::toy_offload(c, k.opt, k.param, dir);
-        const Run r = run(c, *world, 3, wide, /*prepare=*/!clip);
-        const std::string what = "world " + std::to_string(W) + " stage " + std::to_string(k.stage) + " optimizer " +
-                                 std::string(offload_device_name(k.opt)) + " params " +
-                                 std::string(offload_device_name(k.param)) + (clip ? " (waiting)" : " (overlapped)");
-        checks.expect(count_differences(r, reference) == 0,
-                      what + ": " + std::to_string(count_differences(r, reference)) +
-                          " weights differ from the single-rank in-memory run; " + first_difference(r, reference));
-        checks.expect(clip ? r.overlapped_updates == 0 : r.overlapped_updates == r.chunk_updates && r.chunk_updates > 0,
-                      what + ": " + std::to_string(r.overlapped_updates) + " of " + std::to_string(r.chunk_updates) +
-                          " chunk updates overlapped");
-      }
-    }
-    world->barrier();
-    if (rank == 0) std::filesystem::remove_all(dir);
-  }
-
-  // Memory: a wider toy so padding does not dominate. Model-state bytes after a step at stage 3
-  // against stage 0 on the same world: about 1/W, plus padding to whole aligned shards.
-  ToyShape wide;
-  wide.dim = 512;
-  wide.layers = 2;
-  wide.tokens = 2;
-  const Run s0 = run(toy_config(0, 1, 0), *world, 1, wide);
-  const Run s3 = run(toy_config(3, 1, 0), *world, 1, wide);
-  const double ratio = static_cast<double>(s3.state_bytes) / static_cast<double>(s0.state_bytes);
-  std::printf("rank %d: stage 3 model-state bytes %zu vs stage 0 %zu: ratio %.3f (1/W = %.3f)\n", rank, s3.state_bytes,
-              s0.state_bytes, ratio, 1.0 / W);
-  checks.expect(ratio <= 1.3 / W, "stage 3 holds about 1/W of stage 0's model state (ratio " + std::to_string(ratio) + ")");
-
+  check_stages_match_single_rank(*world, *local, checks);
+  check_offload_matches_in_memory(*world, *local, checks);
+  check_stage3_memory(*world, checks);
   world->barrier();
   return checks.finish();
 }
