@@ -59,8 +59,15 @@ TEST_F(Checkpoint, LayoutIsAtomicWithLatestAndKeepsTheNewestK) {
   EXPECT_EQ(m.files[0].name, "rank-00000.bin");
   EXPECT_EQ(fs::file_size(m.dir + "/" + m.files[0].name), m.files[0].bytes);
   EXPECT_EQ(fs::status(m.dir + "/" + m.files[0].name).permissions() & fs::perms::others_all, fs::perms::none);
-  // Saving the same step again keeps what is there.
-  EXPECT_NO_THROW(t.save(parent, 4));
+  // Saving the same step again is refused (never silently skipped), and what is there stays.
+  try {
+    t.save(parent, 4);
+    ADD_FAILURE() << "a second save of step 4 passed";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(checkpoint_dir_name(4) + " exists already"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(verify_checkpoint(parent).empty());
+  EXPECT_EQ(resolve_checkpoint_dir(parent), parent + "/" + checkpoint_dir_name(4));
 }
 
 TEST_F(Checkpoint, ASaveWithoutARetentionDeletesWhatItRetiresBeforeReturning) {
@@ -164,7 +171,10 @@ TEST_F(Checkpoint, ACapturedCheckpointEqualsTheCopiedOne) {
       EXPECT_GT(pieces, 4u) << what;
       EXPECT_EQ(captured.captured, pieces) << what;
       EXPECT_EQ(captured.engine->overlapped_chunk_updates() > 0, overlap) << what;
-      ToyTrainer copied(c);
+      // Alive beside `captured`, so on its own swap files (Note [Run locks]).
+      TrainConfig c2 = c;
+      testing_toy::toy_offload(c2, tier, tier, dir_.sub("swap-copied" + tag));
+      ToyTrainer copied(c2);
       copied.overlap = overlap;
       copied.train(0, kSaveAt);
       const CheckpointSaveResult b = copied.save(dir_.sub("copied" + tag), kSaveAt);
