@@ -114,8 +114,15 @@ void cross_entropy(DType dtype, const void* logits, const std::int32_t* targets,
         STRATA_CHECK(target < vocab, "target {} out of range (vocab {}) at row {}", target, vocab, r);
         float row_max = -INFINITY;
         for (std::int64_t j = 0; j < vocab; ++j) row_max = std::max(row_max, load<T>(logits, base + j));
-        float sum = 0.0f;
-        for (std::int64_t j = 0; j < vocab; ++j) sum += math::shifted_exp(load<T>(logits, base + j), row_max);
+        // Note [Long sums in double]: the row's sum of exponentials runs over the whole vocabulary
+        // (50257 terms for GPT-2); added one by one in fp32 its rounding grew to a relative error of
+        // 3.6e-6 in the loss of a GPT-2 124M with spread-out logits, 14x PyTorch's fp32 (whose
+        // vectorized sums round less). Accumulated in double it is 6e-9 (tools/numerics/
+        // gpt2_reference.py; docs/MEASUREMENTS.md). The terms stay fp32 (math::shifted_exp, shared
+        // with CUDA), so only the accumulation changes; its cost is nothing beside the matmul.
+        double sum_exp = 0.0;
+        for (std::int64_t j = 0; j < vocab; ++j) sum_exp += math::shifted_exp(load<T>(logits, base + j), row_max);
+        const float sum = static_cast<float>(sum_exp);
         const bool ignored = target < 0;
         losses[r] = ignored ? 0.0f : math::cross_entropy_loss(row_max, sum, load<T>(logits, base + target));
         if (dlogits == nullptr) continue;
