@@ -39,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <functional>
 #include <map>
 #include <memory>
@@ -169,6 +170,9 @@ struct CheckpointManifest {
 // The steps of the checkpoint directories (step-N, complete or not) in `parent`, ascending; empty
 // when there are none or `parent` does not exist.
 std::vector<std::int64_t> checkpoint_steps_in(const std::string& parent);
+
+// The step `parent`/latest names; nullopt without a latest file. FormatError when it is malformed.
+std::optional<std::int64_t> latest_checkpoint_step(const std::string& parent);
 
 // DIR itself when it holds a manifest, else the checkpoint DIR/latest names. Throws FormatError
 // naming what is missing.

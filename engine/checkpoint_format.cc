@@ -5,6 +5,7 @@
 #include "engine/checkpoint_format.h"
 
 #include <algorithm>
+#include <optional>
 #include <bit>
 #include <cerrno>
 #include <filesystem>
@@ -271,6 +272,14 @@ void check_coverage(const ManifestFields& f, const CheckpointManifest& m, GroupC
 }  // namespace
 
 std::string checkpoint_dir_name(std::int64_t step) { return fmt::format("step-{:08}", step); }
+
+std::optional<std::int64_t> latest_checkpoint_step(const std::string& parent) {
+  std::error_code ec;
+  if (!fs::exists(fs::path(parent) / kCheckpointLatest, ec)) return std::nullopt;
+  std::int64_t step = 0;
+  checkpoint_internal::parse_step_dir(latest_name(parent), &step);
+  return step;
+}
 
 std::vector<std::int64_t> checkpoint_steps_in(const std::string& parent) {
   std::vector<std::int64_t> steps;

@@ -1,6 +1,8 @@
 // The trainer's checkpoints, resume and stopping on a signal (see tools/trainer_checkpoints.h).
 #include "tools/trainer_checkpoints.h"
 
+#include <filesystem>
+#include <optional>
 #include <utility>
 
 #include <fmt/format.h>
@@ -79,20 +81,35 @@ void TrainCheckpoints::claim_directory(bool resuming) {
   });
 }
 
+// A resume from step S continues the series in strata.checkpoint.dir: checkpoints there beyond S
+// would be reached again. Published ones (`latest` names a later step) mean the user picked an older
+// checkpoint of a series that went further: refused. Unpublished ones (later than `latest`) are what
+// a run killed between renaming its checkpoint into place and replacing `latest` leaves (Note
+// [Atomic checkpoints]): never published, so removed.
+void TrainCheckpoints::check_series(std::int64_t resumed_step) {
+  const std::string& dir = cfg_.strata.checkpoint.dir;
+  const std::optional<std::int64_t> latest = latest_checkpoint_step(dir);
+  const std::vector<std::int64_t> steps = checkpoint_steps_in(dir);
+  if (latest && *latest > resumed_step) {
+    throw ConfigError(fmt::format("resuming step {}, but strata.checkpoint.dir {} holds later checkpoints (latest is "
+                                  "{}), which this run would reach again. Resume from the latest (--resume {}), or "
+                                  "remove the later checkpoints to train again from step {}",
+                                  resumed_step, dir, checkpoint_dir_name(*latest), dir, resumed_step));
+  }
+  for (const std::int64_t step : steps) {
+    if (step <= resumed_step || (latest && step <= *latest)) continue;
+    const std::string path = dir + "/" + checkpoint_dir_name(step);
+    spdlog::warn("removing {}: a save that was interrupted before it was published (latest is {})", path,
+                 latest ? checkpoint_dir_name(*latest) : std::string("missing"));
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    if (ec) throw IoError(fmt::format("cannot remove the unpublished checkpoint {}: {}", path, ec.message()), ec.value());
+  }
+}
+
 std::int64_t TrainCheckpoints::resume(const std::string& dir, ZeroEngine& engine) {
   const CheckpointManifest m = load_checkpoint(engine, comm_, cfg_, model_name_, dir);
-  if (enabled()) {
-    on_rank0([&] {
-      const std::vector<std::int64_t> steps = checkpoint_steps_in(cfg_.strata.checkpoint.dir);
-      if (!steps.empty() && steps.back() > m.step) {
-        throw ConfigError(fmt::format("resuming step {} from {}, but strata.checkpoint.dir {} holds later checkpoints "
-                                      "(the newest is {}), which this run would reach again. Resume from the newest "
-                                      "(--resume {}), or remove the later checkpoints to train again from step {}",
-                                      m.step, m.dir, cfg_.strata.checkpoint.dir, checkpoint_dir_name(steps.back()),
-                                      cfg_.strata.checkpoint.dir, m.step));
-      }
-    });
-  }
+  if (enabled()) on_rank0([&] { check_series(m.step); });
   last_saved_ = m.step;
   if (comm_.rank() == 0) {
     spdlog::info("resumed from {} at step {} (written by world size {}, stage {}, sharding factor {})", m.dir, m.step,

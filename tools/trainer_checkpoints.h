@@ -36,8 +36,8 @@ class TrainCheckpoints {
   void claim_directory(bool resuming);
 
   // Loads `dir` into the freshly built engine; returns the step to continue from. Refuses (before
-  // training) when strata.checkpoint.dir holds checkpoints later than the one resumed: the run
-  // would reach their steps and could neither skip nor silently replace them.
+  // training) when strata.checkpoint.dir's `latest` is later than the checkpoint resumed: the run
+  // would reach those steps and could neither skip nor silently replace them (check_series).
   std::int64_t resume(const std::string& dir, ZeroEngine& engine);
 
   // Before the step that brings the count to `steps_done`: begins the checkpoint that an interval
@@ -54,6 +54,7 @@ class TrainCheckpoints {
 
   CheckpointSaveOptions options();
   void save(ZeroEngine& engine, std::int64_t step);
+  void check_series(std::int64_t resumed_step);
   // Runs `check` on rank 0; every rank throws when it threw (rank 0 its own error).
   void on_rank0(const std::function<void()>& check);
 

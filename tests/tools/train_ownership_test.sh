@@ -25,10 +25,15 @@ check "... and the directory is untouched" "[ \"\$(cat ck/latest)\" = step-00000
 
 run_rc train --steps 6 --resume ck/step-00000002 $(ck ck)
 check "resuming step 2 where step 4 exists: exit 1 (got $rc)" "[ $rc -eq 1 ]"
-check "... saying so" "echo \"\$out\" | grep -q 'holds later checkpoints (the newest is step-00000004)'"
+check "... saying so" "echo \"\$out\" | grep -q 'holds later checkpoints (latest is step-00000004)'"
 
 train --steps 6 --set strata.checkpoint.interval_steps=2 --resume ck $(ck ck)
 check "resuming from the newest continues the series" "[ -d ck/step-00000006 ] && [ \"\$(cat ck/latest)\" = step-00000006 ]"
+# A run killed between renaming step-8 into place and replacing latest leaves step-8 unpublished.
+cp -r ck/step-00000006 ck/step-00000008
+run_rc train --steps 8 --set strata.checkpoint.interval_steps=2 --resume ck $(ck ck)
+check "an unpublished later checkpoint is removed, not refused (exit $rc)" "[ $rc -eq 0 ] && [ \"\$(cat ck/latest)\" = step-00000008 ]"
+check "... saying so" "echo \"\$out\" | grep -q 'interrupted before it was published'"
 
 # A live run holds its swap file and its checkpoint directory.
 mkdir nvme
