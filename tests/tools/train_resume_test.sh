@@ -5,14 +5,15 @@
 #   resharding: a world-2 checkpoint resumed by world 1, a world-1 checkpoint resumed by world 2
 #     (2 units per step either way: world 1 x 2 micro-batches = world 2 x 1); world 1 -> 4 and
 #     4 -> 1 (4 units per step: world 1 x 4 = world 4 x 1);
-#   kill -9 at three random moments of a run with a checkpoint every 10 steps, then --resume;
-#   SIGTERM: the run finishes its step, writes a checkpoint and exits with 143; then --resume;
+#   20 interruptions at random moments of a run with a checkpoint every 10 steps, then --resume:
+#   16 kill -9 (maybe inside a checkpoint write) and 4 SIGTERM (the run finishes its step, writes a
+#   checkpoint and exits with 143); 4 of them in sanitizer builds, whose runs are several times slower;
 #   bf16 and fp16 (fast mode), state on the device and offloaded to host memory;
 # and `strata ckpt verify|inspect|export` on the result (a flipped byte is caught, naming the file;
 # export with Strata and Hugging Face names).
-# Usage: train_resume_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
+# Usage: train_resume_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR [SANITIZERS]
 set -euo pipefail
-strata="$1"; config="$2"; mpiexec="$3"; work="$4"
+strata="$1"; config="$2"; mpiexec="$3"; work="$4"; sanitizers="${5:-}"
 rm -rf "$work"; mkdir -p "$work"; cd "$work"
 mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
 fail=0
@@ -105,10 +106,18 @@ interrupt() {  # signal, checkpoint dir, expected exit status, tenths of a secon
   train 1 --steps "$long" --resume "$dir" $(ckdir "$dir") --save-weights "$dir.safetensors"
   compare refN.safetensors "$dir.safetensors" "SIG$sig at $at, then resume to $long"
 }
-# kill -9 at several moments (maybe inside a checkpoint write: the last complete one must load).
-for trial in 1 2 3; do interrupt KILL "killed$trial" 137 "$((RANDOM % 15))"; done
-interrupt TERM termed 143 0
-grep -q "stopped by signal 15" termed.log || { echo "FAILED: SIGTERM: no stop message"; cat termed.log; fail=1; }
+# kill -9 at several moments (maybe inside a checkpoint write: the last complete one must load),
+# and SIGTERM (a final checkpoint after the step, exit 143).
+trials=20
+[ -n "$sanitizers" ] && trials=4
+for trial in $(seq 1 "$trials"); do
+  if [ $((trial % 5)) -eq 0 ]; then
+    interrupt TERM "termed$trial" 143 "$((RANDOM % 15))"
+    grep -q "stopped by signal 15" "termed$trial.log" || { echo "FAILED: SIGTERM: no stop message"; cat "termed$trial.log"; fail=1; }
+  else
+    interrupt KILL "killed$trial" 137 "$((RANDOM % 15))"
+  fi
+done
 
 # Low precision (fast mode, world 1 is deterministic): the working weights are rebuilt from the
 # master with the optimizer's rounding, and fp16 keeps its loss-scaler state.
