@@ -3,6 +3,7 @@
 
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/config_reader.h"
+#include "engine/json_input.h"
 #include "offload/io_engine.h"
 
 namespace strata {
@@ -387,14 +389,14 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.byte is the offset of the error; turn it into line:column.
+  JsonInputError error;
+  std::optional<nlohmann::json> root = parse_json_input(text.str(), JsonComments::Allow, &error);
+  if (!root) {
+    if (error.byte == 0) throw ConfigError(fmt::format("config file '{}' is not valid JSON: {}", path, error.message));
+    // error.byte is the offset of the error; turn it into line:column.
     const std::string s = text.str();
     std::size_t line = 1, column = 1;
-    for (std::size_t i = 0; i + 1 < e.byte && i < s.size(); ++i) {
+    for (std::size_t i = 0; i + 1 < error.byte && i < s.size(); ++i) {
       if (s[i] == '\n') {
         ++line;
         column = 1;
@@ -403,10 +405,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       }
     }
     throw ConfigError(fmt::format("config file '{}' is not valid JSON at line {}, column {}: {}", path, line, column,
-                                  e.what()));
+                                  error.message));
   }
-  for (const auto& o : overrides) apply_override(root, o);
-  return parse_train_config(root, overrides.empty() ? path : fmt::format("{} (with --set)", path));
+  if (!root->is_object()) {
+    throw ConfigError(fmt::format("config file '{}' must hold a JSON object {{...}}, found {}", path, root->type_name()));
+  }
+  for (const auto& o : overrides) apply_override(*root, o);
+  return parse_train_config(*root, overrides.empty() ? path : fmt::format("{} (with --set)", path));
 }
 
 }  // namespace strata

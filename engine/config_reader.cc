@@ -4,20 +4,18 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/units.h"
+#include "engine/json_input.h"
 
 namespace strata {
 namespace {
 
-std::string describe(const nlohmann::json& v) {
-  std::string text = v.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return fmt::format("{} {}", v.type_name(), text);
-}
+std::string describe(const nlohmann::json& v) { return fmt::format("{} {}", v.type_name(), json_excerpt(v)); }
 
 bool is_auto(const nlohmann::json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
@@ -77,7 +75,9 @@ void ConfigReader::get_int(std::string_view key, std::int64_t* out, std::int64_t
   const auto* v = find(key);
   if (v == nullptr || is_auto(*v)) return;
   std::int64_t value = 0;
-  if (v->is_number_integer()) {
+  if (v->is_number_unsigned() && v->get<std::uint64_t>() > std::uint64_t{std::numeric_limits<std::int64_t>::max()}) {
+    fail(key, fmt::format("{} is out of range; allowed {}..{}", v->get<std::uint64_t>(), min, max));
+  } else if (v->is_number_integer()) {
     value = v->get<std::int64_t>();
   } else if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
              std::fabs(v->get<double>()) < 9e18) {
@@ -142,7 +142,8 @@ void ConfigReader::get_bytes(std::string_view key, std::uint64_t* out, std::uint
   std::size_t bytes = 0;
   if (v->is_number_unsigned() || (v->is_number_integer() && v->get<std::int64_t>() >= 0)) {
     bytes = v->get<std::uint64_t>();
-  } else if (v->is_number_float() && v->get<double>() >= 0 && std::floor(v->get<double>()) == v->get<double>()) {
+  } else if (v->is_number_float() && v->get<double>() >= 0 && v->get<double>() < 1.8e19 &&
+             std::floor(v->get<double>()) == v->get<double>()) {
     bytes = static_cast<std::size_t>(v->get<double>());
   } else if (!v->is_string() || !parse_bytes(v->get<std::string>(), &bytes)) {
     fail(key, fmt::format("expected a byte size such as 67108864 or \"64MiB\", found {}", describe(*v)));
@@ -233,8 +234,18 @@ void apply_override(nlohmann::json& root, std::string_view assignment) {
   }
   const std::string path(assignment.substr(0, eq));
   const std::string text(assignment.substr(eq + 1));
-  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) value = text;
+  JsonInputError error;
+  std::optional<nlohmann::json> parsed = parse_json_input(text, JsonComments::Refuse, &error);
+  if (!parsed && error.too_deep) throw ConfigError(fmt::format("--set '{}': {}", assignment.substr(0, 200), error.message));
+  nlohmann::json value = parsed ? std::move(*parsed) : nlohmann::json(text);
+  if (value.is_string()) {
+    // Not JSON, so taken as a plain string; configs are UTF-8 (it would also be written into checkpoints).
+    try {
+      (void)value.dump();
+    } catch (const nlohmann::json::type_error&) {
+      throw ConfigError(fmt::format("--set '{}': the value is not valid UTF-8", path));
+    }
+  }
 
   nlohmann::json* node = &root;
   std::size_t start = 0;

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -250,6 +251,47 @@ TEST(Config, LoadFileReportsMissingFileAndBadJsonWithLine) {
   }
   const TrainConfig c = load_train_config(path, {"zero_optimization.stage=2"});
   EXPECT_EQ(c.zero.stage, 2);
+  std::remove(path.c_str());
+}
+
+// Found by tests/fuzz: a number beyond double's range was nlohmann's out_of_range (not a
+// ConfigError), a --set value that is not UTF-8 threw json::type_error when a message quoted it, and a
+// file holding `null` was accepted as the defaults. Deep nesting is refused before a copy or dump of
+// the config can recurse through it; huge integers are reported as they were written.
+TEST(Config, HostileJsonIsAConfigError) {
+  const std::string path = testing::TempDir() + "/hostile_config.json";
+  const auto load_text = [&](const std::string& text) {
+    std::ofstream(path, std::ios::trunc) << text;
+    return load_train_config(path, {});
+  };
+  const auto message = [&](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no ConfigError";
+    return std::string();
+  };
+  EXPECT_NE(message([&] { load_text(R"({"gradient_clipping": 1e999})"); }).find("number overflow"), std::string::npos);
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_NE(message([&] { load_text(R"({"strata": {"model": )" + deep + "}}"); }).find("nested more than"),
+            std::string::npos);
+  EXPECT_NE(message([&] { load_text(R"({"steps_per_print": 18446744073709551615})"); })
+                .find("18446744073709551615 is out of range"),
+            std::string::npos);
+  EXPECT_NE(message([&] { load_text(R"({"strata": {"offload": {"pinned_buffer": 1e308}}})"); })
+                .find("expected a byte size"),
+            std::string::npos);
+  EXPECT_NE(message([&] { load_text("null"); }).find("must hold a JSON object"), std::string::npos);
+  std::ofstream(path, std::ios::trunc) << "{}";
+  EXPECT_NE(message([&] { load_train_config(path, {"optimizer.type=\xad\xff"}); }).find("not valid UTF-8"),
+            std::string::npos);
+  EXPECT_NE(message([&] { load_train_config(path, {"strata.model=" + deep}); }).find("nested more than"),
+            std::string::npos);
+  // A value that is not JSON is still a plain string, and "1e999" is one.
+  EXPECT_NE(message([&] { load_train_config(path, {"gradient_clipping=1e999"}); }).find("expected a number"),
+            std::string::npos);
   std::remove(path.c_str());
 }
 
