@@ -10,11 +10,13 @@
 #include <cerrno>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include <xxhash.h>
 
 #include "core/file_io.h"
+#include "engine/json_input.h"
 #include "engine/partition.h"
 
 namespace strata {
@@ -34,6 +36,7 @@ bool parse_step_dir(const std::string& name, std::int64_t* step) {
   if (name.rfind("step-", 0) != 0 || name.size() <= 5) return false;
   const std::string digits = name.substr(5);
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
+  if (digits.size() > 18) return false;  // past any step count, and past what stoll takes
   *step = std::stoll(digits);
   return true;
 }
@@ -198,8 +201,15 @@ void parse_groups(const ManifestFields& f, const nlohmann::json& j, CheckpointMa
       T.shape = f.get<std::vector<std::int64_t>>(tensors[t], "shape", tw);
       T.offset_elems = f.get<std::size_t>(tensors[t], "offset_elems", tw);
       std::size_t n = 1;
-      for (auto d : T.shape) n *= static_cast<std::size_t>(std::max<std::int64_t>(d, 0));
-      if (T.offset_elems + n > G.total_elems) throw f.error(tw, "lies outside its group's flat buffer");
+      for (auto d : T.shape) {
+        if (d < 0 || (d != 0 && n > G.total_elems / static_cast<std::size_t>(d))) {
+          throw f.error(tw + ".shape", "has a negative dimension or more elements than its group");
+        }
+        n *= static_cast<std::size_t>(d);
+      }
+      if (T.offset_elems > G.total_elems || n > G.total_elems - T.offset_elems) {
+        throw f.error(tw, "lies outside its group's flat buffer");
+      }
       G.tensors.push_back(std::move(T));
     }
     m.groups.push_back(std::move(G));
@@ -233,14 +243,19 @@ CheckpointFile parse_file(const ManifestFields& f, const nlohmann::json& record,
     for (const auto& h : f.get<std::vector<std::string>>(ranges[r], "xxh64", rw)) {
       R.xxh64.push_back(parse_hex(f, h, rw + ".xxh64"));
     }
-    if (R.group >= m.groups.size() || R.offset_elems + R.elems > m.groups[R.group].total_elems) {
+    if (R.group >= m.groups.size() || R.offset_elems > m.groups[R.group].total_elems ||
+        R.elems > m.groups[R.group].total_elems - R.offset_elems) {
       throw f.error(rw, "lies outside the param groups");
     }
     if (m.format_version >= 2) cursor = align_to_range(cursor);
     if (R.file_offset_bytes != cursor || R.xxh64.size() != static_cast<std::size_t>(m.state_arrays)) {
       throw f.error(rw, "does not follow the previous range or lacks a checksum per state array");
     }
-    cursor += static_cast<std::uint64_t>(m.state_arrays) * R.elems * sizeof(float);
+    // Data files of any real run are far below 2^60 bytes; the bound keeps the sums from wrapping.
+    constexpr std::uint64_t kMaxFileBytes = std::uint64_t{1} << 60;
+    const std::uint64_t element_bytes = static_cast<std::uint64_t>(m.state_arrays) * sizeof(float);
+    if (R.elems > (kMaxFileBytes - cursor) / element_bytes) throw f.error(rw + ".elems", "is absurdly large");
+    cursor += element_bytes * R.elems;
     cover[R.group].emplace_back(R.offset_elems, R.elems);
     F.ranges.push_back(std::move(R));
   }
@@ -314,12 +329,13 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir_in) {
   m.dir = resolve_checkpoint_dir(dir_in);
   m.path = (fs::path(m.dir) / kCheckpointManifest).string();
   const ManifestFields f(m.path);
-  try {
-    m.json = nlohmann::json::parse(read_checkpoint_text(m.path));
-  } catch (const nlohmann::json::parse_error& e) {
+  JsonInputError error;
+  std::optional<nlohmann::json> json = parse_json_input(read_checkpoint_text(m.path), JsonComments::Refuse, &error);
+  if (!json) {
     throw FormatError(
-        fmt::format("checkpoint manifest {} is not valid JSON ({}); the checkpoint is damaged", m.path, e.what()));
+        fmt::format("checkpoint manifest {} is not valid JSON ({}); the checkpoint is damaged", m.path, error.message));
   }
+  m.json = std::move(*json);
   parse_run_fields(f, m.json, m);
   parse_groups(f, m.json, m);
   GroupCover cover(m.groups.size());

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 
 #include "core/error.h"
 #include "engine/checkpoint.h"
+#include "engine/json_input.h"
 
 namespace strata::checkpoint_internal {
 
@@ -49,10 +52,26 @@ class ManifestFields {
   T get(const nlohmann::json& j, const std::string& key, const std::string& where) const {
     const std::string field = where.empty() ? key : where + "." + key;
     if (!j.is_object() || !j.contains(key)) throw error(field, "is missing");
-    try {
-      return j.at(key).get<T>();
-    } catch (const nlohmann::json::exception&) {
-      throw error(field, fmt::format("has the wrong type ({})", j.at(key).dump().substr(0, 60)));
+    const nlohmann::json& v = j.at(key);
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // nlohmann converts 1.5, -1 or 2^40 to an int without complaint; a manifest holds exact integers.
+      bool fits = false;
+      if (v.is_number_unsigned()) {
+        fits = v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+      } else if (v.is_number_integer()) {
+        if constexpr (std::is_signed_v<T>) {
+          fits = v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
+                 v.get<std::int64_t>() <= std::numeric_limits<T>::max();
+        }
+      }
+      if (!fits) throw error(field, fmt::format("is not an integer in range ({})", json_excerpt(v)));
+      return v.is_number_unsigned() ? static_cast<T>(v.get<std::uint64_t>()) : static_cast<T>(v.get<std::int64_t>());
+    } else {
+      try {
+        return v.get<T>();
+      } catch (const nlohmann::json::exception&) {
+        throw error(field, fmt::format("has the wrong type ({})", json_excerpt(v)));
+      }
     }
   }
   FormatError error(const std::string& field, const std::string& text) const {

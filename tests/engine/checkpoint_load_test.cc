@@ -239,6 +239,39 @@ TEST_F(CheckpointDamage, AManifestOfAnotherModelOrConfigIsRefusedNamingTheField)
   expect_refused(manifest_, "format_version");
 }
 
+// Found by tests/fuzz: a number beyond double's range was nlohmann's out_of_range. Found reviewing
+// the reader: integers were
+// converted without a check (-1 elements became 2^64 - 1 and wrapped the range arithmetic, 1.5 became
+// 1); a `latest` naming step-<30 digits> threw std::out_of_range from stoll.
+TEST_F(CheckpointDamage, HostileManifestNumbersAreFormatErrors) {
+  const std::string original = testing_checkpoint::read_file(manifest_);
+  const auto refused_with = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& text) {
+    std::ofstream(manifest_, std::ios::trunc) << original;
+    edit_manifest(edit);
+    try {
+      (void)read_checkpoint_manifest(parent_);
+      ADD_FAILURE() << "accepted; expected '" << text << "'";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  refused_with([](nlohmann::json& j) { j["world_size"] = 1.5; }, "'world_size' is not an integer");
+  refused_with([](nlohmann::json& j) { j["world_size"] = 4294967297ull; }, "'world_size' is not an integer");
+  refused_with([](nlohmann::json& j) { j["groups"][0]["total_elems"] = -1; }, "total_elems' is not an integer");
+  refused_with(
+      [](nlohmann::json& j) {
+        auto& r = j["files"][0]["ranges"][0];
+        r["offset_elems"] = r["elems"].get<std::size_t>();
+        r["elems"] = ~std::uint64_t{0} - r["elems"].get<std::uint64_t>() + 1;  // offset + elems wraps to 0
+      },
+      "lies outside the param groups");
+  std::ofstream(manifest_, std::ios::trunc) << R"({"format": "strata-checkpoint", "format_version": 1e999})";
+  EXPECT_THROW((void)read_checkpoint_manifest(parent_), FormatError);
+  std::ofstream(manifest_, std::ios::trunc) << original;
+  std::ofstream(parent_ + "/latest", std::ios::trunc) << "step-123456789012345678901234567890\n";
+  EXPECT_THROW((void)read_checkpoint_manifest(parent_), FormatError);
+}
+
 TEST_F(Checkpoint, ResolveNamesWhatIsMissing) {
   try {
     resolve_checkpoint_dir(dir_.path());
