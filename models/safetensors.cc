@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "engine/json_input.h"
 
 namespace strata::models {
 
@@ -89,6 +91,7 @@ SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& valu
     elems *= static_cast<std::uint64_t>(dim);
     e.shape.push_back(dim);
   }
+  if (elems > std::uint64_t{1} << 60) bad(where, t + " has an absurdly large shape");  // elems x 8 must not wrap
   const auto& off = value.contains("data_offsets") ? value["data_offsets"] : nlohmann::json();
   if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
     bad(where, t + " needs 'data_offsets' as two non-negative integers [begin, end]");
@@ -137,12 +140,13 @@ void sort_and_check_coverage(std::vector<SafetensorsEntry>& tensors, std::uint64
 
 SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint64_t data_bytes,
                                            const std::string& where) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text.begin(), json_text.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    bad(where, fmt::format("the header is not well-formed JSON ({}); the file is corrupt or not safetensors", e.what()));
+  JsonInputError error;
+  std::optional<nlohmann::json> parsed = parse_json_input(json_text, JsonComments::Refuse, &error);
+  if (!parsed) {
+    bad(where, fmt::format("the header is not well-formed JSON ({}); the file is corrupt or not safetensors",
+                           error.message));
   }
+  const nlohmann::json& j = *parsed;
   if (!j.is_object()) bad(where, "the header is not a JSON object; the file is corrupt or not safetensors");
   SafetensorsHeader out;
   for (const auto& [name, value] : j.items()) {

@@ -124,6 +124,26 @@ std::vector<float> all_params(ResidentParamProvider& p) {
 
 class WeightsIo : public ::testing::TestWithParam<Architecture> {};
 
+// 2^62 F64 elements need 2^65 bytes, which wrapped to 0 and matched empty (found reviewing the reader);
+// data_offsets. Found by tests/fuzz: a number beyond double's range was nlohmann's out_of_range.
+TEST(Safetensors, HeadersThatOverflowAreFormatErrors) {
+  const auto header_error = [](const std::string& header) {
+    try {
+      parse_safetensors_header(header, 0, "h.safetensors");
+    } catch (const FormatError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(header_error(R"({"w": {"dtype": "F64", "shape": [4611686018427387904], "data_offsets": [0, 0]}})")
+                .find("absurdly large shape"),
+            std::string::npos);
+  EXPECT_NE(header_error(R"({"w": {"dtype": "F32", "shape": [1e999], "data_offsets": [0, 0]}})").find("not well-formed"),
+            std::string::npos);
+  EXPECT_NE(header_error("{\"w\": " + std::string(5000, '[') + std::string(5000, ']') + "}").find("nested more than"),
+            std::string::npos);
+}
+
 TEST_P(WeightsIo, StrataAndHuggingFaceNamesRoundTrip) {
   TempDir dir;
   const ModelConfig c = tiny(GetParam());
