@@ -85,10 +85,14 @@ TokenFile TokenFile::open(const std::string& path, FlatTokenWidth flat_width) {
     declared = size / f.width_;
   }
   const std::uint64_t payload = size - header;
-  if (has_count && payload != declared * f.width_) {
+  // declared * width must not wrap: 2^63 two-byte tokens would "fit" in an empty file.
+  if (has_count && (declared > payload / f.width_ || payload != declared * f.width_)) {
     bad(path, fmt::format("the header declares {} tokens ({} bytes) but the file holds {} bytes after the header; it is "
                           "{}",
-                          declared, declared * f.width_, payload, payload < declared * f.width_ ? "truncated" : "corrupt"));
+                          declared,
+                          declared > ~std::uint64_t{0} / f.width_ ? "over 2^64" : std::to_string(declared * f.width_),
+                          payload,
+                          declared > payload / f.width_ ? "truncated" : "corrupt"));
   }
   f.count_ = declared;
   if (size > 0) {
@@ -130,7 +134,7 @@ std::uint32_t TokenFile::operator[](std::size_t i) const {
 }
 
 void TokenFile::check_vocab(std::int64_t vocab_size) const {
-  if (vocab_ != 0 && static_cast<std::int64_t>(vocab_) > vocab_size) {
+  if (vocab_ != 0 && (vocab_size < 0 || vocab_ > static_cast<std::uint64_t>(vocab_size))) {
     bad(path_, fmt::format("it was written for a vocabulary of {} tokens, the model has {}", vocab_, vocab_size));
   }
   for (std::size_t i = 0; i < count_; ++i) {

@@ -99,6 +99,25 @@ TEST_F(TokenDataTest, RejectsTruncatedAndCorruptFiles) {
   EXPECT_THROW(TokenFile::open(file("nope.tok")), IoError);
 }
 
+// Found reviewing the reader for tests/fuzz: a token count whose byte size wraps around 2^64 (2^63 two-byte tokens)
+// passed the size check and the reader then indexed far past the mapping; a vocabulary size of
+// 2^63 or more read as negative and passed check_vocab.
+TEST_F(TokenDataTest, CountsAndVocabulariesThatWrapAreRefused) {
+  write_token_file(file("w.tok"), std::vector<std::uint32_t>{1, 2, 3, 4}, 256);
+  const auto set_u64 = [&](std::streamoff at, std::uint64_t v) {
+    std::fstream io(file("w.tok"), std::ios::binary | std::ios::in | std::ios::out);
+    io.seekp(at);
+    io.write(reinterpret_cast<const char*>(&v), 8);
+  };
+  set_u64(16, (std::uint64_t{1} << 63) + 4);  // x 2 bytes wraps to the 8 bytes the file holds
+  EXPECT_NE(open_error(file("w.tok")).find("declares 9223372036854775812 tokens"), std::string::npos)
+      << open_error(file("w.tok"));
+  set_u64(16, 4);
+  set_u64(24, std::uint64_t{1} << 63);
+  const auto f = TokenFile::open(file("w.tok"));
+  EXPECT_THROW(f.check_vocab(256), FormatError);
+}
+
 TEST_F(TokenDataTest, ByteTokenizerRoundTrips) {
   const std::string text = "Hello, \xff\x00 world\n";
   const auto toks = ByteTokenizer::encode(text);
