@@ -389,12 +389,17 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   std::stringstream text;
   text << in.rdbuf();
+  return load_train_config_text(text.str(), path, overrides);
+}
+
+TrainConfig load_train_config_text(const std::string& text, const std::string& path,
+                                   const std::vector<std::string>& overrides) {
   JsonInputError error;
-  std::optional<nlohmann::json> root = parse_json_input(text.str(), JsonComments::Allow, &error);
+  std::optional<nlohmann::json> root = parse_json_input(text, JsonComments::Allow, &error);
   if (!root) {
     if (error.byte == 0) throw ConfigError(fmt::format("config file '{}' is not valid JSON: {}", path, error.message));
     // error.byte is the offset of the error; turn it into line:column.
-    const std::string s = text.str();
+    const std::string& s = text;
     std::size_t line = 1, column = 1;
     for (std::size_t i = 0; i + 1 < error.byte && i < s.size(); ++i) {
       if (s[i] == '\n') {

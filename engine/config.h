@@ -153,6 +153,10 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
 // applies `overrides` ("key.path=value"), and parses it.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
 
+// The same for config text already in memory (JSON with comments); `source` names it in messages.
+TrainConfig load_train_config_text(const std::string& text, const std::string& source,
+                                   const std::vector<std::string>& overrides);
+
 // One warning per ignored key ("<source>: <key path>: accepted for DeepSpeed compatibility but has
 // no effect in Strata: <reason>"). Call once at startup, on one rank.
 void log_ignored_keys(const TrainConfig& config);

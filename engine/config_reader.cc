@@ -35,6 +35,19 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+  for (const auto& candidate : candidates) {
+    const std::size_t d = edit_distance(name, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  return best_distance <= std::max<std::size_t>(3, name.size() / 3) ? best : std::string();
+}
+
 ConfigReader::ConfigReader(const nlohmann::json& object, std::string source, std::string path,
                            std::vector<IgnoredKey>* ignored_keys)
     : object_(object.is_null() ? nlohmann::json::object() : object),
@@ -207,20 +220,12 @@ void ConfigReader::ignored(std::string_view key, std::string_view reason) {
 void ConfigReader::finish() const {
   for (const auto& [key, value] : object_.items()) {
     if (known_.count(key) != 0) continue;
-    std::string best;
-    std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-    for (const auto& candidate : known_) {
-      const std::size_t d = edit_distance(key, candidate);
-      if (d < best_distance) {
-        best_distance = d;
-        best = candidate;
-      }
-    }
+    const std::vector<std::string> names(known_.begin(), known_.end());
+    const std::string best = nearest_name(key, names);
     std::string hint;
-    if (!best.empty() && best_distance <= std::max<std::size_t>(3, key.size() / 3)) {
+    if (!best.empty()) {
       hint = fmt::format("; did you mean '{}'?", best);
     } else if (!known_.empty()) {
-      std::vector<std::string> names(known_.begin(), known_.end());
       hint = fmt::format("; known keys here: {}", fmt::join(names, ", "));
     }
     fail(key, fmt::format("unknown key{}", hint));

@@ -82,6 +82,11 @@ class ConfigReader {
 // Edit distance, for "did you mean" suggestions.
 std::size_t edit_distance(std::string_view a, std::string_view b);
 
+// The candidate nearest to `name` by edit distance when it is near enough to be a likely typo (at
+// most max(3, |name| / 3) edits), else "". The one rule for "did you mean" in config keys and in the
+// command line (tools/commands.cc).
+std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates);
+
 // Applies `key.path=value` to `root`: value is parsed as JSON when it is valid JSON (numbers, true,
 // false, null, arrays, objects, quoted strings), else taken as a plain string. Intermediate objects
 // are created. Throws ConfigError naming the override when the path crosses a non-object.

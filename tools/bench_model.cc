@@ -3,6 +3,7 @@
 // matmul op on a block-sized fp32 shape), and their ratio. A benchmark, never a test.
 #include "tools/commands.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -26,7 +27,7 @@ namespace {
 struct BenchModelOptions {
   std::string model = "gpt2-124m";
   std::int64_t batch = 1;
-  std::int64_t seq_len = 256;
+  std::int64_t seq_len = 0;  // 0: min(256, the model's max_seq_len)
   int steps = 3;
   int warmup = 1;
   bool checkpointing = false;
@@ -57,9 +58,10 @@ double measure_sgemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k) {
   return 2.0 * static_cast<double>(m * n * k) * reps / elapsed / 1e9;
 }
 
-int run_bench_model(const BenchModelOptions& o) {
+int run_bench_model(BenchModelOptions o) {
   using namespace strata::models;
   const ModelConfig config = model_config_by_name(o.model);
+  if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
   if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
     throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, config.max_seq_len, config.name));
   }
@@ -70,6 +72,7 @@ int run_bench_model(const BenchModelOptions& o) {
   for (const auto& g : groups) param_bytes += g.bytes() + 256 * g.tensors.size();
   SimDeviceOptions dev_opts;
   dev_opts.capacity_bytes = 2 * param_bytes + decoder.activation_bytes(o.batch, o.seq_len, true) + (64u << 20);
+  dev_opts.capacity_knob = "strata bench model --batch and --seq-len";
   auto device = make_sim_device(dev_opts);
   auto stream = device->create_stream("compute");
   ResidentParamProvider params(groups, device.get());
@@ -130,7 +133,7 @@ void register_bench_model(CLI::App& bench, CommandTable& table) {
   auto* cmd = bench.add_subcommand("model", "decoder forward+backward on the sim device vs same-run sgemm");
   cmd->add_option("--model", opts->model, "model name (default gpt2-124m)");
   cmd->add_option("--batch", opts->batch, "sequences per step (default 1)");
-  cmd->add_option("--seq-len", opts->seq_len, "tokens per sequence (default 256)");
+  cmd->add_option("--seq-len", opts->seq_len, "tokens per sequence (default: 256, or the model's max_seq_len if shorter)");
   cmd->add_option("--steps", opts->steps, "timed steps (default 3)");
   cmd->add_option("--warmup", opts->warmup, "untimed steps first (default 1)");
   cmd->add_flag("--checkpointing", opts->checkpointing, "recompute blocks in backward");

@@ -40,7 +40,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct BenchStepOptions {
-  std::string config = "configs/demo.json";
+  std::string config;  // empty: the built-in configs/demo.json
   std::vector<std::string> overrides;
   int steps = 4;
   int warmup = 2;
@@ -140,10 +140,10 @@ double measure_adam(std::uint64_t elems) {
 
 int run_bench_step(const BenchStepOptions& o) {
   if (o.steps < 1 || o.warmup < 0) throw ConfigError("--steps must be >= 1 and --warmup >= 0");
-  const TrainConfig cfg = load_train_config(o.config, o.overrides);
+  const TrainConfig cfg = load_train_config_or_demo(o.config, o.overrides);
   if (cfg.zero.offload_optimizer.device != OffloadDevice::Nvme || cfg.zero.offload_param.device != OffloadDevice::Nvme) {
     std::fprintf(stderr, "note: %s does not put both optimizer and parameters on NVMe; the figure is for its tiers\n",
-                 o.config.c_str());
+                 cfg.source.c_str());
   }
   TrainOptions t;
   t.config_path = o.config;
@@ -178,7 +178,7 @@ int run_bench_step(const BenchStepOptions& o) {
   const double ratio = slowest.seconds > 0 ? step / slowest.seconds : 0;
   const double params_per_byte = static_cast<double>(s.parameters) / static_cast<double>(s.device_capacity_bytes);
   if (o.json) {
-    nlohmann::json j = {{"config", o.config},
+    nlohmann::json j = {{"config", cfg.source},
                         {"steps", o.steps},
                         {"step_seconds", step},
                         {"slowest_queue", slowest.name},
@@ -196,7 +196,7 @@ int run_bench_step(const BenchStepOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("config %s: %.2fM parameters, model state %s on a device of %s (%.1fx)\n", o.config.c_str(),
+  std::printf("config %s: %.2fM parameters, model state %s on a device of %s (%.1fx)\n", cfg.source.c_str(),
               static_cast<double>(s.parameters) / 1e6, format_bytes(s.model_state_bytes).c_str(),
               format_bytes(s.device_capacity_bytes).c_str(),
               static_cast<double>(s.model_state_bytes) / static_cast<double>(s.device_capacity_bytes));
@@ -217,7 +217,7 @@ int run_bench_step(const BenchStepOptions& o) {
 void register_bench_step(CLI::App& bench, CommandTable& table) {
   auto o = std::make_shared<BenchStepOptions>();
   auto* cmd = bench.add_subcommand("step", "offloaded step time against its slowest queue measured alone (same run)");
-  cmd->add_option("--config", o->config, "training config (default: configs/demo.json)")->capture_default_str();
+  cmd->add_option("--config", o->config, "training config (default: configs/demo.json, built into the command)");
   cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
   cmd->add_option("--steps", o->steps, "measured steps")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "steps before measuring")->capture_default_str();

@@ -16,6 +16,10 @@ using CommandFn = std::function<int()>;
 using CommandTable = std::map<const CLI::App*, CommandFn>;
 
 void register_commands(CLI::App& app, CommandTable& table);
+// A command line CLI11 could not parse, as one line naming the subcommand, the argument and the
+// fix: an unknown subcommand or option gets the nearest known one ("did you mean 'train'?"). Help
+// and version requests print as CLI11 prints them. Returns the exit code (1 for bad input).
+int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, const char* const* argv);
 // Runs the selected (innermost) subcommand with logging set up; turns errors into one line and
 // an exit code: 1 for bad input or a failed check of the environment, 2 for internal errors.
 int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level);

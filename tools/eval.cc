@@ -3,6 +3,8 @@
 // figure depends on no seed. Runs the model on the sim device with all weights resident.
 #include "tools/commands.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +17,7 @@
 
 #include "core/device/device.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "models/decoder.h"
 #include "models/resident_provider.h"
 #include "models/token_data.h"
@@ -35,6 +38,13 @@ struct EvalOptions {
   bool json = false;
 };
 
+// The machine's memory in bytes (0 when unknown).
+std::uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page_bytes > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_bytes) : 0;
+}
+
 int run_eval(EvalOptions o) {
   using namespace strata::models;
   const ModelConfig config = model_config_by_name(o.model);
@@ -52,14 +62,30 @@ int run_eval(EvalOptions o) {
                                   data.size(), o.seq_len + 1));
   }
   std::int64_t todo = windows.count();
-  if (o.batches > 0) todo = std::min(todo, o.batches * o.batch_size);
+  if (o.batches > 0 && o.batches < (todo + o.batch_size - 1) / o.batch_size) todo = o.batches * o.batch_size;
+  // No forward pass holds more windows than there are to evaluate.
+  const std::int64_t batch_windows = std::min(o.batch_size, todo);
 
   Decoder decoder(config, {});
   const auto groups = decoder.param_groups();
   std::size_t param_bytes = 0;
   for (const auto& g : groups) param_bytes += g.bytes() + 256 * g.tensors.size();
   SimDeviceOptions dev_opts;
-  dev_opts.capacity_bytes = 2 * param_bytes + decoder.activation_bytes(o.batch_size, o.seq_len, false) + (64u << 20);
+  const std::uint64_t activation_bytes = decoder.activation_bytes(batch_windows, o.seq_len, false);
+  dev_opts.capacity_bytes = 2 * param_bytes + activation_bytes + (64u << 20);
+  dev_opts.capacity_knob = "strata eval --batch-size and --seq-len";
+  const std::uint64_t host_bytes = physical_memory_bytes();
+  if (host_bytes > 0 && dev_opts.capacity_bytes > host_bytes) {
+    // Every byte of one batch's activations is written, so a device larger than the machine's
+    // memory would fail mid-run; say which flag to lower instead.
+    const std::uint64_t per_window = std::max<std::uint64_t>(1, activation_bytes / static_cast<std::uint64_t>(batch_windows));
+    const std::uint64_t fixed = 2 * param_bytes + (64u << 20);
+    const std::uint64_t fit = host_bytes > fixed ? (host_bytes - fixed) / per_window : 0;
+    throw ConfigError(fmt::format("--batch-size {} with --seq-len {} needs {} of memory for model '{}' ({} of "
+                                  "activations), more than this machine's {}; lower --batch-size (at most {} fit)",
+                                  o.batch_size, o.seq_len, format_bytes(dev_opts.capacity_bytes), config.name,
+                                  format_bytes(activation_bytes), format_bytes(host_bytes), fit));
+  }
   auto device = make_sim_device(dev_opts);
   auto stream = device->create_stream("compute");
   ResidentParamProvider params(groups, device.get());
@@ -67,9 +93,9 @@ int run_eval(EvalOptions o) {
   const DecoderRuntime rt{{DeviceKind::Sim, stream.get(), nullptr}, device.get()};
 
   LossSum total;
-  std::vector<std::int32_t> in(static_cast<std::size_t>(o.batch_size * o.seq_len)), tg(in.size());
-  for (std::int64_t w = 0; w < todo; w += o.batch_size) {
-    const std::int64_t b = std::min(o.batch_size, todo - w);
+  std::vector<std::int32_t> in(static_cast<std::size_t>(batch_windows * o.seq_len)), tg(in.size());
+  for (std::int64_t w = 0; w < todo; w += batch_windows) {
+    const std::int64_t b = std::min(batch_windows, todo - w);
     for (std::int64_t i = 0; i < b; ++i) windows.window(w + i, in.data() + i * o.seq_len, tg.data() + i * o.seq_len);
     const LossSum s = decoder.forward_loss(rt, params, in.data(), tg.data(), b, o.seq_len);
     total.sum += s.sum;

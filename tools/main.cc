@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return strata::tools::report_parse_error(app, e, argc, argv);
   }
   return strata::tools::run_selected(app, commands, log_level);
 }

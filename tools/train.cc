@@ -6,10 +6,10 @@
 namespace strata::tools {
 
 void register_train(CLI::App& app, CommandTable& table) {
-  auto* cmd = app.add_subcommand("train", "train a model (default config: configs/demo.json)");
+  auto* cmd = app.add_subcommand("train", "train a model (default config: configs/demo.json, built into the command)");
   auto options = std::make_shared<TrainOptions>();
   auto steps = std::make_shared<std::int64_t>(-1);
-  cmd->add_option("--config", options->config_path, "DeepSpeed-style JSON config (default: configs/demo.json)");
+  cmd->add_option("--config", options->config_path, "DeepSpeed-style JSON config (default: configs/demo.json as built into the command)");
   cmd->add_option("--set", options->overrides, "override a config key: --set zero_optimization.stage=3 (repeatable)");
   cmd->add_option("--steps", *steps, "number of optimizer steps (overrides strata.steps)");
   cmd->add_option("--save-weights", options->save_weights, "write the final weights (fp32 safetensors) from rank 0");

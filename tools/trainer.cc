@@ -35,6 +35,7 @@
 #include "models/tiling_plan.h"
 #include "models/token_data.h"
 #include "models/weights_io.h"
+#include "tools/demo_config.h"  // generated from configs/demo.json (tools/CMakeLists.txt)
 #include "tools/trainer_checkpoints.h"
 #include "tools/trainer_report.h"
 
@@ -58,6 +59,11 @@ std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
 }
 
 }  // namespace
+
+TrainConfig load_train_config_or_demo(const std::string& path, const std::vector<std::string>& overrides) {
+  if (!path.empty()) return load_train_config(path, overrides);
+  return load_train_config_text(kDemoConfigJson, "configs/demo.json (built in)", overrides);
+}
 
 models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpointing) {
   *checkpointing = false;
@@ -141,7 +147,7 @@ void save_weights(const std::string& out, const models::ModelConfig& model, Zero
 
 // The config of the run: the file with its --set overrides, then --steps.
 TrainConfig load_run_config(const TrainOptions& options) {
-  TrainConfig cfg = load_train_config(options.config_path, options.overrides);
+  TrainConfig cfg = load_train_config_or_demo(options.config_path, options.overrides);
   if (options.steps) {
     if (*options.steps < 0) throw ConfigError(fmt::format("--steps {} must be >= 0", *options.steps));
     cfg.strata.steps = *options.steps;

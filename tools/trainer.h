@@ -19,7 +19,7 @@
 namespace strata::tools {
 
 struct TrainOptions {
-  std::string config_path = "configs/demo.json";
+  std::string config_path;                   // --config FILE; empty: the built-in configs/demo.json
   std::vector<std::string> overrides;        // --set key.path=value
   std::optional<std::int64_t> steps;         // --steps N (overrides strata.steps)
   std::string save_weights;                  // --save-weights OUT.safetensors
@@ -56,6 +56,10 @@ struct TrainSummary {
   std::vector<double> step_seconds;
   std::vector<std::uint64_t> step_nvme_read, step_nvme_written, step_copy_bytes;
 };
+
+// The config in `path` with `overrides` applied; an empty path means configs/demo.json as compiled
+// into the command (tools/CMakeLists.txt), so `strata train` works from any directory.
+TrainConfig load_train_config_or_demo(const std::string& path, const std::vector<std::string>& overrides);
 
 // The model a training config describes (strata.model, with the precision's dtype), and whether it
 // asks for activation checkpointing.

@@ -164,6 +164,9 @@ struct SimDeviceOptions {
   double d2h_gbps = 0;  // device->host (full duplex: its own link)
   double d2d_gbps = 0;  // device memory bandwidth for d2d copies
   double latency_us = 0;  // fixed cost added to each copy
+  // What sets the capacity, named when it cannot be had: the config key, or the flags of a command
+  // that sizes its device itself (strata eval: --batch-size and --seq-len).
+  std::string capacity_knob = "strata.device.memory";
 };
 std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options);
 

@@ -82,8 +82,8 @@ SimAllocator::SimAllocator(const SimAllocatorOptions& options)
   if (p == MAP_FAILED) {
     const int err = errno;
     throw DeviceError(fmt::format("{}: cannot reserve {} of address space for the sim device arena: {}; "
-                                  "lower the device memory size (strata.device.memory)",
-                                  name_, format_bytes(capacity_bytes_), errno_text(err)));
+                                  "lower the device memory size ({})",
+                                  name_, format_bytes(capacity_bytes_), errno_text(err), options.capacity_knob));
   }
   map_base_ = p;
   const auto addr = reinterpret_cast<std::uintptr_t>(p);

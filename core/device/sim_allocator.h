@@ -38,6 +38,7 @@ struct SimAllocatorOptions {
   std::size_t capacity_bytes = 0;      // rounded down to the alignment
   std::size_t alignment_bytes = 256;   // power of two; raised to at least 256
   std::size_t release_pages_min_bytes = std::size_t{1} << 20;  // Note [Freed pages]
+  std::string capacity_knob = "strata.device.memory";  // what sets the capacity, named in errors
 };
 
 // Thread-safe: every public member may be called from any thread.

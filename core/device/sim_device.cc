@@ -88,7 +88,8 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
  public:
   explicit SimDeviceState(const SimDeviceOptions& o)
       : name(fmt::format("sim:{}", o.ordinal)),
-        allocator(SimAllocatorOptions{name, o.capacity_bytes, o.alignment_bytes}),
+        allocator(SimAllocatorOptions{.device_name = name, .capacity_bytes = o.capacity_bytes,
+                                      .alignment_bytes = o.alignment_bytes, .capacity_knob = o.capacity_knob}),
         h2d(o.h2d_gbps, o.latency_us),
         d2h(o.d2h_gbps, o.latency_us),
         d2d(o.d2d_gbps, o.latency_us) {}
