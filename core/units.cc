@@ -38,33 +38,84 @@ bool split_number(std::string_view text, double* number, std::string* unit) {
 
 }  // namespace
 
+namespace {
+
+std::string_view trimmed(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  return s;
+}
+
+// The number and the unit of a byte size, the unit as written (spaces between them dropped); the
+// number's text in *number_text when not null.
+bool split_byte_size(std::string_view text, double* number, std::string* unit, std::string* number_text = nullptr) {
+  const std::string_view s = trimmed(text);
+  std::size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return false;
+  const std::string num(s.substr(0, i));
+  if (number_text != nullptr) *number_text = num;
+  if (num.find('.') != num.rfind('.')) return false;
+  char* end = nullptr;
+  *number = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size() || !std::isfinite(*number) || *number < 0) return false;
+  *unit = std::string(trimmed(s.substr(i)));
+  return true;
+}
+
+// Bytes per unit as spelled; 0 for a spelling that is not accepted.
+double bytes_per_unit(const std::string& unit) {
+  if (unit.empty() || unit == "B") return 1;
+  static constexpr const char* kPrefixes = "KMGT";
+  for (int p = 0; p < 4; ++p) {
+    const char upper = kPrefixes[p];
+    const char lower_case = static_cast<char>(std::tolower(static_cast<unsigned char>(upper)));
+    const double binary = std::pow(1024.0, p + 1);
+    const double decimal = std::pow(1000.0, p + 1);
+    if (unit.size() == 1 && (unit[0] == upper || unit[0] == lower_case)) return binary;
+    if (unit.size() == 3 && unit[0] == upper && unit[1] == 'i' && unit[2] == 'B') return binary;
+    if (unit.size() == 2 && unit[1] == 'B' && (unit[0] == upper || (upper == 'K' && unit[0] == 'k'))) return decimal;
+  }
+  return 0;
+}
+
+}  // namespace
+
 bool parse_bytes(std::string_view text, std::size_t* out_bytes) {
   double number = 0;
   std::string unit;
-  if (!split_number(text, &number, &unit)) return false;
-  double mult = 0;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "kb") mult = 1e3;
-  else if (unit == "mb") mult = 1e6;
-  else if (unit == "gb") mult = 1e9;
-  else if (unit == "tb") mult = 1e12;
-  else return false;
+  if (!split_byte_size(text, &number, &unit)) return false;
+  const double mult = bytes_per_unit(unit);
+  if (mult == 0) return false;
   const double bytes = number * mult;
   if (bytes > 1.8e19 || bytes != std::floor(bytes)) return false;
   *out_bytes = static_cast<std::size_t>(bytes);
   return true;
 }
 
+std::string bad_bytes_message(std::string_view text) {
+  double number = 0;
+  std::string unit, num;
+  if (split_byte_size(text, &number, &unit, &num) && !unit.empty() && unit.back() == 'b') {
+    // "64Mb", "64mb", "1gib": a lowercase b is bits (64Mb would be 8 MB); the intent is unclear.
+    const char prefix = static_cast<char>(std::toupper(static_cast<unsigned char>(unit.front())));
+    if (unit.size() >= 2 && std::string_view("KMGT").find(prefix) != std::string_view::npos) {
+      return fmt::format("'{}' is not a byte size: a lowercase 'b' means bits; write {}{}iB (powers of 1024) or "
+                         "{}{}B (powers of 1000)",
+                         text, num, prefix, num, prefix);
+    }
+    return fmt::format("'{}' is not a byte size: a lowercase 'b' means bits; write bytes with a capital B, e.g. "
+                       "{}B",
+                       text, num);
+  }
+  return fmt::format("'{}' is not a byte size; write a whole number of bytes, e.g. 4096, 64MiB, 1.5GiB or 64M "
+                     "(powers of 1024), 64MB or 2GB (powers of 1000)",
+                     text);
+}
+
 std::size_t parse_bytes_or_throw(std::string_view text, std::string_view where) {
   std::size_t bytes = 0;
-  if (!parse_bytes(text, &bytes)) {
-    throw ConfigError(fmt::format("{}: '{}' is not a byte size; write e.g. 4096, 64MiB, 1.5GiB or 2GB",
-                                  where, text));
-  }
+  if (!parse_bytes(text, &bytes)) throw ConfigError(fmt::format("{}: {}", where, bad_bytes_message(text)));
   return bytes;
 }
 

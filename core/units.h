@@ -13,12 +13,17 @@ inline constexpr std::size_t KiB = 1024;
 inline constexpr std::size_t MiB = 1024 * KiB;
 inline constexpr std::size_t GiB = 1024 * MiB;
 
-// Accepts an integer or decimal number followed by an optional unit: B, K/KiB/KB, M/MiB/MB,
-// G/GiB/GB, T/TiB/TB (K, M, G, T and the *iB forms are powers of 1024; KB, MB, GB, TB powers of
-// 1000), case-insensitive, optional space. Returns false on anything else.
+// Accepts an integer or decimal number, optional spaces, and an optional unit spelled exactly: B;
+// KiB, MiB, GiB, TiB and the single letters K, M, G, T (either case) are powers of 1024; KB (or kB),
+// MB, GB, TB are powers of 1000. A lowercase 'b' means bits ("64Mb", "64mb", "1gib") and is refused,
+// as is anything else. Returns false without touching *out_bytes on a refusal.
 bool parse_bytes(std::string_view text, std::size_t* out_bytes);
 
-// Like parse_bytes but throws ConfigError naming `where` and the accepted forms.
+// What is wrong with `text`, which parse_bytes refused, and the accepted spellings:
+// "'64Mb' is not a byte size: a lowercase 'b' means bits; write 64MiB (2^20 bytes) or 64MB ...".
+std::string bad_bytes_message(std::string_view text);
+
+// Like parse_bytes but throws ConfigError naming `where`, the problem and the accepted forms.
 std::size_t parse_bytes_or_throw(std::string_view text, std::string_view where);
 
 // Counts with a metric suffix: "100M" -> 100'000'000, "1.5B"/"1.5G" -> 1'500'000'000, "10k".

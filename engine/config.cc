@@ -18,6 +18,9 @@ namespace strata {
 namespace {
 
 constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 60;
+// strata.device: the slowest modeled link (10 MB/s) and the longest modeled latency per copy (0.1 s).
+constexpr double kMinModeledGbps = 0.01;
+constexpr double kMaxModeledLatencyUs = 1e5;
 
 // DeepSpeed keys Strata accepts with DeepSpeed's type and range but without effect: the value is
 // checked, then the key is reported once at startup with `reason` (IgnoredKey).
@@ -246,9 +249,19 @@ StrataConfig parse_strata(ConfigReader r) {
     d.get_choice("kind", &kind, {"auto", "sim", "cuda"});
     s.device.kind = kind == "sim" ? DeviceChoice::Sim : kind == "cuda" ? DeviceChoice::Cuda : DeviceChoice::Auto;
     d.get_bytes("memory", &s.device.memory_bytes, 0);
-    d.get_double("h2d_gbps", &s.device.h2d_gbps, 0.0, 1e4);
-    d.get_double("d2h_gbps", &s.device.d2h_gbps, 0.0, 1e4);
-    d.get_double("latency_us", &s.device.latency_us, 0.0, 1e6);
+    // The modeled link (Note [Modeled link], core/device/sim_device.cc): a bandwidth so low, or a
+    // latency so high, that a step would take hours is a typo, not a model of a link.
+    const auto get_gbps = [&d](std::string_view key, double* gbps) {
+      d.get_double(key, gbps, 0.0, 1e4);
+      if (*gbps > 0 && *gbps < kMinModeledGbps) {
+        d.fail(key, fmt::format("{} GB/s is too slow to model a link (a step would not finish); use at least {} "
+                                "GB/s, or 0 for copies at memory speed",
+                                *gbps, kMinModeledGbps));
+      }
+    };
+    get_gbps("h2d_gbps", &s.device.h2d_gbps);
+    get_gbps("d2h_gbps", &s.device.d2h_gbps);
+    d.get_double("latency_us", &s.device.latency_us, 0.0, kMaxModeledLatencyUs);
     d.finish();
   }
   {

@@ -158,8 +158,10 @@ void ConfigReader::get_bytes(std::string_view key, std::uint64_t* out, std::uint
   } else if (v->is_number_float() && v->get<double>() >= 0 && v->get<double>() < 1.8e19 &&
              std::floor(v->get<double>()) == v->get<double>()) {
     bytes = static_cast<std::size_t>(v->get<double>());
-  } else if (!v->is_string() || !parse_bytes(v->get<std::string>(), &bytes)) {
+  } else if (!v->is_string()) {
     fail(key, fmt::format("expected a byte size such as 67108864 or \"64MiB\", found {}", describe(*v)));
+  } else if (!parse_bytes(v->get<std::string>(), &bytes)) {
+    fail(key, bad_bytes_message(v->get<std::string>()));
   }
   if (bytes < min) fail(key, fmt::format("{} is too small; at least {}", format_bytes(bytes), format_bytes(min)));
   *out = bytes;

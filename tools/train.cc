@@ -8,18 +8,19 @@ namespace strata::tools {
 void register_train(CLI::App& app, CommandTable& table) {
   auto* cmd = app.add_subcommand("train", "train a model (default config: configs/demo.json, built into the command)");
   auto options = std::make_shared<TrainOptions>();
-  auto steps = std::make_shared<std::int64_t>(-1);
+  auto steps = std::make_shared<std::int64_t>(0);
   cmd->add_option("--config", options->config_path, "DeepSpeed-style JSON config (default: configs/demo.json as built into the command)");
   cmd->add_option("--set", options->overrides, "override a config key: --set zero_optimization.stage=3 (repeatable)");
-  cmd->add_option("--steps", *steps, "number of optimizer steps (overrides strata.steps)");
+  CLI::Option* steps_flag = cmd->add_option("--steps", *steps, "number of optimizer steps (overrides strata.steps)");
   cmd->add_option("--save-weights", options->save_weights, "write the final weights (fp32 safetensors) from rank 0");
   cmd->add_option("--resume", options->resume,
                   "continue from a checkpoint (a step-* directory, or strata.checkpoint.dir holding `latest`); "
                   "--steps stays the total step count");
   cmd->add_option("--summary-json", options->summary_json,
                   "write the run's summary (losses, tokens/s, peak bytes per tier, NVMe bytes, overlap) as JSON");
-  table[cmd] = [options, steps] {
-    if (*steps >= 0) options->steps = *steps;
+  table[cmd] = [options, steps, steps_flag] {
+    // Given at all, it is the step count: a negative one is refused (load_run_config), never replaced.
+    if (steps_flag->count() > 0) options->steps = *steps;
     const TrainSummary summary = run_training(*options);
     // Stopped by a signal after writing a checkpoint: the shell's convention, 128 + the signal.
     return summary.stopped_by_signal != 0 ? 128 + summary.stopped_by_signal : 0;

@@ -149,7 +149,11 @@ void save_weights(const std::string& out, const models::ModelConfig& model, Zero
 TrainConfig load_run_config(const TrainOptions& options) {
   TrainConfig cfg = load_train_config_or_demo(options.config_path, options.overrides);
   if (options.steps) {
-    if (*options.steps < 0) throw ConfigError(fmt::format("--steps {} must be >= 0", *options.steps));
+    if (*options.steps < 0) {
+      throw ConfigError(fmt::format("--steps {}: the number of optimizer steps must be >= 0 (0 trains nothing: it "
+                                    "checks the config and, with --save-weights, writes the initial weights)",
+                                    *options.steps));
+    }
     cfg.strata.steps = *options.steps;
   }
   return cfg;

@@ -35,11 +35,38 @@ TEST(Units, ParseBytesAcceptsBinaryAndDecimalUnits) {
   EXPECT_EQ(bytes_of("0.5K"), 512u);
 }
 
-TEST(Units, ParseBytesIsCaseInsensitiveAndAllowsSpaces) {
-  EXPECT_EQ(bytes_of("64mib"), 64 * MiB);
+TEST(Units, ParseBytesAllowsSpacesAndEitherCaseOfSingleLetters) {
   EXPECT_EQ(bytes_of("64 MiB"), 64 * MiB);
-  EXPECT_EQ(bytes_of("1.5 gb"), 1'500'000'000u);
+  EXPECT_EQ(bytes_of(" 64MiB "), 64 * MiB);
   EXPECT_EQ(bytes_of("8 k"), 8 * KiB);
+  EXPECT_EQ(bytes_of("64m"), 64 * MiB);
+  EXPECT_EQ(bytes_of("4g"), 4 * GiB);
+  EXPECT_EQ(bytes_of("4kB"), 4000u);  // the SI spelling of kilobytes
+}
+
+// A lowercase b is bits ("64Mb" = 8 MB), and "64mb" could mean either: both are refused rather than
+// read as 64e6 bytes, and the message names the two byte spellings.
+TEST(Units, ParseBytesRefusesBitsAndMixedCaseUnits) {
+  for (const char* bad : {"64Mb", "64mb", "64MIB", "64mib", "1.5 gb", "4kb", "4Kb", "2tb", "4b", "4mB", "4gB", "6 4MiB"}) {
+    std::size_t out = 777;
+    EXPECT_FALSE(parse_bytes(bad, &out)) << "'" << bad << "' should be refused";
+    EXPECT_EQ(out, 777u);
+  }
+  const std::string bits = bad_bytes_message("64Mb");
+  EXPECT_NE(bits.find("'64Mb'"), std::string::npos) << bits;
+  EXPECT_NE(bits.find("bits"), std::string::npos) << bits;
+  EXPECT_NE(bits.find("64MiB"), std::string::npos) << bits;
+  EXPECT_NE(bits.find("64MB"), std::string::npos) << bits;
+  EXPECT_NE(bad_bytes_message("1.5 gb").find("1.5GiB"), std::string::npos) << bad_bytes_message("1.5 gb");
+  EXPECT_NE(bad_bytes_message("4b").find("4B"), std::string::npos) << bad_bytes_message("4b");
+  try {
+    parse_bytes_or_throw("64Mb", "--size");
+    FAIL() << "no exception";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--size: '64Mb' is not a byte size: a lowercase 'b' means bits"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Units, ParseBytesRejectsBadInput) {

@@ -115,6 +115,29 @@ TEST(Config, OutOfRangeSaysTheRange) {
             std::string::npos);
 }
 
+// Well-formed but absurd values: a byte size in bits (or of unclear case), a modeled link so slow a
+// step never finishes, a latency of minutes per copy.
+TEST(Config, AbsurdValuesAreRefusedWithTheAcceptedForms) {
+  const std::string bits = error_of(json::parse(R"({"strata": {"offload": {"pinned_buffer": "64Mb"}}})"));
+  EXPECT_NE(bits.find("strata.offload.pinned_buffer: '64Mb' is not a byte size: a lowercase 'b' means bits"),
+            std::string::npos)
+      << bits;
+  EXPECT_NE(bits.find("64MiB"), std::string::npos) << bits;
+  EXPECT_NE(bits.find("64MB"), std::string::npos) << bits;
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"device": {"memory": "64mb"}}})")).find("bits"), std::string::npos);
+  EXPECT_EQ(error_of(json::parse(R"({"strata": {"device": {"memory": "64MB"}}})")), "");
+
+  const std::string slow = error_of(json::parse(R"({"strata": {"device": {"h2d_gbps": 1e-9}}})"));
+  EXPECT_NE(slow.find("strata.device.h2d_gbps"), std::string::npos) << slow;
+  EXPECT_NE(slow.find("at least 0.01"), std::string::npos) << slow;
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"device": {"d2h_gbps": 0.001}}})")).find("strata.device.d2h_gbps"),
+            std::string::npos);
+  EXPECT_EQ(error_of(json::parse(R"({"strata": {"device": {"h2d_gbps": 0, "d2h_gbps": 0.01}}})")), "")
+      << "0 (unmodeled) and the slowest modeled link are accepted";
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"device": {"latency_us": 6e7}}})")).find("strata.device.latency_us"),
+            std::string::npos);
+}
+
 TEST(Config, UnsupportedDeepSpeedKeySaysSo) {
   const std::string msg = error_of(json::parse(R"({"zero_optimization": {"cpu_offload": true}})"));
   EXPECT_NE(msg.find("not supported by Strata"), std::string::npos) << msg;
