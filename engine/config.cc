@@ -276,6 +276,7 @@ StrataConfig parse_strata(ConfigReader r) {
     }
   }
   r.get_int("steps", &s.steps, 0, std::numeric_limits<std::int64_t>::max());
+  r.get_int("max_skipped_steps", &s.max_skipped_steps, 1, std::numeric_limits<std::int64_t>::max());
   r.get_string("metrics", &s.metrics_path);
   r.get_string("trace", &s.trace_path);
   {
@@ -379,6 +380,10 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   r.unsupported("sparse_gradients", not_here);
   r.finish();
 
+  if (c.strata.max_skipped_steps == 0) {  // "auto"
+    const bool dynamic_scale = c.precision == Precision::Fp16 && c.fp16.loss_scale == 0;
+    c.strata.max_skipped_steps = dynamic_scale ? c.fp16.initial_scale_power + c.fp16.hysteresis + 3 : 3;
+  }
   if (c.strata.exact && c.precision != Precision::Fp32) {
     throw ConfigError(fmt::format("{}: strata.exact is true but {} is enabled; exact mode is fp32 everywhere: disable "
                                   "{}.enabled or set strata.exact=false",

@@ -121,6 +121,11 @@ struct StrataConfig {
   DeviceConfig device;
   CheckpointConfig checkpoint;
   std::int64_t steps = 100;
+  // The run fails after this many consecutive skipped steps (non-finite gradients): a run that
+  // trains nothing does not succeed. "auto" (0 here until parse_train_config resolves it): with
+  // fp16's dynamic loss scaler, initial_scale_power + hysteresis + 3, room for the scaler to back
+  // off from its initial scale; otherwise 3.
+  std::int64_t max_skipped_steps = 0;
   std::string metrics_path;  // JSON lines, one per step
   std::string trace_path;    // Chrome-trace JSON
   OffloadTuning offload;

@@ -2,6 +2,7 @@
 #include "models/weights_io.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -10,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "models/decoder_params.h"
 #include "models/hf_names.h"
@@ -50,6 +52,37 @@ void copy_to_host(Stream* stream, void* dst, const void* src, std::size_t bytes)
   }
 }
 
+// The index of the first NaN or infinity among `n` values of `dtype` at `data`, if any.
+std::optional<std::size_t> first_non_finite(const void* data, DType dtype, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float v = 0;
+    switch (dtype) {
+      case DType::F32: std::memcpy(&v, static_cast<const float*>(data) + i, sizeof v); break;
+      case DType::BF16: v = bf16_to_f32(static_cast<const bf16*>(data)[i]); break;
+      case DType::F16: v = f16_to_f32(static_cast<const fp16*>(data)[i]); break;
+    }
+    if (!std::isfinite(v)) return i;
+  }
+  return std::nullopt;
+}
+
+// Weights are where training starts or what eval scores: a NaN or infinity in them makes every loss
+// NaN and every step skip, so it is refused when read, naming the tensor and the element.
+void check_finite_weights(const void* data, DType dtype, std::size_t n, std::size_t first_index,
+                          std::string_view what, const std::string& path, const std::string& tensor,
+                          std::size_t tensor_elems, std::string_view fix) {
+  const std::optional<std::size_t> bad = first_non_finite(data, dtype, n);
+  if (!bad) return;
+  float v = 0;
+  switch (dtype) {
+    case DType::F32: std::memcpy(&v, static_cast<const float*>(data) + *bad, sizeof v); break;
+    case DType::BF16: v = bf16_to_f32(static_cast<const bf16*>(data)[*bad]); break;
+    case DType::F16: v = f16_to_f32(static_cast<const fp16*>(data)[*bad]); break;
+  }
+  throw FormatError(fmt::format("{} '{}': tensor '{}' element {} (of {}) is {}; weights must be finite numbers; {}",
+                                what, path, tensor, first_index + *bad, tensor_elems, v, fix));
+}
+
 }  // namespace
 
 WeightNaming load_weights(const std::string& path, const ModelConfig& config, ParamProvider& provider, Stream* stream) {
@@ -85,6 +118,8 @@ WeightNaming load_weights(const std::string& path, const ModelConfig& config, Pa
     }
     std::vector<std::uint8_t> host(whole.spec.bytes());
     file.read(*it->second, whole.spec.dtype, host.data());
+    check_finite_weights(host.data(), whole.spec.dtype, whole.spec.elems(), 0, "weights file", path, file_name,
+                         whole.spec.elems(), "the file is damaged or from a run that diverged");
     if (transposed) host = transpose(host, want[0], want[1], dtype_bytes(whole.spec.dtype));
     // A tiled weight goes to its tiles, rows by rows (models/tiling.h).
     for (const TensorPart& part : whole.parts) {
@@ -156,11 +191,16 @@ void read_init_tensor(const SafetensorsFile& file, const ModelConfig& config, co
     throw FormatError(fmt::format("strata.init_weights '{}': tensor '{}' has shape {}, the model needs {}", file.path(),
                                   whole_name, format_shape(e->shape), format_shape(whole->shape)));
   }
+  std::size_t first_index = 0;  // of `out` in the whole tensor
   if (tile) {
     file.read_rows(*e, DType::F32, tile->rows.begin, tile->rows.end, out.data());
+    first_index = static_cast<std::size_t>(tile->rows.begin) * (whole->elems() / static_cast<std::size_t>(whole->shape[0]));
   } else {
     file.read(*e, DType::F32, out.data());
   }
+  check_finite_weights(out.data(), DType::F32, out.size(), first_index, "strata.init_weights", file.path(), whole_name,
+                       whole->elems(),
+                       "fix the file, or remove strata.init_weights to start from the default initialization");
 }
 
 std::vector<WholeTensorValues> assemble_whole_tensors(const ModelConfig& config, std::span<const ParamGroupSpec> groups,

@@ -29,7 +29,8 @@ void save_weights(const std::string& path, const ModelConfig& config, ParamProvi
 // The values of one of the provider's tensors (whole, or a tile "W[r0:r1]") as fp32, from a
 // Strata-named file such as `strata train --save-weights` writes (always untiled): the engine's
 // init callback for strata.init_weights. FormatError naming the file and tensor when the file lacks
-// the whole tensor or has it in another shape than `config` declares.
+// the whole tensor or has it in another shape than `config` declares, and naming the element too
+// when a value is NaN or infinite (load_weights refuses those the same way).
 void read_init_tensor(const SafetensorsFile& file, const ModelConfig& config, const ParamTensorSpec& tensor,
                       std::span<float> out);
 

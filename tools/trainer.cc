@@ -348,9 +348,24 @@ struct LoopSeconds {
   double exposed = 0;
 };
 
+// Step s (from 0) was the `skipped`-th skipped step in a row; past strata.max_skipped_steps the run
+// is not training, and fails saying why. Every rank sees the same skips, so every rank stops here.
+void check_skipped_steps(const TrainConfig& cfg, const StepFigures& f, std::int64_t s, std::int64_t skipped) {
+  if (skipped < cfg.strata.max_skipped_steps) return;
+  const std::string scale = cfg.precision == Precision::Fp16 ? fmt::format(", fp16 loss scale {:.4g}", f.result.loss_scale)
+                                                             : std::string();
+  throw SkippedStepsError(fmt::format(
+      "{}: step {}: {} steps in a row were skipped because the gradients were not finite (grad norm {:.4g}, loss "
+      "{:.4f}{}); "
+      "the run is not training. Lower optimizer.params.lr, set gradient_clipping, check strata.init_weights and the "
+      "data, or raise strata.max_skipped_steps (now {})",
+      cfg.source, s + 1, skipped, f.result.grad_norm, f.loss, scale, cfg.strata.max_skipped_steps));
+}
+
 // The steps from first_step on, until the last or a stop signal; fills `summary` step by step.
 LoopSeconds run_steps(StepLoop& l, std::int64_t first_step, TrainSummary& summary) {
   LoopSeconds total;
+  std::int64_t skipped_in_a_row = 0;
   for (std::int64_t s = first_step; s < l.cfg.strata.steps; ++s) {
     const StepFigures f = run_step(l, s);
     total.steps += f.seconds;
@@ -361,6 +376,8 @@ LoopSeconds run_steps(StepLoop& l, std::int64_t first_step, TrainSummary& summar
                          static_cast<double>(l.cfg.strata.steps - s - 1);
       l.reporter.report(f, s, eta);
     }
+    skipped_in_a_row = f.result.applied ? 0 : skipped_in_a_row + 1;
+    check_skipped_steps(l.cfg, f, s, skipped_in_a_row);
     summary.stopped_by_signal = l.checkpoints.after_step(l.engine, s + 1, s + 1 == l.cfg.strata.steps);
     if (summary.stopped_by_signal != 0) break;
   }

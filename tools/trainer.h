@@ -13,10 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/config.h"
 #include "models/model_config.h"
 
 namespace strata::tools {
+
+// The run skipped strata.max_skipped_steps steps in a row (non-finite gradients): it is not
+// training, and stops saying why (exit 1).
+class SkippedStepsError : public Error {
+ public:
+  using Error::Error;
+};
 
 struct TrainOptions {
   std::string config_path;                   // --config FILE; empty: the built-in configs/demo.json

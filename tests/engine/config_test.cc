@@ -138,6 +138,28 @@ TEST(Config, AbsurdValuesAreRefusedWithTheAcceptedForms) {
             std::string::npos);
 }
 
+// strata.max_skipped_steps: "auto" leaves fp16's dynamic loss scaler room to back off from its
+// initial scale; a static scale, bf16 and fp32 fail after 3 skipped steps in a row; 0 is refused.
+TEST(Config, MaxSkippedStepsAutoFollowsThePrecision) {
+  EXPECT_EQ(parse_train_config(json::object(), "t").strata.max_skipped_steps, 3);
+  EXPECT_EQ(parse_train_config(json::parse(R"({"bf16": {"enabled": true}})"), "t").strata.max_skipped_steps, 3);
+  EXPECT_EQ(parse_train_config(json::parse(R"({"fp16": {"enabled": true}})"), "t").strata.max_skipped_steps,
+            16 + 2 + 3);
+  EXPECT_EQ(parse_train_config(json::parse(R"({"fp16": {"enabled": true, "initial_scale_power": 20, "hysteresis": 4}})"),
+                               "t")
+                .strata.max_skipped_steps,
+            20 + 4 + 3);
+  EXPECT_EQ(parse_train_config(json::parse(R"({"fp16": {"enabled": true, "loss_scale": 128}})"), "t")
+                .strata.max_skipped_steps,
+            3);
+  EXPECT_EQ(parse_train_config(json::parse(R"({"strata": {"max_skipped_steps": "auto"}})"), "t").strata.max_skipped_steps,
+            3);
+  EXPECT_EQ(parse_train_config(json::parse(R"({"strata": {"max_skipped_steps": 50}})"), "t").strata.max_skipped_steps,
+            50);
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"max_skipped_steps": 0}})")).find("strata.max_skipped_steps"),
+            std::string::npos);
+}
+
 TEST(Config, UnsupportedDeepSpeedKeySaysSo) {
   const std::string msg = error_of(json::parse(R"({"zero_optimization": {"cpu_offload": true}})"));
   EXPECT_NE(msg.find("not supported by Strata"), std::string::npos) << msg;

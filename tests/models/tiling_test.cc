@@ -6,15 +6,18 @@
 // untiled init; a tiled model saves the untiled model's file and loads it back.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/device/device.h"
@@ -376,6 +379,83 @@ TEST_P(TilingArch, TiledModelSavesTheUntiledFileAndLoadsItBack) {
   beyond.name = "blocks.0.no_such.weight[0:1]";
   std::vector<float> sink(beyond.elems());
   EXPECT_THROW(read_init_tensor(init, c, beyond, sink), FormatError);
+}
+
+// A NaN or infinity in strata.init_weights (or in the weights eval loads) is refused when read,
+// naming the file, the whole tensor and the element's index in it, also when the tensor is read
+// tile by tile; the tiles before the bad element read as usual.
+TEST_P(TilingArch, NonFiniteInitWeightsAreRefusedNamingTensorAndElement) {
+  const ModelConfig c = tiny(GetParam());
+  const TilingSpec spec = parse(c, R"({"default": {"attn": 1, "mlp": 4}})");
+  TempDir dir;
+  ResidentParamProvider untiled(decoder_param_groups(c), nullptr);
+  untiled.init_gpt2_style(13, c.n_layers, nullptr);
+  const std::string good = dir.file("good.safetensors");
+  save_weights(good, c, untiled, nullptr, WeightNaming::Strata);
+  // The same file with one element of an MLP weight (read in 4 tiles) made non-finite, in its last tile.
+  const SafetensorsFile file = SafetensorsFile::open(good);
+  const ParamTensorSpec* tiled_tensor = nullptr;
+  const auto tiled_groups = decoder_param_groups(c, spec);
+  for (const auto& g : tiled_groups) {
+    for (const auto& t : g.tensors) {
+      if (tiled_tensor == nullptr && whole_tensor_of(t.name) && whole_tensor_of(t.name)->rows.begin > 0) {
+        tiled_tensor = &t;
+      }
+    }
+  }
+  ASSERT_NE(tiled_tensor, nullptr) << "no tile after the first";
+  const std::string whole_name = whole_tensor_of(tiled_tensor->name)->whole_name;
+  const std::int64_t tile_begin = whole_tensor_of(tiled_tensor->name)->rows.begin;
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    std::vector<std::vector<float>> values;
+    std::vector<SafetensorsTensorOut> out;
+    std::size_t bad_index = 0;
+    for (const auto& e : file.tensors()) {
+      values.emplace_back(static_cast<std::size_t>(e.elems()));
+      file.read(e, DType::F32, values.back().data());
+    }
+    std::size_t i = 0;
+    for (const auto& e : file.tensors()) {
+      if (e.name == whole_name) {
+        const std::size_t row_elems = values[i].size() / static_cast<std::size_t>(e.shape[0]);
+        bad_index = static_cast<std::size_t>(tile_begin) * row_elems + 3;
+        values[i][bad_index] = bad;
+      }
+      out.push_back({e.name, DType::F32, e.shape, values[i].data()});
+      ++i;
+    }
+    const std::string path = dir.file("bad.safetensors");
+    write_safetensors(path, out);
+    const SafetensorsFile init = SafetensorsFile::open(path);
+    for (const auto& g : tiled_groups) {
+      for (const auto& t : g.tensors) {
+        std::vector<float> got(t.elems());
+        if (&t != tiled_tensor) {  // the other tiles of the tensor too: the bad element is in this one
+          EXPECT_NO_THROW(read_init_tensor(init, c, t, got)) << t.name;
+          continue;
+        }
+        try {
+          read_init_tensor(init, c, t, got);
+          ADD_FAILURE() << "a non-finite element in " << t.name << " was accepted";
+        } catch (const FormatError& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find("strata.init_weights"), std::string::npos) << what;
+          EXPECT_NE(what.find(path), std::string::npos) << what;
+          EXPECT_NE(what.find(fmt::format("tensor '{}' element {} ", whole_name, bad_index)), std::string::npos)
+              << what;
+          EXPECT_NE(what.find(std::isnan(bad) ? "nan" : "-inf"), std::string::npos) << what;
+        }
+      }
+    }
+    // eval's loader refuses the same file, naming the same element.
+    ResidentParamProvider loaded(decoder_param_groups(c), nullptr);
+    try {
+      load_weights(path, c, loaded, nullptr);
+      ADD_FAILURE() << "load_weights accepted a non-finite weight";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("element {} ", bad_index)), std::string::npos) << e.what();
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, TilingArch, ::testing::Values(Architecture::Gpt2, Architecture::Llama),
