@@ -31,6 +31,7 @@
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "models/weights_io.h"
+#include "tools/output_file.h"
 #include "tools/trainer.h"
 
 namespace strata::tools {
@@ -120,6 +121,10 @@ int run_export(const std::string& dir, const std::string& out, const std::string
   const models::WeightNaming naming = names == "hf" ? models::WeightNaming::HuggingFace : models::WeightNaming::Strata;
   CheckpointReader reader(read_checkpoint_manifest(dir));
   const CheckpointManifest& m = reader.manifest();
+  // OUT is replaced whole; it must not be a file of the checkpoint it is made from (a data file,
+  // the manifest, the `latest` that named it), nor anywhere inside that checkpoint's directory.
+  check_output_path(out, "strata ckpt export OUT", OutputWrite::Replaced);
+  check_output_not_input(out, "strata ckpt export OUT", {(std::filesystem::path(dir) / kCheckpointLatest).string()}, {m.dir});
   bool activation_checkpointing = false;
   const models::ModelConfig model =
       training_model_config(parse_train_config(m.config, m.path + " (config)"), &activation_checkpointing);

@@ -36,6 +36,7 @@
 #include "models/token_data.h"
 #include "models/weights_io.h"
 #include "tools/demo_config.h"  // generated from configs/demo.json (tools/CMakeLists.txt)
+#include "tools/output_file.h"
 #include "tools/trainer_checkpoints.h"
 #include "tools/trainer_report.h"
 
@@ -157,6 +158,44 @@ TrainConfig load_run_config(const TrainOptions& options) {
     cfg.strata.steps = *options.steps;
   }
   return cfg;
+}
+
+// Every output of the run can be written and none of them is an input or another output: checked
+// before any work, so a wrong path costs seconds, not the run (tools/output_file.h).
+void check_run_outputs(const TrainOptions& options, const TrainConfig& cfg, int rank, int world) {
+  struct Output {
+    std::string path;
+    std::string_view what;
+    OutputWrite how;
+    MissingDirectory missing = MissingDirectory::Refuse;  // the config's outputs: its working area, created
+  };
+  std::vector<Output> outputs;
+  if (!cfg.strata.trace_path.empty()) {
+    outputs.push_back({world > 1 ? fmt::format("{}.rank{}", cfg.strata.trace_path, rank) : cfg.strata.trace_path,
+                       "strata.trace", OutputWrite::InPlace, MissingDirectory::Create});
+  }
+  if (rank == 0) {
+    outputs.push_back({options.save_weights, "--save-weights", OutputWrite::Replaced});
+    outputs.push_back({options.summary_json, "--summary-json", OutputWrite::InPlace});
+    outputs.push_back({cfg.strata.metrics_path, "strata.metrics", OutputWrite::InPlace, MissingDirectory::Create});
+  }
+  const std::string data_file = cfg.strata.data.train == "fortunes" ? std::string() : cfg.strata.data.train;
+  const std::vector<std::string> input_files = {options.config_path, cfg.strata.init_weights, data_file,
+                                                cfg.strata.data.validation};
+  const std::vector<std::string> input_dirs = {options.resume.empty() ? std::string()
+                                                                      : resolve_checkpoint_dir(options.resume)};
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const Output& o = outputs[i];
+    if (o.path.empty()) continue;
+    check_output_path(o.path, o.what, o.how, o.missing);
+    check_output_not_input(o.path, o.what, input_files, input_dirs);
+    for (std::size_t j = 0; j < i; ++j) {
+      if (!outputs[j].path.empty() && same_resolved_path(o.path, outputs[j].path)) {
+        throw ConfigError(fmt::format("{} '{}' and {} '{}' are the same file; give each output its own path",
+                                      outputs[j].what, outputs[j].path, o.what, o.path));
+      }
+    }
+  }
 }
 
 // The device the run computes on. With strata.trace, every stream records a timeline
@@ -408,6 +447,7 @@ TrainSummary run_training(const TrainOptions& options) {
   auto comm = make_run_communicator(cfg, *device);
   const int rank = comm->rank();
   const int world = comm->world_size();
+  check_run_outputs(options, cfg, rank, world);
 
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
@@ -476,6 +516,11 @@ TrainSummary run_training(const TrainOptions& options) {
   summary.peak_rss_bytes = peak_rss_bytes();
   if (rank == 0 && !options.summary_json.empty()) write_summary_json(options.summary_json, summary);
   if (rank == 0 && summary.steps > 0) log_summary(summary, engine, *device);
+  if (const std::optional<IoError>& failed = reporter.metrics_failure()) {
+    // Logged when it happened; the run's other outputs are written by now, and its exit code says it.
+    throw IoError(fmt::format("{} (the training itself ran {} steps)", failed->what(), summary.steps - first_step),
+                  failed->errno_value());
+  }
   return summary;
 }
 

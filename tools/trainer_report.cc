@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <fstream>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -64,13 +65,9 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", t);
 }
 
-std::unique_ptr<std::ofstream> open_metrics(const TrainConfig& cfg, int rank) {
-  std::unique_ptr<std::ofstream> metrics;
-  if (rank == 0 && !cfg.strata.metrics_path.empty()) {
-    metrics = std::make_unique<std::ofstream>(cfg.strata.metrics_path, std::ios::app);
-    if (!*metrics) throw ConfigError(fmt::format("strata.metrics: cannot open '{}' for appending", cfg.strata.metrics_path));
-  }
-  return metrics;
+std::unique_ptr<OutputFile> open_metrics(const TrainConfig& cfg, int rank) {
+  if (rank != 0 || cfg.strata.metrics_path.empty()) return nullptr;
+  return std::make_unique<OutputFile>(cfg.strata.metrics_path, "strata.metrics", OutputFile::Mode::Append);
 }
 
 }  // namespace
@@ -122,12 +119,36 @@ void StepReporter::report(const StepFigures& f, std::int64_t s, double eta_secon
     spdlog::info("step {}/{} | {} | lr {:.3g} | grad norm {:.3f}", s + 1, cfg_.strata.steps, text, f.lr,
                  f.result.grad_norm);
   }
-  if (metrics_) write_metrics_line(f, s, host_bytes);
+  if (metrics_) {
+    try {
+      write_metrics_line(f, s, host_bytes);
+    } catch (const IoError& e) {
+      metrics_failed(e);
+    }
+  }
+}
+
+void StepReporter::finish() {
+  bar_.finish();
+  if (!metrics_) return;
+  try {
+    metrics_->close();
+  } catch (const IoError& e) {
+    metrics_failed(e);
+  }
+  metrics_.reset();
+}
+
+void StepReporter::metrics_failed(const IoError& e) {
+  bar_.finish();
+  spdlog::error("{}; no more metrics are written, training goes on, and the run will exit with this error", e.what());
+  metrics_failure_ = e;
+  metrics_.reset();
 }
 
 void StepReporter::write_metrics_line(const StepFigures& f, std::int64_t s, std::uint64_t host_bytes) {
   const TierIoStats& io = f.io;
-  *metrics_ << nlohmann::json{{"step", s + 1},
+  metrics_->write(nlohmann::json{{"step", s + 1},
                               {"loss", f.loss},
                               {"lr", f.lr},
                               {"grad_norm", f.result.grad_norm},
@@ -146,15 +167,13 @@ void StepReporter::write_metrics_line(const StepFigures& f, std::int64_t s, std:
                               {"rss_bytes", current_rss_bytes()},
                               {"open_fds", open_fd_count()},
                               {"swap_file_bytes", swap_file_bytes(engine_.plan())}}
-                   .dump()
-            << "\n";
-  metrics_->flush();
+                     .dump() +
+                 "\n");
 }
 
 void write_summary_json(const std::string& path, const TrainSummary& s) {
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) throw ConfigError(fmt::format("--summary-json: cannot open '{}' for writing", path));
-  out << nlohmann::json{{"steps", s.steps},
+  OutputFile out(path, "--summary-json", OutputFile::Mode::Truncate);
+  out.write(nlohmann::json{{"steps", s.steps},
                         {"first_loss", s.first_loss},
                         {"last_loss", s.last_loss},
                         {"tokens_per_second", s.tokens_per_second},
@@ -170,9 +189,9 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
                         {"step_call_fraction", s.step_call_fraction},
                         {"model_state_bytes", s.model_state_bytes},
                         {"device_capacity_bytes", s.device_capacity_bytes}}
-             .dump(2)
-      << "\n";
-  if (!out) throw IoError(fmt::format("--summary-json: writing '{}' failed", path), errno);
+                .dump(2) +
+            "\n");
+  out.close();
 }
 
 void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& device) {

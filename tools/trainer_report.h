@@ -4,14 +4,16 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/device/device.h"
+#include "core/error.h"
 #include "engine/config.h"
 #include "engine/offload_tier.h"
 #include "engine/zero_engine.h"
+#include "tools/output_file.h"
 #include "tools/trainer.h"
 
 namespace strata::tools {
@@ -44,30 +46,37 @@ class ProgressBar {
 };
 
 // Rank 0's report of each step: the progress bar, or a log line every steps_per_print steps; and
-// with strata.metrics, one JSON line per step (opened for appending; a ConfigError if it cannot be).
+// with strata.metrics, one JSON line per step (opened for appending; an IoError if it cannot be).
+// A metrics write that fails (a full disk) is logged at once with the path; metrics stop, training
+// goes on, and the run ends with that error once its other outputs are written (metrics_failure).
 class StepReporter {
  public:
   StepReporter(const TrainConfig& cfg, bool quiet, int rank, ZeroEngine& engine, std::int64_t tokens_per_step);
   // Step s (from 0), with the estimated seconds left. Call on rank 0 only.
   void report(const StepFigures& f, std::int64_t s, double eta_seconds);
-  // Ends the progress bar's line.
-  void finish() { bar_.finish(); }
+  // Ends the progress bar's line and closes the metrics file (checked).
+  void finish();
+  // The first failed write, flush or close of strata.metrics, if any.
+  const std::optional<IoError>& metrics_failure() const { return metrics_failure_; }
 
  private:
   void write_metrics_line(const StepFigures& f, std::int64_t s, std::uint64_t host_bytes);
+  void metrics_failed(const IoError& e);
 
   const TrainConfig& cfg_;
   bool quiet_;
   ZeroEngine& engine_;
   std::int64_t tokens_per_step_;
-  std::unique_ptr<std::ofstream> metrics_;  // rank 0 with strata.metrics; null otherwise
+  std::unique_ptr<OutputFile> metrics_;  // rank 0 with strata.metrics; null otherwise
+  std::optional<IoError> metrics_failure_;
   ProgressBar bar_;
 };
 
 // The peak resident set of this process (VmHWM).
 std::uint64_t peak_rss_bytes();
 
-// --summary-json: the summary as one JSON object.
+// --summary-json: the summary as one JSON object; IoError naming the path when a write or the close
+// fails.
 void write_summary_json(const std::string& path, const TrainSummary& s);
 
 // Rank 0's closing lines: loss, throughput and memory; the tiers and the overlap when offloading.

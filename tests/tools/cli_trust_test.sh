@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The `strata` command under hostile use, end to end: a mistyped subcommand or option is named with
+# the nearest known one; absurd-but-well-formed values (--steps -1, a byte size in bits, a modeled
+# link that never finishes a step) are refused naming the thing and the fix; eval's --batch-size is
+# named as a flag, not as a config key it does not have; `strata train` runs from any directory on
+# the built-in configs/demo.json; `bench model` picks a sequence length the model supports; a full
+# disk under strata.metrics fails the run naming the path. Every refusal exits 1.
+# Usage: cli_trust_test.sh STRATA_BINARY CONFIG WORKDIR
+set -euo pipefail
+strata="$1"; config="$2"; work="$3"
+rm -rf "$work"; mkdir -p "$work"; cd "$work"
+fail=0
+check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
+expect_error() {  # name, expected text (fixed string), command...
+  local name="$1" text="$2"; shift 2
+  local out rc=0
+  out=$("$@" 2>&1) || rc=$?
+  check "$name (exit $rc)" "[ $rc -eq 1 ] && echo \"\$out\" | grep -qF -- \"$text\""
+  [ $rc -eq 1 ] && echo "$out" | grep -qF -- "$text" || echo "$out" | tail -3
+}
+
+# Mistyped names.
+expect_error "a mistyped subcommand names the nearest" "'trian' is not a command of strata; did you mean 'train'?" \
+  "$strata" trian
+expect_error "a mistyped nested subcommand names the nearest" "did you mean 'model'?" "$strata" bench mdel
+expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, bench, ckpt" \
+  "$strata" frobnicate
+expect_error "an unknown option names the nearest" "strata train: unknown option '--stepz'; did you mean '--steps'?" \
+  "$strata" train --stepz 3
+expect_error "no subcommand lists the commands" "a command is needed: train" "$strata"
+expect_error "a missing required option names it" "strata eval: --model is required" "$strata" eval
+
+# Absurd values.
+expect_error "--steps -1 is refused, not replaced by strata.steps" "--steps -1: the number of optimizer steps must be >= 0" \
+  "$strata" train --config "$config" --steps -1
+expect_error "a byte size in bits is refused with the byte spellings" \
+  "strata.offload.pinned_buffer: '64Mb' is not a byte size: a lowercase 'b' means bits; write 64MiB" \
+  "$strata" train --config "$config" --steps 0 --set strata.offload.pinned_buffer=64Mb
+expect_error "a flag's byte size in bits is refused too" "--size: '8Mb' is not a byte size" \
+  "$strata" bench io --dir "$work" --size 8Mb
+expect_error "a modeled link slower than 0.01 GB/s is refused" "strata.device.h2d_gbps: 1e-09 GB/s is too slow" \
+  "$strata" train --config "$config" --steps 0 --set strata.device.h2d_gbps=1e-9
+
+# The built-in default config, from a directory without configs/: --steps 0 builds the whole run.
+mkdir -p elsewhere
+out=$(cd elsewhere && "$strata" --log-level info train --steps 0 2>&1) && rc=0 || rc=$?
+check "strata train without --config runs from any directory (exit $rc)" \
+  "[ $rc -eq 0 ] && echo \"\$out\" | grep -q 'model demo-gpt'"
+[ $rc -eq 0 ] || echo "$out" | tail -3
+
+# eval sizes its device from --batch-size: an impossible one is named as the flag.
+"$strata" --log-level warn train --config "$config" --steps 0 --save-weights init.safetensors > init.log 2>&1 ||
+  { cat init.log; exit 1; }
+out=$("$strata" eval --model tiny --weights init.safetensors --data strata-run/data/val.tok --seq-len 32 \
+  --batch-size 2000000000 2>&1) && rc=0 || rc=$?
+check "eval --batch-size beyond the windows evaluates them all (exit $rc)" "[ $rc -eq 0 ] && echo \"\$out\" | grep -q windows"
+check "eval never names a config key it does not have" "! echo \"\$out\" | grep -q strata.device"
+expect_error "eval --batch-size 0 is refused" "--batch-size must be at least 1" \
+  "$strata" eval --model tiny --weights init.safetensors --data strata-run/data/val.tok --batch-size 0
+
+# bench model without --seq-len: the tiny model's max_seq_len is 64, below the old fixed 256.
+b=$("$strata" --log-level warn bench model --model tiny --steps 1 --warmup 0 --json 2>&1) && rc=0 || rc=$?
+check "bench model picks a sequence length the model supports (exit $rc)" "[ $rc -eq 0 ] && echo '$b' | grep -q '\"seq_len\":64'"
+
+# A full disk under strata.metrics: reported with the path, and the run exits 1.
+if [ -w /dev/full ]; then
+  out=$("$strata" train --config "$config" --steps 2 --set strata.metrics=/dev/full 2>&1) && rc=0 || rc=$?
+  check "a failed metrics write fails the run naming the path (exit $rc)" \
+    "[ $rc -eq 1 ] && echo \"\$out\" | grep -q \"strata.metrics: writing .* to '/dev/full' failed\""
+fi
+expect_error "--save-weights into a missing directory is refused before training" "directory '$work/nope' does not exist" \
+  "$strata" train --config "$config" --steps 2 --save-weights "$work/nope/w.safetensors"
+exit $fail
