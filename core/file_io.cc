@@ -194,6 +194,15 @@ std::string read_text_file(const std::string& path, std::string_view what) {
 
 AtomicFileWriter::AtomicFileWriter(std::string path, unsigned mode)
     : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+  // The rename would replace whatever is at the path: a device or FIFO (/dev/full, as root) must
+  // not be swapped for a regular file.
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+    throw IoError(fmt::format("cannot write {}: it is not a regular file (a directory, device, FIFO or socket), and "
+                              "writing it replaces it whole; give a regular file's path",
+                              path_),
+                  EINVAL);
+  }
   if (::unlink(tmp_path_.c_str()) != 0 && errno != ENOENT) {  // a crash's leftover
     const int err = errno;
     throw IoError(fmt::format("cannot remove the leftover {}: {}; remove it by hand", tmp_path_, errno_text(err)), err);

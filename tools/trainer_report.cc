@@ -65,6 +65,16 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", t);
 }
 
+// Two runs appending to one metrics file interleave their lines: the second is refused. A device
+// or FIFO (/dev/stdout) is not locked: several writers of a stream are the user's choice.
+RunLock lock_metrics(const TrainConfig& cfg, int rank) {
+  const std::string& path = cfg.strata.metrics_path;
+  if (rank != 0 || path.empty()) return {};
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return {};
+  return RunLock::acquire(path, "metrics file");
+}
+
 std::unique_ptr<OutputFile> open_metrics(const TrainConfig& cfg, int rank) {
   if (rank != 0 || cfg.strata.metrics_path.empty()) return nullptr;
   return std::make_unique<OutputFile>(cfg.strata.metrics_path, "strata.metrics", OutputFile::Mode::Append);
@@ -98,6 +108,7 @@ StepReporter::StepReporter(const TrainConfig& cfg, bool quiet, int rank, ZeroEng
       quiet_(quiet),
       engine_(engine),
       tokens_per_step_(tokens_per_step),
+      metrics_lock_(lock_metrics(cfg, rank)),
       metrics_(open_metrics(cfg, rank)),
       bar_(cfg.strata.steps, rank == 0 && !quiet) {}
 

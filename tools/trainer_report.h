@@ -10,6 +10,7 @@
 
 #include "core/device/device.h"
 #include "core/error.h"
+#include "core/run_lock.h"
 #include "engine/config.h"
 #include "engine/offload_tier.h"
 #include "engine/zero_engine.h"
@@ -67,6 +68,7 @@ class StepReporter {
   bool quiet_;
   ZeroEngine& engine_;
   std::int64_t tokens_per_step_;
+  RunLock metrics_lock_;                 // rank 0: the metrics file is this run's (Note [Run locks])
   std::unique_ptr<OutputFile> metrics_;  // rank 0 with strata.metrics; null otherwise
   std::optional<IoError> metrics_failure_;
   ProgressBar bar_;

@@ -228,5 +228,21 @@ TEST_F(FileIo, EnsureDirectoryMakesTheLastComponentOnly) {
   EXPECT_THROW(ensure_directory(plain, "test directory"), ConfigError);
 }
 
+TEST_F(FileIo, AtomicReplacementRefusesToReplaceAFifoOrDevice) {
+  // The rename would put a regular file where the FIFO (or, as root, /dev/full) was.
+  const std::string fifo = dir_ + "/out.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    AtomicFileWriter w(fifo);
+    FAIL() << "a FIFO was opened for atomic replacement";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_FALSE(fs::exists(fifo + ".tmp"));
+}
+
 }  // namespace
 }  // namespace strata

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run ownership of `strata train` (Note [Run locks], core/run_lock.h; issue "trust under hostile
 # use"): a fresh run into a checkpoint directory that holds checkpoints is refused, and so is a
-# resume that would reach checkpoints already there; a second run on the NVMe swap files or the
-# checkpoint directory of a live run is refused naming the holder's pid; after the holder is
-# killed (-9) the next run takes the stale locks over. A mistyped nvme_path grows no directory
+# resume that would reach published checkpoints already there (an unpublished one, left by a save
+# killed before `latest` moved, is removed); a second run on the NVMe swap file, the checkpoint
+# directory or the metrics file of a live run is refused naming the holder's pid; after the holder
+# is killed (-9) the next run takes the stale locks over. A mistyped nvme_path grows no directory
 # chain. Usage: train_ownership_test.sh STRATA_BINARY CONFIG WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; work="$3"
@@ -35,11 +36,12 @@ run_rc train --steps 8 --set strata.checkpoint.interval_steps=2 --resume ck $(ck
 check "an unpublished later checkpoint is removed, not refused (exit $rc)" "[ $rc -eq 0 ] && [ \"\$(cat ck/latest)\" = step-00000008 ]"
 check "... saying so" "echo \"\$out\" | grep -q 'interrupted before it was published'"
 
-# A live run holds its swap file and its checkpoint directory.
+# A live run holds its swap file, its checkpoint directory and its metrics file.
 mkdir nvme
 # (strata itself in the background, not a shell function: $! is then its pid)
 "$strata" --log-level warn train --config "$config" --steps 100000 "${nvme[@]}" \
-  --set zero_optimization.offload_optimizer.nvme_path='"nvme"' $(ck live) >holder.log 2>&1 &
+  --set zero_optimization.offload_optimizer.nvme_path='"nvme"' $(ck live) --set strata.metrics='"live.jsonl"' \
+  >holder.log 2>&1 &
 holder=$!
 trap 'kill -9 $holder 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do
@@ -53,6 +55,9 @@ check "... naming the holder's pid" "echo \"\$out\" | grep -q \"swap file .*stra
 run_rc train --steps 2 $(ck live)
 check "a second run on the same checkpoint directory: exit 1 (got $rc)" "[ $rc -eq 1 ]"
 check "... naming the holder's pid" "echo \"\$out\" | grep -q \"checkpoint directory live is in use by another run: pid $holder\""
+run_rc train --steps 2 --set strata.metrics='"live.jsonl"'
+check "a second run appending to the same metrics file: exit 1 (got $rc)" "[ $rc -eq 1 ]"
+check "... naming the holder's pid" "echo \"\$out\" | grep -q \"metrics file live.jsonl is in use by another run: pid $holder\""
 kill -9 "$holder"; wait "$holder" 2>/dev/null || true
 check "a killed run leaves its lock files" "[ -e nvme/strata-swap-rank0.bin.lock ]"
 run_rc train --steps 2 "${nvme[@]}" --set zero_optimization.offload_optimizer.nvme_path='"nvme"'
