@@ -447,7 +447,18 @@ TrainSummary run_training(const TrainOptions& options) {
   auto comm = make_run_communicator(cfg, *device);
   const int rank = comm->rank();
   const int world = comm->world_size();
-  check_run_outputs(options, cfg, rank, world);
+  // Collective: a path only rank 0 writes must not leave the other ranks waiting for it in the
+  // first collective until mpirun tears the job down.
+  std::exception_ptr output_error;
+  try {
+    check_run_outputs(options, cfg, rank, world);
+  } catch (const Error&) {
+    output_error = std::current_exception();
+  }
+  if (comm->all_reduce_host(output_error ? 1.0 : 0.0, ReduceOp::Max) != 0) {
+    if (output_error) std::rethrow_exception(output_error);
+    throw ConfigError("another rank refused one of its output paths (its message says which)");
+  }
 
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
