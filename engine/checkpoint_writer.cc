@@ -55,9 +55,7 @@ void write_whole_file(const std::string& dir, const std::string& name, std::stri
 
 // All ranks learn whether any failed; a failing rank rethrows its own error, the others say so.
 void agree(Communicator& world, const std::exception_ptr& error, const std::string& what) {
-  const double failed = world.all_reduce_host(error ? 1.0 : 0.0, ReduceOp::Max);
-  if (error) std::rethrow_exception(error);
-  if (failed > 0) {
+  if (another_rank_failed(world, error)) {
     throw IoError(fmt::format("{} failed on another rank (its message says why)", what), 0);
   }
 }

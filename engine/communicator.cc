@@ -93,4 +93,10 @@ std::unique_ptr<Communicator> make_world_communicator(Device& device, const Comm
   return make_mpi_world_communicator(options);
 }
 
+bool another_rank_failed(Communicator& world, const std::exception_ptr& error) {
+  const double failed = world.all_reduce_host(error ? 1.0 : 0.0, ReduceOp::Max);
+  if (error) std::rethrow_exception(error);
+  return failed > 0;
+}
+
 }  // namespace strata

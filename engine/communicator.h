@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -76,5 +77,10 @@ std::unique_ptr<Communicator> make_local_communicator();
 // inputs are converted, summed in fp32 and rounded once. `out` may alias contributions[0].
 void tree_reduce_host(const void* const* contributions, int world, void* out, std::size_t count_elems, DType dtype,
                       ReduceOp op);
+
+// Collective: every rank learns whether any rank failed (one host all-reduce). A rank holding
+// `error` rethrows it; the others return true when another rank failed (the caller throws what
+// suits it, saying the other rank's message says why) and false when none did.
+bool another_rank_failed(Communicator& world, const std::exception_ptr& error);
 
 }  // namespace strata

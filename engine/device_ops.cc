@@ -230,6 +230,8 @@ void convert(Stream& stream, const void* src, DType src_dtype, void* dst, DType 
       [=](auto native) { cuda::convert(src, src_dtype, dst, dst_dtype, n_elems, native); });
 }
 
+void add_left_host(float* dst, const float* left, std::size_t n_elems) { cpu::add_left(dst, left, n_elems); }
+
 void add_left(Stream& stream, float* dst, const float* left, std::size_t n_elems) {
   if (n_elems == 0) return;
   check_pointers("add_left", n_elems, {dst, left});

@@ -49,6 +49,9 @@ void convert(Stream& stream, const void* src, DType src_dtype, void* dst, DType 
 // Bits: one fp32 add per element, so any split over threads or GPU threads gives the same bits.
 // sim: the CPU loop over oneTBB chunks. cuda: a grid-stride kernel.
 void add_left(Stream& stream, float* dst, const float* left, std::size_t n_elems);
+// The same on host arrays, on the calling thread: the CPU kernel above, which the host/NVMe state
+// home's sums run too (one loop for both homes).
+void add_left_host(float* dst, const float* left, std::size_t n_elems);
 
 // dst[i] = widen(src[i]) + dst[i], with src in src_dtype (fp32, bf16 or fp16): convert into an fp32
 // temporary t, then add_left(dst, t), fused into one pass with no temporary buffer.

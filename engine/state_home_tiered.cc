@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/units.h"
+#include "engine/device_ops.h"
 #include "engine/working_weights.h"
 #include "optim/grad_stats.h"
 
@@ -35,14 +36,6 @@ T* as(std::span<std::byte> s) {
 }
 
 Tier tier_of(Home home) { return home == Home::Nvme ? Tier::Nvme : Tier::Host; }
-
-// dst[i] = left[i] + dst[i] on host arrays (the left operand is the older partial sum: tree order
-// matters), as device_ops::add_left does on the device.
-void add_left(float* dst, const float* left, std::size_t n) {
-  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1 << 16), [&](const tbb::blocked_range<std::size_t>& r) {
-    for (std::size_t i = r.begin(); i < r.end(); ++i) dst[i] = left[i] + dst[i];
-  });
-}
 
 }  // namespace
 
@@ -228,11 +221,11 @@ ChunkJob TieredStateHome::combine_job(std::size_t g, std::size_t k, const void* 
     float* out = as<float>(f[i_out]);
     if (exact || unit == 0) {
       convert_parallel(stage, wdtype, out, DType::F32, n);
-      for (std::size_t i : i_adds) add_left(out, as<float>(f[i]), n);
+      for (std::size_t i : i_adds) device_ops::add_left_host(out, as<float>(f[i]), n);
     } else {
       float* t = as<float>(f[i_tmp]);
       convert_parallel(stage, wdtype, t, DType::F32, n);
-      add_left(out, t, n);  // out = t + out, as the device home
+      device_ops::add_left_host(out, t, n);  // out = t + out, as the device home
     }
     if (last) {
       final_chunk(g, c, out, overlap, overlap ? as<float>(f[i_state]) : nullptr,

@@ -455,8 +455,7 @@ TrainSummary run_training(const TrainOptions& options) {
   } catch (const Error&) {
     output_error = std::current_exception();
   }
-  if (comm->all_reduce_host(output_error ? 1.0 : 0.0, ReduceOp::Max) != 0) {
-    if (output_error) std::rethrow_exception(output_error);
+  if (another_rank_failed(*comm, output_error)) {
     throw ConfigError("another rank refused one of its output paths (its message says which)");
   }
 

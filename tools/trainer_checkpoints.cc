@@ -59,8 +59,7 @@ void TrainCheckpoints::on_rank0(const std::function<void()>& check) {
       error = std::current_exception();
     }
   }
-  if (comm_.all_reduce_host(error ? 1.0 : 0.0, ReduceOp::Max) == 0) return;
-  if (error) std::rethrow_exception(error);
+  if (!another_rank_failed(comm_, error)) return;
   throw ConfigError(fmt::format("{}: rank 0 refused strata.checkpoint.dir {} (its message says why)", cfg_.source,
                                 cfg_.strata.checkpoint.dir));
 }
