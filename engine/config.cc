@@ -39,8 +39,11 @@ void ignored_bool(ConfigReader& r, std::string_view key, std::string_view reason
 OffloadConfig parse_offload(ConfigReader r, bool is_param) {
   OffloadConfig c;
   std::string device = "none";
-  r.get_choice("device", &device, {"none", "cpu", "nvme"});
-  c.device = device == "cpu" ? OffloadDevice::Cpu : device == "nvme" ? OffloadDevice::Nvme : OffloadDevice::None;
+  r.get_choice("device", &device, {"none", "cpu", "nvme", "auto"});
+  c.device = device == "cpu"    ? OffloadDevice::Cpu
+             : device == "nvme" ? OffloadDevice::Nvme
+             : device == "auto" ? OffloadDevice::Auto
+                                : OffloadDevice::None;
   r.get_string_list("nvme_path", &c.nvme_paths);
   r.get_bool("pin_memory", &c.pin_memory);
   r.get_int("buffer_count", &c.buffer_count, 1, 1024);
@@ -120,7 +123,8 @@ ZeroConfig parse_zero(ConfigReader r) {
   }
   if (z.offload_param.device != OffloadDevice::None && z.offload_optimizer.device == OffloadDevice::None) {
     r.fail("offload_param", "parameter offload needs the optimizer state offloaded too (its updates write the "
-                            "offloaded weights); set zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\"");
+                            "offloaded weights); set zero_optimization.offload_optimizer.device to \"cpu\", \"nvme\" or "
+                            "\"auto\"");
   }
   if (z.offload_optimizer.device != OffloadDevice::None && z.stage == 0) {
     r.fail("offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3; set zero_optimization.stage");
@@ -283,6 +287,8 @@ StrataConfig parse_strata(ConfigReader r) {
     ConfigReader o = r.section("offload");
     o.get_bytes("pinned_buffer", &s.offload.pinned_buffer_bytes, 1 << 20);
     o.get_bool("overlap_optimizer", &s.offload.overlap_optimizer);
+    o.get_bytes("host_budget", &s.offload.host_budget_bytes, 1 << 20);  // absent or "auto": stays 0
+    s.offload.host_budget_auto = s.offload.host_budget_bytes == 0;
     o.finish();
   }
   r.get_raw("tiling", &s.tiling);
@@ -298,6 +304,7 @@ std::string_view offload_device_name(OffloadDevice d) {
     case OffloadDevice::None: return "none";
     case OffloadDevice::Cpu: return "cpu";
     case OffloadDevice::Nvme: return "nvme";
+    case OffloadDevice::Auto: return "auto";
   }
   return "?";
 }

@@ -20,7 +20,9 @@
 
 namespace strata {
 
-enum class OffloadDevice { None, Cpu, Nvme };
+// "auto" (a Strata extension): the fastest tier that holds the state, spilled chunk by chunk to the
+// next (Note [Spill across tiers], engine/tier_plan.h).
+enum class OffloadDevice { None, Cpu, Nvme, Auto };
 enum class DeviceChoice { Auto, Sim, Cuda };
 enum class Precision { Fp32, Bf16, Fp16 };
 
@@ -110,6 +112,12 @@ struct OffloadTuning {
   // Run each group's optimizer update as soon as its gradients are final, during backward, when
   // the update does not depend on the whole step (no gradient clipping, no fp16 loss scaling).
   bool overlap_optimizer = true;
+  // strata.offload.host_budget: the host memory the run's offloaded arrays and pinned pools may take
+  // per rank. "auto" (host_budget_auto, the default) resolves to a safe fraction of MemAvailable
+  // when the run is planned (resolve_placement, engine/tier_plan.h); until then host_budget_bytes is
+  // 0, meaning no limit. Arrays offloaded with device "auto" fill it, then spill to NVMe.
+  bool host_budget_auto = true;
+  std::uint64_t host_budget_bytes = 0;
 };
 
 struct StrataConfig {

@@ -24,9 +24,12 @@ Home home_of(OffloadDevice d) {
     case OffloadDevice::None: return Home::Device;
     case OffloadDevice::Cpu: return Home::Host;
     case OffloadDevice::Nvme: return Home::Nvme;
+    case OffloadDevice::Auto: return Home::Host;  // preferred; chunks past the host budget spill to NVMe
   }
   return Home::Device;
 }
+
+std::uint64_t round4k(std::uint64_t b) { return (b + 4095) / 4096 * 4096; }
 
 WeightsForm weights_form(const RunPlan& p, bool sharded) {
   const bool fp32_master_on_device = p.working == DType::F32 && !p.optimizer_offloaded();
@@ -89,14 +92,127 @@ void plan_param_tier(const TrainConfig& c, RunPlan& p) {
                                   c.source, op.buffer_size_elems, largest, largest_group));
   }
   p.offload.pin_params = op.pin_memory;
-  if (p.offload.params == Home::Nvme && largest > 0) {
+  // With "auto" the slots are kept only if a shard spills (place_chunks).
+  if ((op.device == OffloadDevice::Nvme || op.device == OffloadDevice::Auto) && largest > 0) {
     p.offload.param_slot_count = static_cast<std::size_t>(op.buffer_count);
     p.offload.param_slot_bytes = offload::SwapStore::padded(largest * p.working_bytes());
   }
 }
 
-// What the swap store holds at most: every chunk's state and gradient partial sums where the
-// optimizer is on NVMe, every shard where the parameters are; with room for the extent
+// Note [Spill across tiers]: each chunk's arrays get a home. A section offloaded to "cpu" or "nvme"
+// puts all its chunks there. A section with device "auto" puts its chunks in host memory while the
+// host budget (strata.offload.host_budget) lasts and spills the rest to NVMe, chunk by chunk: the
+// budget first pays the pinned pools and the arrays of sections fixed on the host, then the
+// parameter shards of "auto" (fetched on the critical path of forward and backward, three
+// transfers per byte per step), then the optimizer state of "auto" (streamed by the chunk
+// pipeline, overlapped with backward, two transfers per byte), in group and chunk order. Which
+// tier a chunk lives on never changes the bits: every tier runs the same chunk jobs on the same
+// numbers (tests/engine/spill_test.cc). Whether the device itself holds the state is decided
+// before this, by resolve_placement (engine/tier_plan.h).
+class HostBudget {
+ public:
+  HostBudget(std::uint64_t budget, std::uint64_t used) : budget_(budget), used_(used) {}
+  bool limited() const { return budget_ > 0; }
+  std::uint64_t used() const { return used_; }
+  // Takes `bytes` when they fit (always, without a limit).
+  bool take(std::uint64_t bytes) {
+    if (limited() && used_ + bytes > budget_) return false;
+    used_ += bytes;
+    return true;
+  }
+
+ private:
+  std::uint64_t budget_;
+  std::uint64_t used_;
+};
+
+[[noreturn]] void fail_no_spill_dir(const TrainConfig& c, const char* section, std::uint64_t budget,
+                                    std::uint64_t used, std::size_t spilled, std::size_t chunks) {
+  throw ConfigError(fmt::format(
+      "{}: zero_optimization.{}.device = \"auto\": strata.offload.host_budget = {} is used up after {} of host "
+      "memory, so {} of {} chunks must spill to NVMe, but no nvme_path is set; set zero_optimization.{}.nvme_path "
+      "to a directory on a local NVMe drive, or raise strata.offload.host_budget",
+      c.source, section, format_bytes(budget), format_bytes(used), spilled, chunks, section));
+}
+
+void place_chunks(const TrainConfig& c, RunPlan& p) {
+  OffloadPlan& o = p.offload;
+  const OffloadDevice opt = c.zero.offload_optimizer.device;
+  const OffloadDevice par = c.zero.offload_param.device;
+  const Home fixed_state = opt == OffloadDevice::Nvme ? Home::Nvme : Home::Host;
+  const Home fixed_params = par == OffloadDevice::Nvme ? Home::Nvme : Home::Host;
+  o.host_budget = c.strata.offload.host_budget_bytes;
+  // What the budget pays before any "auto" chunk: the pinned pools and the fixed host arrays.
+  std::uint64_t pinned = o.slot_count > 0 ? o.slot_count * offload::BufferPool::rounded_slot_bytes(o.slot_bytes) : 0;
+  if (par == OffloadDevice::Nvme) pinned += o.param_slot_count * offload::BufferPool::rounded_slot_bytes(o.param_slot_bytes);
+  std::uint64_t cpu_arrays = 0;
+  for (GroupPlan& G : p.groups) {
+    const bool tier_params = G.weights == WeightsForm::ShardOnTier;
+    for (StateChunk& ch : G.chunks) {
+      ch.state = fixed_state;
+      ch.params = fixed_params;
+      if (opt == OffloadDevice::Cpu) cpu_arrays += p.host_state_bytes(ch) + p.host_gradient_bytes(ch);
+      if (tier_params && par == OffloadDevice::Cpu) cpu_arrays += p.host_param_bytes(ch);
+      ++o.state_chunks;
+      if (tier_params) ++o.param_chunks;
+    }
+  }
+  const std::uint64_t fixed = pinned + cpu_arrays;
+  if (o.host_budget > 0 && fixed > o.host_budget && !c.strata.offload.host_budget_auto) {
+    throw ConfigError(fmt::format(
+        "{}: strata.offload.host_budget = {} but the pinned staging pools take {} and the arrays offloaded to \"cpu\" "
+        "{}; raise the budget, lower strata.offload.pinned_buffer, or set the offload device to \"auto\" (spills to "
+        "nvme_path) or \"nvme\"",
+        c.source, format_bytes(o.host_budget), format_bytes(pinned), format_bytes(cpu_arrays)));
+  }
+  HostBudget budget(o.host_budget, fixed);
+  if (par == OffloadDevice::Auto) {
+    std::uint64_t all = 0;
+    for (GroupPlan& G : p.groups) {
+      for (StateChunk& ch : G.chunks) all += G.weights == WeightsForm::ShardOnTier ? p.host_param_bytes(ch) : 0;
+    }
+    // Spilling any shard needs the NVMe fetch slots: the budget pays them first.
+    const std::uint64_t slots = o.param_slot_count * offload::BufferPool::rounded_slot_bytes(o.param_slot_bytes);
+    if (!budget.take(all) && o.param_slot_count > 0) {
+      if (!budget.take(slots) && !c.strata.offload.host_budget_auto) {
+        throw ConfigError(fmt::format(
+            "{}: strata.offload.host_budget = {} cannot hold the parameter shards ({}), so they spill to NVMe, but "
+            "then it cannot pay their {} pinned fetch slots either ({} in use before them); raise the budget, or "
+            "lower zero_optimization.offload_param.buffer_count",
+            c.source, format_bytes(o.host_budget), format_bytes(all), format_bytes(slots), format_bytes(budget.used())));
+      }
+      for (GroupPlan& G : p.groups) {
+        if (G.weights != WeightsForm::ShardOnTier) continue;
+        for (StateChunk& ch : G.chunks) {
+          if (budget.take(p.host_param_bytes(ch))) continue;
+          ch.params = Home::Nvme;
+          ++o.spilled_param_chunks;
+        }
+      }
+    }
+  }
+  if (opt == OffloadDevice::Auto) {
+    for (GroupPlan& G : p.groups) {
+      for (StateChunk& ch : G.chunks) {
+        if (budget.take(p.host_state_bytes(ch) + p.host_gradient_bytes(ch))) continue;
+        ch.state = Home::Nvme;
+        ++o.spilled_state_chunks;
+      }
+    }
+  }
+  if (par != OffloadDevice::Nvme && o.spilled_param_chunks == 0) {
+    o.param_slot_count = 0;
+    o.param_slot_bytes = 0;
+  }
+  if ((o.spilled_param_chunks > 0 || o.spilled_state_chunks > 0) && nvme_dirs_of(c).empty()) {
+    const bool params = o.spilled_param_chunks > 0;
+    fail_no_spill_dir(c, params ? "offload_param" : "offload_optimizer", o.host_budget, budget.used(),
+                      params ? o.spilled_param_chunks : o.spilled_state_chunks, params ? o.param_chunks : o.state_chunks);
+  }
+}
+
+// What the swap store holds at most: the state and gradient partial sums of every chunk whose
+// state is on NVMe, the shard of every chunk whose weights are; with room for the extent
 // allocator's fragmentation and the per-file rounding of striping.
 void plan_swap(const TrainConfig& c, int rank, RunPlan& p) {
   OffloadPlan& o = p.offload;
@@ -106,11 +222,11 @@ void plan_swap(const TrainConfig& c, int rank, RunPlan& p) {
   std::uint64_t gradient_bytes = 0;
   for (const GroupPlan& G : p.groups) {
     for (const StateChunk& ch : G.chunks) {
-      if (o.optimizer == Home::Nvme) {
+      if (ch.state == Home::Nvme) {
         bytes += offload::SwapStore::padded(static_cast<std::uint64_t>(p.state_arrays) * 4 * ch.elems);
         gradient_bytes += partials * offload::SwapStore::padded(4 * ch.elems);
       }
-      if (G.weights == WeightsForm::ShardOnTier && o.params == Home::Nvme) {
+      if (G.weights == WeightsForm::ShardOnTier && ch.params == Home::Nvme) {
         bytes += offload::SwapStore::padded(wbytes * ch.elems);
       }
     }
@@ -147,6 +263,28 @@ std::size_t GroupPlan::device_weight_elems() const {
   return 0;
 }
 
+std::uint64_t RunPlan::host_state_bytes(const StateChunk& c) const {
+  return round4k(4 * static_cast<std::uint64_t>(state_arrays) * c.elems);
+}
+
+std::uint64_t RunPlan::host_gradient_bytes(const StateChunk& c) const {
+  return static_cast<std::uint64_t>(grad_partials) * round4k(4 * c.elems);
+}
+
+std::uint64_t RunPlan::host_param_bytes(const StateChunk& c) const { return round4k(working_bytes() * c.elems); }
+
+bool RunPlan::params_on_nvme(std::size_t g) const {
+  const GroupPlan& G = groups[g];
+  if (G.weights != WeightsForm::ShardOnTier) return false;
+  return std::any_of(G.chunks.begin(), G.chunks.end(), [](const StateChunk& c) { return c.params == Home::Nvme; });
+}
+
+bool RunPlan::state_on_nvme() const {
+  return std::any_of(groups.begin(), groups.end(), [](const GroupPlan& G) {
+    return std::any_of(G.chunks.begin(), G.chunks.end(), [](const StateChunk& c) { return c.state == Home::Nvme; });
+  });
+}
+
 std::uint64_t OffloadPlan::pinned_bytes() const {
   std::uint64_t bytes = 0;
   if (slot_count > 0) bytes += slot_count * offload::BufferPool::rounded_slot_bytes(slot_bytes);
@@ -167,7 +305,7 @@ std::vector<std::string> nvme_dirs_of(const TrainConfig& c) {
   std::vector<std::string> dirs;
   std::set<std::string> seen;
   for (const OffloadConfig* o : {&c.zero.offload_optimizer, &c.zero.offload_param}) {
-    if (o->device != OffloadDevice::Nvme) continue;
+    if (o->device != OffloadDevice::Nvme && o->device != OffloadDevice::Auto) continue;
     for (const auto& d : o->nvme_paths) {
       if (seen.insert(d).second) dirs.push_back(d);
     }
@@ -249,6 +387,7 @@ RunPlan make_run_plan(const TrainConfig& c, std::span<const ParamGroupSpec> grou
   if (p.optimizer_offloaded()) {
     plan_chunks(c, p);
     plan_param_tier(c, p);
+    place_chunks(c, p);
     plan_swap(c, rank, p);
   }
   return p;

@@ -41,10 +41,14 @@ enum class WeightsForm : std::uint8_t {
   ShardOnTier,     // stage 3: the shard lives on the parameter tier (host or NVMe), fetched through it
 };
 
-// A piece of a group's state range (Note [Chunk pipeline], engine/offload_tier.h).
+// A piece of a group's state range (Note [Chunk pipeline], engine/offload_tier.h), and where its
+// arrays live: each chunk has its own tier, so state that does not fit the host budget spills to
+// NVMe chunk by chunk (Note [Spill across tiers], engine/tier_plan.h).
 struct StateChunk {
   std::size_t begin = 0;  // elements from the start of this rank's state range
   std::size_t elems = 0;
+  Home state = Home::Host;   // master, moments and the fp32 gradient sums of the chunk
+  Home params = Home::Host;  // the chunk's working weights, when they live on the parameter tier
 };
 
 struct GroupPlan {
@@ -64,8 +68,15 @@ struct GroupPlan {
 };
 
 struct OffloadPlan {
+  // Device, or the tier the section prefers (offloaded sections: each chunk's own home says where
+  // its arrays are; "auto" prefers the host and spills to NVMe).
   Home optimizer = Home::Device;  // fp32 master, moments and the fp32 gradient sums
   Home params = Home::Device;     // sharded working weights (stage 3)
+  // The host bytes offloaded arrays and pinned pools may take (strata.offload.host_budget once
+  // resolved; 0: no limit) and what "auto" sections placed: chunks in all and chunks on NVMe.
+  std::uint64_t host_budget = 0;
+  std::size_t state_chunks = 0, spilled_state_chunks = 0;
+  std::size_t param_chunks = 0, spilled_param_chunks = 0;
   std::size_t chunk_elems = 0;    // a multiple of the optimizer block, <= sub_group_size
   // The optimizer's chunk pipeline: a fixed pool of pinned slots (Note [Chunk pipeline]).
   std::size_t slot_count = 0;
@@ -103,11 +114,23 @@ struct RunPlan {
   bool optimizer_offloaded() const { return offload.optimizer != Home::Device; }
   bool params_offloaded() const { return offload.params != Home::Device; }
   std::size_t working_bytes() const { return dtype_bytes(working); }
+  // Host bytes of a chunk's arrays when they live in host memory (each padded to 4 KiB,
+  // engine/offload_tier.h): its state, its gradient partial sums, its working weights.
+  std::uint64_t host_state_bytes(const StateChunk& c) const;
+  std::uint64_t host_gradient_bytes(const StateChunk& c) const;
+  std::uint64_t host_param_bytes(const StateChunk& c) const;
+  // Whether any chunk of group g keeps its working weights on NVMe.
+  bool params_on_nvme(std::size_t g) const;
+  // Whether any chunk keeps its state on NVMe.
+  bool state_on_nvme() const;
 };
 
 // The plan of rank `rank` of `world_size`. Throws ConfigError (naming config.source, the numbers
-// and the knob) when the pinned staging cannot hold one optimizer block per slot or
-// offload_param.buffer_size is smaller than the largest parameter shard.
+// and the knob) when the pinned staging cannot hold one optimizer block per slot,
+// offload_param.buffer_size is smaller than the largest parameter shard, or state that must spill
+// past strata.offload.host_budget has no nvme_path to go to. Sections with device "auto" are
+// placed on the host up to the budget, then on NVMe; resolve_placement (engine/tier_plan.h) first
+// decides whether the device holds them.
 RunPlan make_run_plan(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int world_size, int rank);
 
 // The working dtype of a precision.

@@ -35,17 +35,13 @@ T* as(std::span<std::byte> s) {
   return reinterpret_cast<T*>(s.data());
 }
 
-Tier tier_of(Home home) { return home == Home::Nvme ? Tier::Nvme : Tier::Host; }
-
 }  // namespace
 
 // Builds what the plan's offload section asks for: the swap store (one file per NVMe directory),
 // the host/NVMe array store, the pinned pools and the two host-side streams.
 TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : ctx_(ctx), weights_(weights) {
   const OffloadPlan& op = ctx_.plan.offload;
-  opt_tier_ = tier_of(op.optimizer);
   params_ = ctx_.plan.params_offloaded();
-  param_tier_ = tier_of(op.params);
   nstate_ = ctx_.plan.state_arrays;
   chunk_elems_ = op.chunk_elems;
   for (const GroupPlan& P : ctx_.plan.groups) block_partials_.emplace_back(P.state_elems / kBlock, 0.0);
@@ -76,8 +72,10 @@ TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : 
   }
   worker_ = ctx_.device.create_stream("zero.offload");
   transfer_ = ctx_.device.create_stream("zero.transfer");
-  spdlog::debug("offload: optimizer on {}, params {}, chunks of {} elements, {} pinned slots of {}, swap {}",
-                tier_name(opt_tier_), params_ ? tier_name(param_tier_) : "on the device", op.chunk_elems,
+  spdlog::debug("offload: optimizer on {} ({} of {} chunks on NVMe), params {} ({} chunks on NVMe), chunks of {} "
+                "elements, {} pinned slots of {}, swap {}",
+                home_name(op.optimizer), op.spilled_state_chunks, op.state_chunks,
+                params_ ? home_name(op.params) : "on the device", op.spilled_param_chunks, op.chunk_elems,
                 op.slot_count, format_bytes(op.slot_bytes), format_bytes(op.swap_bytes));
 }
 
@@ -95,24 +93,24 @@ void TieredStateHome::init_group(std::size_t g, const float* master_full, const 
   const GroupPlan& P = ctx_.group(g);
   const std::size_t wbytes = ctx_.wbytes();
   HostBuffer staging;
-  if (opt_tier_ == Tier::Nvme || (params_ && param_tier_ == Tier::Nvme)) {
-    staging = HostBuffer::allocate(offload::SwapStore::padded(std::max(state_bytes(1), wbytes) * chunk_elems_));
-  }
+  if (swap_) staging = HostBuffer::allocate(offload::SwapStore::padded(std::max(state_bytes(1), wbytes) * chunk_elems_));
   auto* stage = static_cast<std::byte*>(staging.data());
   for (std::size_t k = 0; k < P.chunks.size(); ++k) {
     const StateChunk& c = P.chunks[k];
     const std::size_t bytes = state_bytes(c.elems);
     const std::string key = state_key(g, k);
-    std::byte* dst = opt_tier_ == Tier::Host ? store_->host(key, bytes).data() : stage;
+    const Tier tier = state_tier(g, k);
+    std::byte* dst = tier == Tier::Host ? store_->host(key, bytes).data() : stage;
     std::memcpy(dst, master_full + P.state_offset + c.begin, 4 * c.elems);
     std::memset(dst + 4 * c.elems, 0, bytes - 4 * c.elems);
-    if (opt_tier_ == Tier::Nvme) store_->write_now(key, staging.as<std::byte>(), bytes);
+    if (tier == Tier::Nvme) store_->write_now(key, staging.as<std::byte>(), bytes);
     if (params_ && P.sharded_params) {
       const std::size_t pbytes = wbytes * c.elems;
       const std::string pkey = param_key(g, k);
-      std::byte* pdst = param_tier_ == Tier::Host ? store_->host(pkey, pbytes).data() : stage;
+      const Tier ptier = param_tier(g, k);
+      std::byte* pdst = ptier == Tier::Host ? store_->host(pkey, pbytes).data() : stage;
       std::memcpy(pdst, static_cast<const std::byte*>(working_full) + (P.state_offset + c.begin) * wbytes, pbytes);
-      if (param_tier_ == Tier::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
+      if (ptier == Tier::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
     }
   }
 }
@@ -178,7 +176,7 @@ ChunkJob TieredStateHome::combine_job(std::size_t g, std::size_t k, const void* 
   const int merges = exact ? counter_merges(unit) : 0;
   const StateChunk c = P.chunks[k];
   const std::size_t n = c.elems;
-  const Tier tier = opt_tier_;
+  const Tier tier = state_tier(g, k);
   ChunkJob job;
   const std::size_t i_stage = add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
   std::vector<std::size_t> i_adds;
@@ -210,7 +208,7 @@ ChunkJob TieredStateHome::combine_job(std::size_t g, std::size_t k, const void* 
   std::size_t i_state = kNone, i_w = kNone;
   if (overlap) {
     i_state = add_field(job, state_key(g, k), tier, state_bytes(n), ChunkField::Update);
-    i_w = (params_ && P.sharded_params) ? add_field(job, param_key(g, k), param_tier_, n * wbytes, ChunkField::Write)
+    i_w = (params_ && P.sharded_params) ? add_field(job, param_key(g, k), param_tier(g, k), n * wbytes, ChunkField::Write)
                                         : add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
   }
   job.work = [=, this, &P](std::span<const std::span<std::byte>> f) {
@@ -298,11 +296,11 @@ void TieredStateHome::update(double lr, float grad_scale, std::int64_t step) {
       const StateChunk c = P.chunks[k];
       const std::size_t n = c.elems;
       ChunkJob job;
-      add_field(job, state_key(g, k), opt_tier_, state_bytes(n), ChunkField::Update);
-      add_field(job, grad_key(g, k), opt_tier_, 4 * n, ChunkField::Read);
+      add_field(job, state_key(g, k), state_tier(g, k), state_bytes(n), ChunkField::Update);
+      add_field(job, grad_key(g, k), state_tier(g, k), 4 * n, ChunkField::Read);
       job.remove_after.push_back(grad_key(g, k));
       if (params_ && P.sharded_params) {
-        add_field(job, param_key(g, k), param_tier_, n * wbytes, ChunkField::Write);
+        add_field(job, param_key(g, k), param_tier(g, k), n * wbytes, ChunkField::Write);
       } else {
         add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
       }
@@ -322,11 +320,13 @@ void TieredStateHome::drop_grads() {
   }
 }
 
-std::shared_ptr<offload::BufferLease> TieredStateHome::reserve_param_slot(std::size_t /*g*/) {
-  if (param_tier_ != Tier::Nvme) return nullptr;
+std::shared_ptr<offload::BufferLease> TieredStateHome::reserve_param_slot(std::size_t g) {
+  if (!ctx_.plan.params_on_nvme(g)) return nullptr;
   return std::make_shared<offload::BufferLease>(param_pool_->acquire());
 }
 
+// NVMe chunks are read into the group's slot and go up from there once the reads completed; host
+// chunks go up from their host arrays.
 void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<offload::BufferLease> slot) {
   const GroupPlan& P = ctx_.group(g);
   const std::size_t wbytes = ctx_.wbytes();
@@ -335,21 +335,26 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
     std::vector<offload::IoHandle> reads;
     for (std::size_t k = 0; k < P.chunks.size(); ++k) {
       const StateChunk& c = P.chunks[k];
+      if (param_tier(g, k) != Tier::Nvme) continue;
       reads.push_back(store_->swap().read(param_key(g, k), slot->span().subspan(c.begin * wbytes, c.elems * wbytes)));
       store_->count_read(c.elems * wbytes);
     }
     comm.launch_host([reads] { offload::wait_all(reads); });
-    comm.copy_h2d(dst, slot->data(), P.state_elems * wbytes);
-    copy_bytes_.fetch_add(P.state_elems * wbytes);
-    comm.launch_host([slot]() mutable { slot.reset(); });
-    return;
   }
-  for (std::size_t k = 0; k < P.chunks.size(); ++k) {
-    const StateChunk& c = P.chunks[k];
-    copy_bytes_.fetch_add(c.elems * wbytes);
-    comm.copy_h2d(static_cast<char*>(dst) + c.begin * wbytes, store_->host(param_key(g, k), c.elems * wbytes).data(),
-                  c.elems * wbytes);
+  auto* out = static_cast<std::byte*>(dst);
+  for (std::size_t k = 0; k < P.chunks.size();) {
+    const std::size_t begin = P.chunks[k].begin * wbytes;
+    std::size_t bytes = P.chunks[k].elems * wbytes;
+    if (param_tier(g, k) == Tier::Host) {
+      comm.copy_h2d(out + begin, store_->host(param_key(g, k), bytes).data(), bytes);
+      ++k;
+    } else {  // a run of NVMe chunks is contiguous in the slot: one copy
+      while (++k < P.chunks.size() && param_tier(g, k) == Tier::Nvme) bytes += P.chunks[k].elems * wbytes;
+      comm.copy_h2d(out + begin, slot->data() + begin, bytes);
+    }
+    copy_bytes_.fetch_add(bytes);
   }
+  if (slot) comm.launch_host([slot]() mutable { slot.reset(); });
 }
 
 StateHomeStats TieredStateHome::stats() const {

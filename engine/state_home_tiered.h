@@ -8,7 +8,7 @@
 // low-precision pack -> NVMe write or device upload, several chunks in flight; where it can, the
 // update runs during backward (Note [Overlapped update]). With offload_param (stage 3) the sharded
 // working weights live on the parameter tier too, and fetches bring them NVMe -> pinned slot ->
-// device. Files: engine/state_home_tiered.cc (set-up, sums, update), engine/state_home_tiered_state.cc
+// device. Each chunk lives on its own tier (host or NVMe) as the plan says. Files: engine/state_home_tiered.cc (set-up, sums, update), engine/state_home_tiered_state.cc
 // (checkpoints). Not part of the engine's interface.
 #pragma once
 
@@ -79,9 +79,13 @@ class TieredStateHome final : public StateHome {
 
   EngineContext& ctx_;
   WorkingWeights& weights_;
-  Tier opt_tier_ = Tier::Host;
-  bool params_ = false;  // stage-3 sharded working weights live on `param_tier_`
-  Tier param_tier_ = Tier::Host;
+  // Where chunk k of group g keeps its state and its working weights: each chunk has its own tier
+  // (Note [Spill across tiers], engine/run_plan.cc).
+  Tier state_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].state); }
+  Tier param_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].params); }
+  static Tier tier_of(Home home) { return home == Home::Nvme ? Tier::Nvme : Tier::Host; }
+
+  bool params_ = false;  // stage-3 sharded working weights live on the parameter tier
   int nstate_ = 3;  // fp32 arrays per element in a state chunk: master, moment1[, moment2]
   std::size_t chunk_elems_ = 0;
   std::unique_ptr<offload::IoEngine> io_;

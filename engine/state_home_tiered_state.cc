@@ -54,7 +54,7 @@ std::vector<StateChunkInfo> TieredStateHome::pieces() const {
 }
 
 std::size_t TieredStateHome::export_depth() const {
-  return opt_tier_ == Tier::Nvme ? std::max<std::size_t>(pool_->slot_count(), 1) : 4;
+  return ctx_.plan.state_on_nvme() ? std::max<std::size_t>(pool_->slot_count(), 1) : 4;
 }
 
 // A host-tier chunk is handed out from its host array (padded, its padding never written: zero);
@@ -64,11 +64,12 @@ StatePiece TieredStateHome::fetch_piece(std::size_t /*index*/, const StateChunkI
   const std::vector<StateChunk>& chunks = ctx_.group(c.group).chunks;
   const auto it = std::find_if(chunks.begin(), chunks.end(), [&](const StateChunk& s) { return s.begin == c.begin_elems; });
   STRATA_CHECK(it != chunks.end(), "no state chunk at element {} of group {}", c.begin_elems, c.group);
-  const std::string key = state_key(c.group, static_cast<std::size_t>(it - chunks.begin()));
+  const auto k = static_cast<std::size_t>(it - chunks.begin());
+  const std::string key = state_key(c.group, k);
   StatePiece p;
   p.meaningful = state_bytes(c.elems);
   const std::size_t padded = offload::SwapStore::padded(p.meaningful);
-  if (opt_tier_ == Tier::Nvme) {
+  if (state_tier(c.group, k) == Tier::Nvme) {
     p.lease = pool_->acquire();
     p.bytes = p.lease.span().first(padded);
     p.read = store_->swap().read(key, p.bytes);
@@ -84,11 +85,11 @@ std::vector<float> TieredStateHome::master_range(std::size_t g) {
   const GroupPlan& P = ctx_.group(g);
   std::vector<float> out(P.state_elems);
   HostBuffer staging;
-  if (opt_tier_ == Tier::Nvme) staging = HostBuffer::allocate(offload::SwapStore::padded(state_bytes(chunk_elems_)));
+  if (swap_) staging = HostBuffer::allocate(offload::SwapStore::padded(state_bytes(chunk_elems_)));
   for (std::size_t k = 0; k < P.chunks.size(); ++k) {
     const StateChunk& c = P.chunks[k];
     const std::byte* src = nullptr;
-    if (opt_tier_ == Tier::Host) {
+    if (state_tier(g, k) == Tier::Host) {
       src = store_->host(state_key(g, k), state_bytes(c.elems)).data();
     } else {
       store_->read_now(state_key(g, k), staging.as<std::byte>());
@@ -105,9 +106,9 @@ void TieredStateHome::import_state(const StateSource& source) {
   const auto nstate = static_cast<std::size_t>(nstate_);
   const std::size_t wbytes = ctx_.wbytes();
   HostBuffer staging;
-  if (opt_tier_ == Tier::Nvme) staging = HostBuffer::allocate(offload::SwapStore::padded(state_bytes(chunk_elems_)));
   HostBuffer param_staging;
-  if (params_ && param_tier_ == Tier::Nvme) {
+  if (swap_) {
+    staging = HostBuffer::allocate(offload::SwapStore::padded(state_bytes(chunk_elems_)));
     param_staging = HostBuffer::allocate(offload::SwapStore::padded(wbytes * chunk_elems_));
   }
   WorkingCopy w;
@@ -117,15 +118,16 @@ void TieredStateHome::import_state(const StateSource& source) {
       const StateChunk& c = P.chunks[k];
       const std::size_t bytes = state_bytes(c.elems);
       const std::string key = state_key(g, k);
-      float* chunk = opt_tier_ == Tier::Host ? reinterpret_cast<float*>(store_->host(key, bytes).data())
-                                             : staging.as<float>().data();
+      const Tier tier = state_tier(g, k);
+      float* chunk = tier == Tier::Host ? reinterpret_cast<float*>(store_->host(key, bytes).data())
+                                        : staging.as<float>().data();
       for (std::size_t a = 0; a < nstate; ++a) {
         for (std::size_t b = 0; b < c.elems; b += kStatePieceElems) {
           const std::size_t n = std::min(kStatePieceElems, c.elems - b);
           source(g, static_cast<int>(a), c.begin + b, std::span<float>(chunk + a * c.elems + b, n));
         }
       }
-      if (opt_tier_ == Tier::Nvme) {
+      if (tier == Tier::Nvme) {
         store_->write_now(key, staging.as<std::byte>(), bytes);
         store_->count_written(bytes);
       }
@@ -133,7 +135,7 @@ void TieredStateHome::import_state(const StateSource& source) {
       const std::size_t pbytes = wbytes * c.elems;
       if (params_ && P.sharded_params) {
         const std::string pkey = param_key(g, k);
-        if (param_tier_ == Tier::Host) {
+        if (param_tier(g, k) == Tier::Host) {
           std::memcpy(store_->host(pkey, pbytes).data(), wvalues, pbytes);
         } else {
           std::memcpy(param_staging.data(), wvalues, pbytes);

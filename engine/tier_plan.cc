@@ -18,8 +18,6 @@ namespace strata {
 
 namespace {
 
-std::uint64_t round4k(std::uint64_t b) { return (b + 4095) / 4096 * 4096; }
-
 std::uint64_t mem_available_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -38,7 +36,6 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   TierPlan p;
   const std::uint64_t wbytes = rp.working_bytes();
   const auto nstate = static_cast<std::uint64_t>(rp.state_arrays);
-  const auto partials = static_cast<std::uint64_t>(rp.grad_partials);
   const OffloadPlan& o = rp.offload;
   for (const GroupPlan& G : rp.groups) {
     const GroupLayout& L = G.layout;
@@ -52,11 +49,11 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     }
     // Host arrays are kept per chunk, each padded to 4 KiB (engine/offload_tier.h).
     for (const StateChunk& ch : G.chunks) {
-      if (o.optimizer == Home::Host) {
-        p.host_gradients += partials * round4k(4 * ch.elems);
-        p.host_arrays += round4k(4 * nstate * ch.elems) + partials * round4k(4 * ch.elems);
+      if (ch.state == Home::Host) {
+        p.host_gradients += rp.host_gradient_bytes(ch);
+        p.host_arrays += rp.host_state_bytes(ch) + rp.host_gradient_bytes(ch);
       }
-      if (G.weights == WeightsForm::ShardOnTier && o.params == Home::Host) p.host_arrays += round4k(wbytes * ch.elems);
+      if (G.weights == WeightsForm::ShardOnTier && ch.params == Home::Host) p.host_arrays += rp.host_param_bytes(ch);
     }
     p.device_weights += G.device_weight_elems() * wbytes;
     // The group in use: gathered (stage 3), its micro-batch gradient and its reduction, and the
@@ -78,12 +75,73 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   p.nvme_files = offload::SwapStore::file_bytes(o.swap_capacity_bytes, o.nvme_dirs.size()) * o.nvme_dirs.size() *
                  static_cast<std::uint64_t>(world_size);
   p.nvme_dirs = o.nvme_dirs;
+  p.host_budget = o.host_budget;
+  p.state_chunks = o.state_chunks;
+  p.spilled_state_chunks = o.spilled_state_chunks;
+  p.param_chunks = o.param_chunks;
+  p.spilled_param_chunks = o.spilled_param_chunks;
   return p;
 }
 
 TierPlan plan_tiers(const TrainConfig& c, std::span<const ParamGroupSpec> groups, int world_size,
                     std::uint64_t activation_bytes) {
   return plan_tiers(make_run_plan(c, groups, world_size, 0), world_size, activation_bytes);
+}
+
+HostFacts measure_host(int ranks_on_node, std::uint64_t device_in_host) {
+  return HostFacts{mem_available_bytes(), std::max(1, ranks_on_node), device_in_host};
+}
+
+std::uint64_t auto_host_budget(const HostFacts& host) {
+  const std::uint64_t share = host.mem_available / 4 * 3 / static_cast<std::uint64_t>(std::max(1, host.ranks_on_node));
+  const std::uint64_t left = share > host.device_in_host ? share - host.device_in_host : 0;
+  return std::max<std::uint64_t>(left, std::uint64_t{64} << 20);
+}
+
+Placement resolve_placement(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int world_size,
+                            std::uint64_t activation_bytes, std::uint64_t device_bytes, const HostFacts& host) {
+  Placement out{config, {}};
+  TrainConfig& c = out.config;
+  OffloadTuning& tuning = c.strata.offload;
+  if (tuning.host_budget_auto) {
+    tuning.host_budget_bytes = auto_host_budget(host);
+    out.why.push_back(fmt::format(
+        "host budget {} per rank (strata.offload.host_budget \"auto\": 3/4 of MemAvailable {} over {} rank(s){})",
+        format_bytes(tuning.host_budget_bytes), format_bytes(host.mem_available), host.ranks_on_node,
+        host.device_in_host > 0 ? fmt::format(", less the sim device's {}", format_bytes(host.device_in_host)) : ""));
+  }
+  OffloadDevice& opt = c.zero.offload_optimizer.device;
+  OffloadDevice& par = c.zero.offload_param.device;
+  if (opt != OffloadDevice::Auto && par != OffloadDevice::Auto) return out;
+  const std::uint64_t usable = device_bytes - device_bytes / 10;
+  // The device bytes of a candidate; the host budget plays no part in them.
+  const auto device_need = [&](TrainConfig k) {
+    k.strata.offload.host_budget_bytes = 0;
+    return plan_tiers(make_run_plan(k, groups, world_size, 0), world_size, activation_bytes).device_total();
+  };
+  const auto decide = [&](const char* what, TrainConfig k) {
+    const std::uint64_t need = device_need(k);
+    const bool fits = need <= usable;
+    out.why.push_back(fmt::format("{} (device \"auto\"): {}; with it on the device each rank needs {} of the "
+                                  "device's {} (a tenth kept spare)",
+                                  what, fits ? "on the device" : "offloaded: host memory up to the budget, then NVMe",
+                                  format_bytes(need), format_bytes(device_bytes)));
+    if (fits) c = std::move(k);
+    return fits;
+  };
+  // The parameters first: they are fetched on the critical path. The optimizer state can stay on
+  // the device only with them (offloaded weights are written by the offloaded update).
+  if (par == OffloadDevice::Auto) {
+    TrainConfig k = c;
+    k.zero.offload_param.device = OffloadDevice::None;
+    if (!decide("sharded working weights", k)) return out;
+  }
+  if (opt == OffloadDevice::Auto && par == OffloadDevice::None) {
+    TrainConfig k = c;
+    k.zero.offload_optimizer.device = OffloadDevice::None;
+    decide("optimizer state and gradient sums", k);
+  }
+  return out;
 }
 
 TierCapacities measure_capacities(const TierPlan& plan, std::uint64_t device_bytes, int ranks_on_node) {
@@ -135,7 +193,7 @@ void check_plan_fits(const TierPlan& p, const TierCapacities& cap, const std::st
   if (cap.host_available > 0 && host_need > cap.host_available) {
     throw ConfigError(fmt::format(
         "{}: this config cannot fit host memory: {} rank(s) need {} of host memory ({} offloaded arrays and {} pinned "
-        "staging each) but {} is available; offload to \"nvme\" instead of \"cpu\", or lower strata.offload.pinned_buffer",
+        "staging each) but {} is available; offload to \"nvme\" instead of \"cpu\" (or \"auto\", which spills past strata.offload.host_budget), or lower strata.offload.pinned_buffer",
         source, cap.ranks_on_node, format_bytes(host_need), format_bytes(p.host_arrays), format_bytes(p.pinned),
         format_bytes(cap.host_available)));
   }
@@ -168,6 +226,14 @@ std::string describe_plan(const TierPlan& p, const TierCapacities& cap) {
   }
   o << fmt::format("; model state {} = {:.1f}x the device", format_bytes(p.model_state),
                    cap.device > 0 ? static_cast<double>(p.model_state) / static_cast<double>(cap.device) : 0.0);
+  for (const std::string& line : p.placement) o << "\n  placement: " << line;
+  const auto spill = [&](const char* what, std::size_t spilled, std::size_t chunks) {
+    if (spilled == 0) return;
+    o << fmt::format("\n  placement: {} spill past the host budget {}: {} of {} chunks on NVMe", what,
+                     format_bytes(p.host_budget), spilled, chunks);
+  };
+  spill("sharded working weights", p.spilled_param_chunks, p.param_chunks);
+  spill("optimizer state and gradient sums", p.spilled_state_chunks, p.state_chunks);
   return o.str();
 }
 

@@ -46,6 +46,13 @@ struct TierPlan {
   std::vector<std::string> nvme_dirs;
   // The model state in all (weights, fp32 master, moments, gradients), every rank together.
   std::uint64_t model_state = 0;
+  // Spilling (Note [Spill across tiers], engine/run_plan.cc): the host budget (0: none) and the
+  // chunks of this rank's state and tier-held weights, in all and on NVMe.
+  std::uint64_t host_budget = 0;
+  std::size_t state_chunks = 0, spilled_state_chunks = 0;
+  std::size_t param_chunks = 0, spilled_param_chunks = 0;
+  // Why the state is where it is: one line per decision resolve_placement made (empty otherwise).
+  std::vector<std::string> placement;
 
   std::uint64_t device_total() const { return device_state + device_weights + device_window + activations; }
   std::uint64_t host_total() const { return host_arrays + pinned; }
@@ -64,6 +71,30 @@ TierPlan plan_tiers(const RunPlan& plan, int world_size, std::uint64_t activatio
 // The same for rank 0's plan of a config and its groups.
 TierPlan plan_tiers(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int world_size,
                     std::uint64_t activation_bytes);
+
+// What the host offers a run, for the host budget: MemAvailable, the ranks sharing it, and the
+// device memory each rank's sim device takes out of it (0 for a real GPU).
+struct HostFacts {
+  std::uint64_t mem_available = 0;
+  int ranks_on_node = 1;
+  std::uint64_t device_in_host = 0;
+};
+HostFacts measure_host(int ranks_on_node, std::uint64_t device_in_host);
+
+// The default host budget per rank ("auto"): 3/4 of MemAvailable shared by the node's ranks, less
+// what a sim device takes from host memory; at least 64 MiB.
+std::uint64_t auto_host_budget(const HostFacts& host);
+
+// A config with its "auto" placement decided (Note [Spill across tiers], engine/run_plan.cc): the
+// host budget in bytes, and each section with device "auto" on the device when the run then fits
+// it with a tenth to spare (the parameters first, then the optimizer state), else kept "auto":
+// host memory up to the budget, then NVMe. `why` gets one line per decision.
+struct Placement {
+  TrainConfig config;
+  std::vector<std::string> why;
+};
+Placement resolve_placement(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int world_size,
+                            std::uint64_t activation_bytes, std::uint64_t device_bytes, const HostFacts& host);
 
 // MemAvailable and free space of the plan's directories (a missing directory counts its parent's).
 TierCapacities measure_capacities(const TierPlan& plan, std::uint64_t device_bytes, int ranks_on_node);

@@ -261,15 +261,23 @@ struct CheckedPlan {
   TierPlan tiers;
 };
 
-CheckedPlan plan_run(const TrainConfig& cfg, const models::ModelConfig& model, bool checkpointing,
-                     const std::vector<ParamGroupSpec>& groups, int world, int rank, const Device& device) {
+CheckedPlan plan_run(TrainConfig& cfg, const models::ModelConfig& model, bool checkpointing,
+                     const std::vector<ParamGroupSpec>& groups, Communicator& comm, const Device& device) {
+  const int world = comm.world_size();
   const std::uint64_t activation_bytes =
       models::Decoder(model, {checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off})
           .activation_bytes(cfg.micro_batch_size, cfg.strata.data.seq_len, /*training=*/true);
-  RunPlan run_plan = make_run_plan(cfg, groups, world, rank);
-  const TierPlan plan = plan_tiers(run_plan, world, activation_bytes);
+  // Every rank plans with rank 0's view of host memory, so "auto" places the same chunks on every
+  // rank and a refusal is the same everywhere.
+  HostFacts host = measure_host(world, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);
+  comm.broadcast_host_bytes(&host.mem_available, sizeof host.mem_available, 0);
+  Placement placed = resolve_placement(cfg, groups, world, activation_bytes, device.capacity_bytes(), host);
+  cfg = std::move(placed.config);
+  RunPlan run_plan = make_run_plan(cfg, groups, world, comm.rank());
+  TierPlan plan = plan_tiers(run_plan, world, activation_bytes);
+  plan.placement = std::move(placed.why);
   const TierCapacities capacity = measure_capacities(plan, device.capacity_bytes(), world);
-  if (rank == 0) spdlog::info("{}", describe_plan(plan, capacity));
+  if (comm.rank() == 0) spdlog::info("{}", describe_plan(plan, capacity));
   check_plan_fits(plan, capacity, cfg.source);
   return CheckedPlan{std::move(run_plan), plan};
 }
@@ -478,7 +486,8 @@ TrainSummary run_training(const TrainOptions& options) {
       models::init_tensor_gpt2_style(model.n_layers, spec, seed, out);
     }
   };
-  CheckedPlan plan = plan_run(cfg, model, checkpointing, groups, world, rank, *device);
+  // Resolves the config's "auto" placement (cfg keeps the result: the engine is built with it).
+  CheckedPlan plan = plan_run(cfg, model, checkpointing, groups, *comm, *device);
   models::TokenFile data = open_training_data(cfg, *comm, model);
 
   ZeroEngine engine(cfg, *device, *comm, groups, init, std::move(plan.run));

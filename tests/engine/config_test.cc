@@ -182,6 +182,32 @@ TEST(Config, ConsistencyChecks) {
             std::string::npos);
 }
 
+TEST(Config, AutoOffloadAndTheHostBudget) {
+  const TrainConfig d = parse_train_config(json::object(), "test.json");
+  EXPECT_TRUE(d.strata.offload.host_budget_auto);
+  EXPECT_EQ(d.strata.offload.host_budget_bytes, 0u);
+  const TrainConfig c = parse_train_config(json::parse(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "auto"}, "offload_param": {"device": "auto", "nvme_path": "/nvme"}},
+      "strata": {"offload": {"host_budget": "2GiB"}}})"),
+                                           "test.json");
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::Auto);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::Auto);
+  EXPECT_FALSE(c.strata.offload.host_budget_auto);
+  EXPECT_EQ(c.strata.offload.host_budget_bytes, 2ull << 30);
+  EXPECT_TRUE(parse_train_config(json::parse(R"({"strata": {"offload": {"host_budget": "auto"}}})"), "t")
+                  .strata.offload.host_budget_auto);
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"offload": {"host_budget": "4KiB"}}})")).find("at least 1.00 MiB"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"strata": {"offload": {"host_budget": "lots"}}})")).find("strata.offload.host_budget"),
+            std::string::npos);
+  // "auto" is an offload like "cpu": it needs stage 1-3, and stage 3 for the parameters.
+  EXPECT_NE(error_of(json::parse(R"({"zero_optimization": {"offload_optimizer": {"device": "auto"}}})")).find("stage"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "auto"},
+      "offload_param": {"device": "auto"}}})")).find("stage 3"),
+            std::string::npos);
+}
+
 // Every accepted DeepSpeed key either acts or is listed, with its reason, for one warning at startup.
 TEST(Config, IgnoredKeysAreListedWithReasons) {
   const json j = json::parse(R"({

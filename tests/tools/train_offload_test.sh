@@ -65,6 +65,27 @@ compare ref.c1.0.st tiled.w1.st "world 1, tiled 4, optimizer and params nvme (wa
   --set 'strata.tiling={"default": {"mlp": 2}, "layers": {"1": 8}}' --save-weights tiled.w2.st
 compare ref.c0.st tiled.w2.st "world 2, tiled per layer, optimizer and params nvme (overlapped)"
 
+# 1b. Spill across tiers: "auto" sections under a host budget that holds part of the state put the
+# rest on NVMe chunk by chunk, say so before step 1, stay inside the budget, and keep the bits of
+# the in-memory run (world 1 and 2; fp32 exact mode on the demo model, whose state is 28 MiB).
+spill=(--log-level info train --config "$demo" --steps 3 --set strata.exact=true --set bf16.enabled=false
+       --set train_micro_batch_size_per_gpu=1 --set strata.data.seq_len=32 --set strata.metrics='""' --set gradient_clipping=1.0)
+"$strata" "${spill[@]}" --set zero_optimization.stage=0 --set zero_optimization.offload_optimizer.device='"none"' \
+  --set zero_optimization.offload_param.device='"none"' --set strata.device.memory=64MiB --save-weights spill.ref.st >/dev/null 2>&1
+# shellcheck disable=SC2046
+"$strata" "${spill[@]}" $(offload auto auto) --set strata.offload.host_budget='"40MiB"' --save-weights spill.w1.st \
+  --summary-json spill.w1.json >spill.w1.log 2>&1
+compare spill.ref.st spill.w1.st "world 1, optimizer and params auto, spilled past a 40 MiB host budget"
+grep -q "optimizer state and gradient sums spill past the host budget 40.00 MiB: [1-9][0-9]* of [0-9]* chunks on NVMe" spill.w1.log &&
+  ok "the plan says how many chunks spill" || { cat spill.w1.log; bad "no spill line before step 1"; }
+peak=$(json_field spill.w1.json peak_host_bytes); written=$(json_field spill.w1.json nvme_bytes_written)
+[ "$peak" -le $((40 << 20)) ] && [ "$peak" -gt 0 ] && ok "peak host $peak bytes <= the 40 MiB budget" || bad "peak host $peak bytes (budget 40 MiB)"
+[ "${written%.*}" -gt 0 ] && ok "spilled chunks were written to NVMe" || bad "nothing written to NVMe ($written)"
+# shellcheck disable=SC2046
+"${mpi[@]}" -np 2 "$strata" "${spill[@]}" --set gradient_accumulation_steps=2 $(offload auto auto) \
+  --set strata.offload.host_budget='"40MiB"' --save-weights spill.w2.st >/dev/null 2>&1
+compare spill.ref.st spill.w2.st "world 2, optimizer and params auto, spilled past a 40 MiB host budget"
+
 # 2. State >= 16x the device, everything on NVMe: it trains and the loss falls.
 "$strata" --log-level warn train --config "$demo" --steps 12 --set strata.device.memory=1792KiB \
   --set train_micro_batch_size_per_gpu=1 --set strata.data.seq_len=32 --set strata.metrics='""' \
