@@ -32,6 +32,20 @@ std::optional<nlohmann::json> parse_json_input(std::string_view text, JsonCommen
   return std::nullopt;
 }
 
+std::string json_error_place(std::string_view text, const JsonInputError& error) {
+  if (error.byte == 0) return "";
+  std::size_t line = 1, column = 1;
+  for (std::size_t i = 0; i + 1 < error.byte && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  return fmt::format("line {}, column {}", line, column);
+}
+
 std::string json_excerpt(const nlohmann::json& value, std::size_t max_chars) {
   std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (text.size() > max_chars) text = text.substr(0, max_chars - 3) + "...";

@@ -32,6 +32,10 @@ struct JsonInputError {
 // The value of `text`, or nullopt with `*error` set.
 std::optional<nlohmann::json> parse_json_input(std::string_view text, JsonComments comments, JsonInputError* error);
 
+// Where in `text` a syntax error lies, for a message: "line 3, column 14" (1-based), or "" when
+// `error.byte` is not known.
+std::string json_error_place(std::string_view text, const JsonInputError& error);
+
 // `value` as JSON text for a message: invalid UTF-8 replaced rather than thrown on, cut to `max_chars`.
 std::string json_excerpt(const nlohmann::json& value, std::size_t max_chars = 60);
 

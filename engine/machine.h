@@ -7,12 +7,22 @@
 //     "gpus":   {"count": 1, "memory": "80GB", "bf16_tflops": 989, "pcie_h2d_gbps": 55, "pcie_d2h_gbps": 55,
 //                "link_gbps": 0},
 //     "host":   {"memory": "2TB", "cores": 112, "memory_gbps": 300, "adam_params_per_s": 5e9},
-//     "drives": {"count": 4, "read_gbps": 7, "write_gbps": 6, "endurance_tbw": 7000, "paths": []}
+//     "drives": {"count": 4, "read_gbps": 7, "write_gbps": 6, "endurance_tbw": 7000, "paths": []},
+//     "note": "where the figures come from"
 //   }
 //
 // Sizes take the config's byte strings ("80GB", "512MiB") or plain numbers of bytes. Bandwidths are
 // 1e9 bytes/s; `link_gbps` is the GPU-to-GPU bandwidth a collective sees per GPU (NVLink; 0 with one
 // GPU). `endurance_tbw` is the drive's rated terabytes written (1e12 bytes), per drive.
+//
+// Every field is required except `drives.paths` and `note` (free text: the sources of the figures).
+// A zero means "not known" where a machine can honestly not know it, and is refused elsewhere:
+// `gpus.bf16_tflops` 0 is unknown (doctor cannot time a GPU's tensor cores; a simulation needs it
+// filled in), `gpus.pcie_*_gbps` 0 is no modeled link (copies at host memory speed, as on the sim
+// device without strata.device.h2d_gbps), `gpus.link_gbps` 0 is no GPU-to-GPU link, and
+// `drives.endurance_tbw` 0 is unknown; the drives' rates may be 0 only with `drives.count` 0. Limits
+// well past any machine built today (kMachine* below) catch unit slips such as a size in GB given
+// as a plain number or a rate in bytes/s.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +32,14 @@
 #include <nlohmann/json.hpp>
 
 namespace strata {
+
+inline constexpr std::uint64_t kMachineMinMemoryBytes = std::uint64_t{1} << 30;  // 1 GiB, host and per GPU
+inline constexpr std::uint64_t kMachineMaxMemoryBytes = std::uint64_t{64} << 40;  // 64 TiB
+inline constexpr int kMachineMaxCount = 1024;                // GPUs, cores, drives
+inline constexpr double kMachineMaxGbps = 10'000;            // any bandwidth, GB/s
+inline constexpr double kMachineMaxTflops = 100'000;         // per GPU
+inline constexpr double kMachineMaxAdamParamsPerS = 1e12;    // CPU AdamW, all cores
+inline constexpr double kMachineMaxEnduranceTbw = 1e6;       // per drive
 
 struct MachineGpus {
   int count = 1;
@@ -50,6 +68,7 @@ struct MachineDrives {
 struct MachineSpec {
   std::string name;
   std::string source;  // the file it came from, for messages
+  std::string note;    // free text, optional: where the figures come from
   MachineGpus gpus;
   MachineHost host;
   MachineDrives drives;
