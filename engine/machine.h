@@ -19,7 +19,8 @@
 // A zero means "not known" where a machine can honestly not know it, and is refused elsewhere:
 // `gpus.bf16_tflops` 0 is unknown (doctor cannot time a GPU's tensor cores; a simulation needs it
 // filled in), `gpus.pcie_*_gbps` 0 is no modeled link (copies at host memory speed, as on the sim
-// device without strata.device.h2d_gbps), `gpus.link_gbps` 0 is no GPU-to-GPU link, and
+// device without strata.device.h2d_gbps; doctor also writes 0 for a CUDA device's link, which it
+// does not time, and says so in the note), `gpus.link_gbps` 0 is no GPU-to-GPU link, and
 // `drives.endurance_tbw` 0 is unknown; the drives' rates may be 0 only with `drives.count` 0. Limits
 // well past any machine built today (kMachine* below) catch unit slips such as a size in GB given
 // as a plain number or a rate in bytes/s.

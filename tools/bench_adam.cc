@@ -45,6 +45,7 @@
 #include "optim/optimizer.h"
 #include "optim/optimizer_phase.h"
 #include "tools/commands.h"
+#include "tools/yardsticks.h"
 
 namespace strata::tools {
 namespace {
@@ -208,6 +209,9 @@ void allocate_state(BenchState& st, const std::string& params_flag, bool phase) 
   }
 }
 
+// The bytes AdamW and the memory pass must move per parameter: read p, m, v, g; write p, m, v.
+std::size_t adam_bytes_per_param(DType grad_dtype) { return 24 + dtype_bytes(grad_dtype); }
+
 // What every printed row shares.
 struct BenchAdamRun {
   const BenchAdamArgs& args;
@@ -219,13 +223,12 @@ struct BenchAdamRun {
 
 // The title lines and the table's header (without --json).
 void print_header(const BenchAdamRun& run, bool phase) {
-  const std::size_t gb = dtype_bytes(run.gdt);
   fmt::print("strata bench adam --mode {}: {} parameters, gradients {}, SIMD {}, best of {} repetitions\n",
              run.args.mode, run.n, dtype_name(run.gdt), simd_level_name(run.simd), run.reps);
   if (!phase) {
     fmt::print("yardstick: Adam-shaped memory pass (read p,m,v,g; write p,m,v; {} bytes/param), run before and "
                "after each AdamW repetition\n",
-               24 + gb);
+               adam_bytes_per_param(run.gdt));
     fmt::print("{:>7}  {:>14}  {:>8}  {:>17}  {:>17}  {:>13}  {:>15}\n", "threads", "AdamW Mparam/s", "GB/s",
                "pass before Mp/s", "pass after Mp/s", "fraction/mean", "fraction/faster");
   } else {
@@ -302,7 +305,7 @@ BestSeconds time_phase(BenchState& st, const optim::OptimShard& shard, tbb::task
 // One thread count's row of --mode update: AdamW's rate and its fraction of the memory pass's.
 void print_update_row(const BenchAdamRun& run, int threads, const BestSeconds& best) {
   const double n = static_cast<double>(run.n);
-  const double adam_bytes = n * (24.0 + static_cast<double>(dtype_bytes(run.gdt)));
+  const double adam_bytes = n * static_cast<double>(adam_bytes_per_param(run.gdt));
   const double rate_before = n / best.before, rate_after = n / best.after, rate_a = n / best.a;
   const double roofline = 0.5 * (rate_before + rate_after);
   const double fraction = rate_a / roofline;
@@ -397,6 +400,21 @@ int run_bench_adam(const BenchAdamArgs& args) {
 }
 
 }  // namespace
+
+AdamRates measure_adam_rates(std::size_t params, int reps) {
+  BenchState st;
+  st.n = params;
+  st.grad_dtype = DType::F32;
+  allocate_state(st, std::to_string(params), /*phase=*/false);
+  tbb::task_arena arena(tbb::info::default_concurrency());
+  fill_state(st, 1e-3f, arena);
+  const BestSeconds best = time_update(st.shard(false), optim::CpuExec{simd_level(), &arena}, reps);
+  const double n = static_cast<double>(params);
+  AdamRates rates;
+  rates.adam_params_per_s = n / best.a;
+  rates.memory_gbps = n * static_cast<double>(adam_bytes_per_param(DType::F32)) / std::min(best.before, best.after) / 1e9;
+  return rates;
+}
 
 void register_bench_adam(CLI::App& bench, CommandTable& table) {
   auto args = std::make_shared<BenchAdamArgs>();

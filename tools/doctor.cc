@@ -5,6 +5,10 @@
 // --dir, RLIMIT_MEMLOCK. Each check is OK, WARN (an offload run works, but slower or with a fallback)
 // or FAIL (an offload run into --dir would fail); the exit code is 1 when any check FAILs, and the
 // reason is printed on the failing line with the fix.
+//
+// --measure then describes this machine as a machine file (tools/doctor_measure.h): printed as the
+// "machine" member of --json's object (or as the file's text without --json), and written to --out
+// for `strata estimate` and `strata simulate --machine`.
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/resource.h>
@@ -15,6 +19,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -30,8 +35,11 @@
 #include "core/host_buffer.h"
 #include "core/topology.h"
 #include "core/units.h"
+#include "engine/machine.h"
 #include "offload/io_engine.h"
 #include "tools/commands.h"
+#include "tools/doctor_measure.h"
+#include "tools/output_file.h"
 
 namespace strata::tools {
 namespace {
@@ -242,29 +250,59 @@ Check check_memlock() {
   return c;
 }
 
-int run_doctor(const std::string& dir, const std::string& need_text, bool json) {
-  const std::size_t need_bytes = need_text.empty() ? 0 : parse_bytes_or_throw(need_text, "--need");
+struct DoctorArgs {
+  std::string dir = ".";
+  std::string need;
+  bool json = false;
+  bool measure = false;
+  std::string out;            // --out: the machine file (with --measure)
+  std::string device_memory;  // --device-memory: the sim device's (with --measure)
+};
+
+// Writes the measured machine to `path` and reads it back as any machine file is read.
+void write_machine_file(const std::string& path, const nlohmann::json& machine) {
+  OutputFile out(path, "--out machine file", OutputFile::Mode::Truncate);
+  out.write(machine.dump(2) + "\n");
+  out.close();
+  if (std::filesystem::is_regular_file(path)) {
+    STRATA_CHECK(machine_to_json(load_machine(path)) == machine, "the machine file {} does not read back as written", path);
+  }
+}
+
+int run_doctor(const DoctorArgs& args) {
+  const std::size_t need_bytes = args.need.empty() ? 0 : parse_bytes_or_throw(args.need, "--need");
+  MeasureOptions measure{args.dir, 0};
+  if (!args.measure && (!args.out.empty() || !args.device_memory.empty())) {
+    throw ConfigError("--out and --device-memory describe the machine --measure measures; add --measure");
+  }
+  if (!args.device_memory.empty()) measure.device_memory_bytes = parse_bytes_or_throw(args.device_memory, "--device-memory");
+  check_output_path(args.out, "--out", OutputWrite::InPlace);
   Topology topo;
   std::vector<Check> checks;
   checks.push_back(check_devices());
   checks.push_back(check_cpu(topo));
   checks.push_back(check_simd());
   checks.push_back(check_io_uring());
-  checks.push_back(check_o_direct(dir));
-  checks.push_back(check_free_space(dir, need_bytes));
+  checks.push_back(check_o_direct(args.dir));
+  checks.push_back(check_free_space(args.dir, need_bytes));
   checks.push_back(check_memlock());
+  const nlohmann::json machine = args.measure ? machine_to_json(measure_machine(measure, topo)) : nlohmann::json();
 
   bool failed = false;
   for (const auto& c : checks) failed = failed || c.verdict == Verdict::Fail;
-  if (json) {
+  if (args.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& c : checks) out.push_back({{"check", c.name}, {"verdict", verdict_name(c.verdict)}, {"detail", c.detail}});
-    std::printf("%s\n", nlohmann::json{{"ok", !failed}, {"checks", out}}.dump(2).c_str());
+    nlohmann::json report{{"ok", !failed}, {"checks", out}};
+    if (args.measure) report["machine"] = machine;
+    std::printf("%s\n", report.dump(2).c_str());
   } else {
     for (const auto& c : checks) std::printf("%-5s %-11s %s\n", verdict_name(c.verdict), c.name.c_str(), c.detail.c_str());
     std::printf("%s\n", failed ? "strata doctor: an offload run into this directory would fail (see FAIL lines)"
                                : "strata doctor: this machine can run Strata offload jobs");
+    if (args.measure) std::printf("machine (measured):\n%s\n", machine.dump(2).c_str());
   }
+  if (!args.out.empty()) write_machine_file(args.out, machine);
   return failed ? 1 : 0;
 }
 
@@ -272,16 +310,17 @@ int run_doctor(const std::string& dir, const std::string& need_text, bool json) 
 
 void register_doctor(CLI::App& app, CommandTable& table) {
   auto* cmd = app.add_subcommand("doctor", "report what this machine offers an offload run, and what is broken");
-  struct Args {
-    std::string dir = ".";
-    std::string need;
-    bool json = false;
-  };
-  auto args = std::make_shared<Args>();
+  auto args = std::make_shared<DoctorArgs>();
   cmd->add_option("--dir", args->dir, "directory that will hold NVMe swap files (default: .)");
   cmd->add_option("--need", args->need, "fail unless --dir has this much free space (e.g. 20GiB)");
   cmd->add_flag("--json", args->json, "print the checks as JSON");
-  table[cmd] = [args] { return run_doctor(args->dir, args->need, args->json); };
+  cmd->add_flag("--measure", args->measure,
+                "also describe this machine as a machine file, measured in a few seconds (CPU Adam, memory, the "
+                "drive of --dir, the devices)");
+  cmd->add_option("--out", args->out, "with --measure: write the machine file here");
+  cmd->add_option("--device-memory", args->device_memory,
+                  "with --measure and no CUDA device: the sim device's memory (default: a quarter of host memory)");
+  table[cmd] = [args] { return run_doctor(*args); };
 }
 
 }  // namespace strata::tools
