@@ -146,6 +146,13 @@ MachineDrives read_drives(MachineFields f) {
   d.endurance_tbw = f.rate("endurance_tbw", ZeroRate::Allowed, kMachineMaxEnduranceTbw,
                            "the rated terabytes written of one drive, e.g. 7000 (0: unknown)");
   ConfigReader& r = f.reader();
+  r.get_bytes("capacity", &d.capacity_bytes);  // optional: absent is unknown (0)
+  if (r.has("capacity") && (d.capacity_bytes < kMachineMinMemoryBytes || d.capacity_bytes > kMachineMaxMemoryBytes)) {
+    r.fail("capacity", fmt::format("{} is outside {}..{}; give the space the swap files may take on one drive, e.g. "
+                                   "\"3.84TB\", or leave capacity out when it is not known",
+                                   format_bytes(d.capacity_bytes), format_bytes(kMachineMinMemoryBytes),
+                                   format_bytes(kMachineMaxMemoryBytes)));
+  }
   r.get_string_list("paths", &d.paths);
   if (!d.paths.empty() && d.paths.size() != static_cast<std::size_t>(d.count)) {
     r.fail("paths", fmt::format("{} directories for {} drives; give one directory per drive, or leave paths out",
@@ -217,6 +224,7 @@ nlohmann::json machine_to_json(const MachineSpec& machine) {
         {"write_gbps", d.write_gbps},
         {"endurance_tbw", d.endurance_tbw}}},
   };
+  if (d.capacity_bytes > 0) j["drives"]["capacity"] = d.capacity_bytes;
   if (!machine.note.empty()) j["note"] = machine.note;
   return j;
 }

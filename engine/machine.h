@@ -64,6 +64,7 @@ struct MachineDrives {
   double read_gbps = 0;            // per drive
   double write_gbps = 0;           // per drive
   double endurance_tbw = 0;        // per drive, 1e12 bytes; 0: unknown
+  std::uint64_t capacity_bytes = 0;  // optional `capacity`: space the swap files may take per drive; 0: unknown
 };
 
 struct MachineSpec {

@@ -49,6 +49,9 @@ std::vector<ModelConfig> known_configs() {
   ModelConfig tiny = gpt2("tiny", 2, 32, 4);
   tiny.vocab_size = 256;  // byte-level tokens
   tiny.max_seq_len = 64;
+  // GPT-3 175B's shape (Brown et al. 2020, table 2.1: 96 layers, d_model 12288, 96 heads, context 2048).
+  ModelConfig gpt3 = gpt2("gpt3-175b", 96, 12288, 96);
+  gpt3.max_seq_len = 2048;
   return {
       tiny,
       llama("tiny-llama", 2, 32, 4, 2, 64, 256, 64, 1e-5f, 10000.0f),
@@ -59,6 +62,7 @@ std::vector<ModelConfig> known_configs() {
       llama("llama-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 1e-5f, 10000.0f),
       llama("llama-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 1e-5f, 10000.0f),
       llama("llama-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 1e-5f, 10000.0f),
+      gpt3,
   };
 }
 

@@ -28,6 +28,7 @@ int run_selected(CLI::App& app, const CommandTable& table, const std::string& lo
 void register_doctor(CLI::App& app, CommandTable& table);
 void register_train(CLI::App& app, CommandTable& table);
 void register_eval(CLI::App& app, CommandTable& table);
+void register_estimate(CLI::App& app, CommandTable& table);
 // Under `strata bench` (tools/bench.cc creates the parent).
 void register_bench_io(CLI::App& bench, CommandTable& table);
 void register_bench_adam(CLI::App& bench, CommandTable& table);

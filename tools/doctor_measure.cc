@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/config.h"
+#include "offload/file.h"
 #include "tools/bench_disk.h"
 #include "tools/yardsticks.h"
 
@@ -98,10 +99,12 @@ MachineDrives measure_drive(const std::string& dir, std::vector<std::string>* no
     d.paths = {std::filesystem::absolute(dir).lexically_normal().string()};
     d.read_gbps = static_cast<double>(kDiskPassBytes) / s.read / 1e9;
     d.write_gbps = static_cast<double>(kDiskPassBytes) / s.write / 1e9;
+    d.capacity_bytes = offload::free_bytes(dir);  // what swap files could take there now
+    if (d.capacity_bytes < kMachineMinMemoryBytes) d.capacity_bytes = 0;  // below what a file may say: unknown
     notes->push_back(fmt::format("drives: the drive of '{}', one sequential O_DIRECT pass of {} each way through "
                                  "Strata's I/O engine (as the benchmarks' disk yardstick); endurance_tbw is not "
-                                 "known to doctor (0): set it from the drive's datasheet; more drives: set count "
-                                 "and paths",
+                                 "known to doctor (0): set it from the drive's datasheet; capacity is the directory's free space now; "
+                                 "more drives: set count and paths",
                                  dir, format_bytes(kDiskPassBytes)));
   } catch (const Error& e) {
     d.count = 0;  // not measurable: described as no drive, with the reason

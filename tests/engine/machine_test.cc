@@ -49,10 +49,12 @@ TEST(Machine, ReadsEveryField) {
   EXPECT_EQ(m.drives.read_gbps, 7);
   EXPECT_EQ(m.drives.write_gbps, 6.5);
   EXPECT_EQ(m.drives.endurance_tbw, 7000);
+  EXPECT_EQ(m.drives.capacity_bytes, 0u) << "capacity is optional: unknown";
 }
 
 TEST(Machine, RoundTripsThroughJson) {
   nlohmann::json in = good_machine();
+  in["drives"]["capacity"] = "3.84TB";
   in["drives"]["paths"] = {"/nvme0", "/nvme1", "/nvme2", "/nvme3"};
   in["host"]["adam_params_per_s"] = 1.2345678901234567e9;  // every digit must survive
   const MachineSpec m = parse_machine(in, "m.json");
@@ -60,6 +62,8 @@ TEST(Machine, RoundTripsThroughJson) {
   const MachineSpec back = parse_machine(out, "out.json");
   EXPECT_EQ(machine_to_json(back), out);
   EXPECT_EQ(back.drives.paths, m.drives.paths);
+  EXPECT_EQ(back.drives.capacity_bytes, 3840000000000u);
+  EXPECT_EQ(back.drives.capacity_bytes, m.drives.capacity_bytes);
   EXPECT_EQ(back.host.adam_params_per_s, 1.2345678901234567e9);
   EXPECT_EQ(back.gpus.memory_bytes, 80'000'000'000u);
   EXPECT_EQ(back.note, m.note);
@@ -139,6 +143,7 @@ const BadField kBadFields[] = {
     {"zero adam rate", "/host/adam_params_per_s", 0, {"host.adam_params_per_s: 0 leaves nothing"}},
     {"zero drive write rate", "/drives/write_gbps", 0, {"drives.write_gbps: 0 leaves nothing", "e.g. 6"}},
     {"negative endurance", "/drives/endurance_tbw", -5, {"drives.endurance_tbw: -5 is negative; allowed 0..1000000"}},
+    {"drive capacity in TB as a number", "/drives/capacity", 4, {"drives.capacity: 4 B is outside", "\"3.84TB\""}},
     {"GPU memory as GB number", "/gpus/memory", 80, {"gpus.memory: 80 B is outside 1.00 GiB..", "\"80GB\""}},
     {"host memory too large", "/host/memory", "100TiB", {"host.memory: 100.00 TiB is outside", "64.00 TiB"}},
     {"too many GPUs", "/gpus/count", 2048, {"gpus.count: 2048 is out of range; allowed 1..1024"}},

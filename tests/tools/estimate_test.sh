@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `strata estimate` (tools/estimate_plan.h, Note [One plan for estimate and train]):
+#  1. its tier line is byte for byte the line `strata train` logs before step 1, for the demo config
+#     (everything on NVMe), an "auto" config that spills past a host budget, and an in-memory one;
+#  2. the largest depth it reports fits and one layer more does not;
+#  3. a config that cannot fit exits 3 saying why; the committed machine files and plans run;
+#  4. bad input (a broken machine file, --world above the machine's GPUs) is one line, exit 1.
+# Usage: estimate_test.sh STRATA_BINARY REPO_ROOT WORKDIR
+set -euo pipefail
+strata="$1"; repo="$2"; work="$3"
+rm -rf "$work"; mkdir -p "$work"; cd "$work"
+fail=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAILED: $1"; fail=1; }
+json_field() {  # file, key -> first value of "key": number|true|false
+  sed -n "s/.*\"$2\": *\([0-9a-z.eE+-]*\).*/\1/p" "$1" | head -1
+}
+
+# 1. The same plan as train.
+same_plan() {  # description, --set arguments...
+  local what="$1"; shift
+  "$strata" estimate --json "$@" > est.json
+  local est; est=$(sed -n 's/.*"plan_line": "\(.*\)",*$/\1/p' est.json)
+  "$strata" --log-level info train --steps 1 --set strata.metrics='""' "$@" > train.log 2>&1 || { cat train.log; bad "$what: train failed"; return; }
+  local trained; trained=$(sed -n 's/.*\[info\] \(tier plan per rank: .*\)$/\1/p' train.log)
+  if [ -n "$est" ] && [ "$est" = "$trained" ]; then ok "$what: estimate's plan is train's"; else
+    bad "$what: estimate says '$est', train logged '$trained'"; fi
+}
+same_plan "demo, all on NVMe"
+same_plan "demo, auto past a 40 MiB host budget" --set zero_optimization.offload_optimizer.device='"auto"' \
+  --set zero_optimization.offload_param.device='"auto"' --set strata.offload.host_budget='"40MiB"'
+same_plan "demo in memory" --set zero_optimization.stage=2 --set zero_optimization.offload_optimizer.device='"none"' \
+  --set zero_optimization.offload_param.device='"none"' --set strata.device.memory='"64MiB"'
+
+# 2. The largest depth.
+"$strata" estimate --json > demo.json
+largest=$(sed -n '/"largest_fit"/,/}/p' demo.json | json_field /dev/stdin n_layers)
+"$strata" estimate --json --set strata.model.n_layers="$largest" > at.json && rc=0 || rc=$?
+[ "$rc" = 0 ] && [ "$(json_field at.json fits)" = true ] && ok "$largest layers fit" || bad "$largest layers: exit $rc"
+"$strata" estimate --json --set strata.model.n_layers=$((largest + 1)) > above.json && rc=0 || rc=$?
+[ "$rc" = 3 ] && [ "$(json_field above.json fits)" = false ] && ok "$((largest + 1)) layers do not fit (exit 3)" ||
+  bad "$((largest + 1)) layers: exit $rc"
+
+# 3. Does not fit; the committed machines and plans.
+"$strata" estimate --set strata.device.memory='"1MiB"' > small.txt && rc=0 || rc=$?
+[ "$rc" = 3 ] && grep -q "fits: no: .*cannot fit the device" small.txt && ok "a 1 MiB device: exit 3 with the reason" ||
+  { cat small.txt; bad "a 1 MiB device: exit $rc"; }
+for plan in "$repo"/configs/plans/*.json; do
+  for machine in "$repo"/configs/machines/*.json; do
+    "$strata" estimate --config "$plan" --machine "$machine" > plan.txt && rc=0 || rc=$?
+    { [ "$rc" = 0 ] || [ "$rc" = 3 ]; } && grep -q "^largest model of this shape" plan.txt &&
+      ok "$(basename "$plan") on $(basename "$machine"): exit $rc" || { cat plan.txt; bad "$(basename "$plan") on $(basename "$machine")"; }
+  done
+done
+
+# 4. Bad input.
+echo '{"name": "x", "gpus": {"count": 1}}' > broken.json
+"$strata" estimate --machine broken.json > out.txt 2> err.txt && rc=0 || rc=$?
+[ "$rc" = 1 ] && [ "$(wc -l < err.txt)" = 1 ] && grep -q "broken.json" err.txt && grep -q "gpus\." err.txt &&
+  ok "a broken machine file: one line naming the file and field" || { cat err.txt; bad "broken machine file: exit $rc"; }
+"$strata" estimate --machine "$repo/configs/machines/h100x1-4drives.json" --world 2 > out.txt 2> err.txt && rc=0 || rc=$?
+[ "$rc" = 1 ] && grep -q -- "--world 2 is more than the 1 GPU" err.txt && ok "--world above the machine's GPUs" ||
+  { cat err.txt; bad "--world 2 on one GPU: exit $rc"; }
+exit $fail

@@ -1,0 +1,262 @@
+// `strata estimate`'s numbers (tools/estimate_plan.h, Note [One plan for estimate and train]).
+#include "tools/estimate_plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/device/device.h"
+#include "core/error.h"
+#include "core/units.h"
+#include "engine/deepspeed_estimate.h"
+#include "engine/run_plan.h"
+#include "models/decoder.h"
+#include "models/model_config.h"
+#include "models/tiling_plan.h"
+#include "tools/trainer.h"
+
+namespace strata::tools {
+
+namespace {
+
+// The machine the plan is checked against: GPU memory, host memory, world size.
+struct Target {
+  int world = 1;
+  std::uint64_t device_bytes = 0;
+  HostFacts host;
+  bool machine = false;
+  std::uint64_t drive_space = 0;  // all the machine's drives together; 0: not known
+};
+
+Target target_of(const EstimateInputs& in) {
+  Target t;
+  const TrainConfig& cfg = in.config;
+  if (in.machine) {
+    const MachineSpec& m = *in.machine;
+    t.machine = true;
+    t.world = in.world_size > 0 ? in.world_size : m.gpus.count;
+    if (t.world > m.gpus.count) {
+      throw ConfigError(fmt::format("--world {} is more than the {} GPU(s) of machine '{}' ({}); estimate covers one "
+                                    "node: lower --world or describe more GPUs in gpus.count",
+                                    t.world, m.gpus.count, m.name, m.source));
+    }
+    t.device_bytes = m.gpus.memory_bytes;
+    t.host = HostFacts{m.host.memory_bytes, t.world, 0};
+    t.drive_space = m.drives.capacity_bytes * static_cast<std::uint64_t>(m.drives.count);
+    return t;
+  }
+  t.world = in.world_size > 0 ? in.world_size : 1;
+  t.device_bytes = cfg.strata.device.memory_bytes;
+  bool sim = cfg.strata.device.kind == DeviceChoice::Sim;
+  if (t.device_bytes == 0) {
+    std::string why;
+    const auto gpus = list_cuda_devices(&why);
+    if (gpus.empty() || cfg.strata.device.kind == DeviceChoice::Sim) {
+      throw ConfigError(fmt::format("{}: no device memory to plan against: strata.device.memory is not set and no "
+                                    "GPU is usable ({}); set strata.device.memory or give --machine FILE",
+                                    cfg.source, why.empty() ? "the config asks for the sim device" : why));
+    }
+    t.device_bytes = gpus.front().total_memory_bytes;
+  } else if (cfg.strata.device.kind == DeviceChoice::Auto) {
+    sim = list_cuda_devices().empty();
+  }
+  t.host = measure_host(t.world, sim ? t.device_bytes : 0);
+  return t;
+}
+
+std::uint64_t largest_tensor_elems(const std::vector<ParamGroupSpec>& groups) {
+  std::uint64_t largest = 0;
+  for (const ParamGroupSpec& g : groups) {
+    for (const ParamTensorSpec& t : g.tensors) largest = std::max<std::uint64_t>(largest, t.elems());
+  }
+  return largest;
+}
+
+// DeepSpeed's estimator for the same model and offload choices. Its largest_layer_params is the
+// largest module's own parameters; the largest tensor is that module's weight (its bias is noise).
+DeepSpeedBeside deepspeed_beside(const TrainConfig& resolved, std::uint64_t params, std::uint64_t largest, int world) {
+  DeepSpeedBeside d;
+  d.stage = resolved.zero.stage;
+  d.largest_layer_params = largest;
+  const bool opt_off = resolved.zero.offload_optimizer.device != OffloadDevice::None;
+  const bool par_off = resolved.zero.offload_param.device != OffloadDevice::None;
+  if (d.stage == 3) {
+    deepspeed::Zero3Args a;
+    a.total_params = params;
+    a.largest_layer_params = largest;
+    a.num_gpus_per_node = world;
+    a.cpu_offload = opt_off;
+    a.cpu_offload_params = par_off;
+    const deepspeed::ModelStatesMem m = deepspeed::estimate_zero3_model_states_mem_needs(a);
+    d.options = fmt::format("estimate_zero3_model_states_mem_needs: offload_param={}, offload_optimizer={}, zero_init=1",
+                            par_off ? "cpu" : "none", opt_off ? "cpu" : "none");
+    d.cpu_bytes_per_node = m.cpu_bytes;
+    d.gpu_bytes_per_gpu = m.gpu_bytes;
+  } else if (d.stage >= 1) {
+    deepspeed::Zero2Args a;
+    a.total_params = params;
+    a.num_gpus_per_node = world;
+    a.cpu_offload = opt_off;
+    const deepspeed::ModelStatesMem m = deepspeed::estimate_zero2_model_states_mem_needs(a);
+    d.options = fmt::format("estimate_zero2_model_states_mem_needs: offload_optimizer={}", opt_off ? "cpu" : "none");
+    d.cpu_bytes_per_node = m.cpu_bytes;
+    d.gpu_bytes_per_gpu = m.gpu_bytes;
+  }
+  return d;
+}
+
+Estimate estimate_model(const EstimateInputs& in, const Target& t, const models::ModelConfig& model, bool checkpointing) {
+  const TrainConfig& cfg = in.config;
+  Estimate e;
+  e.model = model.name;
+  e.n_layers = model.n_layers;
+  e.parameters = static_cast<std::uint64_t>(models::param_count(model));
+  e.world_size = t.world;
+  e.device_bytes = t.device_bytes;
+  const models::TilingDecision tiling = models::plan_tiling(cfg, model, checkpointing, t.world, t.device_bytes);
+  e.tiling = tiling.describe();
+  const auto mode = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
+  const models::Decoder decoder(model, models::DecoderOptions(mode, tiling.spec));
+  const std::vector<ParamGroupSpec> groups = decoder.param_groups();
+  const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;
+  e.activations_checkpointed =
+      models::Decoder(model, models::DecoderOptions(models::Checkpointing::Blocks, tiling.spec)).activation_bytes(micro, seq, true);
+  e.activations_full =
+      models::Decoder(model, models::DecoderOptions(models::Checkpointing::Off, tiling.spec)).activation_bytes(micro, seq, true);
+  const std::uint64_t activations = checkpointing ? e.activations_checkpointed : e.activations_full;
+
+  e.deepspeed = deepspeed_beside(cfg, e.parameters, largest_tensor_elems(groups), t.world);
+  try {
+    const Placement placed = resolve_placement(cfg, groups, t.world, activations, t.device_bytes, t.host);
+    e.deepspeed = deepspeed_beside(placed.config, e.parameters, largest_tensor_elems(groups), t.world);
+    const RunPlan run = make_run_plan(placed.config, groups, t.world, 0);
+    e.tiers = plan_tiers(run, t.world, activations);
+    e.tiers.placement = placed.why;
+    e.capacity = measure_capacities(e.tiers, t.device_bytes, t.world);
+    e.capacity.host_available = t.host.mem_available;
+    e.nvme_checked = !t.machine || t.drive_space > 0;
+    if (t.machine && !e.capacity.nvme_free.empty()) {
+      // The config's directories share the machine's drives: each gets an equal part of their space.
+      const std::uint64_t each = t.drive_space == 0 ? std::numeric_limits<std::uint64_t>::max()
+                                                    : t.drive_space / e.capacity.nvme_free.size();
+      std::fill(e.capacity.nvme_free.begin(), e.capacity.nvme_free.end(), each);
+    }
+    const bool pinned_arrays = placed.config.zero.offload_optimizer.pin_memory;
+    e.host_pinned = e.tiers.pinned + (pinned_arrays ? e.tiers.host_arrays : 0);
+    e.host_pageable = pinned_arrays ? 0 : e.tiers.host_arrays;
+    const std::string described = describe_plan(e.tiers, e.capacity);
+    e.plan_line = described.substr(0, described.find('\n'));
+    check_plan_fits(e.tiers, e.capacity, cfg.source);
+    e.fits = true;
+  } catch (const ConfigError& refusal) {
+    e.why_not = refusal.what();
+  }
+  return e;
+}
+
+}  // namespace
+
+Estimate estimate_run(const EstimateInputs& in) {
+  const Target t = target_of(in);
+  bool checkpointing = false;
+  const models::ModelConfig model = training_model_config(in.config, &checkpointing);
+  return estimate_model(in, t, model, checkpointing);
+}
+
+LargestFit largest_fitting_depth(const EstimateInputs& in, std::int64_t max_layers) {
+  const Target t = target_of(in);
+  bool checkpointing = false;
+  models::ModelConfig model = training_model_config(in.config, &checkpointing);
+  const auto fits = [&](std::int64_t layers) {
+    model.n_layers = layers;
+    return estimate_model(in, t, model, checkpointing).fits;
+  };
+  LargestFit out;
+  if (!fits(1)) return out;
+  // Double until a depth does not fit, then bisect: the bytes of every tier grow with the depth.
+  std::int64_t lo = 1, hi = 2;
+  while (hi <= max_layers && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, max_layers + 1);
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  model.n_layers = lo;
+  out.n_layers = lo;
+  out.parameters = static_cast<std::uint64_t>(models::param_count(model));
+  return out;
+}
+
+std::string describe_estimate(const Estimate& e, const LargestFit& largest) {
+  const TierPlan& p = e.tiers;
+  std::ostringstream o;
+  o << fmt::format("model {}: {:.3g} parameters ({} layers), world {}, {} per GPU\n", e.model,
+                   static_cast<double>(e.parameters), e.n_layers, e.world_size, format_bytes(e.device_bytes));
+  if (!e.tiling.empty()) o << "  " << e.tiling << "\n";
+  o << fmt::format("per rank:\n  HBM    {} of {}: optimizer state and gradient sums {}, resident weights {}, largest "
+                   "group in use {} ('{}'), activations {} ({} with block checkpointing, {} without)\n",
+                   format_bytes(p.device_total()), format_bytes(e.device_bytes), format_bytes(p.device_state),
+                   format_bytes(p.device_weights), format_bytes(p.device_window), p.largest_group,
+                   format_bytes(p.activations), format_bytes(e.activations_checkpointed),
+                   format_bytes(e.activations_full));
+  o << fmt::format("  host   {}: pinned {} (staging pools {}), pageable {}; {} available to {} rank(s)\n",
+                   format_bytes(p.host_total()), format_bytes(e.host_pinned), format_bytes(p.pinned),
+                   format_bytes(e.host_pageable), format_bytes(e.capacity.host_available), e.capacity.ranks_on_node);
+  if (!p.nvme_dirs.empty()) {
+    o << fmt::format("  NVMe   {} per rank; swap files {} for all ranks over {} director{} ({} each){}\n",
+                     format_bytes(p.nvme / static_cast<std::uint64_t>(e.world_size)), format_bytes(p.nvme_files),
+                     p.nvme_dirs.size(), p.nvme_dirs.size() == 1 ? "y" : "ies",
+                     format_bytes(p.nvme_files / p.nvme_dirs.size()),
+                     e.nvme_checked ? "" : "; free space not checked (the machine file gives no drive capacity)");
+  }
+  for (const std::string& line : p.placement) o << "  placement: " << line << "\n";
+  o << (e.fits ? std::string("fits: yes\n") : "fits: no: " + e.why_not + "\n");
+  o << fmt::format("largest model of this shape that fits: {} layers, {:.3g} parameters\n", largest.n_layers,
+                   static_cast<double>(largest.parameters));
+  if (e.deepspeed.stage >= 1) {
+    o << fmt::format("DeepSpeed's estimate ({}; largest layer {:.3g} params): {} per GPU, {} of CPU memory per node\n",
+                     e.deepspeed.options, static_cast<double>(e.deepspeed.largest_layer_params),
+                     format_bytes(e.deepspeed.gpu_bytes_per_gpu), format_bytes(e.deepspeed.cpu_bytes_per_node));
+  } else {
+    o << "DeepSpeed's estimators cover ZeRO stages 1-3 only\n";
+  }
+  return o.str();
+}
+
+nlohmann::json estimate_to_json(const Estimate& e, const LargestFit& largest) {
+  const TierPlan& p = e.tiers;
+  return nlohmann::json{
+      {"model", e.model},
+      {"n_layers", e.n_layers},
+      {"parameters", e.parameters},
+      {"world_size", e.world_size},
+      {"device_bytes", e.device_bytes},
+      {"tiling", e.tiling},
+      {"hbm", {{"total", p.device_total()}, {"optimizer_state", p.device_state}, {"resident_weights", p.device_weights},
+               {"group_window", p.device_window}, {"largest_group", p.largest_group}, {"activations", p.activations},
+               {"activations_checkpointed", e.activations_checkpointed}, {"activations_full", e.activations_full}}},
+      {"host", {{"total", p.host_total()}, {"pinned", e.host_pinned}, {"staging_pools", p.pinned},
+                {"pageable", e.host_pageable}, {"available", e.capacity.host_available}}},
+      {"nvme", {{"per_rank", p.nvme / static_cast<std::uint64_t>(e.world_size)}, {"swap_files", p.nvme_files},
+                {"dirs", p.nvme_dirs}, {"free_space_checked", e.nvme_checked}}},
+      {"spill", {{"host_budget", p.host_budget}, {"state_chunks", p.state_chunks},
+                 {"spilled_state_chunks", p.spilled_state_chunks}, {"param_chunks", p.param_chunks},
+                 {"spilled_param_chunks", p.spilled_param_chunks}}},
+      {"placement", p.placement},
+      {"plan_line", e.plan_line},
+      {"fits", e.fits},
+      {"why_not", e.why_not},
+      {"largest_fit", {{"n_layers", largest.n_layers}, {"parameters", largest.parameters}}},
+      {"deepspeed", {{"stage", e.deepspeed.stage}, {"options", e.deepspeed.options},
+                     {"gpu_bytes_per_gpu", e.deepspeed.gpu_bytes_per_gpu},
+                     {"cpu_bytes_per_node", e.deepspeed.cpu_bytes_per_node},
+                     {"largest_layer_params", e.deepspeed.largest_layer_params}}},
+  };
+}
+
+}  // namespace strata::tools
