@@ -71,8 +71,9 @@ void ParamFetcher::free_gathered(std::size_t g, Stream* stream) {
 
 // Note [Deterministic prefetch]: every rank must issue the same gathers (collectives) in the same
 // order, so no decision may depend on timing: a pinned slot is waited for (the comm stream frees
-// slots on its own), and a prefetch that finds the device full first lets every queued free run
-// (after which the memory state is the same on every rank) before it gives up.
+// slots on its own), and an allocation that finds the device full first lets every queued free run
+// (after which the memory state is the same on every rank) before a prefetch gives up or a demand
+// fetch evicts gathered copies (ParamFetcher::allocate).
 void ParamFetcher::start_gather(std::size_t g, bool prefetch) {
   Group& G = groups_[g];
   const GroupPlan& P = ctx_.group(g);
@@ -126,9 +127,15 @@ DeviceMemory ParamFetcher::allocate(std::size_t bytes, std::string_view tag, std
     Stream* used = H.last_use_stream;
     if (used != nullptr && std::find(streams.begin(), streams.end(), used) == streams.end()) streams.push_back(used);
   }
-  if (prefetch) {  // Note [Deterministic prefetch]: wait for the queued frees, evict nothing
-    for (Stream* s : streams) s->synchronize();
+  // Note [Deterministic prefetch]: whether the first try failed depends on which queued frees had
+  // run; once they all ran the memory state is the same on every rank, so the decisions below (a
+  // prefetch gives up, a demand fetch evicts gathered copies that must be gathered again later,
+  // which is a collective) are the same on every rank.
+  for (Stream* s : streams) s->synchronize();
+  if (prefetch) return ctx_.device.allocate(bytes, tag);  // evict nothing
+  try {
     return ctx_.device.allocate(bytes, tag);
+  } catch (const OutOfMemoryError&) {
   }
   for (std::size_t h = 0; h < groups_.size(); ++h) {
     Group& H = groups_[h];
