@@ -18,6 +18,10 @@ void register_train(CLI::App& app, CommandTable& table) {
                   "--steps stays the total step count");
   cmd->add_option("--summary-json", options->summary_json,
                   "write the run's summary (losses, tokens/s, peak bytes per tier, NVMe bytes, overlap) as JSON");
+  cmd->add_option("--drive-tbw", options->drive_tbw,
+                  "rated endurance of one NVMe drive in TB written: the summary then gives the days of this "
+                  "training the drives last (one drive per nvme_path directory)")
+      ->check(CLI::Range(0.0, 1e6));
   table[cmd] = [options, steps, steps_flag] {
     // Given at all, it is the step count: a negative one is refused (load_run_config), never replaced.
     if (steps_flag->count() > 0) options->steps = *steps;

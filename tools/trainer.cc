@@ -432,6 +432,24 @@ LoopSeconds run_steps(StepLoop& l, std::int64_t first_step, TrainSummary& summar
 }
 
 // The run's totals, once the steps are done.
+// NVMe writes per step, after the first step (set-up and warm-up), of every rank (they write alike),
+// and the drives' wear at that rate: one drive per nvme_path directory.
+void wear_summary(TrainSummary& summary, const TierPlan& plan, int world, double drive_tbw) {
+  const std::size_t n = summary.step_nvme_written.size();
+  summary.drives = static_cast<int>(plan.nvme_dirs.size());
+  summary.drive_tbw = drive_tbw;
+  if (n == 0 || summary.step_seconds.size() != n) return;
+  const std::size_t first = n > 1 ? 1 : 0;
+  double bytes = 0, seconds = 0;
+  for (std::size_t i = first; i < n; ++i) {
+    bytes += static_cast<double>(summary.step_nvme_written[i]);
+    seconds += summary.step_seconds[i];
+  }
+  const double steps = static_cast<double>(n - first);
+  if (seconds <= 0) return;
+  summary.wear = ssd_wear(bytes / steps * world, seconds / steps, summary.drives, drive_tbw);
+}
+
 void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& seconds, const TierPlan& plan,
                    const models::ModelConfig& model, Clock::time_point start, std::int64_t first_step) {
   summary.optimizer_chunk_updates = l.engine.chunk_updates();
@@ -522,6 +540,7 @@ TrainSummary run_training(const TrainOptions& options) {
   const LoopSeconds seconds = run_steps(loop, first_step, summary);
   reporter.finish();
   total_summary(summary, loop, seconds, plan.tiers, model, start, first_step);
+  wear_summary(summary, plan.tiers, world, options.drive_tbw);
   stream->synchronize();
   if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {
     save_weights(options.save_weights, model, engine, rank);

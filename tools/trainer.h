@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "engine/config.h"
+#include "engine/machine.h"
 #include "models/model_config.h"
 
 namespace strata::tools {
@@ -39,6 +40,9 @@ struct TrainOptions {
   // Whether a checkpoint due after a step is begun before it, so the step captures the new state
   // (engine/checkpoint.h, begin_checkpoint); false copies it after the step (benchmarks).
   bool capture_checkpoints = true;
+  // --drive-tbw: the rated endurance of one NVMe drive (1e12 bytes written); 0: unknown. With it
+  // the summary says how many days of this training the drives survive.
+  double drive_tbw = 0;
 };
 
 struct TrainSummary {
@@ -63,6 +67,11 @@ struct TrainSummary {
   // Per step (rank 0): wall seconds, NVMe bytes read and written, host<->device bytes of offloaded state.
   std::vector<double> step_seconds;
   std::vector<std::uint64_t> step_nvme_read, step_nvme_written, step_copy_bytes;
+  // NVMe writes per step of all ranks (rank 0's steps after the first, times the world size) and
+  // what they mean for the drives: one per nvme_path directory, each rated --drive-tbw.
+  SsdWear wear;
+  int drives = 0;
+  double drive_tbw = 0;
 };
 
 // The config in `path` with `overrides` applied; an empty path means configs/demo.json as compiled

@@ -199,10 +199,24 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
                         {"overlapped_chunk_updates", s.overlapped_chunk_updates},
                         {"step_call_fraction", s.step_call_fraction},
                         {"model_state_bytes", s.model_state_bytes},
-                        {"device_capacity_bytes", s.device_capacity_bytes}}
+                        {"device_capacity_bytes", s.device_capacity_bytes},
+                        {"nvme_bytes_written_per_step", s.wear.bytes_per_step},
+                        {"nvme_tb_written_per_day", s.wear.tb_per_day},
+                        {"nvme_drives", s.drives},
+                        {"drive_tbw", s.drive_tbw},
+                        {"days_to_rated_endurance", s.wear.days_to_rated}}
                 .dump(2) +
             "\n");
   out.close();
+}
+
+std::string describe_wear(const TrainSummary& s) {
+  const std::string rate = fmt::format("NVMe wear: {} written per step by all ranks = {:.3g} TB per day over {} drive(s)",
+                                       format_bytes(static_cast<std::uint64_t>(s.wear.bytes_per_step)),
+                                       s.wear.tb_per_day, s.drives);
+  if (s.drive_tbw <= 0) return rate + "; give --drive-tbw (the drive's rated TBW) for the days to its rated endurance";
+  return fmt::format("{}; rated {} TBW per drive: {:.0f} days of this training", rate, s.drive_tbw,
+                     s.wear.days_to_rated);
 }
 
 void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& device) {
@@ -215,6 +229,7 @@ void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& 
                  format_bytes(summary.peak_rss_bytes),
                  format_bytes(summary.peak_nvme_bytes), format_bytes(summary.nvme_bytes_read),
                  format_bytes(summary.nvme_bytes_written));
+    if (summary.wear.bytes_per_step > 0) spdlog::info("{}", describe_wear(summary));
     spdlog::info("overlap: {} of {} optimizer chunk updates ran during backward; step() (exposed reductions and "
                  "updates) took {:.0f}% of the step time",
                  summary.overlapped_chunk_updates, summary.optimizer_chunk_updates,

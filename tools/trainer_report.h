@@ -82,6 +82,8 @@ std::uint64_t peak_rss_bytes();
 void write_summary_json(const std::string& path, const TrainSummary& s);
 
 // Rank 0's closing lines: loss, throughput and memory; the tiers and the overlap when offloading.
+// "NVMe wear: ... written per step ... TB per day ... days of this training" for the summary.
+std::string describe_wear(const TrainSummary& summary);
 void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& device);
 
 }  // namespace strata::tools
