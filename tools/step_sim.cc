@@ -1,0 +1,413 @@
+// The step simulator's model of the engine (tools/step_sim.h, Note [Step simulator]): the
+// parameter fetcher, the gradient reducer and the two state homes, replaying on a Timeline what
+// engine/param_fetcher.cc, engine/grad_reducer.cc, engine/state_home_device.cc and
+// engine/state_home_tiered.cc enqueue, with the durations the machine gives.
+#include "tools/step_sim.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "engine/engine_context.h"
+
+namespace strata::tools {
+namespace {
+
+constexpr double kGiga = 1e9;
+
+// The machine's figures in bytes/s, FLOP/s and params/s.
+struct Rates {
+  double flops = 0;
+  double block_eff = 0, head_eff = 0;
+  double link = 0;
+  double device_memory = 0;  // bytes read + written per second
+  double host_memory = 0;    // same
+  double adam = 0;           // parameters per second
+  PipelineRates io;
+};
+
+Rates rates_of(const SimMachine& m) {
+  const MachineSpec& s = m.spec;
+  Rates r;
+  r.flops = s.gpus.bf16_tflops * 1e12;
+  r.block_eff = m.block_efficiency;
+  r.head_eff = m.head_efficiency;
+  r.link = s.gpus.link_gbps * kGiga;
+  r.device_memory = m.device_memory_gbps * kGiga;
+  r.host_memory = s.host.memory_gbps * kGiga;
+  r.adam = s.host.adam_params_per_s;
+  r.io.nvme_read_bytes_per_s = s.drives.count * s.drives.read_gbps * kGiga;
+  r.io.nvme_write_bytes_per_s = s.drives.count * s.drives.write_gbps * kGiga;
+  r.io.h2d_bytes_per_s = s.gpus.pcie_h2d_gbps * kGiga;
+  r.io.d2h_bytes_per_s = s.gpus.pcie_d2h_gbps * kGiga;
+  return r;
+}
+
+// The figures the workload needs must be there: one message naming the field.
+void check_machine(const StepWorkload& w, const SimMachine& m) {
+  const MachineSpec& s = m.spec;
+  const std::string where = s.source.empty() ? s.name : s.source;
+  auto need = [&](bool ok, const char* field, const std::string& why) {
+    if (!ok) throw ConfigError(fmt::format("machine {}: {} must be > 0 to simulate {}: {}", where, field, w.source, why));
+  };
+  need(s.gpus.bf16_tflops > 0, "gpus.bf16_tflops", "the model's ops run at it");
+  need(m.block_efficiency > 0 && m.head_efficiency > 0, "the compute efficiency", "ops run at peak x efficiency");
+  need(m.device_memory_gbps > 0, "the device memory bandwidth", "device-side sums and copies run at it");
+  const RunPlan& p = w.plan;
+  const bool nvme = p.offload.optimizer == Home::Nvme || p.offload.params == Home::Nvme;
+  need(!nvme || s.drives.count > 0, "drives.count", "the config puts state on NVMe");
+  need(!nvme || (s.drives.read_gbps > 0 && s.drives.write_gbps > 0), "drives.read_gbps and drives.write_gbps",
+       "the config puts state on NVMe");
+  need(!p.optimizer_offloaded() || s.host.adam_params_per_s > 0, "host.adam_params_per_s",
+       "the optimizer runs on the CPU");
+  need(!p.optimizer_offloaded() || s.host.memory_gbps > 0, "host.memory_gbps", "gradient sums run on the CPU");
+  need(!(p.optimizer_offloaded() || p.params_offloaded()) || (s.gpus.pcie_h2d_gbps > 0 && s.gpus.pcie_d2h_gbps > 0),
+       "gpus.pcie_h2d_gbps and gpus.pcie_d2h_gbps", "offloaded state crosses PCIe");
+  need(p.topo.world_size == 1 || s.gpus.link_gbps > 0, "gpus.link_gbps",
+       fmt::format("{} GPUs reduce and gather over it", p.topo.world_size));
+}
+
+class EngineSim {
+ public:
+  EngineSim(const StepWorkload& w, const SimMachine& m, Timeline& timeline)
+      : w_(w), p_(w.plan), m_(m), r_(rates_of(m)), tl_(timeline), groups_(w.plan.groups.size()) {
+    for (int a = 0; a < w_.micro_batches; ++a) {
+      for (const SimAction& act : w_.micro_batch) {
+        if (act.kind == SimAction::Acquire) trace_.push_back(act.group);
+      }
+    }
+  }
+
+  // What the previous step's end (ParamFetcher::end_step) started: the step's first gathers.
+  void start_prefetch() { prefetch_after(0); }
+
+  // One step from the host's current time; returns the host's time when step() returned.
+  double run_step();
+
+ private:
+  struct Group {
+    bool gathered = false;
+    double gathered_at = 0;
+    int live = 0;
+  };
+
+  const GroupPlan& plan(std::size_t g) const { return p_.groups[g]; }
+  double wbytes() const { return static_cast<double>(p_.working_bytes()); }
+  std::string gname(std::size_t g) const { return w_.group_names[g]; }
+  bool on_nvme(Home h) const { return h == Home::Nvme; }
+  // W of group g lives on the parameter tier (else on the device, updated by a copy up).
+  bool weights_on_tier(std::size_t g) const { return p_.params_offloaded() && plan(g).sharded_params; }
+
+  double device_pass(double bytes) const { return transfer_seconds(bytes, r_.device_memory); }
+  double host_pass(double bytes) const { return transfer_seconds(bytes, r_.host_memory); }
+  double adam(double elems) const { return transfer_seconds(elems, r_.adam); }
+  // Ring algorithms over `ranks` GPUs: all-gather and reduce-scatter move (n-1)/n of the full
+  // buffer through each GPU's link, all-reduce twice that. One rank: a copy inside the device.
+  double collective(const std::string& name, int ranks, double full_bytes, double passes, double ready) {
+    if (ranks <= 1) return comm(name, device_pass(2 * full_bytes), ready, full_bytes, SimQueue::Compute);
+    const double seconds = passes * (ranks - 1) / ranks * transfer_seconds(full_bytes, r_.link);
+    return comm(name, seconds, ready, full_bytes, SimQueue::Collective);
+  }
+  // An operation on the comm stream, issued by the host now.
+  double comm(const std::string& name, double seconds, double ready, double bytes, SimQueue queue) {
+    return tl_.add(name, SimLane::Comm, queue, seconds, std::max(ready, host_), static_cast<std::uint64_t>(bytes));
+  }
+
+  void dispatch(const SimAction& act, int unit);
+  void acquire(std::size_t g);
+  void release(std::size_t g);
+  void start_gather(std::size_t g);
+  void prefetch_after(std::size_t position);
+  void reduce(std::size_t g, int unit);
+  void add_unit(std::size_t g, int unit, double reduced_at);
+  std::vector<PipelineJob> combine_jobs(std::size_t g, int unit) const;
+  std::vector<PipelineJob> update_jobs() const;
+  void end_step_on_device();
+
+  const StepWorkload& w_;
+  const RunPlan& p_;
+  const SimMachine& m_;
+  Rates r_;
+  Timeline& tl_;
+  std::vector<Group> groups_;
+  std::vector<std::size_t> trace_;  // every acquisition of a step, in order
+  std::size_t pos_ = 0;
+  std::uint64_t live_elems_ = 0;
+  std::vector<double> param_slot_back_;  // when each reservation's pinned parameter slot came back
+  double host_ = 0;          // the trainer's thread
+  double compute_wait_ = 0;  // events the compute stream waits on
+  double last_compute_ = 0;  // end of the latest model op
+  double published_ = 0;     // the last publish of stage 1-2 working weights
+};
+
+double EngineSim::run_step() {
+  for (int a = 0; a < w_.micro_batches; ++a) {
+    for (const SimAction& act : w_.micro_batch) dispatch(act, a);
+    host_ = std::max(host_, last_compute_);  // the micro-batch's loss is read back
+  }
+  // step(): waits for every reduction and gradient sum, then updates what was not overlapped.
+  host_ = std::max({host_, tl_.lane_end(SimLane::Comm), tl_.lane_end(SimLane::Worker)});
+  if (p_.optimizer_offloaded()) {
+    if (!w_.overlap_update) {
+      host_ = simulate_pipeline(tl_, SimLane::Host, host_, update_jobs(), p_.offload.slot_count, r_.io);
+    }
+  } else {
+    end_step_on_device();
+  }
+  // ParamFetcher::end_step: gathered copies freed, the next step's first groups fetched.
+  for (Group& G : groups_) G.gathered = false;
+  live_elems_ = 0;
+  pos_ = 0;
+  prefetch_after(0);
+  return host_;
+}
+
+void EngineSim::dispatch(const SimAction& act, int unit) {
+  switch (act.kind) {
+    case SimAction::Acquire: acquire(act.group); break;
+    case SimAction::Release: release(act.group); break;
+    case SimAction::GradsReady: reduce(act.group, unit); break;
+    case SimAction::Compute: {
+      const double eff = act.cls == ComputeClass::Block ? r_.block_eff : r_.head_eff;
+      const double seconds = transfer_seconds(act.flops, r_.flops * eff);
+      last_compute_ = tl_.add(act.name, SimLane::Compute, SimQueue::Compute, seconds, std::max(host_, compute_wait_));
+      break;
+    }
+  }
+}
+
+// ParamFetcher::acquire with a valid trace.
+void EngineSim::acquire(std::size_t g) {
+  ++pos_;
+  Group& G = groups_[g];
+  ++G.live;
+  if (!plan(g).sharded_params) {
+    compute_wait_ = std::max(compute_wait_, published_);
+    return;
+  }
+  if (!G.gathered) start_gather(g);
+  compute_wait_ = std::max(compute_wait_, G.gathered_at);
+  prefetch_after(pos_);
+}
+
+// ParamFetcher::release: a gathered group needed again inside the prefetch window stays.
+void EngineSim::release(std::size_t g) {
+  Group& G = groups_[g];
+  if (--G.live > 0 || !plan(g).sharded_params) return;
+  std::uint64_t window = 0;
+  for (std::size_t i = pos_; i < trace_.size(); ++i) {
+    if (trace_[i] == g) return;
+    window += plan(trace_[i]).layout.total_elems();
+    if (window > w_.prefetch_bucket_elems) break;
+  }
+  G.gathered = false;
+  live_elems_ -= plan(g).layout.total_elems();
+}
+
+void EngineSim::prefetch_after(std::size_t position) {
+  std::uint64_t ahead = 0;
+  for (std::size_t i = position; i < trace_.size(); ++i) {
+    const std::size_t g = trace_[i];
+    if (!plan(g).sharded_params || groups_[g].gathered) continue;
+    const std::uint64_t total = plan(g).layout.total_elems();
+    if (ahead + total > w_.prefetch_bucket_elems || live_elems_ + total > w_.max_live_elems) break;
+    start_gather(g);
+    ahead += total;
+  }
+}
+
+// ParamFetcher::start_gather: the shard from the device, host or NVMe (through a pinned slot that
+// the host waits for), up to the device on the comm stream, then all-gathered.
+void EngineSim::start_gather(std::size_t g) {
+  const GroupLayout& L = plan(g).layout;
+  const double shard_bytes = static_cast<double>(L.shard_elems()) * wbytes();
+  const double full_bytes = static_cast<double>(L.total_elems()) * wbytes();
+  double end = host_;
+  if (p_.params_offloaded()) {
+    double ready = host_;
+    if (on_nvme(p_.offload.params)) {
+      const std::size_t k = param_slot_back_.size(), slots = std::max<std::size_t>(p_.offload.param_slot_count, 1);
+      if (k >= slots) host_ = std::max(host_, param_slot_back_[k - slots]);  // reserve_param_slot waits
+      ready = tl_.add("nvme read params " + gname(g), SimLane::Io, SimQueue::Nvme,
+                      transfer_seconds(shard_bytes, r_.io.nvme_read_bytes_per_s), host_,
+                      static_cast<std::uint64_t>(shard_bytes));
+    }
+    end = comm("h2d params " + gname(g), transfer_seconds(shard_bytes, r_.io.h2d_bytes_per_s), ready, shard_bytes,
+               SimQueue::H2D);
+    if (on_nvme(p_.offload.params)) param_slot_back_.push_back(end);
+    if (L.shard_count() > 1) {
+      end = collective("all_gather " + gname(g), L.shard_count(), full_bytes, 1, end);
+    }
+  } else {
+    end = collective("all_gather " + gname(g), L.shard_count(), full_bytes, 1, host_);
+  }
+  Group& G = groups_[g];
+  G.gathered = true;
+  G.gathered_at = end;
+  live_elems_ += L.total_elems();
+}
+
+// GradReducer::reduce as soon as the group's gradients are ready: reduce-scatter inside the shard
+// group and all-reduce across replicas at stages 2-3, all-reduce at stages 0-1.
+void EngineSim::reduce(std::size_t g, int unit) {
+  const GroupPlan& P = plan(g);
+  const double full_bytes = static_cast<double>(P.layout.total_elems()) * wbytes();
+  const double grad_bytes = static_cast<double>(P.grad_elems) * wbytes();
+  const double ready = last_compute_;
+  double end = 0;
+  if (p_.stage >= 2) {
+    end = collective("reduce_scatter " + gname(g), P.layout.shard_count(), full_bytes, 1, ready);
+    if (p_.topo.replica_count() > 1) {
+      end = collective("all_reduce " + gname(g), p_.topo.replica_count(), grad_bytes, 2, end);
+    }
+  } else {
+    end = collective("all_reduce " + gname(g), p_.topo.world_size, full_bytes, 2, ready);
+  }
+  add_unit(g, unit, end);
+}
+
+// StateHome::add_unit: on the device, one pass that widens the unit and adds it into the fp32 sum;
+// on host/NVMe, the worker's chunk pipeline over the group (TieredStateHome::combine).
+void EngineSim::add_unit(std::size_t g, int unit, double reduced_at) {
+  const GroupPlan& P = plan(g);
+  if (!p_.optimizer_offloaded()) {
+    const double bytes = static_cast<double>(P.grad_elems) * (wbytes() + 8);
+    comm("gradient sum " + gname(g), device_pass(bytes), reduced_at, bytes, SimQueue::Compute);
+    return;
+  }
+  simulate_pipeline(tl_, SimLane::Worker, reduced_at, combine_jobs(g, unit), p_.offload.slot_count, r_.io);
+}
+
+// TieredStateHome::combine_job's arrays and work for chunk k of group g, unit `unit`: the unit
+// comes down (d2h), is widened and added to the partial sums read from the optimizer's tier
+// (the binary counter's levels in exact mode, one accumulator otherwise), and the result written
+// back; at the last unit the block sums of squares, and with an overlapped update the update itself.
+std::vector<PipelineJob> EngineSim::combine_jobs(std::size_t g, int unit) const {
+  const GroupPlan& P = plan(g);
+  const bool last = unit + 1 == w_.micro_batches;
+  const bool overlap = last && w_.overlap_update;
+  const bool tier_nvme = on_nvme(p_.offload.optimizer);
+  int reads = 0, writes = 0;  // fp32 arrays of the chunk read from / written to the tier
+  if (w_.exact) {
+    const int merges = counter_merges(unit);
+    reads = merges + (last ? static_cast<int>(counter_levels_left(w_.micro_batches, merges).size()) : 0);
+    writes = overlap ? 0 : 1;
+  } else {
+    reads = unit > 0 ? 1 : 0;
+    writes = overlap ? 0 : 1;
+  }
+  std::vector<PipelineJob> jobs;
+  for (std::size_t k = 0; k < P.chunks.size(); ++k) {
+    const double n = static_cast<double>(P.chunks[k].elems);
+    const double state = static_cast<double>(p_.state_arrays) * 4 * n;
+    PipelineJob j;
+    j.name = fmt::format("sum {}.{} unit {}", gname(g), k, unit);
+    j.d2h_bytes = static_cast<std::uint64_t>(n * wbytes());
+    double read = reads * 4 * n, write = writes * 4 * n;
+    // The pass: the unit read, the widened copy written, each partial read, the sum written.
+    j.cpu_seconds = host_pass(n * wbytes() + 4 * n * (reads + 2)) + (last ? host_pass(4 * n) : 0);
+    if (overlap) {
+      read += state;
+      write += state;
+      j.cpu_seconds += adam(n);
+      if (weights_on_tier(g)) {
+        if (on_nvme(p_.offload.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
+      } else {
+        j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
+      }
+    }
+    if (tier_nvme) {
+      j.nvme_read_bytes += static_cast<std::uint64_t>(read);
+      j.nvme_write_bytes += static_cast<std::uint64_t>(write);
+    }
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+// TieredStateHome::update: every chunk's state and final gradient read, the CPU optimizer, the
+// state written back and the new W written to the parameter tier or copied up to the device.
+std::vector<PipelineJob> EngineSim::update_jobs() const {
+  std::vector<PipelineJob> jobs;
+  const bool tier_nvme = on_nvme(p_.offload.optimizer);
+  for (std::size_t g = 0; g < p_.groups.size(); ++g) {
+    for (std::size_t k = 0; k < plan(g).chunks.size(); ++k) {
+      const double n = static_cast<double>(plan(g).chunks[k].elems);
+      const double state = static_cast<double>(p_.state_arrays) * 4 * n;
+      PipelineJob j;
+      j.name = fmt::format("update {}.{}", gname(g), k);
+      j.cpu_seconds = adam(n);
+      if (tier_nvme) {
+        j.nvme_read_bytes = static_cast<std::uint64_t>(state + 4 * n);
+        j.nvme_write_bytes = static_cast<std::uint64_t>(state);
+      }
+      if (weights_on_tier(g)) {
+        if (on_nvme(p_.offload.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
+      } else {
+        j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
+      }
+      jobs.push_back(std::move(j));
+    }
+  }
+  return jobs;
+}
+
+// The device home's step (on the comm stream, not waited for by the host): the update of every
+// group's state, then at stages 1-2 the new full W all-gathered (WorkingWeights::publish). The sim
+// device runs the update with the CPU kernels; a GPU is bound by its memory.
+void EngineSim::end_step_on_device() {
+  double elems = 0;
+  for (const GroupPlan& P : p_.groups) elems += static_cast<double>(P.state_elems);
+  const double bytes = elems * (2.0 * 4 * p_.state_arrays + 4 + wbytes());
+  const double seconds = m_.device_is_host ? adam(elems) : device_pass(bytes);
+  double end = comm("optimizer update", seconds, host_, bytes, SimQueue::Compute);
+  if (p_.stage == 1 || p_.stage == 2) {
+    for (std::size_t g = 0; g < p_.groups.size(); ++g) {
+      const GroupLayout& L = plan(g).layout;
+      if (plan(g).sharded_params) continue;
+      const double full_bytes = static_cast<double>(L.total_elems()) * wbytes();
+      end = collective("publish " + gname(g), L.shard_count(), full_bytes, 1, end);
+    }
+  }
+  published_ = end;
+}
+
+}  // namespace
+
+SimResult simulate_step(const StepWorkload& workload, const SimMachine& machine) {
+  check_machine(workload, machine);
+  std::array<SimQueue, kSimQueues> shared{SimQueue::Compute, SimQueue::H2D,  SimQueue::D2H,
+                                          SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu};
+  if (machine.device_is_host) shared[static_cast<std::size_t>(SimQueue::Cpu)] = SimQueue::Compute;
+  Timeline timeline(shared);
+  EngineSim engine(workload, machine, timeline);
+  // A warm-up step brings the queues to the steady state; the second step is the answer.
+  engine.start_prefetch();
+  const double from = engine.run_step();
+  const double to = engine.run_step();
+  SimResult r;
+  r.step_seconds = to - from;
+  r.tokens_per_second = r.step_seconds > 0 ? static_cast<double>(workload.tokens_per_step) / r.step_seconds : 0;
+  for (std::size_t q = 0; q < kSimQueues; ++q) {
+    r.busy_seconds[q] = timeline.busy_seconds(static_cast<SimQueue>(q), from, to);
+    if (r.busy_seconds[q] > r.lower_bound_seconds) {
+      r.lower_bound_seconds = r.busy_seconds[q];
+      r.slowest = static_cast<SimQueue>(q);
+    }
+  }
+  for (const SimOp& op : timeline.ops()) {
+    if (op.end <= from || op.begin >= to || (op.end == op.begin && op.begin == from)) continue;
+    SimOp o = op;
+    o.begin = std::max(op.begin, from) - from;
+    o.end = std::min(op.end, to) - from;
+    if (o.queue == SimQueue::Nvme) {
+      (o.name.rfind("nvme write", 0) == 0 ? r.nvme_written_bytes : r.nvme_read_bytes) += o.bytes;
+    }
+    r.ops.push_back(std::move(o));
+  }
+  return r;
+}
+
+}  // namespace strata::tools

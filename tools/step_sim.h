@@ -1,0 +1,115 @@
+// The step simulator behind `strata simulate` (tools/simulate.cc): one training step of the real
+// engine replayed against a machine described by numbers (engine/machine.h), for machines Strata
+// runs on and machines it does not.
+//
+// Note [Step simulator]: a discrete-event simulation of one steady-state step (the prefetch trace
+// recorded, the previous step's end having started the first gathers, as from the second step of
+// `strata train` on). The work and its order come from the code that runs it, not from a second
+// description: the param groups and every size (shards, state and gradient ranges, chunks, pinned
+// slots, tiers) from the run plan (make_run_plan over models::Decoder's groups, engine/run_plan.h),
+// and the schedule is the engine's, step by step: the decoder's acquire/compute/grads_ready/release
+// sequence per micro-batch (models/decoder.h); the ParamFetcher's trace, prefetch window
+// (stage3_prefetch_bucket_size, stage3_max_live_parameters), keep-if-needed-soon rule and pinned
+// parameter slots (engine/param_fetcher.cc); the GradReducer's reduction of a group as soon as its
+// gradients are ready (engine/grad_reducer.cc); the state homes' sums and updates, on the device or
+// through the chunk pipeline with its fixed slots (Note [Chunk pipeline]) on the worker stream
+// during backward and, without Note [Overlapped update], on the trainer's thread in step(); the
+// host's waits (end of each micro-batch, step()). Durations come from the machine: FLOPs per op /
+// (peak x efficiency), bytes / bandwidth for copies (PCIe each way), collectives (ring formulas
+// over the GPU link), NVMe (drives x per-drive bandwidth) and host memory passes, parameters /
+// (Adam params/s) for the CPU update. Each queue (tools/step_sim_timeline.h) serves one operation at
+// a time, so contention between prefetch reads and state writes, or between the GPU's compute and
+// device-side sums, is in the answer.
+//
+// Simplifications, each small for the configs it was checked on (docs/MEASUREMENTS.md):
+//   - FLOPs: 2 x (matmul weights) x tokens forward, twice that backward, the forward again when
+//     activations are checkpointed; attention 4 x seq x d_attn per token forward (the 12 x L x s x h
+//     of models::train_flops_per_token split 1:2 into forward and backward); non-matmul ops are
+//     inside the efficiency, which is one figure for the blocks and one for the head and embedding.
+//   - NVMe: the swap store's requests are taken to keep the drives at their rated bandwidth (the
+//     engine's queue depth and request size are what reach it; bench io checks that); a drive
+//     serves reads and writes in turn, not both at full speed.
+//   - Collectives: ring algorithms at the link bandwidth, no latency; world 1 copies on the device.
+//   - Device memory is taken to be enough (the tier plan is checked first): no eviction, no
+//     demand fetch that waits for frees; a tiled block's tile groups are acquired one by one with
+//     the block's FLOPs split by their size.
+//   - Host-side costs that do not grow with the model (the loss readback, scalar decisions,
+//     launching work) are not counted.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/machine.h"
+#include "engine/run_plan.h"
+#include "tools/step_sim_timeline.h"
+
+namespace strata::tools {
+
+// How fast the device runs the model, beyond the machine file's peak rate (Note [Step simulator]).
+struct SimMachine {
+  MachineSpec spec;
+  // Achieved fraction of spec.gpus.bf16_tflops on the transformer blocks and on the head and
+  // embedding. For a GPU these are assumptions (--efficiency); `--machine measure` measures them.
+  double block_efficiency = 0.5;
+  double head_efficiency = 0.5;
+  // Device memory bandwidth for the device-side passes (gradient sums, copies inside the device,
+  // the update of device-resident state). Not in machine files: an HBM figure by default.
+  double device_memory_gbps = 2000;
+  // The sim device: the "GPU" is the host's cores, so model ops, the device's state math and the
+  // CPU work of offloaded state share one queue.
+  bool device_is_host = false;
+};
+
+enum class ComputeClass : std::uint8_t { Block, Head };
+
+// One thing the model does, in the order the trainer's thread issues it (models/decoder.cc).
+struct SimAction {
+  enum Kind : std::uint8_t { Acquire, Compute, GradsReady, Release };
+  Kind kind = Compute;
+  std::size_t group = 0;  // Acquire, GradsReady, Release
+  std::string name;       // Compute
+  double flops = 0;       // Compute
+  ComputeClass cls = ComputeClass::Block;
+};
+
+// One step's work for rank 0, from a config.
+struct StepWorkload {
+  std::string source;  // the config, for messages
+  RunPlan plan;
+  std::vector<std::string> group_names;
+  std::vector<SimAction> micro_batch;  // one micro-batch's actions (the same for each)
+  int micro_batches = 1;
+  bool overlap_update = false;  // Note [Overlapped update] applies to this config
+  bool exact = false;
+  std::uint64_t prefetch_bucket_elems = 0;
+  std::uint64_t max_live_elems = 0;
+  std::int64_t tokens_per_step = 0;  // all ranks
+  std::uint64_t activation_bytes = 0;
+  std::uint64_t parameters = 0;
+};
+
+// The workload of `config` on `world_size` ranks with `device_bytes` per GPU (which decides automatic
+// tiling, models/tiling_plan.h). ConfigError for a config that cannot be planned.
+StepWorkload make_step_workload(const TrainConfig& config, int world_size, std::uint64_t device_bytes);
+
+struct SimResult {
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  std::array<double, kSimQueues> busy_seconds{};  // per SimQueue, inside the step
+  SimQueue slowest = SimQueue::Compute;
+  double lower_bound_seconds = 0;  // the busiest queue: no schedule is faster
+  std::uint64_t nvme_read_bytes = 0;
+  std::uint64_t nvme_written_bytes = 0;
+  std::vector<SimOp> ops;  // the step's operations, times from its start
+};
+
+// Simulates one steady-state step. ConfigError naming the field when the machine lacks a figure the
+// config needs (drives for NVMe, a GPU link for more than one GPU).
+SimResult simulate_step(const StepWorkload& workload, const SimMachine& machine);
+
+}  // namespace strata::tools
