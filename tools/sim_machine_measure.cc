@@ -1,0 +1,177 @@
+// The sim device's machine, measured on this host (tools/sim_machine_measure.h).
+#include "tools/sim_machine_measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/device/device.h"
+#include "core/file_io.h"
+#include "core/host_buffer.h"
+#include "engine/tier_plan.h"
+#include "models/decoder.h"
+#include "models/kernels/ops.h"
+#include "models/resident_provider.h"
+#include "optim/cpu_exec.h"
+#include "tools/bench_disk.h"
+#include "tools/trainer.h"
+
+namespace strata::tools {
+namespace {
+
+// The fastest of `reps` timed calls of `fn` after one untimed call: on a shared machine the least
+// disturbed one is the figure (other work only ever adds time).
+double fastest_call_seconds(const std::function<void()>& fn, int reps) {
+  fn();
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = r == 0 ? t : std::min(best, t);
+  }
+  return best;
+}
+
+// The matmul op's FLOP/s on [m x k] x [k x n] in fp32, inline on this thread's CPU kernels.
+double sgemm_flops(std::int64_t m, std::int64_t n, std::int64_t k) {
+  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 0.25f),
+      c(static_cast<std::size_t>(m * n));
+  const models::MatmulArgs args{DType::F32, models::Trans::No, models::Trans::Yes, m, n, k, a.data(), k, 0,
+                                b.data(),   k,                 0,                  c.data(), n, 0, 1};
+  const models::KernelContext inline_ctx{};
+  const int calls = 16;  // one timed call is too short to see on a small shape
+  const double seconds = fastest_call_seconds(
+      [&] {
+        for (int i = 0; i < calls; ++i) models::matmul(inline_ctx, args);
+      },
+      5);
+  return 2.0 * static_cast<double>(m * n * k) * calls / seconds;
+}
+
+// One micro-batch's forward+backward of `model` cut to `layers` blocks, on a sim device with every
+// parameter resident: what the engine's compute stream runs, without the engine.
+class DecoderRun {
+ public:
+  DecoderRun(const TrainConfig& cfg, models::ModelConfig model, bool checkpointing, std::int64_t layers)
+      : batch_(cfg.micro_batch_size), seq_(cfg.strata.data.seq_len) {
+    model.n_layers = layers;
+    decoder_ = std::make_unique<models::Decoder>(
+        model, models::DecoderOptions(checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off));
+    const std::vector<ParamGroupSpec> groups = decoder_->param_groups();
+    std::size_t param_bytes = 0;
+    for (const ParamGroupSpec& g : groups) param_bytes += 2 * (g.bytes() + 256 * g.tensors.size());
+    SimDeviceOptions o;
+    o.capacity_bytes = param_bytes + decoder_->activation_bytes(batch_, seq_, true) + (64u << 20);
+    o.capacity_knob = "strata simulate --machine measure (the config's micro-batch)";
+    device_ = make_sim_device(o);
+    stream_ = device_->create_stream("compute");
+    params_ = std::make_unique<models::ResidentParamProvider>(groups, device_.get());
+    params_->init_gpt2_style(cfg.strata.seed, layers, stream_.get());
+    tokens_.resize(static_cast<std::size_t>(batch_ * seq_));
+    targets_.resize(tokens_.size());
+    for (std::size_t i = 0; i < tokens_.size(); ++i) {
+      tokens_[i] = static_cast<std::int32_t>((i * 7 + 3) % static_cast<std::size_t>(model.vocab_size));
+      targets_[i] = static_cast<std::int32_t>((i * 5 + 1) % static_cast<std::size_t>(model.vocab_size));
+    }
+  }
+
+  void run() {
+    const models::DecoderRuntime rt{{DeviceKind::Sim, stream_.get(), nullptr}, device_.get()};
+    params_->zero_grads(stream_.get());
+    decoder_->forward_backward(rt, *params_, tokens_.data(), targets_.data(), batch_, seq_,
+                               1.0f / static_cast<float>(tokens_.size()));
+  }
+
+ private:
+  std::int64_t batch_, seq_;
+  std::unique_ptr<models::Decoder> decoder_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<models::ResidentParamProvider> params_;
+  std::vector<std::int32_t> tokens_, targets_;
+};
+
+// FLOPs of the compute actions of `workload`'s micro-batch, per class.
+double class_flops(const StepWorkload& workload, ComputeClass cls) {
+  double flops = 0;
+  for (const SimAction& a : workload.micro_batch) {
+    if (a.kind == SimAction::Compute && a.cls == cls) flops += a.flops;
+  }
+  return flops;
+}
+
+// Parameters per second of the config's optimizer on its CPU kernels (W written in the working dtype).
+double optimizer_params_per_s(const TrainConfig& cfg, std::size_t elems) {
+  optim::ParamGroup group = make_optimizer(cfg.optimizer);
+  std::vector<float> master(elems, 0.1f), m1(elems, 0.0f), m2(elems, 0.0f), grad(elems, 0.01f);
+  std::vector<std::uint16_t> out(elems);
+  const DType working = working_dtype_of(cfg.precision);
+  optim::OptimShard s{master, m1, optim::state_arrays(group.kind()) == 3 ? std::span<float>(m2) : std::span<float>(),
+                      optim::GradRef{grad.data(), DType::F32}, optim::LowPrecisionOut{}};
+  if (working != DType::F32) s.out = optim::LowPrecisionOut{out.data(), working};
+  const optim::CpuExec exec = optim::default_cpu_exec();
+  std::int64_t step = 0;
+  const double seconds =
+      fastest_call_seconds([&] { group.apply(std::span<const optim::OptimShard>(&s, 1), 1.0f, ++step, exec); }, 5);
+  return static_cast<double>(elems) / seconds;
+}
+
+// memcpy over 64 MiB: bytes copied per second.
+double memcpy_bytes_per_s() {
+  const std::size_t bytes = std::size_t{64} << 20;
+  HostBuffer a = HostBuffer::allocate(bytes), b = HostBuffer::allocate(bytes);
+  std::memset(a.data(), 1, bytes);
+  std::memset(b.data(), 2, bytes);
+  return static_cast<double>(bytes) / fastest_call_seconds([&] { std::memcpy(b.data(), a.data(), bytes); }, 5);
+}
+
+}  // namespace
+
+SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workload) {
+  bool checkpointing = false;
+  const models::ModelConfig model = training_model_config(cfg, &checkpointing);
+  SimMachine m;
+  m.device_is_host = true;
+  MachineSpec& s = m.spec;
+  s.name = "this host's CPU as the sim device (measured)";
+  s.source = "--machine measure";
+  const double peak = sgemm_flops(cfg.strata.data.seq_len, model.ffn_hidden, model.d_model);
+  s.gpus.count = 1;
+  s.gpus.memory_bytes = cfg.strata.device.memory_bytes;
+  s.gpus.bf16_tflops = peak / 1e12;
+  // The config's model, cut to 8 blocks when it has more (the blocks are alike): its FLOPs over
+  // its fastest forward+backward of one micro-batch is the efficiency of blocks and head alike.
+  const std::int64_t layers = std::min<std::int64_t>(model.n_layers, 8);
+  DecoderRun run(cfg, model, checkpointing, layers);
+  const double seconds = fastest_call_seconds([&] { run.run(); }, 5);
+  const double flops = class_flops(workload, ComputeClass::Block) * static_cast<double>(layers) /
+                           static_cast<double>(model.n_layers) +
+                       class_flops(workload, ComputeClass::Head);
+  m.block_efficiency = m.head_efficiency = flops / seconds / peak;
+  const double copy = memcpy_bytes_per_s();
+  s.host.memory_bytes = measure_capacities(plan_tiers(workload.plan, 1, 0), 0, 1).host_available;
+  s.host.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  s.host.memory_gbps = 2 * copy / 1e9;  // read + written
+  m.device_memory_gbps = s.host.memory_gbps;
+  s.host.adam_params_per_s = optimizer_params_per_s(cfg, std::min<std::size_t>(workload.parameters, 4u << 20));
+  s.gpus.pcie_h2d_gbps = cfg.strata.device.h2d_gbps > 0 ? cfg.strata.device.h2d_gbps : copy / 1e9;
+  s.gpus.pcie_d2h_gbps = cfg.strata.device.d2h_gbps > 0 ? cfg.strata.device.d2h_gbps : copy / 1e9;
+  const std::vector<std::string> dirs = nvme_dirs_of(cfg);
+  if (!dirs.empty()) {
+    ensure_directory(dirs.front(), "nvme_path directory");
+    const std::uint64_t bytes = std::uint64_t{128} << 20;
+    const DiskPassSeconds t = time_disk_passes(cfg, dirs.front(), bytes, bytes);
+    s.drives.count = 1;
+    s.drives.paths = {dirs.front()};
+    s.drives.read_gbps = static_cast<double>(bytes) / t.read / 1e9;
+    s.drives.write_gbps = static_cast<double>(bytes) / t.write / 1e9;
+  }
+  return m;
+}
+
+}  // namespace strata::tools

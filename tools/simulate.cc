@@ -1,0 +1,140 @@
+// `strata simulate`: one training step of a config predicted for a machine described by numbers
+// (engine/machine.h) or measured here (`--machine measure`, the sim device): step time, tokens/s,
+// each queue's busy time, the slowest queue and the lower bound it sets, NVMe bytes and what they
+// mean for the drives' endurance; with --trace the simulated timeline in `strata.trace`'s format.
+// The model and its simplifications: Note [Step simulator] (tools/step_sim.h).
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "engine/machine.h"
+#include "engine/tier_plan.h"
+#include "tools/commands.h"
+#include "tools/output_file.h"
+#include "tools/sim_machine_measure.h"
+#include "tools/step_sim.h"
+#include "tools/trainer.h"
+
+namespace strata::tools {
+
+namespace {
+
+struct SimulateOptions {
+  std::string config;  // empty: the built-in configs/demo.json
+  std::vector<std::string> overrides;
+  std::string machine;  // a machine file, or "measure"
+  double efficiency = 0;  // > 0: both compute efficiencies (machine files)
+  bool json = false;
+  std::string trace;
+};
+
+// A machine file's capacities for the tier planner: one node holding every GPU; NVMe free space is
+// not in machine files, so it is not checked.
+TierCapacities capacities_of(const MachineSpec& m, const TierPlan& plan) {
+  TierCapacities c;
+  c.device = m.gpus.memory_bytes;
+  c.host_available = m.host.memory_bytes;
+  c.ranks_on_node = m.gpus.count;
+  c.nvme_free.assign(plan.nvme_dirs.size(), std::numeric_limits<std::uint64_t>::max());
+  return c;
+}
+
+void print_text(const SimResult& r, const StepWorkload& w, const SimMachine& m, const SsdWear& wear) {
+  std::printf("config %s on %s (%d GPU%s): %.2fM parameters, %lld tokens per step\n", w.source.c_str(),
+              m.spec.name.c_str(), w.plan.topo.world_size, w.plan.topo.world_size == 1 ? "" : "s",
+              static_cast<double>(w.parameters) / 1e6, static_cast<long long>(w.tokens_per_step));
+  std::printf("compute: peak %.4g TFLOP/s, efficiency %.3f (blocks) / %.3f (head, embedding)\n",
+              m.spec.gpus.bf16_tflops, m.block_efficiency, m.head_efficiency);
+  std::printf("%-14s %12s %8s\n", "queue", "busy s", "of step");
+  for (std::size_t q = 0; q < kSimQueues; ++q) {
+    std::printf("%-14s %12.6f %7.1f%%\n", sim_queue_name(static_cast<SimQueue>(q)), r.busy_seconds[q],
+                r.step_seconds > 0 ? 100 * r.busy_seconds[q] / r.step_seconds : 0);
+  }
+  std::printf("predicted step %.6f s, %.1f tokens/s; slowest queue %s: lower bound %.6f s (step / bound = %.2f)\n",
+              r.step_seconds, r.tokens_per_second, sim_queue_name(r.slowest), r.lower_bound_seconds,
+              r.lower_bound_seconds > 0 ? r.step_seconds / r.lower_bound_seconds : 0);
+  if (r.nvme_read_bytes + r.nvme_written_bytes > 0) {
+    std::printf("nvme per step: read %s, written %s; %.3f TB written per day", format_bytes(r.nvme_read_bytes).c_str(),
+                format_bytes(r.nvme_written_bytes).c_str(), wear.tb_per_day);
+    if (wear.days_to_rated > 0) std::printf(", %.0f days to the drives' rated endurance", wear.days_to_rated);
+    std::printf("\n");
+  }
+}
+
+nlohmann::json to_json(const SimResult& r, const StepWorkload& w, const SimMachine& m, const SsdWear& wear) {
+  nlohmann::json j = {{"config", w.source},
+                      {"machine", machine_to_json(m.spec)},
+                      {"block_efficiency", m.block_efficiency},
+                      {"head_efficiency", m.head_efficiency},
+                      {"world_size", w.plan.topo.world_size},
+                      {"parameters", w.parameters},
+                      {"tokens_per_step", w.tokens_per_step},
+                      {"step_seconds", r.step_seconds},
+                      {"tokens_per_second", r.tokens_per_second},
+                      {"slowest_queue", sim_queue_name(r.slowest)},
+                      {"lower_bound_seconds", r.lower_bound_seconds},
+                      {"nvme_read_bytes_per_step", r.nvme_read_bytes},
+                      {"nvme_written_bytes_per_step", r.nvme_written_bytes},
+                      {"nvme_tb_written_per_day", wear.tb_per_day},
+                      {"days_to_rated_endurance", wear.days_to_rated}};
+  for (std::size_t q = 0; q < kSimQueues; ++q) j["queue_seconds"][sim_queue_name(static_cast<SimQueue>(q))] = r.busy_seconds[q];
+  return j;
+}
+
+int run_simulate(const SimulateOptions& o) {
+  if (o.machine.empty()) throw ConfigError("strata simulate: --machine is needed: a machine file, or 'measure' for this host");
+  if (o.efficiency < 0 || o.efficiency > 1) {
+    throw ConfigError(fmt::format("strata simulate: --efficiency {} must be in (0, 1]", o.efficiency));
+  }
+  check_output_path(o.trace, "--trace", OutputWrite::InPlace);
+  check_output_not_input(o.trace, "--trace", {o.config, o.machine == "measure" ? "" : o.machine}, {});
+  const TrainConfig cfg = load_train_config_or_demo(o.config, o.overrides);
+  const bool measure = o.machine == "measure";
+  SimMachine machine;
+  if (!measure) {
+    machine.spec = load_machine(o.machine);
+    if (o.efficiency > 0) machine.block_efficiency = machine.head_efficiency = o.efficiency;
+  }
+  const std::uint64_t device_bytes = measure ? cfg.strata.device.memory_bytes : machine.spec.gpus.memory_bytes;
+  const int world = measure ? 1 : machine.spec.gpus.count;
+  const StepWorkload workload = make_step_workload(cfg, world, device_bytes);
+  const TierPlan tiers = plan_tiers(workload.plan, world, workload.activation_bytes);
+  // A config that does not fit the machine is refused as `strata train` would refuse it there.
+  check_plan_fits(tiers, measure ? measure_capacities(tiers, device_bytes, 1) : capacities_of(machine.spec, tiers),
+                  fmt::format("{} on {}", cfg.source, measure ? "this host" : o.machine));
+  if (measure) machine = measure_sim_machine(cfg, workload);
+  const SimResult r = simulate_step(workload, machine);
+  const SsdWear wear = ssd_wear(static_cast<double>(r.nvme_written_bytes), r.step_seconds,
+                                std::max(machine.spec.drives.count, 1), machine.spec.drives.endurance_tbw);
+  if (o.json) {
+    std::printf("%s\n", to_json(r, workload, machine, wear).dump().c_str());
+  } else {
+    print_text(r, workload, machine, wear);
+  }
+  if (!o.trace.empty()) write_sim_trace(r.ops, o.trace);
+  return 0;
+}
+
+}  // namespace
+
+void register_simulate(CLI::App& app, CommandTable& table) {
+  auto o = std::make_shared<SimulateOptions>();
+  auto* cmd = app.add_subcommand("simulate", "predict one training step of a config on a machine (Note [Step simulator])");
+  cmd->add_option("--config", o->config, "training config (default: configs/demo.json, built into the command)");
+  cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
+  cmd->add_option("--machine", o->machine, "machine file (engine/machine.h), or 'measure': this host as the sim device");
+  cmd->add_option("--efficiency", o->efficiency, "achieved fraction of the GPUs' peak on the model's ops (default 0.5)");
+  cmd->add_flag("--json", o->json, "one JSON object");
+  cmd->add_option("--trace", o->trace, "write the simulated timeline as Chrome trace JSON (as strata.trace)");
+  table[cmd] = [o]() -> int { return run_simulate(*o); };
+}
+
+}  // namespace strata::tools
