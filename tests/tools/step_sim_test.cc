@@ -1,0 +1,200 @@
+// The step simulator (tools/step_sim.h, Note [Step simulator]): cases whose answer is known
+// exactly (one finite queue, a pipeline with one slot), the pipeline's slot bound, monotonicity in
+// the drives' speed, and the trace file. No timings are measured.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tools/step_sim.h"
+#include "tools/step_sim_timeline.h"
+#include "tools/trainer.h"
+
+namespace strata::tools {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string config_path(const char* name) { return std::string(STRATA_CONFIGS_DIR) + "/" + name; }
+
+// Every figure infinite: each operation takes no time until a test makes one queue finite.
+SimMachine instant_machine() {
+  SimMachine m;
+  m.spec.name = "test";
+  m.spec.gpus = MachineGpus{1, std::uint64_t{80} << 30, kInf, kInf, kInf, kInf};
+  m.spec.host.memory_bytes = std::uint64_t{1} << 40;
+  m.spec.host.memory_gbps = kInf;
+  m.spec.host.adam_params_per_s = kInf;
+  m.spec.drives.count = 2;
+  m.spec.drives.read_gbps = m.spec.drives.write_gbps = kInf;
+  m.device_memory_gbps = kInf;
+  m.block_efficiency = m.head_efficiency = 1;
+  return m;
+}
+
+StepWorkload demo_workload() {
+  return make_step_workload(load_train_config(config_path("demo.json"), {}), 1, std::uint64_t{6} << 20);
+}
+
+double queue(const SimResult& r, SimQueue q) { return r.busy_seconds[static_cast<std::size_t>(q)]; }
+
+TEST(Timeline, FillsGapsAndKeepsLaneOrder) {
+  Timeline t;
+  EXPECT_DOUBLE_EQ(t.add("a", SimLane::Io, SimQueue::Nvme, 1, 0), 1);
+  EXPECT_DOUBLE_EQ(t.add("b", SimLane::Io, SimQueue::Nvme, 1, 3), 4);
+  EXPECT_DOUBLE_EQ(t.add("c", SimLane::Io, SimQueue::Nvme, 1.5, 0.5), 2.5);  // the gap [1, 3) holds it
+  EXPECT_DOUBLE_EQ(t.add("d", SimLane::Io, SimQueue::Nvme, 1, 2), 5);        // [2.5, 3) is too short
+  EXPECT_DOUBLE_EQ(t.add("e", SimLane::Comm, SimQueue::H2D, 1, 0), 1);
+  EXPECT_DOUBLE_EQ(t.add("f", SimLane::Comm, SimQueue::Collective, 1, 0), 2);  // after e on its lane
+  EXPECT_DOUBLE_EQ(t.busy_seconds(SimQueue::Nvme, 0, 10), 4.5);
+}
+
+TEST(Timeline, SharedQueuesSerialize) {
+  Timeline t({SimQueue::Compute, SimQueue::H2D, SimQueue::D2H, SimQueue::Collective, SimQueue::Nvme,
+              SimQueue::Compute});
+  t.add("model op", SimLane::Compute, SimQueue::Compute, 2, 0);
+  EXPECT_DOUBLE_EQ(t.add("adam", SimLane::Worker, SimQueue::Cpu, 1, 0), 3);
+}
+
+std::vector<PipelineJob> jobs(int n) {
+  std::vector<PipelineJob> j(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    j[static_cast<std::size_t>(i)] = PipelineJob{"job" + std::to_string(i), 100, 100, 0, 0, 1.0};
+  }
+  return j;
+}
+
+const PipelineRates kHundredBytesPerSecond{100, 100, kInf, kInf};
+
+TEST(Pipeline, OneSlotSerializesReadRunWrite) {
+  Timeline t;
+  EXPECT_DOUBLE_EQ(simulate_pipeline(t, SimLane::Worker, 0, jobs(5), 1, kHundredBytesPerSecond), 5 * 3.0);
+  EXPECT_DOUBLE_EQ(t.lane_end(SimLane::Worker), 15);  // the thread returns when the writes completed
+}
+
+TEST(Pipeline, MoreSlotsOverlapUpToTheDrive) {
+  for (std::size_t slots : {2, 3, 4, 8}) {
+    Timeline t;
+    const double end = simulate_pipeline(t, SimLane::Worker, 0, jobs(6), slots, kHundredBytesPerSecond);
+    // The drive serves 12 transfers of 1 s: that bound is reached once reads run ahead of writes.
+    EXPECT_DOUBLE_EQ(end, 12) << slots << " slots";
+  }
+}
+
+TEST(Pipeline, NeverMoreJobsInFlightThanSlots) {
+  for (std::size_t slots : {1, 2, 3}) {
+    Timeline t;
+    const std::vector<PipelineJob> js = jobs(9);
+    simulate_pipeline(t, SimLane::Worker, 0, js, slots, PipelineRates{400, 50, kInf, kInf});
+    // A job holds its slot from its read's start to its write's end.
+    std::vector<std::pair<double, double>> held(js.size(), {kInf, 0});
+    for (const SimOp& op : t.ops()) {
+      for (std::size_t i = 0; i < js.size(); ++i) {
+        if (op.name.find(js[i].name) == std::string::npos || op.name.size() > js[i].name.size() + 11) continue;
+        held[i].first = std::min(held[i].first, op.begin);
+        held[i].second = std::max(held[i].second, op.end);
+      }
+    }
+    for (const auto& [begin, end] : held) {
+      const auto overlapping = std::count_if(held.begin(), held.end(), [&](const auto& h) {
+        return h.first <= begin + 1e-12 && h.second > begin + 1e-12;
+      });
+      EXPECT_LE(static_cast<std::size_t>(overlapping), slots) << "at " << begin;
+    }
+  }
+}
+
+TEST(StepSim, OnlyTheDrivesTakeTimeSoTheStepIsTheirTime) {
+  SimMachine m = instant_machine();
+  m.spec.drives.read_gbps = 2;
+  m.spec.drives.write_gbps = 1;
+  const SimResult r = simulate_step(demo_workload(), m);
+  ASSERT_GT(r.step_seconds, 0);
+  EXPECT_NEAR(r.step_seconds, queue(r, SimQueue::Nvme), 1e-12);
+  EXPECT_NEAR(r.lower_bound_seconds, r.step_seconds, 1e-12);
+  EXPECT_EQ(r.slowest, SimQueue::Nvme);
+  const double expected = static_cast<double>(r.nvme_read_bytes) / 4e9 + static_cast<double>(r.nvme_written_bytes) / 2e9;
+  EXPECT_NEAR(r.step_seconds, expected, 1e-9);
+}
+
+TEST(StepSim, OnlyComputeTakesTimeSoTheStepIsTheFlops) {
+  SimMachine m = instant_machine();
+  m.spec.gpus.bf16_tflops = 1e-3;  // 1e9 FLOP/s
+  m.block_efficiency = m.head_efficiency = 0.5;
+  const StepWorkload w = demo_workload();
+  double flops = 0;
+  for (const SimAction& a : w.micro_batch) flops += a.flops;
+  const SimResult r = simulate_step(w, m);
+  EXPECT_NEAR(r.step_seconds, flops * w.micro_batches / 0.5e9, 1e-9);
+  EXPECT_NEAR(queue(r, SimQueue::Compute), r.step_seconds, 1e-9);
+  // The demo checkpoints activations: 8 blocks forward, recomputed and backward per micro-batch.
+  EXPECT_EQ(std::count_if(w.micro_batch.begin(), w.micro_batch.end(),
+                          [](const SimAction& a) { return a.name.rfind("recompute blocks.", 0) == 0; }),
+            8);
+}
+
+TEST(StepSim, FasterDrivesNeverSlowTheStep) {
+  const StepWorkload w = demo_workload();
+  SimMachine m = instant_machine();
+  m.spec.gpus.bf16_tflops = 0.05;
+  m.spec.gpus.pcie_h2d_gbps = m.spec.gpus.pcie_d2h_gbps = 4;
+  m.spec.host.adam_params_per_s = 2e8;
+  m.spec.host.memory_gbps = 10;
+  m.device_memory_gbps = 10;
+  double previous = kInf;
+  for (double gbps : {0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0}) {
+    m.spec.drives.read_gbps = m.spec.drives.write_gbps = gbps;
+    const SimResult r = simulate_step(w, m);
+    EXPECT_LE(r.step_seconds, previous + 1e-12) << gbps << " GB/s";
+    EXPECT_GE(r.step_seconds, r.lower_bound_seconds - 1e-12);
+    previous = r.step_seconds;
+  }
+}
+
+TEST(StepSim, MissingFiguresAreNamed) {
+  SimMachine m = instant_machine();
+  m.spec.drives.count = 0;
+  try {
+    simulate_step(demo_workload(), m);
+    FAIL() << "no drives accepted for a config on NVMe";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("drives.count"), std::string::npos) << e.what();
+  }
+  m = instant_machine();
+  m.spec.gpus.count = 2;
+  m.spec.gpus.link_gbps = 0;
+  const StepWorkload two = make_step_workload(load_train_config(config_path("tiny.json"), {}), 2, std::uint64_t{64} << 20);
+  EXPECT_THROW(simulate_step(two, m), ConfigError);
+}
+
+TEST(StepSim, TraceIsChromeJsonWithTheEnginesStreams) {
+  SimMachine m = instant_machine();
+  m.spec.gpus.bf16_tflops = 0.05;
+  m.spec.drives.read_gbps = m.spec.drives.write_gbps = 1;
+  const SimResult r = simulate_step(demo_workload(), m);
+  const std::string path = ::testing::TempDir() + "/step_sim_trace.json";
+  write_sim_trace(r.ops, path);
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::set<std::string> names, threads;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("ph") == "M") threads.insert(e.at("args").at("name").get<std::string>());
+    if (e.at("ph") != "X") continue;
+    EXPECT_GE(e.at("dur").get<double>(), 0);
+    const std::string name = e.at("name").get<std::string>();
+    names.insert(name.substr(0, name.find(' ')));
+  }
+  for (const char* n : {"forward", "recompute", "backward", "head", "nvme", "h2d", "sum"}) {
+    EXPECT_TRUE(names.count(n)) << n;
+  }
+  for (const char* s : {"compute", "zero.comm", "zero.offload", "nvme"}) EXPECT_TRUE(threads.count(s)) << s;
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace strata::tools
