@@ -14,11 +14,10 @@
 #include "core/host_buffer.h"
 #include "engine/tier_plan.h"
 #include "models/decoder.h"
-#include "models/kernels/ops.h"
 #include "models/resident_provider.h"
-#include "optim/cpu_exec.h"
 #include "tools/bench_disk.h"
 #include "tools/trainer.h"
+#include "tools/yardsticks.h"
 
 namespace strata::tools {
 namespace {
@@ -35,22 +34,6 @@ double fastest_call_seconds(const std::function<void()>& fn, int reps) {
     best = r == 0 ? t : std::min(best, t);
   }
   return best;
-}
-
-// The matmul op's FLOP/s on [m x k] x [k x n] in fp32, inline on this thread's CPU kernels.
-double sgemm_flops(std::int64_t m, std::int64_t n, std::int64_t k) {
-  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 0.25f),
-      c(static_cast<std::size_t>(m * n));
-  const models::MatmulArgs args{DType::F32, models::Trans::No, models::Trans::Yes, m, n, k, a.data(), k, 0,
-                                b.data(),   k,                 0,                  c.data(), n, 0, 1};
-  const models::KernelContext inline_ctx{};
-  const int calls = 16;  // one timed call is too short to see on a small shape
-  const double seconds = fastest_call_seconds(
-      [&] {
-        for (int i = 0; i < calls; ++i) models::matmul(inline_ctx, args);
-      },
-      5);
-  return 2.0 * static_cast<double>(m * n * k) * calls / seconds;
 }
 
 // One micro-batch's forward+backward of `model` cut to `layers` blocks, on a sim device with every
@@ -105,22 +88,6 @@ double class_flops(const StepWorkload& workload, ComputeClass cls) {
   return flops;
 }
 
-// Parameters per second of the config's optimizer on its CPU kernels (W written in the working dtype).
-double optimizer_params_per_s(const TrainConfig& cfg, std::size_t elems) {
-  optim::ParamGroup group = make_optimizer(cfg.optimizer);
-  std::vector<float> master(elems, 0.1f), m1(elems, 0.0f), m2(elems, 0.0f), grad(elems, 0.01f);
-  std::vector<std::uint16_t> out(elems);
-  const DType working = working_dtype_of(cfg.precision);
-  optim::OptimShard s{master, m1, optim::state_arrays(group.kind()) == 3 ? std::span<float>(m2) : std::span<float>(),
-                      optim::GradRef{grad.data(), DType::F32}, optim::LowPrecisionOut{}};
-  if (working != DType::F32) s.out = optim::LowPrecisionOut{out.data(), working};
-  const optim::CpuExec exec = optim::default_cpu_exec();
-  std::int64_t step = 0;
-  const double seconds =
-      fastest_call_seconds([&] { group.apply(std::span<const optim::OptimShard>(&s, 1), 1.0f, ++step, exec); }, 5);
-  return static_cast<double>(elems) / seconds;
-}
-
 // memcpy over 64 MiB: bytes copied per second.
 double memcpy_bytes_per_s() {
   const std::size_t bytes = std::size_t{64} << 20;
@@ -140,7 +107,7 @@ SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workl
   MachineSpec& s = m.spec;
   s.name = "this host's CPU as the sim device (measured)";
   s.source = "--machine measure";
-  const double peak = sgemm_flops(cfg.strata.data.seq_len, model.ffn_hidden, model.d_model);
+  const double peak = measure_sgemm_gflops(cfg.strata.data.seq_len, model.ffn_hidden, model.d_model, 0.3) * 1e9;
   s.gpus.count = 1;
   s.gpus.memory_bytes = cfg.strata.device.memory_bytes;
   s.gpus.bf16_tflops = peak / 1e12;
@@ -156,9 +123,12 @@ SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workl
   const double copy = memcpy_bytes_per_s();
   s.host.memory_bytes = measure_capacities(plan_tiers(workload.plan, 1, 0), 0, 1).host_available;
   s.host.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  s.host.memory_gbps = 2 * copy / 1e9;  // read + written
+  // As `strata doctor --measure` describes a host (tools/yardsticks.h): AdamW and the Adam-shaped
+  // memory pass around it, on this rank's parameters (at most 4 Mi: the rate is per parameter).
+  const AdamRates adam = measure_adam_rates(std::min<std::size_t>(workload.parameters, 4u << 20), 3);
+  s.host.memory_gbps = adam.memory_gbps;
+  s.host.adam_params_per_s = adam.adam_params_per_s;
   m.device_memory_gbps = s.host.memory_gbps;
-  s.host.adam_params_per_s = optimizer_params_per_s(cfg, std::min<std::size_t>(workload.parameters, 4u << 20));
   s.gpus.pcie_h2d_gbps = cfg.strata.device.h2d_gbps > 0 ? cfg.strata.device.h2d_gbps : copy / 1e9;
   s.gpus.pcie_d2h_gbps = cfg.strata.device.d2h_gbps > 0 ? cfg.strata.device.d2h_gbps : copy / 1e9;
   const std::vector<std::string> dirs = nvme_dirs_of(cfg);
