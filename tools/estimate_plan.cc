@@ -128,8 +128,10 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
   const std::uint64_t activations = checkpointing ? e.activations_checkpointed : e.activations_full;
 
   e.deepspeed = deepspeed_beside(cfg, e.parameters, largest_tensor_elems(groups), t.world);
+  e.resolved = cfg;
   try {
     const Placement placed = resolve_placement(cfg, groups, t.world, activations, t.device_bytes, t.host);
+    e.resolved = placed.config;
     e.deepspeed = deepspeed_beside(placed.config, e.parameters, largest_tensor_elems(groups), t.world);
     const RunPlan run = make_run_plan(placed.config, groups, t.world, 0);
     e.tiers = plan_tiers(run, t.world, activations);

@@ -56,6 +56,7 @@ struct Estimate {
   bool nvme_checked = false;        // free space known (this machine's directories)
   DeepSpeedBeside deepspeed;
   std::string plan_line;  // describe_plan's first line, as `strata train` logs it before step 1
+  TrainConfig resolved;   // the config with its "auto" placement decided (as the trainer builds the engine)
 };
 
 // The estimate for `in` (never allocates the model). Throws ConfigError for a config or machine

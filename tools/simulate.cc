@@ -5,7 +5,6 @@
 // The model and its simplifications: Note [Step simulator] (tools/step_sim.h).
 #include <algorithm>
 #include <cstdio>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +17,7 @@
 #include "engine/machine.h"
 #include "engine/tier_plan.h"
 #include "tools/commands.h"
+#include "tools/estimate_plan.h"
 #include "tools/output_file.h"
 #include "tools/sim_machine_measure.h"
 #include "tools/step_sim.h"
@@ -38,15 +38,6 @@ struct SimulateOptions {
 
 // A machine file's capacities for the tier planner: one node holding every GPU; NVMe free space is
 // not in machine files, so it is not checked.
-TierCapacities capacities_of(const MachineSpec& m, const TierPlan& plan) {
-  TierCapacities c;
-  c.device = m.gpus.memory_bytes;
-  c.host_available = m.host.memory_bytes;
-  c.ranks_on_node = m.gpus.count;
-  c.nvme_free.assign(plan.nvme_dirs.size(), std::numeric_limits<std::uint64_t>::max());
-  return c;
-}
-
 void print_text(const SimResult& r, const StepWorkload& w, const SimMachine& m, const SsdWear& wear) {
   std::printf("config %s on %s (%d GPU%s): %.2fM parameters, %lld tokens per step\n", w.source.c_str(),
               m.spec.name.c_str(), w.plan.topo.world_size, w.plan.topo.world_size == 1 ? "" : "s",
@@ -103,13 +94,14 @@ int run_simulate(const SimulateOptions& o) {
     machine.spec = load_machine(o.machine);
     if (o.efficiency > 0) machine.block_efficiency = machine.head_efficiency = o.efficiency;
   }
-  const std::uint64_t device_bytes = measure ? cfg.strata.device.memory_bytes : machine.spec.gpus.memory_bytes;
-  const int world = measure ? 1 : machine.spec.gpus.count;
-  const StepWorkload workload = make_step_workload(cfg, world, device_bytes);
-  const TierPlan tiers = plan_tiers(workload.plan, world, workload.activation_bytes);
-  // A config that does not fit the machine is refused as `strata train` would refuse it there.
-  check_plan_fits(tiers, measure ? measure_capacities(tiers, device_bytes, 1) : capacities_of(machine.spec, tiers),
-                  fmt::format("{} on {}", cfg.source, measure ? "this host" : o.machine));
+  // The plan `strata train` would make there (Note [One plan for estimate and train]): "auto"
+  // placement resolved, and a config that does not fit refused with the trainer's own message.
+  EstimateInputs in;
+  in.config = cfg;
+  if (!measure) in.machine = machine.spec;
+  const Estimate planned = estimate_run(in);
+  if (!planned.fits) throw ConfigError(fmt::format("{} on {}: {}", cfg.source, measure ? "this host" : o.machine, planned.why_not));
+  const StepWorkload workload = make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
   if (measure) machine = measure_sim_machine(cfg, workload);
   const SimResult r = simulate_step(workload, machine);
   const SsdWear wear = ssd_wear(static_cast<double>(r.nvme_written_bytes), r.step_seconds,

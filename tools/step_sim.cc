@@ -56,7 +56,8 @@ void check_machine(const StepWorkload& w, const SimMachine& m) {
   need(m.block_efficiency > 0 && m.head_efficiency > 0, "the compute efficiency", "ops run at peak x efficiency");
   need(m.device_memory_gbps > 0, "the device memory bandwidth", "device-side sums and copies run at it");
   const RunPlan& p = w.plan;
-  const bool nvme = p.offload.optimizer == Home::Nvme || p.offload.params == Home::Nvme;
+  bool nvme = p.state_on_nvme();
+  for (std::size_t g = 0; g < p.groups.size(); ++g) nvme = nvme || p.params_on_nvme(g);
   need(!nvme || s.drives.count > 0, "drives.count", "the config puts state on NVMe");
   need(!nvme || (s.drives.read_gbps > 0 && s.drives.write_gbps > 0), "drives.read_gbps and drives.write_gbps",
        "the config puts state on NVMe");
@@ -227,16 +228,19 @@ void EngineSim::start_gather(std::size_t g) {
   double end = host_;
   if (p_.params_offloaded()) {
     double ready = host_;
-    if (on_nvme(p_.offload.params)) {
+    const bool spilled = p_.params_on_nvme(g);  // some chunks come from NVMe through a pinned slot
+    if (spilled) {
+      double nvme_bytes = 0;
+      for (const StateChunk& c : plan(g).chunks) nvme_bytes += c.params == Home::Nvme ? c.elems * wbytes() : 0;
       const std::size_t k = param_slot_back_.size(), slots = std::max<std::size_t>(p_.offload.param_slot_count, 1);
       if (k >= slots) host_ = std::max(host_, param_slot_back_[k - slots]);  // reserve_param_slot waits
       ready = tl_.add("nvme read params " + gname(g), SimLane::Io, SimQueue::Nvme,
-                      transfer_seconds(shard_bytes, r_.io.nvme_read_bytes_per_s), host_,
-                      static_cast<std::uint64_t>(shard_bytes));
+                      transfer_seconds(nvme_bytes, r_.io.nvme_read_bytes_per_s), host_,
+                      static_cast<std::uint64_t>(nvme_bytes));
     }
     end = comm("h2d params " + gname(g), transfer_seconds(shard_bytes, r_.io.h2d_bytes_per_s), ready, shard_bytes,
                SimQueue::H2D);
-    if (on_nvme(p_.offload.params)) param_slot_back_.push_back(end);
+    if (spilled) param_slot_back_.push_back(end);
     if (L.shard_count() > 1) {
       end = collective("all_gather " + gname(g), L.shard_count(), full_bytes, 1, end);
     }
@@ -288,7 +292,6 @@ std::vector<PipelineJob> EngineSim::combine_jobs(std::size_t g, int unit) const 
   const GroupPlan& P = plan(g);
   const bool last = unit + 1 == w_.micro_batches;
   const bool overlap = last && w_.overlap_update;
-  const bool tier_nvme = on_nvme(p_.offload.optimizer);
   int reads = 0, writes = 0;  // fp32 arrays of the chunk read from / written to the tier
   if (w_.exact) {
     const int merges = counter_merges(unit);
@@ -300,7 +303,8 @@ std::vector<PipelineJob> EngineSim::combine_jobs(std::size_t g, int unit) const 
   }
   std::vector<PipelineJob> jobs;
   for (std::size_t k = 0; k < P.chunks.size(); ++k) {
-    const double n = static_cast<double>(P.chunks[k].elems);
+    const StateChunk& c = P.chunks[k];
+    const double n = static_cast<double>(c.elems);
     const double state = static_cast<double>(p_.state_arrays) * 4 * n;
     PipelineJob j;
     j.name = fmt::format("sum {}.{} unit {}", gname(g), k, unit);
@@ -313,12 +317,12 @@ std::vector<PipelineJob> EngineSim::combine_jobs(std::size_t g, int unit) const 
       write += state;
       j.cpu_seconds += adam(n);
       if (weights_on_tier(g)) {
-        if (on_nvme(p_.offload.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
+        if (on_nvme(c.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
       } else {
         j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
       }
     }
-    if (tier_nvme) {
+    if (on_nvme(c.state)) {
       j.nvme_read_bytes += static_cast<std::uint64_t>(read);
       j.nvme_write_bytes += static_cast<std::uint64_t>(write);
     }
@@ -331,20 +335,20 @@ std::vector<PipelineJob> EngineSim::combine_jobs(std::size_t g, int unit) const 
 // state written back and the new W written to the parameter tier or copied up to the device.
 std::vector<PipelineJob> EngineSim::update_jobs() const {
   std::vector<PipelineJob> jobs;
-  const bool tier_nvme = on_nvme(p_.offload.optimizer);
   for (std::size_t g = 0; g < p_.groups.size(); ++g) {
     for (std::size_t k = 0; k < plan(g).chunks.size(); ++k) {
-      const double n = static_cast<double>(plan(g).chunks[k].elems);
+      const StateChunk& c = plan(g).chunks[k];
+      const double n = static_cast<double>(c.elems);
       const double state = static_cast<double>(p_.state_arrays) * 4 * n;
       PipelineJob j;
       j.name = fmt::format("update {}.{}", gname(g), k);
       j.cpu_seconds = adam(n);
-      if (tier_nvme) {
+      if (on_nvme(c.state)) {
         j.nvme_read_bytes = static_cast<std::uint64_t>(state + 4 * n);
         j.nvme_write_bytes = static_cast<std::uint64_t>(state);
       }
       if (weights_on_tier(g)) {
-        if (on_nvme(p_.offload.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
+        if (on_nvme(c.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
       } else {
         j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
       }
