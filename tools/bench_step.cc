@@ -26,6 +26,7 @@
 #include "core/host_buffer.h"
 #include "core/units.h"
 #include "engine/config.h"
+#include "engine/machine.h"
 #include "engine/run_plan.h"
 #include "models/decoder.h"
 #include "models/resident_provider.h"
@@ -45,6 +46,7 @@ struct BenchStepOptions {
   int steps = 4;
   int warmup = 2;
   bool json = false;
+  double drive_tbw = 0;  // --drive-tbw: rated TB written of one drive (0: unknown)
 };
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -177,6 +179,8 @@ int run_bench_step(const BenchStepOptions& o) {
   const Queue& slowest = *std::max_element(queues.begin(), queues.end(), [](const Queue& a, const Queue& b) { return a.seconds < b.seconds; });
   const double ratio = slowest.seconds > 0 ? step / slowest.seconds : 0;
   const double params_per_byte = static_cast<double>(s.parameters) / static_cast<double>(s.device_capacity_bytes);
+  // SSD wear at the measured step time: one drive per NVMe directory (engine/machine.h, ssd_wear).
+  const SsdWear wear = ssd_wear(static_cast<double>(nvme_written), step, static_cast<int>(nvme_dirs.size()), o.drive_tbw);
   if (o.json) {
     nlohmann::json j = {{"config", cfg.source},
                         {"steps", o.steps},
@@ -189,6 +193,8 @@ int run_bench_step(const BenchStepOptions& o) {
                         {"model_state_bytes", s.model_state_bytes},
                         {"nvme_read_bytes_per_step", nvme_read},
                         {"nvme_written_bytes_per_step", nvme_written},
+                        {"nvme_tb_written_per_day", wear.tb_per_day},
+                        {"days_to_rated_endurance", wear.days_to_rated},
                         {"copy_bytes_per_step", copies},
                         {"overlapped_chunk_updates", s.overlapped_chunk_updates},
                         {"optimizer_chunk_updates", s.optimizer_chunk_updates}};
@@ -204,6 +210,11 @@ int run_bench_step(const BenchStepOptions& o) {
               format_bytes(nvme_read).c_str(), format_bytes(nvme_written).c_str(), format_bytes(copies).c_str(),
               static_cast<unsigned long long>(s.overlapped_chunk_updates),
               static_cast<unsigned long long>(s.optimizer_chunk_updates));
+  if (nvme_written > 0) {
+    std::printf("ssd wear: %.3g TB written per day over %zu drive(s)", wear.tb_per_day, nvme_dirs.size());
+    if (wear.days_to_rated > 0) std::printf(", %.0f days to the rated %.0f TBW per drive", wear.days_to_rated, o.drive_tbw);
+    std::printf("\n");
+  }
   std::printf("%-18s %10s\n", "queue (alone)", "seconds");
   for (const auto& q : queues) std::printf("%-18s %10.4f\n", q.name, q.seconds);
   std::printf("%-18s %10.4f  (median of %d steps after %d warm-up)\n", "training step", step, o.steps, o.warmup);
@@ -222,6 +233,8 @@ void register_bench_step(CLI::App& bench, CommandTable& table) {
   cmd->add_option("--steps", o->steps, "measured steps")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "steps before measuring")->capture_default_str();
   cmd->add_flag("--json", o->json, "one JSON object");
+  cmd->add_option("--drive-tbw", o->drive_tbw, "rated TB written of one NVMe drive: the days of this training it lasts")
+      ->check(CLI::Range(0.0, 1e6));
   table[cmd] = [o]() -> int { return run_bench_step(*o); };
 }
 

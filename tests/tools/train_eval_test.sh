@@ -54,6 +54,13 @@ check "bench model --json reports tokens/s and the sgemm yardstick" "echo '$b' |
 # fixed threshold of 1 left clipping off, and the bench stopped on an internal check).
 a=$("$strata" --log-level warn bench adam --mode phase --params 100K --threads 1 --reps 1 --json) && rc=0 || rc=$?
 check "bench adam --mode phase at 100K parameters runs (exit $rc)" "[ $rc -eq 0 ] && echo '$a' | grep -q threads"
+# bench step on the demo (everything on NVMe) reports its NVMe writes and what they mean for a drive.
+bs=$("$strata" --log-level warn bench step --steps 1 --warmup 1 --drive-tbw 600 --json --set strata.data.seq_len=32 \
+  --set train_micro_batch_size_per_gpu=1 --set strata.metrics='""' --set zero_optimization.offload_optimizer.nvme_path='"step-nvme"' \
+  --set zero_optimization.offload_param.nvme_path='"step-nvme"') && rc=0 || rc=$?
+days=$(echo "$bs" | sed -n 's/.*"days_to_rated_endurance":\([0-9.e+-]*\).*/\1/p')
+check "bench step --drive-tbw reports the days to the rated endurance ($days, exit $rc)" \
+  "[ $rc -eq 0 ] && awk 'BEGIN{exit !(\"$days\" + 0 > 0)}' && echo '$bs' | grep -q nvme_tb_written_per_day"
 
 expect_error() {  # name, expected text, command...
   local name="$1" text="$2"; shift 2
