@@ -115,7 +115,13 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
   e.parameters = static_cast<std::uint64_t>(models::param_count(model));
   e.world_size = t.world;
   e.device_bytes = t.device_bytes;
-  const models::TilingDecision tiling = models::plan_tiling(cfg, model, checkpointing, t.world, t.device_bytes);
+  models::TilingDecision tiling;
+  try {
+    tiling = models::plan_tiling(cfg, model, checkpointing, t.world, t.device_bytes);
+  } catch (const ConfigError& refusal) {  // no tiling makes the largest layer fit: it cannot run
+    e.why_not = refusal.what();
+    return e;
+  }
   e.tiling = tiling.describe();
   const auto mode = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
   const models::Decoder decoder(model, models::DecoderOptions(mode, tiling.spec));
