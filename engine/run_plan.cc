@@ -159,11 +159,13 @@ void place_chunks(const TrainConfig& c, RunPlan& p) {
   }
   const std::uint64_t fixed = pinned + cpu_arrays;
   if (o.host_budget > 0 && fixed > o.host_budget && !c.strata.offload.host_budget_auto) {
-    throw ConfigError(fmt::format(
-        "{}: strata.offload.host_budget = {} but the pinned staging pools take {} and the arrays offloaded to \"cpu\" "
-        "{}; raise the budget, lower strata.offload.pinned_buffer, or set the offload device to \"auto\" (spills to "
-        "nvme_path) or \"nvme\"",
-        c.source, format_bytes(o.host_budget), format_bytes(pinned), format_bytes(cpu_arrays)));
+    const std::string arrays =
+        cpu_arrays == 0 ? "" : fmt::format(" and the arrays offloaded to \"cpu\" {}", format_bytes(cpu_arrays));
+    const std::string devices =
+        cpu_arrays == 0 ? "" : ", or set the offload device to \"auto\" (spills to nvme_path) or \"nvme\"";
+    throw ConfigError(fmt::format("{}: strata.offload.host_budget = {} but the pinned staging pools take {}{}; raise the "
+                                  "budget, lower strata.offload.pinned_buffer or the offload buffer_count{}",
+                                  c.source, format_bytes(o.host_budget), format_bytes(pinned), arrays, devices));
   }
   HostBudget budget(o.host_budget, fixed);
   if (par == OffloadDevice::Auto) {

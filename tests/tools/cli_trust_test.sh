@@ -23,7 +23,7 @@ expect_error() {  # name, expected text (fixed string), command...
 expect_error "a mistyped subcommand names the nearest" "'trian' is not a command of strata; did you mean 'train'?" \
   "$strata" trian
 expect_error "a mistyped nested subcommand names the nearest" "did you mean 'model'?" "$strata" bench mdel
-expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, bench, ckpt" \
+expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, estimate, simulate, bench, ckpt" \
   "$strata" frobnicate
 expect_error "an unknown option names the nearest" "strata train: unknown option '--stepz'; did you mean '--steps'?" \
   "$strata" train --stepz 3
