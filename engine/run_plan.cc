@@ -101,11 +101,13 @@ void plan_param_tier(const TrainConfig& c, RunPlan& p) {
 
 // Note [Spill across tiers]: each chunk's arrays get a home. A section offloaded to "cpu" or "nvme"
 // puts all its chunks there. A section with device "auto" puts its chunks in host memory while the
-// host budget (strata.offload.host_budget) lasts and spills the rest to NVMe, chunk by chunk: the
-// budget first pays the pinned pools and the arrays of sections fixed on the host, then the
-// parameter shards of "auto" (fetched on the critical path of forward and backward, three
-// transfers per byte per step), then the optimizer state of "auto" (streamed by the chunk
-// pipeline, overlapped with backward, two transfers per byte), in group and chunk order. Which
+// host budget (strata.offload.host_budget) lasts and spills the rest to NVMe, chunk by chunk. The
+// budget pays, in order: the pinned pools and the arrays of sections fixed on the host; then, for
+// "auto", what moves most bytes per byte held, with A micro-batches per step: the parameter shards
+// (read in forward, recompute and backward of every micro-batch, written once: 3A + 1 transfers per
+// byte, on the critical path), the gradient partial sums (read and written by every micro-batch's
+// combine: about 2A), then the master weights and moments (read and written once: 2), each in group
+// and chunk order. Which
 // tier a chunk lives on never changes the bits: every tier runs the same chunk jobs on the same
 // numbers (tests/engine/spill_test.cc). Whether the device itself holds the state is decided
 // before this, by resolve_placement (engine/tier_plan.h).
@@ -139,7 +141,7 @@ void place_chunks(const TrainConfig& c, RunPlan& p) {
   OffloadPlan& o = p.offload;
   const OffloadDevice opt = c.zero.offload_optimizer.device;
   const OffloadDevice par = c.zero.offload_param.device;
-  const Home fixed_state = opt == OffloadDevice::Nvme ? Home::Nvme : Home::Host;
+  const Home fixed_state = opt == OffloadDevice::Nvme ? Home::Nvme : Home::Host;  // and its gradient sums
   const Home fixed_params = par == OffloadDevice::Nvme ? Home::Nvme : Home::Host;
   o.host_budget = c.strata.offload.host_budget_bytes;
   // What the budget pays before any "auto" chunk: the pinned pools and the fixed host arrays.
@@ -150,6 +152,7 @@ void place_chunks(const TrainConfig& c, RunPlan& p) {
     const bool tier_params = G.weights == WeightsForm::ShardOnTier;
     for (StateChunk& ch : G.chunks) {
       ch.state = fixed_state;
+      ch.grads = fixed_state;
       ch.params = fixed_params;
       if (opt == OffloadDevice::Cpu) cpu_arrays += p.host_state_bytes(ch) + p.host_gradient_bytes(ch);
       if (tier_params && par == OffloadDevice::Cpu) cpu_arrays += p.host_param_bytes(ch);
@@ -196,7 +199,14 @@ void place_chunks(const TrainConfig& c, RunPlan& p) {
   if (opt == OffloadDevice::Auto) {
     for (GroupPlan& G : p.groups) {
       for (StateChunk& ch : G.chunks) {
-        if (budget.take(p.host_state_bytes(ch) + p.host_gradient_bytes(ch))) continue;
+        if (budget.take(p.host_gradient_bytes(ch))) continue;
+        ch.grads = Home::Nvme;
+        ++o.spilled_grad_chunks;
+      }
+    }
+    for (GroupPlan& G : p.groups) {
+      for (StateChunk& ch : G.chunks) {
+        if (budget.take(p.host_state_bytes(ch))) continue;
         ch.state = Home::Nvme;
         ++o.spilled_state_chunks;
       }
@@ -206,10 +216,11 @@ void place_chunks(const TrainConfig& c, RunPlan& p) {
     o.param_slot_count = 0;
     o.param_slot_bytes = 0;
   }
-  if ((o.spilled_param_chunks > 0 || o.spilled_state_chunks > 0) && nvme_dirs_of(c).empty()) {
+  if ((o.spilled_param_chunks > 0 || o.spilled_grad_chunks > 0 || o.spilled_state_chunks > 0) && nvme_dirs_of(c).empty()) {
     const bool params = o.spilled_param_chunks > 0;
     fail_no_spill_dir(c, params ? "offload_param" : "offload_optimizer", o.host_budget, budget.used(),
-                      params ? o.spilled_param_chunks : o.spilled_state_chunks, params ? o.param_chunks : o.state_chunks);
+                      params ? o.spilled_param_chunks : std::max(o.spilled_grad_chunks, o.spilled_state_chunks),
+                      params ? o.param_chunks : o.state_chunks);
   }
 }
 
@@ -226,8 +237,8 @@ void plan_swap(const TrainConfig& c, int rank, RunPlan& p) {
     for (const StateChunk& ch : G.chunks) {
       if (ch.state == Home::Nvme) {
         bytes += offload::SwapStore::padded(static_cast<std::uint64_t>(p.state_arrays) * 4 * ch.elems);
-        gradient_bytes += partials * offload::SwapStore::padded(4 * ch.elems);
       }
+      if (ch.grads == Home::Nvme) gradient_bytes += partials * offload::SwapStore::padded(4 * ch.elems);
       if (G.weights == WeightsForm::ShardOnTier && ch.params == Home::Nvme) {
         bytes += offload::SwapStore::padded(wbytes * ch.elems);
       }
@@ -284,6 +295,12 @@ bool RunPlan::params_on_nvme(std::size_t g) const {
 bool RunPlan::state_on_nvme() const {
   return std::any_of(groups.begin(), groups.end(), [](const GroupPlan& G) {
     return std::any_of(G.chunks.begin(), G.chunks.end(), [](const StateChunk& c) { return c.state == Home::Nvme; });
+  });
+}
+
+bool RunPlan::grads_on_nvme() const {
+  return std::any_of(groups.begin(), groups.end(), [](const GroupPlan& G) {
+    return std::any_of(G.chunks.begin(), G.chunks.end(), [](const StateChunk& c) { return c.grads == Home::Nvme; });
   });
 }
 

@@ -47,7 +47,8 @@ enum class WeightsForm : std::uint8_t {
 struct StateChunk {
   std::size_t begin = 0;  // elements from the start of this rank's state range
   std::size_t elems = 0;
-  Home state = Home::Host;   // master, moments and the fp32 gradient sums of the chunk
+  Home state = Home::Host;   // master and moments of the chunk
+  Home grads = Home::Host;   // its fp32 gradient partial sums (the accumulator, the counter's levels)
   Home params = Home::Host;  // the chunk's working weights, when they live on the parameter tier
 };
 
@@ -75,7 +76,7 @@ struct OffloadPlan {
   // The host bytes offloaded arrays and pinned pools may take (strata.offload.host_budget once
   // resolved; 0: no limit) and what "auto" sections placed: chunks in all and chunks on NVMe.
   std::uint64_t host_budget = 0;
-  std::size_t state_chunks = 0, spilled_state_chunks = 0;
+  std::size_t state_chunks = 0, spilled_state_chunks = 0, spilled_grad_chunks = 0;
   std::size_t param_chunks = 0, spilled_param_chunks = 0;
   std::size_t chunk_elems = 0;    // a multiple of the optimizer block, <= sub_group_size
   // The optimizer's chunk pipeline: a fixed pool of pinned slots (Note [Chunk pipeline]).
@@ -121,8 +122,9 @@ struct RunPlan {
   std::uint64_t host_param_bytes(const StateChunk& c) const;
   // Whether any chunk of group g keeps its working weights on NVMe.
   bool params_on_nvme(std::size_t g) const;
-  // Whether any chunk keeps its state on NVMe.
+  // Whether any chunk keeps its state (or its gradient sums) on NVMe.
   bool state_on_nvme() const;
+  bool grads_on_nvme() const;
 };
 
 // The plan of rank `rank` of `world_size`. Throws ConfigError (naming config.source, the numbers

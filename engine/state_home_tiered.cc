@@ -176,7 +176,7 @@ ChunkJob TieredStateHome::combine_job(std::size_t g, std::size_t k, const void* 
   const int merges = exact ? counter_merges(unit) : 0;
   const StateChunk c = P.chunks[k];
   const std::size_t n = c.elems;
-  const Tier tier = state_tier(g, k);
+  const Tier tier = grad_tier(g, k);  // the partial sums; the state (overlapped update) has its own
   ChunkJob job;
   const std::size_t i_stage = add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
   std::vector<std::size_t> i_adds;
@@ -207,7 +207,7 @@ ChunkJob TieredStateHome::combine_job(std::size_t g, std::size_t k, const void* 
   }
   std::size_t i_state = kNone, i_w = kNone;
   if (overlap) {
-    i_state = add_field(job, state_key(g, k), tier, state_bytes(n), ChunkField::Update);
+    i_state = add_field(job, state_key(g, k), state_tier(g, k), state_bytes(n), ChunkField::Update);
     i_w = (params_ && P.sharded_params) ? add_field(job, param_key(g, k), param_tier(g, k), n * wbytes, ChunkField::Write)
                                         : add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
   }
@@ -297,7 +297,7 @@ void TieredStateHome::update(double lr, float grad_scale, std::int64_t step) {
       const std::size_t n = c.elems;
       ChunkJob job;
       add_field(job, state_key(g, k), state_tier(g, k), state_bytes(n), ChunkField::Update);
-      add_field(job, grad_key(g, k), state_tier(g, k), 4 * n, ChunkField::Read);
+      add_field(job, grad_key(g, k), grad_tier(g, k), 4 * n, ChunkField::Read);
       job.remove_after.push_back(grad_key(g, k));
       if (params_ && P.sharded_params) {
         add_field(job, param_key(g, k), param_tier(g, k), n * wbytes, ChunkField::Write);

@@ -49,9 +49,10 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     }
     // Host arrays are kept per chunk, each padded to 4 KiB (engine/offload_tier.h).
     for (const StateChunk& ch : G.chunks) {
-      if (ch.state == Home::Host) {
+      if (ch.state == Home::Host) p.host_arrays += rp.host_state_bytes(ch);
+      if (ch.grads == Home::Host) {
         p.host_gradients += rp.host_gradient_bytes(ch);
-        p.host_arrays += rp.host_state_bytes(ch) + rp.host_gradient_bytes(ch);
+        p.host_arrays += rp.host_gradient_bytes(ch);
       }
       if (G.weights == WeightsForm::ShardOnTier && ch.params == Home::Host) p.host_arrays += rp.host_param_bytes(ch);
     }
@@ -78,6 +79,7 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   p.host_budget = o.host_budget;
   p.state_chunks = o.state_chunks;
   p.spilled_state_chunks = o.spilled_state_chunks;
+  p.spilled_grad_chunks = o.spilled_grad_chunks;
   p.param_chunks = o.param_chunks;
   p.spilled_param_chunks = o.spilled_param_chunks;
   return p;
@@ -229,11 +231,12 @@ std::string describe_plan(const TierPlan& p, const TierCapacities& cap) {
   for (const std::string& line : p.placement) o << "\n  placement: " << line;
   const auto spill = [&](const char* what, std::size_t spilled, std::size_t chunks) {
     if (spilled == 0) return;
-    o << fmt::format("\n  placement: {} spill past the host budget {}: {} of {} chunks on NVMe", what,
-                     format_bytes(p.host_budget), spilled, chunks);
+    o << fmt::format("\n  placement: past the host budget {}, {} of {} chunks of {} are on NVMe",
+                     format_bytes(p.host_budget), spilled, chunks, what);
   };
   spill("sharded working weights", p.spilled_param_chunks, p.param_chunks);
-  spill("optimizer state and gradient sums", p.spilled_state_chunks, p.state_chunks);
+  spill("gradient sums", p.spilled_grad_chunks, p.state_chunks);
+  spill("optimizer state", p.spilled_state_chunks, p.state_chunks);
   return o.str();
 }
 

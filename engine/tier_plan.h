@@ -49,7 +49,7 @@ struct TierPlan {
   // Spilling (Note [Spill across tiers], engine/run_plan.cc): the host budget (0: none) and the
   // chunks of this rank's state and tier-held weights, in all and on NVMe.
   std::uint64_t host_budget = 0;
-  std::size_t state_chunks = 0, spilled_state_chunks = 0;
+  std::size_t state_chunks = 0, spilled_state_chunks = 0, spilled_grad_chunks = 0;
   std::size_t param_chunks = 0, spilled_param_chunks = 0;
   // Why the state is where it is: one line per decision resolve_placement made (empty otherwise).
   std::vector<std::string> placement;

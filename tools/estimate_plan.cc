@@ -155,7 +155,9 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
     e.host_pinned = e.tiers.pinned + (pinned_arrays ? e.tiers.host_arrays : 0);
     e.host_pageable = pinned_arrays ? 0 : e.tiers.host_arrays;
     const std::string described = describe_plan(e.tiers, e.capacity);
-    e.plan_line = described.substr(0, described.find('\n'));
+    std::istringstream lines(described);
+    std::getline(lines, e.plan_line);
+    for (std::string line; std::getline(lines, line);) e.placement.push_back(line.substr(line.find_first_not_of(' ')));
     check_plan_fits(e.tiers, e.capacity, cfg.source);
     e.fits = true;
   } catch (const ConfigError& refusal) {
@@ -222,7 +224,7 @@ std::string describe_estimate(const Estimate& e, const LargestFit& largest) {
                      format_bytes(p.nvme_files / p.nvme_dirs.size()),
                      e.nvme_checked ? "" : "; free space not checked (the machine file gives no drive capacity)");
   }
-  for (const std::string& line : p.placement) o << "  placement: " << line << "\n";
+  for (const std::string& line : e.placement) o << "  " << line << "\n";
   o << (e.fits ? std::string("fits: yes\n") : "fits: no: " + e.why_not + "\n");
   o << fmt::format("largest model of this shape that fits: {} layers, {:.3g} parameters\n", largest.n_layers,
                    static_cast<double>(largest.parameters));
@@ -253,9 +255,10 @@ nlohmann::json estimate_to_json(const Estimate& e, const LargestFit& largest) {
       {"nvme", {{"per_rank", p.nvme / static_cast<std::uint64_t>(e.world_size)}, {"swap_files", p.nvme_files},
                 {"dirs", p.nvme_dirs}, {"free_space_checked", e.nvme_checked}}},
       {"spill", {{"host_budget", p.host_budget}, {"state_chunks", p.state_chunks},
-                 {"spilled_state_chunks", p.spilled_state_chunks}, {"param_chunks", p.param_chunks},
+                 {"spilled_state_chunks", p.spilled_state_chunks}, {"spilled_grad_chunks", p.spilled_grad_chunks},
+                 {"param_chunks", p.param_chunks},
                  {"spilled_param_chunks", p.spilled_param_chunks}}},
-      {"placement", p.placement},
+      {"placement", e.placement},
       {"plan_line", e.plan_line},
       {"fits", e.fits},
       {"why_not", e.why_not},

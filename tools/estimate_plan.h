@@ -56,6 +56,7 @@ struct Estimate {
   bool nvme_checked = false;        // free space known (this machine's directories)
   DeepSpeedBeside deepspeed;
   std::string plan_line;  // describe_plan's first line, as `strata train` logs it before step 1
+  std::vector<std::string> placement;  // describe_plan's other lines: where each part is and why
   TrainConfig resolved;   // the config with its "auto" placement decided (as the trainer builds the engine)
 };
 

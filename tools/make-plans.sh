@@ -59,9 +59,10 @@ for plan in dict.fromkeys(r[0] for r in rows):
         sp = e["spill"]
         where = []
         for line in e["placement"]:
-            if "sharded working weights" in line or "optimizer state" in line:
+            if '(device "auto")' in line:
                 what = "weights" if "weights" in line else "optimizer state"
                 where.append(f"{what}: {'GPU' if '): on the device;' in line else 'offloaded'}")
+        if sp["spilled_grad_chunks"]: where.append(f"{sp['spilled_grad_chunks']}/{sp['state_chunks']} gradient-sum chunks on NVMe")
         if sp["spilled_state_chunks"]: where.append(f"{sp['spilled_state_chunks']}/{sp['state_chunks']} state chunks on NVMe")
         if sp["spilled_param_chunks"]: where.append(f"{sp['spilled_param_chunks']}/{sp['param_chunks']} weight chunks on NVMe")
         fits = "yes" if e["fits"] else "no: " + e["why_not"].split(": ", 1)[-1][:120]

@@ -56,7 +56,7 @@ void check_machine(const StepWorkload& w, const SimMachine& m) {
   need(m.block_efficiency > 0 && m.head_efficiency > 0, "the compute efficiency", "ops run at peak x efficiency");
   need(m.device_memory_gbps > 0, "the device memory bandwidth", "device-side sums and copies run at it");
   const RunPlan& p = w.plan;
-  bool nvme = p.state_on_nvme();
+  bool nvme = p.state_on_nvme() || p.grads_on_nvme();
   for (std::size_t g = 0; g < p.groups.size(); ++g) nvme = nvme || p.params_on_nvme(g);
   need(!nvme || s.drives.count > 0, "drives.count", "the config puts state on NVMe");
   need(!nvme || (s.drives.read_gbps > 0 && s.drives.write_gbps > 0), "drives.read_gbps and drives.write_gbps",
@@ -309,12 +309,18 @@ std::vector<PipelineJob> EngineSim::combine_jobs(std::size_t g, int unit) const 
     PipelineJob j;
     j.name = fmt::format("sum {}.{} unit {}", gname(g), k, unit);
     j.d2h_bytes = static_cast<std::uint64_t>(n * wbytes());
-    double read = reads * 4 * n, write = writes * 4 * n;
+    double read = 0, write = 0;  // NVMe bytes of the job
+    if (on_nvme(c.grads)) {
+      read += reads * 4 * n;
+      write += writes * 4 * n;
+    }
     // The pass: the unit read, the widened copy written, each partial read, the sum written.
     j.cpu_seconds = host_pass(n * wbytes() + 4 * n * (reads + 2)) + (last ? host_pass(4 * n) : 0);
     if (overlap) {
-      read += state;
-      write += state;
+      if (on_nvme(c.state)) {
+        read += state;
+        write += state;
+      }
       j.cpu_seconds += adam(n);
       if (weights_on_tier(g)) {
         if (on_nvme(c.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
@@ -322,10 +328,8 @@ std::vector<PipelineJob> EngineSim::combine_jobs(std::size_t g, int unit) const 
         j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
       }
     }
-    if (on_nvme(c.state)) {
-      j.nvme_read_bytes += static_cast<std::uint64_t>(read);
-      j.nvme_write_bytes += static_cast<std::uint64_t>(write);
-    }
+    j.nvme_read_bytes += static_cast<std::uint64_t>(read);
+    j.nvme_write_bytes += static_cast<std::uint64_t>(write);
     jobs.push_back(std::move(j));
   }
   return jobs;
@@ -344,9 +348,10 @@ std::vector<PipelineJob> EngineSim::update_jobs() const {
       j.name = fmt::format("update {}.{}", gname(g), k);
       j.cpu_seconds = adam(n);
       if (on_nvme(c.state)) {
-        j.nvme_read_bytes = static_cast<std::uint64_t>(state + 4 * n);
+        j.nvme_read_bytes = static_cast<std::uint64_t>(state);
         j.nvme_write_bytes = static_cast<std::uint64_t>(state);
       }
+      if (on_nvme(c.grads)) j.nvme_read_bytes += static_cast<std::uint64_t>(4 * n);
       if (weights_on_tier(g)) {
         if (on_nvme(c.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
       } else {

@@ -84,7 +84,9 @@ TEST_F(Spill, ExactBitsEqualTheDeviceRunWhateverIsSpilled) {
     int accumulation;
     bool clipping;  // off: the updates overlap backward
   };
-  bool partial_params = false;  // some shards on the host, some on NVMe, in at least one run
+  // In at least one run: some shards on the host and some on NVMe; every gradient sum on the host
+  // with state on NVMe; the gradient sums split between the tiers.
+  bool partial_params = false, grads_host_state_nvme = false, partial_grads = false;
   for (const Mode m : {Mode{1, true}, Mode{3, true}, Mode{2, false}}) {
     testing_toy::ToyRunOptions o;
     o.steps = 3;
@@ -101,12 +103,14 @@ TEST_F(Spill, ExactBitsEqualTheDeviceRunWhateverIsSpilled) {
         const RunPlan plan = make_run_plan(c, groups_, 1, 0);
         const std::string what = fmt::format("stage {}, {} micro-batches, clipping {}, budget {:.0f}% of the arrays",
                                              stage, m.accumulation, m.clipping, 100 * fraction);
-        ASSERT_GT(plan.offload.spilled_state_chunks, 0u) << what;
-        if (fraction >= 0.3) {
-          ASSERT_LT(plan.offload.spilled_state_chunks, plan.offload.state_chunks) << what;
-        }
         const OffloadPlan& op = plan.offload;
+        ASSERT_GT(op.spilled_state_chunks, 0u) << what;
+        if (fraction >= 0.3) {  // something of the optimizer's chunks on each tier
+          ASSERT_LT(std::min(op.spilled_state_chunks, op.spilled_grad_chunks), op.state_chunks) << what;
+        }
         partial_params |= op.spilled_param_chunks > 0 && op.spilled_param_chunks < op.param_chunks;
+        grads_host_state_nvme |= op.spilled_grad_chunks == 0 && op.spilled_state_chunks > 0;
+        partial_grads |= op.spilled_grad_chunks > 0 && op.spilled_grad_chunks < op.state_chunks;
         const ToyRun r = testing_toy::run_toy_local(c, o);
         EXPECT_EQ(testing_toy::count_weight_differences(r, reference), 0u) << what;
         EXPECT_EQ(r.losses, reference.losses) << what;
@@ -119,33 +123,52 @@ TEST_F(Spill, ExactBitsEqualTheDeviceRunWhateverIsSpilled) {
     }
   }
   EXPECT_TRUE(partial_params);
+  EXPECT_TRUE(grads_host_state_nvme);
+  EXPECT_TRUE(partial_grads);
 }
 
-TEST_F(Spill, ParametersTakeTheHostFirstThenStateInOrder) {
+TEST_F(Spill, ShardsThenGradientSumsThenStateTakeTheHost) {
   const TrainConfig all_host = spilled(offloaded(3, 2, true, dir_.path()), groups_, 1.0);
   const RunPlan whole = make_run_plan(all_host, groups_, 1, 0);
   EXPECT_EQ(whole.offload.spilled_state_chunks, 0u);
+  EXPECT_EQ(whole.offload.spilled_grad_chunks, 0u);
   EXPECT_EQ(whole.offload.spilled_param_chunks, 0u);
   EXPECT_EQ(whole.offload.param_slot_count, 0u) << "no shard on NVMe: no fetch slots";
   EXPECT_FALSE(whole.state_on_nvme());
 
-  // Room for the pinned pools, every shard and about half of the state.
   const TierPlan t = plan_tiers(whole, 1, 0);
-  std::uint64_t params = 0;
+  std::uint64_t params = 0, grads = 0, state = 0;
   for (const GroupPlan& G : whole.groups) {
-    for (const StateChunk& ch : G.chunks) params += whole.host_param_bytes(ch);
+    for (const StateChunk& ch : G.chunks) {
+      params += whole.host_param_bytes(ch);
+      grads += whole.host_gradient_bytes(ch);
+      state += whole.host_state_bytes(ch);
+    }
   }
+  ASSERT_EQ(params + grads + state, t.host_arrays);
+  const auto placed_with = [&](std::uint64_t budget) {
+    TrainConfig c = all_host;
+    c.strata.offload.host_budget_bytes = budget;
+    const RunPlan plan = make_run_plan(c, groups_, 1, 0);
+    EXPECT_LE(plan_tiers(plan, 1, 0).host_total(), budget);
+    EXPECT_GT(plan_tiers(plan, 1, 0).nvme, 0u);
+    return plan;
+  };
+  // Room for the pools, every shard, every gradient sum and half the state: only state spills.
+  const RunPlan half_state = placed_with(t.pinned + params + grads + state / 2);
+  EXPECT_EQ(half_state.offload.spilled_param_chunks, 0u);
+  EXPECT_EQ(half_state.offload.spilled_grad_chunks, 0u);
+  EXPECT_GT(half_state.offload.spilled_state_chunks, 0u);
+  EXPECT_LT(half_state.offload.spilled_state_chunks, half_state.offload.state_chunks);
+  EXPECT_TRUE(half_state.state_on_nvme());
+  EXPECT_FALSE(half_state.grads_on_nvme());
+  // Room for the shards and half the gradient sums: the rest of the sums and all the state spill.
+  const RunPlan half_grads = placed_with(t.pinned + params + grads / 2);
+  EXPECT_EQ(half_grads.offload.spilled_param_chunks, 0u);
+  EXPECT_GT(half_grads.offload.spilled_grad_chunks, 0u);
+  EXPECT_LT(half_grads.offload.spilled_grad_chunks, half_grads.offload.state_chunks);
+  EXPECT_EQ(half_grads.offload.spilled_state_chunks, half_grads.offload.state_chunks);
   TrainConfig c = all_host;
-  c.strata.offload.host_budget_bytes = t.pinned + params + (t.host_arrays - params) / 2;
-  const RunPlan plan = make_run_plan(c, groups_, 1, 0);
-  EXPECT_EQ(plan.offload.spilled_param_chunks, 0u);
-  EXPECT_GT(plan.offload.spilled_state_chunks, 0u);
-  EXPECT_LT(plan.offload.spilled_state_chunks, plan.offload.state_chunks);
-  // In group and chunk order: once a chunk spilled, no later one sits on the host unless it fits
-  // the room left (a smaller tail chunk may).
-  const TierPlan placed = plan_tiers(plan, 1, 0);
-  EXPECT_LE(placed.host_total(), c.strata.offload.host_budget_bytes);
-  EXPECT_GT(placed.nvme, 0u);
 
   // Less room than the shards: some shards spill too, and the budget pays their fetch slots first.
   const std::uint64_t fetch_slots = fetch_slot_bytes(all_host, groups_);

@@ -76,7 +76,7 @@ spill=(--log-level info train --config "$demo" --steps 3 --set strata.exact=true
 "$strata" "${spill[@]}" $(offload auto auto) --set strata.offload.host_budget='"40MiB"' --save-weights spill.w1.st \
   --summary-json spill.w1.json --drive-tbw 600 >spill.w1.log 2>&1
 compare spill.ref.st spill.w1.st "world 1, optimizer and params auto, spilled past a 40 MiB host budget"
-grep -q "optimizer state and gradient sums spill past the host budget 40.00 MiB: [1-9][0-9]* of [0-9]* chunks on NVMe" spill.w1.log &&
+grep -q "placement: past the host budget 40.00 MiB, [1-9][0-9]* of [0-9]* chunks of optimizer state are on NVMe" spill.w1.log &&
   ok "the plan says how many chunks spill" || { cat spill.w1.log; bad "no spill line before step 1"; }
 peak=$(json_field spill.w1.json peak_host_bytes); written=$(json_field spill.w1.json nvme_bytes_written)
 [ "$peak" -le $((40 << 20)) ] && [ "$peak" -gt 0 ] && ok "peak host $peak bytes <= the 40 MiB budget" || bad "peak host $peak bytes (budget 40 MiB)"
