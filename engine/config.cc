@@ -291,6 +291,15 @@ StrataConfig parse_strata(ConfigReader r) {
     s.offload.host_budget_auto = s.offload.host_budget_bytes == 0;
     o.finish();
   }
+  {
+    ConfigReader par = r.section("parallel");
+    par.get_int("tensor", &s.parallel.tensor, 1, 1024);
+    par.get_int("pipeline", &s.parallel.pipeline, 1, 1024);
+    std::string schedule = "1f1b";
+    par.get_choice("schedule", &schedule, {"gpipe", "1f1b"});
+    s.parallel.schedule = schedule == "gpipe" ? PipelineSchedule::GPipe : PipelineSchedule::OneFOneB;
+    par.finish();
+  }
   r.get_raw("tiling", &s.tiling);
   if (!s.tiling.is_object()) r.fail("tiling", "expected an object of per-layer tiling settings");
   r.finish();

@@ -120,6 +120,14 @@ struct OffloadTuning {
   std::uint64_t host_budget_bytes = 0;
 };
 
+// strata.parallel: how the world splits into data x tensor x pipeline ranks (engine/parallel_layout.h).
+enum class PipelineSchedule { GPipe, OneFOneB };
+struct ParallelConfig {
+  int tensor = 1;    // T: Megatron 1D tensor parallelism inside each layer
+  int pipeline = 1;  // P: layers split into P stages
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+};
+
 struct StrataConfig {
   bool exact = false;
   std::uint64_t seed = 1234;
@@ -137,6 +145,7 @@ struct StrataConfig {
   std::string metrics_path;  // JSON lines, one per step
   std::string trace_path;    // Chrome-trace JSON
   OffloadTuning offload;
+  ParallelConfig parallel;
   nlohmann::json tiling = nlohmann::json::object();  // interpreted by the tiling code
 };
 

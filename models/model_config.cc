@@ -183,4 +183,32 @@ double train_flops_per_token(const ModelConfig& c, std::int64_t seq_len) {
   return 6.0 * matmul_params + attn;
 }
 
+namespace {
+
+bool tensor_split_ok(const ModelConfig& m, int t) {
+  const std::int64_t kv = m.n_kv_heads;
+  const bool kv_ok = kv >= t ? kv % t == 0 : t % kv == 0;
+  return m.n_heads % t == 0 && m.ffn_hidden % t == 0 && kv_ok;
+}
+
+}  // namespace
+
+void check_parallel_shape(const ModelConfig& m, int tensor, int pipeline, const std::string& source) {
+  if (!tensor_split_ok(m, tensor)) {
+    std::string valid;
+    for (int t = 1; t <= m.n_heads; ++t) {
+      if (tensor_split_ok(m, t)) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", t);
+    }
+    throw ConfigError(fmt::format(
+        "{}: strata.parallel.tensor = {} does not split model '{}' evenly ({} attention heads, {} KV heads, MLP width "
+        "{}: each must divide by it, or KV heads fewer than the ranks divide it); valid choices: {}",
+        source, tensor, m.name, m.n_heads, m.n_kv_heads, m.ffn_hidden, valid));
+  }
+  if (pipeline > m.n_layers) {
+    throw ConfigError(fmt::format("{}: strata.parallel.pipeline = {} stages for model '{}' of {} layers; each stage needs "
+                                  "at least one layer: valid choices 1..{}",
+                                  source, pipeline, m.name, m.n_layers, m.n_layers));
+  }
+}
+
 }  // namespace strata::models

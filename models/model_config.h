@@ -40,6 +40,11 @@ struct ModelConfig {
 std::vector<std::string> known_model_names();
 // ConfigError listing the known names when `name` is not one of them.
 ModelConfig model_config_by_name(std::string_view name);
+// Whether the model's shape allows `tensor`-way tensor parallelism (heads, KV heads and the MLP
+// width split evenly; KV heads fewer than the ranks are replicated, which needs T a multiple of
+// them) and `pipeline` stages (at least one layer each). Throws ConfigError naming `source`, the key
+// (strata.parallel.tensor / .pipeline), the model's numbers and the valid choices.
+void check_parallel_shape(const ModelConfig& config, int tensor, int pipeline, const std::string& source);
 // {"name": "gpt2-124m", "n_layers": 4, ...}: a named base (optional) with fields overridden, or
 // every field given ("arch": "gpt2"|"llama"). Unknown keys are a ConfigError naming the key.
 ModelConfig model_config_from_json(const nlohmann::json& j);

@@ -172,6 +172,7 @@ Estimate estimate_run(const EstimateInputs& in) {
   const Target t = target_of(in);
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(in.config, &checkpointing);
+  check_parallel_layout(in.config, model, t.world);
   return estimate_model(in, t, model, checkpointing);
 }
 

@@ -24,6 +24,7 @@
 #include "engine/communicator.h"
 #include "engine/config.h"
 #include "engine/lr_schedule.h"
+#include "engine/parallel_layout.h"
 #include "engine/tier_plan.h"
 #include "engine/zero_engine.h"
 #include "models/decoder.h"
@@ -60,6 +61,17 @@ std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
 }
 
 }  // namespace
+
+void check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world) {
+  const ParallelLayout layout(cfg.strata.parallel, world, cfg.source);
+  models::check_parallel_shape(model, layout.tensor(), layout.pipeline(), cfg.source);
+  if (layout.tensor() > 1 || layout.pipeline() > 1) {
+    throw ConfigError(fmt::format("{}: {}: tensor and pipeline parallelism (strata.parallel.tensor, "
+                                  "strata.parallel.pipeline) are not built yet; set both to 1 to train data-parallel "
+                                  "over all {} ranks",
+                                  cfg.source, layout.describe(), world));
+  }
+}
 
 TrainConfig load_train_config_or_demo(const std::string& path, const std::vector<std::string>& overrides) {
   if (!path.empty()) return load_train_config(path, overrides);
@@ -487,6 +499,7 @@ TrainSummary run_training(const TrainOptions& options) {
 
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
+  check_parallel_layout(cfg, model, world);
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
   const models::TilingDecision tiling_plan = decide_tiling(cfg, model, checkpointing, world, rank, device->capacity_bytes());

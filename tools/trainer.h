@@ -82,6 +82,11 @@ TrainConfig load_train_config_or_demo(const std::string& path, const std::vector
 // asks for activation checkpointing.
 models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpointing);
 
+// strata.parallel (engine/parallel_layout.h): the world must factor into data x tensor x pipeline
+// and the model's shape must split that way, before any work. Tensor and pipeline parallelism are
+// not built yet (issue 17): a layout that needs them is refused saying so. Throws ConfigError.
+void check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world);
+
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.
 TrainSummary run_training(const TrainOptions& options);
 

@@ -23,6 +23,14 @@ expect_error() {  # name, expected text (fixed string), command...
 expect_error "a mistyped subcommand names the nearest" "'trian' is not a command of strata; did you mean 'train'?" \
   "$strata" trian
 expect_error "a mistyped nested subcommand names the nearest" "did you mean 'model'?" "$strata" bench mdel
+# strata.parallel: refused before any work, naming the key and the valid choices (issue 17).
+# (estimate checks the layout as train does, and plans any world size without launching ranks.)
+expect_error "a tensor split the model's heads do not allow" "strata.parallel.tensor = 3 does not split model 'tiny' evenly" \
+  "$strata" estimate --config "$config" --world 3 --set strata.parallel.tensor=3
+expect_error "its valid choices" "valid choices: 1, 2, 4" "$strata" estimate --config "$config" --world 3 --set strata.parallel.tensor=3
+expect_error "a layout that does not divide the world" "valid choices for 1 ranks: (tensor 1, pipeline 1)" \
+  "$strata" train --config "$config" --steps 1 --set strata.parallel.pipeline=2
+expect_error "an unknown schedule" "strata.parallel.schedule" "$strata" train --config "$config" --set strata.parallel.schedule='"zb"'
 expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, estimate, simulate, bench, ckpt" \
   "$strata" frobnicate
 expect_error "an unknown option names the nearest" "strata train: unknown option '--stepz'; did you mean '--steps'?" \
