@@ -432,18 +432,7 @@ TrainConfig load_train_config_text(const std::string& text, const std::string& p
   std::optional<nlohmann::json> root = parse_json_input(text, JsonComments::Allow, &error);
   if (!root) {
     if (error.byte == 0) throw ConfigError(fmt::format("config file '{}' is not valid JSON: {}", path, error.message));
-    // error.byte is the offset of the error; turn it into line:column.
-    const std::string& s = text;
-    std::size_t line = 1, column = 1;
-    for (std::size_t i = 0; i + 1 < error.byte && i < s.size(); ++i) {
-      if (s[i] == '\n') {
-        ++line;
-        column = 1;
-      } else {
-        ++column;
-      }
-    }
-    throw ConfigError(fmt::format("config file '{}' is not valid JSON at line {}, column {}: {}", path, line, column,
+    throw ConfigError(fmt::format("config file '{}' is not valid JSON at {}: {}", path, json_error_place(text, error),
                                   error.message));
   }
   if (!root->is_object()) {
