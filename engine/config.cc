@@ -295,6 +295,7 @@ StrataConfig parse_strata(ConfigReader r) {
     ConfigReader par = r.section("parallel");
     par.get_int("tensor", &s.parallel.tensor, 1, 1024);
     par.get_int("pipeline", &s.parallel.pipeline, 1, 1024);
+    par.get_int("tensor_slices", &s.parallel.tensor_slices, 1, 1024);  // absent: 0, the tensor ranks
     std::string schedule = "1f1b";
     par.get_choice("schedule", &schedule, {"gpipe", "1f1b"});
     s.parallel.schedule = schedule == "gpipe" ? PipelineSchedule::GPipe : PipelineSchedule::OneFOneB;
@@ -378,7 +379,7 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   r.unsupported("amp", "use bf16 or fp16 (Strata has no apex/amp mode)");
   r.unsupported("activation_checkpointing", "set strata.model.checkpoint_activations=true instead");
   r.unsupported("pipeline", "pipeline parallelism is not implemented");
-  r.unsupported("tensor_parallel", "tensor parallelism is not implemented");
+  r.unsupported("tensor_parallel", "set strata.parallel.tensor (Megatron 1D tensor parallelism) instead");
   r.unsupported("flops_profiler", not_here);
   r.unsupported("tensorboard", "use strata.metrics (JSON lines) instead");
   r.unsupported("wandb", "use strata.metrics (JSON lines) instead");

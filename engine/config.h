@@ -125,6 +125,10 @@ enum class PipelineSchedule { GPipe, OneFOneB };
 struct ParallelConfig {
   int tensor = 1;    // T: Megatron 1D tensor parallelism inside each layer
   int pipeline = 1;  // P: layers split into P stages
+  // S: the sums tensor parallelism splits are taken in S fixed slices (Note [Tensor slices] in
+  // models/tensor_parallel.h); runs with equal S give the same bits for every T dividing S. 0: T.
+  int tensor_slices = 0;
+  int slices() const { return tensor_slices > 0 ? tensor_slices : tensor; }
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
 };
 

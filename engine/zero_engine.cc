@@ -141,7 +141,8 @@ StepResult ZeroEngine::step(double lr) {
   comm_stream_->synchronize();
   home_->synchronize();
   home_->finish_grads();
-  const double sum_squares = global_sum_squares();
+  double sum_squares = global_sum_squares();
+  if (tensor_group_ != nullptr) sum_squares = tensor_group_->all_reduce_host(sum_squares, ReduceOp::Sum);
 
   // The phase's decision is optim's (optim/optimizer_phase.h, the same code the CPU phase and
   // `strata bench adam` run): skip on a non-finite norm, else clip and unscale into grad_scale.

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/host_buffer.h"
+#include "engine/communicator.h"
 #include "models/decoder_params.h"
 
 namespace strata::models {
@@ -60,6 +61,11 @@ struct Decoder::Workspace {
   void *tmp = nullptr, *lnf_out = nullptr, *logits = nullptr;
   float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
   void *dres = nullptr, *dln = nullptr, *datt = nullptr, *dqkv = nullptr, *dff_in = nullptr, *dff_act = nullptr;
+  // Tensor slices (Note [Tensor slices]): partial sums 1..L-1 of one [rows, d_model] sum (partial 0
+  // is the sum's destination), and the vocabulary-parallel cross-entropy's statistics.
+  std::vector<void*> parts;
+  float *ce_max = nullptr, *ce_target = nullptr;
+  double *ce_sums = nullptr, *ce_all = nullptr;
 };
 
 namespace {
@@ -82,18 +88,20 @@ class Carver {
 
 }  // namespace
 
-static void carve_workspace(const ModelConfig& c, Decoder::Workspace* ws, Carver& cv, bool keep_all_blocks,
-                            bool training) {
+static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, Decoder::Workspace* ws, Carver& cv,
+                            bool keep_all_blocks, bool training) {
   const DType dt = c.dtype;
   const std::size_t e = dtype_bytes(dt);
   const std::size_t n = static_cast<std::size_t>(ws->batch * ws->seq);
-  const std::size_t C = static_cast<std::size_t>(c.d_model), H = static_cast<std::size_t>(c.n_heads);
+  const auto T = static_cast<std::size_t>(tp.size);
+  // A tensor rank's activations are those of its heads, MLP columns and vocabulary rows.
+  const std::size_t C = static_cast<std::size_t>(c.d_model), H = static_cast<std::size_t>(c.n_heads) / T;
   const std::size_t hd = static_cast<std::size_t>(c.head_dim());
-  const std::size_t qkv_w = static_cast<std::size_t>(c.n_heads + 2 * c.n_kv_heads) * hd;
+  const std::size_t qkv_w = (H + 2 * static_cast<std::size_t>(c.n_kv_heads) / T) * hd;
   const std::size_t att_w = H * hd;
-  const std::size_t F = static_cast<std::size_t>(c.ffn_hidden);
+  const std::size_t F = static_cast<std::size_t>(c.ffn_hidden) / T;
   const std::size_t ff_in_w = c.arch == Architecture::Gpt2 ? F : 2 * F;
-  const std::size_t V = static_cast<std::size_t>(c.vocab_size);
+  const std::size_t V = static_cast<std::size_t>(vocab_rows(c, tp.size, tp.rank).rows());
   ws->tokens = static_cast<std::int32_t*>(cv.take(n * 4));
   ws->targets = static_cast<std::int32_t*>(cv.take(n * 4));
   ws->x.clear();
@@ -130,12 +138,33 @@ static void carve_workspace(const ModelConfig& c, Decoder::Workspace* ws, Carver
     ws->dff_in = cv.take(n * ff_in_w * e);
     ws->dff_act = cv.take(n * F * e);
   }
+  ws->parts.clear();
+  if (tp.sliced()) {
+    const auto L = static_cast<std::size_t>(tp.local_slices());
+    for (std::size_t l = 1; l < L; ++l) ws->parts.push_back(cv.take(n * C * e));
+    ws->ce_max = static_cast<float*>(cv.take(n * 4));
+    ws->ce_target = static_cast<float*>(cv.take(n * 4));
+    ws->ce_sums = static_cast<double*>(cv.take(n * L * 8));
+    ws->ce_all = static_cast<double*>(cv.take(n * L * T * 8));
+  }
 }
 
 Decoder::Decoder(ModelConfig config, DecoderOptions options)
     : config_(std::move(config)), options_(std::move(options)) {
   config_.validate();
   layout_ = decoder_layout(config_, options_.tiling);
+  const TensorParallel& tp = options_.tensor;
+  if (tp.sliced() || tp.size > 1) {
+    STRATA_CHECK(tp.size >= 1 && tp.slices % tp.size == 0 && tp.rank >= 0 && tp.rank < tp.size,
+                 "tensor rank {} of {} with {} slices", tp.rank, tp.size, tp.slices);
+    STRATA_CHECK(tp.size == 1 || tp.comm != nullptr, "tensor parallelism over {} ranks without a communicator", tp.size);
+    if (options_.tiling.tiled()) {
+      throw ConfigError("strata.tiling beside tensor parallelism (strata.parallel.tensor, tensor_slices) is not built "
+                        "yet: set strata.tiling to {} or strata.parallel.tensor and tensor_slices to 1");
+    }
+    check_tensor_parallel(config_, tp.size, tp.slices, options_.tiling.chunks, "the decoder's options");
+    layout_.groups = tensor_parallel_layout(config_, tp.size, tp.rank).groups;
+  }
 }
 
 Decoder::~Decoder() = default;
@@ -147,7 +176,7 @@ std::size_t Decoder::activation_bytes(std::int64_t batch, std::int64_t seq, bool
   ws.batch = batch;
   ws.seq = seq;
   Carver cv(nullptr);
-  carve_workspace(config_, &ws, cv, training && options_.checkpointing == Checkpointing::Off, training);
+  carve_workspace(config_, options_.tensor, &ws, cv, training && options_.checkpointing == Checkpointing::Off, training);
   return cv.used();
 }
 
@@ -170,7 +199,7 @@ Decoder::Workspace& Decoder::workspace(const DecoderRuntime& rt, std::int64_t ba
     base = static_cast<char*>(ws->host_mem.data());
   }
   Carver cv(base);
-  carve_workspace(config_, ws.get(), cv, keep, training);
+  carve_workspace(config_, options_.tensor, ws.get(), cv, keep, training);
   ws_ = std::move(ws);
   return *ws_;
 }
@@ -217,15 +246,221 @@ struct BlockPass {
   const ModelConfig& c;
   const KernelContext& ctx;
   std::int64_t batch, seq, chunks;
+  const TensorParallel& tp;
+  const std::vector<void*>& parts;  // Workspace::parts
 
   std::int64_t rows() const { return batch * seq; }
-  std::int64_t qkv_w() const { return (c.n_heads + 2 * c.n_kv_heads) * c.head_dim(); }
-  std::int64_t att_w() const { return c.n_heads * c.head_dim(); }
+  // This tensor rank's heads, KV heads and MLP columns (all of them at T = 1).
+  std::int64_t heads() const { return c.n_heads / tp.size; }
+  std::int64_t kv_heads() const { return c.n_kv_heads / tp.size; }
+  std::int64_t ffn() const { return c.ffn_hidden / tp.size; }
+  std::int64_t qkv_w() const { return (heads() + 2 * kv_heads()) * c.head_dim(); }
+  std::int64_t att_w() const { return heads() * c.head_dim(); }
   AttentionShape attn_shape() const {
-    return {batch, seq, c.n_heads, c.n_kv_heads, c.head_dim(), qkv_w(), qkv_w(), att_w()};
+    return {batch, seq, heads(), kv_heads(), c.head_dim(), qkv_w(), qkv_w(), att_w()};
   }
-  void* k_of(void* qkv) const { return at(qkv, c.n_heads * c.head_dim(), c.dtype); }
-  void* v_of(void* qkv) const { return at(qkv, (c.n_heads + c.n_kv_heads) * c.head_dim(), c.dtype); }
+  void* k_of(void* qkv) const { return at(qkv, heads() * c.head_dim(), c.dtype); }
+  void* v_of(void* qkv) const { return at(qkv, (heads() + kv_heads()) * c.head_dim(), c.dtype); }
+
+  // ---- Tensor slices (Note [Tensor slices] in models/tensor_parallel.h) ----------------------
+
+  // A column-parallel linear of a stage: the whole linear has `out` rows of `in`; this rank's rows
+  // start at row `row0` of its tensor (and bias), and its output at column `col0` of the stage's
+  // output buffer.
+  struct ColumnLinear {
+    std::size_t weight, bias;
+    std::int64_t row0, out, in, col0;
+  };
+  // A row-parallel linear: d_model rows of K whole columns, this rank holding K / T of them.
+  struct RowLinear {
+    std::size_t weight, bias;
+    std::int64_t K;
+  };
+  static bool row_parallel(BlockStage stage) { return stage == BlockStage::AttnOut || stage == BlockStage::MlpOut; }
+
+  std::vector<ColumnLinear> column_linears(BlockStage stage) const {
+    const std::int64_t C = c.d_model, hd = c.head_dim(), T = tp.size;
+    if (c.arch == Architecture::Gpt2) {
+      using namespace gpt2_block;
+      if (stage == BlockStage::AttnIn) {
+        std::vector<ColumnLinear> v;  // q, k and v: the rank's rows of each third of attn.qkv
+        for (std::int64_t k = 0; k < 3; ++k) v.push_back({kQkvW, kQkvB, k * C / T, C, C, k * C / T});
+        return v;
+      }
+      return {{kFcW, kFcB, 0, c.ffn_hidden, C, 0}};
+    }
+    using namespace llama_block;
+    if (stage == BlockStage::AttnIn) {
+      return {{kQ, kNoBias, 0, c.n_heads * hd, C, 0},
+              {kK, kNoBias, 0, c.n_kv_heads * hd, C, heads() * hd},
+              {kV, kNoBias, 0, c.n_kv_heads * hd, C, (heads() + kv_heads()) * hd}};
+    }
+    return {{kGate, kNoBias, 0, c.ffn_hidden, C, 0}, {kUp, kNoBias, 0, c.ffn_hidden, C, ffn()}};
+  }
+
+  RowLinear row_linear(BlockStage stage) const {
+    const std::int64_t K = stage == BlockStage::AttnOut ? c.n_heads * c.head_dim() : c.ffn_hidden;
+    if (c.arch == Architecture::Gpt2) {
+      using namespace gpt2_block;
+      return stage == BlockStage::AttnOut ? RowLinear{kAttnProjW, kAttnProjB, K} : RowLinear{kMlpProjW, kMlpProjB, K};
+    }
+    using namespace llama_block;
+    return {stage == BlockStage::AttnOut ? kO : kDown, kNoBias, K};
+  }
+
+  // Local slice l of this rank as a range of [0, n): global slice first_slice + l of S.
+  RowRange slice_of(std::int64_t n, std::int64_t l) const {
+    const std::int64_t s = tp.first_slice() + l;
+    return {s * n / tp.slices, (s + 1) * n / tp.slices};
+  }
+  // The first row of this rank's share of n whole rows (or columns).
+  std::int64_t rank_begin(std::int64_t n) const { return tp.rank * n / tp.size; }
+  void* part(void* dest, std::int64_t l) const { return l == 0 ? dest : parts[static_cast<std::size_t>(l - 1)]; }
+
+  // p[rows, cols] (row stride ld) = 0, and y[rows, cols] += bias: a matmul with k = 0.
+  void zero_rows(void* p, std::int64_t cols, std::int64_t ld) const {
+    MatmulArgs z{c.dtype, Trans::No, Trans::No, rows(), cols, 0, p, 1, 0, p, 1, 0, p, ld, 0, 1};
+    matmul(ctx, z);
+  }
+  void add_bias(void* y, std::int64_t cols, std::int64_t ld, const void* bias) const {
+    MatmulArgs z{c.dtype, Trans::No, Trans::No, rows(), cols, 0, y, 1, 0, y, 1, 0, y, ld, 0, 1};
+    z.bias = bias;
+    z.beta = 1.0f;
+    matmul(ctx, z);
+  }
+
+  // dest (partial 0, [rows, count / rows] dense) = the pairwise tree over this rank's partials,
+  // then over the tensor ranks (their subtrees: the same tree over all S slices).
+  void reduce_partials(void* dest, std::int64_t count) const {
+    const std::int64_t L = tp.local_slices();
+    for (std::int64_t stride = 1; stride < L; stride *= 2) {
+      for (std::int64_t i = 0; i + stride < L; i += 2 * stride) {
+        residual_add(ctx, c.dtype, part(dest, i), part(dest, i + stride), part(dest, i), count);
+      }
+    }
+    if (tp.size > 1) tp.comm->all_reduce(dest, dest, static_cast<std::size_t>(count), c.dtype, ReduceOp::Sum, *ctx.stream);
+  }
+
+  // Column-parallel forward: this rank's rows of every linear, chunk by chunk. No sum is split.
+  void sliced_column_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const {
+    const DType dt = c.dtype;
+    const std::int64_t per_rank = chunks / tp.size;
+    for (std::int64_t ch = tp.rank * per_rank; ch < (tp.rank + 1) * per_rank; ++ch) {
+      for (const ColumnLinear& lin : column_linears(stage)) {
+        const RowRange r = chunk_rows(lin.out, chunks, ch);
+        if (r.rows() == 0) continue;
+        const std::int64_t local = r.begin - rank_begin(lin.out);
+        MatmulArgs a{dt, Trans::No, Trans::Yes, seq, r.rows(), lin.in, x, ldx, seq * ldx,
+                     at(bp.weight(lin.weight), (lin.row0 + local) * lin.in, dt), lin.in, 0,
+                     at(y.p, lin.col0 + local, dt), y.ld, seq * y.ld, batch};
+        a.bias = lin.bias == kNoBias ? nullptr : at(bp.weight(lin.bias), lin.row0 + local, dt);
+        matmul(ctx, a);
+      }
+    }
+  }
+
+  // Column-parallel backward: dx (dense [rows, in]) is split over output rows: one partial per
+  // slice (its chunks in ascending order, the linears interleaved chunk-major), then the tree.
+  void sliced_column_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx, StageIo dy,
+                              void* dx) const {
+    const DType dt = c.dtype;
+    const std::vector<ColumnLinear> lins = column_linears(stage);
+    const std::int64_t in = lins.front().in;
+    const std::int64_t per_slice = chunks / tp.slices;
+    for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
+      void* p = part(dx, l);
+      bool started = false;
+      const std::int64_t s = tp.first_slice() + l;
+      for (std::int64_t ch = s * per_slice; ch < (s + 1) * per_slice; ++ch) {
+        for (const ColumnLinear& lin : lins) {
+          const RowRange r = chunk_rows(lin.out, chunks, ch);
+          if (r.rows() == 0) continue;
+          const std::int64_t row = lin.row0 + r.begin - rank_begin(lin.out);
+          const void* dyr = at(dy.p, lin.col0 + r.begin - rank_begin(lin.out), dt);
+          MatmulArgs d{dt, Trans::No, Trans::No, seq, in, r.rows(), dyr, dy.ld, seq * dy.ld,
+                       at(bp.weight(lin.weight), row * in, dt), in, 0, p, in, seq * in, batch};
+          d.beta = started ? 1.0f : 0.0f;
+          started = true;
+          matmul(ctx, d);
+          MatmulArgs g{dt, Trans::Yes, Trans::No, r.rows(), in, seq, dyr, dy.ld, seq * dy.ld, x, ldx, seq * ldx,
+                       at(bp.grad(lin.weight), row * in, dt), in, 0, batch};
+          g.beta = 1.0f;
+          matmul(ctx, g);
+          if (lin.bias != kNoBias) {
+            bias_grad(ctx, dt, dyr, batch * seq, r.rows(), dy.ld, at(bp.grad(lin.bias), row, dt));
+          }
+        }
+      }
+      if (!started) zero_rows(p, in, in);
+    }
+    reduce_partials(dx, rows() * in);
+  }
+
+  // Row-parallel forward: y (dense [rows, d_model]) is split over the input columns: one partial
+  // per slice of columns (each chunk of output rows a matmul), the tree, then the bias.
+  void sliced_row_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const {
+    const DType dt = c.dtype;
+    const RowLinear lin = row_linear(stage);
+    const std::int64_t out = c.d_model, Kt = lin.K / tp.size;
+    STRATA_CHECK(y.ld == out, "row-parallel output of {} columns at row stride {}", out, y.ld);
+    const void* w = bp.weight(lin.weight);
+    for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
+      void* p = part(y.p, l);
+      const RowRange cols = slice_of(lin.K, l);
+      if (cols.rows() == 0) {
+        zero_rows(p, out, out);
+        continue;
+      }
+      const std::int64_t c0 = cols.begin - rank_begin(lin.K);
+      for (std::int64_t ch = 0; ch < chunks; ++ch) {
+        const RowRange r = chunk_rows(out, chunks, ch);
+        if (r.rows() == 0) continue;
+        MatmulArgs a{dt, Trans::No, Trans::Yes, seq, r.rows(), cols.rows(), at(x, c0, dt), ldx, seq * ldx,
+                     at(w, r.begin * Kt + c0, dt), Kt, 0, at(p, r.begin, dt), out, seq * out, batch};
+        matmul(ctx, a);
+      }
+    }
+    reduce_partials(y.p, rows() * out);
+    if (lin.bias != kNoBias) add_bias(y.p, out, out, bp.weight(lin.bias));
+  }
+
+  // Row-parallel backward: no sum is split; dx's columns and dW's are computed per slice so each
+  // matmul has the same shape for every T.
+  void sliced_row_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx, StageIo dy,
+                           void* dx, std::int64_t lddx) const {
+    const DType dt = c.dtype;
+    const RowLinear lin = row_linear(stage);
+    const std::int64_t out = c.d_model, Kt = lin.K / tp.size;
+    const void* w = bp.weight(lin.weight);
+    void* dw = bp.grad(lin.weight);
+    for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
+      const RowRange cols = slice_of(lin.K, l);
+      if (cols.rows() == 0) continue;
+      const std::int64_t c0 = cols.begin - rank_begin(lin.K), cn = cols.rows();
+      bool started = false;
+      for (std::int64_t ch = 0; ch < chunks; ++ch) {
+        const RowRange r = chunk_rows(out, chunks, ch);
+        if (r.rows() == 0) continue;
+        const void* dyr = at(dy.p, r.begin, dt);
+        MatmulArgs d{dt, Trans::No, Trans::No, seq, cn, r.rows(), dyr, dy.ld, seq * dy.ld, at(w, r.begin * Kt + c0, dt),
+                     Kt, 0, at(dx, c0, dt), lddx, seq * lddx, batch};
+        d.beta = started ? 1.0f : 0.0f;
+        started = true;
+        matmul(ctx, d);
+        MatmulArgs g{dt, Trans::Yes, Trans::No, r.rows(), cn, seq, dyr, dy.ld, seq * dy.ld, at(x, c0, dt), ldx,
+                     seq * ldx, at(dw, r.begin * Kt + c0, dt), Kt, 0, batch};
+        g.beta = 1.0f;
+        matmul(ctx, g);
+      }
+      if (!started) zero_rows(at(dx, c0, dt), cn, lddx);
+    }
+    if (lin.bias == kNoBias) return;
+    for (std::int64_t ch = 0; ch < chunks; ++ch) {  // the bias is replicated: every rank sums all of dy
+      const RowRange r = chunk_rows(out, chunks, ch);
+      if (r.rows() == 0) continue;
+      bias_grad(ctx, dt, at(dy.p, r.begin, dt), batch * seq, r.rows(), dy.ld, at(bp.grad(lin.bias), r.begin, dt));
+    }
+  }
 
   // Runs fn(tile weights, tile gradients, tile, first chunk, end chunk) over the stage: once over
   // every chunk with null tile views when the stage is untiled (its weights are in the base group),
@@ -262,6 +497,14 @@ struct BlockPass {
   // ys[i][:, rows] = x W_i[rows]^T + b_i[rows], chunk by chunk (Note [Tile-invariant linear layers]).
   void stage_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
                      std::initializer_list<StageIo> ys) const {
+    if (tp.sliced()) {  // the outputs are columns of the first one's buffer (ColumnLinear::col0)
+      if (row_parallel(stage)) {
+        sliced_row_forward(bp, stage, x, ldx, ys.begin()[0]);
+      } else {
+        sliced_column_forward(bp, stage, x, ldx, ys.begin()[0]);
+      }
+      return;
+    }
     const std::vector<StageLinear> lins = stage_linears(c, stage);
     STRATA_CHECK(lins.size() == ys.size(), "stage {} has {} linears, {} outputs given", block_stage_name(c.arch, stage),
                  lins.size(), ys.size());
@@ -287,6 +530,16 @@ struct BlockPass {
   // ascending chunks, the stage's linears interleaved chunk-major (Note [Tile-invariant linear layers]).
   void stage_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
                       std::initializer_list<StageIo> dys, void* dx, std::int64_t lddx, Accumulate acc) const {
+    if (tp.sliced()) {
+      STRATA_CHECK(acc == Accumulate::No, "a sliced stage backward writes its input gradient");
+      if (row_parallel(stage)) {
+        sliced_row_backward(bp, stage, x, ldx, dys.begin()[0], dx, lddx);
+      } else {
+        STRATA_CHECK(lddx == c.d_model, "column-parallel input gradient at row stride {}", lddx);
+        sliced_column_backward(bp, stage, x, ldx, dys.begin()[0], dx);
+      }
+      return;
+    }
     const std::vector<StageLinear> lins = stage_linears(c, stage);
     STRATA_CHECK(lins.size() == dys.size(), "stage {} has {} linears, {} gradients given",
                  block_stage_name(c.arch, stage), lins.size(), dys.size());
@@ -323,19 +576,19 @@ struct BlockPass {
   void forward(const BlockParams& bp, const void* x_in, void* x_out, const Decoder::Workspace::BlockActs& a,
                void* tmp) const {
     const DType dt = c.dtype;
-    const std::int64_t C = c.d_model, F = c.ffn_hidden, n = rows();
+    const std::int64_t C = c.d_model, F = ffn(), n = rows();
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
       layernorm_forward(ctx, dt, x_in, bp.weight(kLn1W), bp.weight(kLn1B), a.norm1, a.mean1, a.rstd1, n, C, c.norm_eps);
-      stage_forward(bp, BlockStage::AttnIn, a.norm1, C, {{a.qkv, 3 * C}});
+      stage_forward(bp, BlockStage::AttnIn, a.norm1, C, {{a.qkv, qkv_w()}});
     } else {
       using namespace llama_block;
       rmsnorm_forward(ctx, dt, x_in, bp.weight(kAttnNorm), a.norm1, a.rstd1, n, C, c.norm_eps);
       const std::int64_t hd = c.head_dim();
       stage_forward(bp, BlockStage::AttnIn, a.norm1, C,
                     {{a.qkv, qkv_w()}, {k_of(a.qkv), qkv_w()}, {v_of(a.qkv), qkv_w()}});
-      rope(ctx, dt, a.qkv, batch, seq, c.n_heads, hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
-      rope(ctx, dt, k_of(a.qkv), batch, seq, c.n_kv_heads, hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
+      rope(ctx, dt, a.qkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
+      rope(ctx, dt, k_of(a.qkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
     }
     attention_forward(ctx, dt, attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse);
     stage_forward(bp, BlockStage::AttnOut, a.att, att_w(), {{tmp, C}});
@@ -360,7 +613,7 @@ struct BlockPass {
   void backward(const BlockParams& bp, const void* x_in, const Decoder::Workspace::BlockActs& a,
                 const Decoder::Workspace& ws) const {
     const DType dt = c.dtype;
-    const std::int64_t C = c.d_model, F = c.ffn_hidden, n = rows();
+    const std::int64_t C = c.d_model, F = ffn(), n = rows();
     stage_backward(bp, BlockStage::MlpOut, a.ff_act, F, {{ws.dres, C}}, ws.dff_act, F, Accumulate::No);
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
@@ -381,14 +634,14 @@ struct BlockPass {
                        k_of(ws.dqkv), v_of(ws.dqkv));
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      stage_backward(bp, BlockStage::AttnIn, a.norm1, C, {{ws.dqkv, 3 * C}}, ws.dln, C, Accumulate::No);
+      stage_backward(bp, BlockStage::AttnIn, a.norm1, C, {{ws.dqkv, qkv_w()}}, ws.dln, C, Accumulate::No);
       layernorm_backward(ctx, dt, ws.dln, x_in, bp.weight(kLn1W), a.mean1, a.rstd1, ws.dres, bp.grad(kLn1W),
                          bp.grad(kLn1B), n, C, Accumulate::Yes);
     } else {
       using namespace llama_block;
       const std::int64_t hd = c.head_dim();
-      rope(ctx, dt, ws.dqkv, batch, seq, c.n_heads, hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
-      rope(ctx, dt, k_of(ws.dqkv), batch, seq, c.n_kv_heads, hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
+      rope(ctx, dt, ws.dqkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
+      rope(ctx, dt, k_of(ws.dqkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
       stage_backward(bp, BlockStage::AttnIn, a.norm1, C,
                      {{ws.dqkv, qkv_w()}, {k_of(ws.dqkv), qkv_w()}, {v_of(ws.dqkv), qkv_w()}}, ws.dln, C,
                      Accumulate::No);
@@ -414,6 +667,9 @@ struct ModelPass {
   DType dt = c.dtype;
   std::int64_t n = batch * seq, C = c.d_model, V = c.vocab_size;
   std::size_t emb = layout.embedding, head = layout.head;
+  const TensorParallel& tp = pass.tp;
+  RowRange vocab = vocab_rows(c, tp.size, tp.rank);  // this rank's rows of the embedding and the head
+  std::int64_t Vt = vocab.rows();
 
   // Forward through the embedding and the blocks.
   void forward_blocks() const;
@@ -422,6 +678,14 @@ struct ModelPass {
   // Backward through the blocks, last first (recomputing a block's forward under checkpointing),
   // then the embedding's.
   void backward_blocks() const;
+
+  // Tensor slices (Note [Tensor slices]): the logits of the rank's vocabulary rows slice by slice;
+  // the vocabulary-parallel cross-entropy; d(lnf_out) over the vocabulary slices (and, untied,
+  // the head weight's gradient); GPT-2's tied head gradient of sequence b.
+  void sliced_logits(const void* head_w) const;
+  void sliced_cross_entropy(float grad_scale) const;
+  void sliced_head_backward(const void* head_w, void* head_dw) const;
+  void sliced_tied_head_grad(std::int64_t b, void* dwte) const;
 };
 
 // The shape and the tokens of a micro-batch, before anything runs.
@@ -443,8 +707,14 @@ void check_tokens(const ModelConfig& c, const std::int32_t* tokens, const std::i
 void ModelPass::forward_blocks() const {
   {
     const GroupViews w = provider.acquire_params(emb, ParamPhase::Forward, stream);
-    embedding_forward(ctx, dt, ws.tokens, w[embedding_group::kWte],
-                      c.arch == Architecture::Gpt2 ? w[embedding_group::kWpe] : nullptr, ws.x[0], batch, seq, C);
+    const void* wpe = c.arch == Architecture::Gpt2 ? w[embedding_group::kWpe] : nullptr;
+    if (tp.size > 1) {  // each token's row from the rank that holds it, zeros from the others
+      embedding_forward_vocab_slice(ctx, dt, ws.tokens, w[embedding_group::kWte], vocab.begin, vocab.end, wpe, ws.x[0],
+                                    batch, seq, C);
+      tp.comm->all_reduce(ws.x[0], ws.x[0], static_cast<std::size_t>(n * C), dt, ReduceOp::Sum, *stream);
+    } else {
+      embedding_forward(ctx, dt, ws.tokens, w[embedding_group::kWte], wpe, ws.x[0], batch, seq, C);
+    }
     provider.release_params(emb, stream);
   }
   for (std::int64_t l = 0; l < c.n_layers; ++l) {
@@ -470,11 +740,18 @@ void ModelPass::run_head(float grad_scale) const {
   } else {
     rmsnorm_forward(ctx, dt, x_final, hw[head_group::kNormW], ws.lnf_out, ws.lnf_rstd, n, C, c.norm_eps);
   }
-  linear_forward(ctx, dt, ws.lnf_out, C, head_w, nullptr, ws.logits, V, batch, seq, C, V);
-  cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, training ? ws.logits : nullptr, n, V, V, grad_scale);
+  if (tp.sliced()) {
+    sliced_logits(head_w);
+    sliced_cross_entropy(grad_scale);
+  } else {
+    linear_forward(ctx, dt, ws.lnf_out, C, head_w, nullptr, ws.logits, V, batch, seq, C, V);
+    cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, training ? ws.logits : nullptr, n, V, V, grad_scale);
+  }
   if (training) {
     const GroupViews hg = provider.acquire_grads(head, stream);
-    if (tied) {
+    if (tp.sliced()) {
+      sliced_head_backward(head_w, tied ? nullptr : hg[head_group::kLmHead]);
+    } else if (tied) {
       // Only d(lnf_out) now; the tied weight's gradient is added with the embedding's, per sequence
       // (Note [Tied embedding gradient order]).
       MatmulArgs a{dt, Trans::No, Trans::No, seq, C, V, ws.logits, V, seq * V, head_w, C, 0, ws.dln, C, seq * C, batch};
@@ -516,7 +793,15 @@ void ModelPass::backward_blocks() const {
   // are added sequence by sequence, head then lookup, so that any split into micro-batches adds
   // them in the same order (Note [Micro-batch invariance] in decoder.h).
   for (std::int64_t b = 0; b < batch; ++b) {
-    if (c.arch == Architecture::Gpt2) {
+    if (tp.sliced()) {
+      if (c.arch == Architecture::Gpt2) sliced_tied_head_grad(b, g[embedding_group::kWte]);
+      if (tp.size > 1) {
+        embedding_backward_vocab_slice(ctx, dt, ws.tokens + b * seq, at(ws.dres, b * seq * C, dt),
+                                       g[embedding_group::kWte], vocab.begin, vocab.end,
+                                       c.arch == Architecture::Gpt2 ? g[embedding_group::kWpe] : nullptr, 1, seq, C);
+        continue;
+      }
+    } else if (c.arch == Architecture::Gpt2) {
       MatmulArgs dw{dt, Trans::Yes, Trans::No, V, C, seq, at(ws.logits, b * seq * V, dt), V, 0,
                     at(ws.lnf_out, b * seq * C, dt), C, 0, g[embedding_group::kWte], C, 0, 1};
       dw.beta = 1.0f;
@@ -527,6 +812,65 @@ void ModelPass::backward_blocks() const {
   }
   provider.grads_ready(emb, stream);
   provider.release_params(emb, stream);
+}
+
+void ModelPass::sliced_logits(const void* head_w) const {
+  for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
+    const RowRange sl = pass.slice_of(V, l);
+    const std::int64_t b = sl.begin - vocab.begin;
+    if (sl.rows() == 0) continue;
+    MatmulArgs a{dt, Trans::No, Trans::Yes, seq, sl.rows(), C, ws.lnf_out, C, seq * C, at(head_w, b * C, dt), C, 0,
+                 at(ws.logits, b, dt), Vt, seq * Vt, batch};
+    matmul(ctx, a);
+  }
+}
+
+void ModelPass::sliced_cross_entropy(float grad_scale) const {
+  const std::int64_t S = tp.slices, L = tp.local_slices(), first = tp.first_slice();
+  cross_entropy_row_max(ctx, dt, ws.logits, n, Vt, Vt, ws.ce_max);
+  if (tp.size > 1) tp.comm->all_reduce(ws.ce_max, ws.ce_max, static_cast<std::size_t>(n), DType::F32, ReduceOp::Max, *stream);
+  cross_entropy_slice_sums(ctx, dt, ws.logits, ws.targets, n, Vt, V, S, first, L, ws.ce_max, ws.ce_sums, ws.ce_target);
+  if (tp.size > 1) {
+    // The doubles travel as pairs of fp32 words: an all-gather moves bytes and never adds them.
+    tp.comm->all_gather(ws.ce_sums, ws.ce_all, static_cast<std::size_t>(n * L * 2), DType::F32, *stream);
+    tp.comm->all_reduce(ws.ce_target, ws.ce_target, static_cast<std::size_t>(n), DType::F32, ReduceOp::Sum, *stream);
+  }
+  cross_entropy_finish(ctx, dt, ws.logits, ws.targets, ws.losses, training ? ws.logits : nullptr, n, Vt, V, S, first, L,
+                       ws.ce_max, tp.size > 1 ? ws.ce_all : ws.ce_sums, ws.ce_target, grad_scale);
+}
+
+void ModelPass::sliced_head_backward(const void* head_w, void* head_dw) const {
+  for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
+    void* p = pass.part(ws.dln, l);
+    const RowRange sl = pass.slice_of(V, l);
+    const std::int64_t b = sl.begin - vocab.begin;
+    if (sl.rows() == 0) {
+      pass.zero_rows(p, C, C);
+      continue;
+    }
+    MatmulArgs a{dt, Trans::No, Trans::No, seq, C, sl.rows(), at(ws.logits, b, dt), Vt, seq * Vt,
+                 at(head_w, b * C, dt), C, 0, p, C, seq * C, batch};
+    matmul(ctx, a);
+    if (head_dw != nullptr) {
+      MatmulArgs g{dt, Trans::Yes, Trans::No, sl.rows(), C, seq, at(ws.logits, b, dt), Vt, seq * Vt, ws.lnf_out, C,
+                   seq * C, at(head_dw, b * C, dt), C, 0, batch};
+      g.beta = 1.0f;
+      matmul(ctx, g);
+    }
+  }
+  pass.reduce_partials(ws.dln, n * C);
+}
+
+void ModelPass::sliced_tied_head_grad(std::int64_t b, void* dwte) const {
+  for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
+    const RowRange sl = pass.slice_of(V, l);
+    const std::int64_t v = sl.begin - vocab.begin;
+    if (sl.rows() == 0) continue;
+    MatmulArgs dw{dt, Trans::Yes, Trans::No, sl.rows(), C, seq, at(ws.logits, b * seq * Vt + v, dt), Vt, 0,
+                  at(ws.lnf_out, b * seq * C, dt), C, 0, at(dwte, v * C, dt), C, 0, 1};
+    dw.beta = 1.0f;
+    matmul(ctx, dw);
+  }
 }
 
 // The micro-batch's loss: the per-token losses back on the host, summed over counted targets.
@@ -565,7 +909,9 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
     stream->copy_h2d(ws.targets, targets, static_cast<std::size_t>(n) * 4);
   }
   const bool keep_all = training && options_.checkpointing == Checkpointing::Off;
-  const BlockPass pass{c, ctx, batch, seq, layout_.tiling.chunks};
+  const TensorParallel& tp = options_.tensor;
+  STRATA_CHECK(tp.size == 1 || stream != nullptr, "tensor parallelism needs a device stream for its collectives");
+  const BlockPass pass{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts};
   const ModelPass m{c, layout_, ctx, provider, ws, pass, batch, seq, training, keep_all};
   m.forward_blocks();
   m.run_head(grad_scale);

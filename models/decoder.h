@@ -16,6 +16,11 @@
 // in the spec's fixed row chunks whether tiled or not, so tiled and untiled runs give the same bits
 // (Note [Tile-invariant linear layers] in models/tiling.h).
 //
+// Tensor parallelism (DecoderOptions::tensor, models/tensor_parallel.h): the groups are the rank's
+// slices of the untiled groups; the blocks run on the rank's heads and MLP columns, with the
+// all-reduces of Megatron's 1D scheme on the compute stream through the tensor group's
+// communicator, and the head and the cross-entropy split by vocabulary.
+//
 // Note [Micro-batch invariance]: every matmul is issued per sequence (batched over the sequences
 // of the micro-batch) and every reduction over rows is a running sum in row order (see ops.h), so
 // the gradients of 4 micro-batches of 2 sequences equal those of 1 micro-batch of 8, bit for bit,
@@ -32,6 +37,7 @@
 #include "models/decoder_params.h"
 #include "models/kernels/ops.h"
 #include "models/model_config.h"
+#include "models/tensor_parallel.h"
 #include "models/tiling.h"
 
 namespace strata::models {
@@ -45,6 +51,9 @@ struct DecoderOptions {
 
   Checkpointing checkpointing = Checkpointing::Off;
   TilingSpec tiling;  // auto counts must be resolved (resolve_auto_tiles) before the decoder is built
+  // Tensor parallelism (models/tensor_parallel.h): with slices > 1 the decoder holds this rank's
+  // slices and computes the split sums in S slices (Note [Tensor slices]); tiling must be off.
+  TensorParallel tensor;
 };
 
 // Where the decoder runs: kernels context, plus the device its activations live on (null: host

@@ -172,7 +172,12 @@ Estimate estimate_run(const EstimateInputs& in) {
   const Target t = target_of(in);
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(in.config, &checkpointing);
-  check_parallel_layout(in.config, model, t.world);
+  const ParallelLayout layout = check_parallel_layout(in.config, model, t.world);
+  if (layout.tensor() > 1) {
+    throw ConfigError(fmt::format("{}: {}: estimate and simulate do not plan tensor parallelism yet (strata train runs "
+                                  "it); set strata.parallel.tensor to 1",
+                                  in.config.source, layout.describe()));
+  }
   return estimate_model(in, t, model, checkpointing);
 }
 

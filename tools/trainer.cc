@@ -25,6 +25,7 @@
 #include "engine/config.h"
 #include "engine/lr_schedule.h"
 #include "engine/parallel_layout.h"
+#include "engine/run_plan.h"
 #include "engine/tier_plan.h"
 #include "engine/zero_engine.h"
 #include "models/decoder.h"
@@ -32,6 +33,7 @@
 #include "models/model_config.h"
 #include "models/param_init.h"
 #include "models/safetensors.h"
+#include "models/tensor_parallel.h"
 #include "models/tiling.h"
 #include "models/tiling_plan.h"
 #include "models/token_data.h"
@@ -62,15 +64,37 @@ std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
 
 }  // namespace
 
-void check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world) {
+ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world) {
   const ParallelLayout layout(cfg.strata.parallel, world, cfg.source);
   models::check_parallel_shape(model, layout.tensor(), layout.pipeline(), cfg.source);
-  if (layout.tensor() > 1 || layout.pipeline() > 1) {
-    throw ConfigError(fmt::format("{}: {}: tensor and pipeline parallelism (strata.parallel.tensor, "
-                                  "strata.parallel.pipeline) are not built yet; set both to 1 to train data-parallel "
-                                  "over all {} ranks",
-                                  cfg.source, layout.describe(), world));
+  if (layout.pipeline() > 1) {
+    throw ConfigError(fmt::format("{}: {}: pipeline parallelism (strata.parallel.pipeline) is not built yet; set it to "
+                                  "1",
+                                  cfg.source, layout.describe()));
   }
+  const int T = layout.tensor(), S = cfg.strata.parallel.slices();
+  if (T == 1 && S == 1) return layout;
+  const bool tiling_set = cfg.strata.tiling.is_object() && !cfg.strata.tiling.empty();
+  if (tiling_set) {
+    throw ConfigError(fmt::format("{}: strata.tiling beside tensor parallelism (strata.parallel.tensor = {}, "
+                                  "tensor_slices = {}) is not built yet; drop strata.tiling or set both to 1",
+                                  cfg.source, T, S));
+  }
+  models::check_tensor_parallel(model, T, S, models::kDefaultTileChunks, cfg.source);
+  if (T == 1) return layout;
+  const auto refuse = [&](const std::string& what, const std::string& fix) {
+    throw ConfigError(fmt::format("{}: {} with strata.parallel.tensor = {} is not built yet; {}", cfg.source, what, T,
+                                  fix));
+  };
+  if (cfg.gradient_clipping > 0) {
+    refuse(fmt::format("gradient_clipping {} (the norm across tensor ranks)", cfg.gradient_clipping),
+           "set gradient_clipping to 0");
+  }
+  if (cfg.precision == Precision::Fp16) refuse("fp16 (the loss scaler's skips across tensor ranks)", "use bf16 or fp32");
+  if (!cfg.strata.checkpoint.dir.empty()) {
+    refuse("strata.checkpoint.dir (checkpoints of tensor slices)", "drop strata.checkpoint.dir");
+  }
+  return layout;
 }
 
 TrainConfig load_train_config_or_demo(const std::string& path, const std::vector<std::string>& overrides) {
@@ -139,11 +163,41 @@ std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, co
   return path;
 }
 
-void save_weights(const std::string& out, const models::ModelConfig& model, ZeroEngine& engine, int rank) {
+// Each whole tensor from the tensor group's slices (collective over the group): rank r's slice of
+// every tensor is broadcast from r and put in its place.
+std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& model, const models::TensorParallel& tp,
+                                                     const std::vector<std::vector<float>>& mine) {
+  std::vector<models::TensorParallelLayout> layouts;
+  for (int r = 0; r < tp.size; ++r) layouts.push_back(models::tensor_parallel_layout(model, tp.size, r));
+  std::vector<std::vector<float>> whole;
+  std::size_t i = 0;
+  for (std::size_t g = 0; g < layouts[0].whole.size(); ++g) {
+    for (std::size_t k = 0; k < layouts[0].whole[g].tensors.size(); ++k, ++i) {
+      const ParamTensorSpec& spec = layouts[0].whole[g].tensors[k];
+      std::vector<float> values(spec.elems());
+      for (int r = 0; r < tp.size; ++r) {
+        std::vector<float> part = r == tp.rank ? mine[i] : std::vector<float>(layouts[static_cast<std::size_t>(r)].groups[g].tensors[k].elems());
+        tp.comm->broadcast_host_bytes(part.data(), part.size() * sizeof(float), r);
+        models::place_slice(spec, layouts[static_cast<std::size_t>(r)].slices[g][k], part, values);
+      }
+      whole.push_back(std::move(values));
+    }
+  }
+  return whole;
+}
+
+void save_weights(const std::string& out, const models::ModelConfig& model, ZeroEngine& engine,
+                  const models::TensorParallel& tp, int rank) {
   std::vector<std::vector<float>> values;
-  const auto groups = engine.groups();
+  auto groups = engine.groups();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) values.push_back(engine.gather_master(g, t));
+  }
+  std::vector<ParamGroupSpec> whole_groups;
+  if (tp.size > 1) {
+    values = gather_tensor_slices(model, tp, values);
+    whole_groups = models::tensor_parallel_layout(model, tp.size, tp.rank).whole;
+    groups = whole_groups;
   }
   if (rank != 0) return;
   // Tiles are put back together: a tiled run writes the same file as an untiled one.
@@ -244,13 +298,17 @@ std::unique_ptr<Communicator> make_run_communicator(const TrainConfig& cfg, Devi
     init_logging(log);
   }
   if (rank == 0) log_ignored_keys(cfg);
+  // The data-parallel ranks (the world less its tensor and pipeline splits; a layout that does not
+  // divide the world is refused later, naming the keys).
+  const int split = cfg.strata.parallel.tensor * cfg.strata.parallel.pipeline;
+  const int data_world = world % split == 0 ? world / split : world;
   if (cfg.train_batch_size > 0 &&
-      cfg.train_batch_size != static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.gradient_accumulation_steps * world) {
+      cfg.train_batch_size != static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.gradient_accumulation_steps * data_world) {
     throw ConfigError(fmt::format("{}: train_batch_size {} != train_micro_batch_size_per_gpu {} x "
-                                  "gradient_accumulation_steps {} x world size {}; fix one of them or drop "
+                                  "gradient_accumulation_steps {} x data-parallel ranks {}; fix one of them or drop "
                                   "train_batch_size",
                                   cfg.source, cfg.train_batch_size, cfg.micro_batch_size,
-                                  cfg.gradient_accumulation_steps, world));
+                                  cfg.gradient_accumulation_steps, data_world));
   }
   return comm;
 }
@@ -273,15 +331,15 @@ struct CheckedPlan {
   TierPlan tiers;
 };
 
-CheckedPlan plan_run(TrainConfig& cfg, const models::ModelConfig& model, bool checkpointing,
-                     const std::vector<ParamGroupSpec>& groups, Communicator& comm, const Device& device) {
+// `comm` is the data axis the engine shards over; `node_ranks` all the ranks sharing the host.
+CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std::vector<ParamGroupSpec>& groups,
+                     Communicator& comm, int node_ranks, bool reports, const Device& device) {
   const int world = comm.world_size();
   const std::uint64_t activation_bytes =
-      models::Decoder(model, {checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off})
-          .activation_bytes(cfg.micro_batch_size, cfg.strata.data.seq_len, /*training=*/true);
+      decoder.activation_bytes(cfg.micro_batch_size, cfg.strata.data.seq_len, /*training=*/true);
   // Every rank plans with rank 0's view of host memory, so "auto" places the same chunks on every
   // rank and a refusal is the same everywhere.
-  HostFacts host = measure_host(world, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);
+  HostFacts host = measure_host(node_ranks, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);
   comm.broadcast_host_bytes(&host.mem_available, sizeof host.mem_available, 0);
   Placement placed = resolve_placement(cfg, groups, world, activation_bytes, device.capacity_bytes(), host);
   cfg = std::move(placed.config);
@@ -289,7 +347,7 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::ModelConfig& model, bool ch
   TierPlan plan = plan_tiers(run_plan, world, activation_bytes);
   plan.placement = std::move(placed.why);
   const TierCapacities capacity = measure_capacities(plan, device.capacity_bytes(), world);
-  if (comm.rank() == 0) spdlog::info("{}", describe_plan(plan, capacity));
+  if (reports) spdlog::info("{}", describe_plan(plan, capacity));
   check_plan_fits(plan, capacity, cfg.source);
   return CheckedPlan{std::move(run_plan), plan};
 }
@@ -309,16 +367,18 @@ models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm,
 }
 
 // Rank 0's line about the model, the stage and the batch shape, before the first step.
-void log_run_shape(const TrainConfig& cfg, const models::ModelConfig& model, std::size_t n_groups, int world,
-                   const Device& device) {
+void log_run_shape(const TrainConfig& cfg, const models::ModelConfig& model, std::size_t n_groups,
+                   const ParallelLayout& layout, const Device& device) {
+  const int world = layout.data();
   const std::int64_t micro = cfg.micro_batch_size;
   const std::int64_t seq = cfg.strata.data.seq_len;
   const int accumulation = cfg.gradient_accumulation_steps;
-  spdlog::info("model {} ({} arch): {:.2f}M parameters, {} groups; stage {}, world {}, {} x {} x {} sequences of {} "
+  spdlog::info("model {} ({} arch): {:.2f}M parameters, {} groups; stage {}, {}, {} x {} x {} sequences of {} "
                "tokens per step; device {} capped at {}",
                model.name, models::architecture_name(model.arch), static_cast<double>(models::param_count(model)) / 1e6,
-               n_groups, cfg.zero.stage, world, micro, accumulation, world, seq, device.name(),
-               format_bytes(device.capacity_bytes()));
+               n_groups, cfg.zero.stage,
+               layout.tensor() > 1 ? layout.describe() : fmt::format("world {}", layout.world()), micro, accumulation,
+               world, seq, device.name(), format_bytes(device.capacity_bytes()));
 }
 
 // What the step loop works with, set up once by run_training.
@@ -332,7 +392,8 @@ struct StepLoop {
   models::BatchSampler& sampler;
   TrainCheckpoints& checkpoints;
   StepReporter& reporter;  // rank 0's progress and metrics
-  int rank;
+  bool reports;            // this is rank 0 of the world
+  int rank;                // on the data axis (comm)
   int world;
   std::int64_t micro;
   std::int64_t seq;
@@ -430,7 +491,7 @@ LoopSeconds run_steps(StepLoop& l, std::int64_t first_step, TrainSummary& summar
     total.steps += f.seconds;
     total.exposed += f.exposed;
     record_step(summary, f, s, first_step, l.engine);
-    if (l.rank == 0) {
+    if (l.reports) {
       const double eta = total.steps / static_cast<double>(s + 1 - first_step) *
                          static_cast<double>(l.cfg.strata.steps - s - 1);
       l.reporter.report(f, s, eta);
@@ -499,29 +560,51 @@ TrainSummary run_training(const TrainOptions& options) {
 
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
-  check_parallel_layout(cfg, model, world);
+  const ParallelLayout layout = check_parallel_layout(cfg, model, world);
+  // Tensor parallelism (models/tensor_parallel.h): the decoder's collectives go over the tensor
+  // group, the engine's (ZeRO) over the data group of the ranks holding the same slices.
+  const RankCoords coords = layout.coords(rank);
+  std::unique_ptr<Communicator> tensor_comm, data_comm;
+  if (layout.tensor() > 1) {
+    tensor_comm = comm->split(coords.data * layout.pipeline() + coords.pipeline, coords.tensor);
+    data_comm = comm->split(coords.tensor + layout.tensor() * coords.pipeline, coords.data);
+  }
+  Communicator& dcomm = data_comm ? *data_comm : *comm;
+  const models::TensorParallel tp{layout.tensor(), coords.tensor, cfg.strata.parallel.slices(), tensor_comm.get()};
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
-  const models::TilingDecision tiling_plan = decide_tiling(cfg, model, checkpointing, world, rank, device->capacity_bytes());
+  models::TilingDecision tiling_plan;
+  if (!tp.sliced()) tiling_plan = decide_tiling(cfg, model, checkpointing, world, rank, device->capacity_bytes());
   models::DecoderOptions dopt(checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off, tiling_plan.spec);
+  dopt.tensor = tp;
   models::Decoder decoder(model, dopt);
   const auto groups = decoder.param_groups();
   const std::uint64_t seed = cfg.strata.seed;
   std::unique_ptr<models::SafetensorsFile> init_file;
   if (!cfg.strata.init_weights.empty()) init_file = std::make_unique<models::SafetensorsFile>(models::SafetensorsFile::open(cfg.strata.init_weights));
+  // A tensor rank's slice is cut from the whole tensor's initial values, so every T starts equal.
+  const models::TensorParallelLayout tp_layout = models::tensor_parallel_layout(model, tp.size, tp.rank);
   const auto init = [&](std::size_t g, std::size_t t, std::span<float> out) {
-    const ParamTensorSpec& spec = groups[g].tensors[t];
+    const bool sliced = tp.size > 1;
+    const ParamTensorSpec& spec = sliced ? tp_layout.whole[g].tensors[t] : groups[g].tensors[t];
+    std::vector<float> whole(sliced ? spec.elems() : 0);
+    const std::span<float> dest = sliced ? std::span<float>(whole) : out;
     if (init_file) {
-      models::read_init_tensor(*init_file, model, spec, out);  // names the file and tensor on a mismatch
+      models::read_init_tensor(*init_file, model, spec, dest);  // names the file and tensor on a mismatch
     } else {
-      models::init_tensor_gpt2_style(model.n_layers, spec, seed, out);
+      models::init_tensor_gpt2_style(model.n_layers, spec, seed, dest);
     }
+    if (sliced) models::cut_slice(spec, tp_layout.slices[g][t], whole, out);
   };
   // Resolves the config's "auto" placement (cfg keeps the result: the engine is built with it).
-  CheckedPlan plan = plan_run(cfg, model, checkpointing, groups, *comm, *device);
+  CheckedPlan plan = plan_run(cfg, decoder, groups, dcomm, world, rank == 0, *device);
+  if (tp.size > 1 && !plan.run.offload.swap_file_name.empty()) {
+    plan.run.offload.swap_file_name = swap_file_name(rank);  // data ranks repeat across tensor groups
+  }
   models::TokenFile data = open_training_data(cfg, *comm, model);
 
-  ZeroEngine engine(cfg, *device, *comm, groups, init, std::move(plan.run));
+  ZeroEngine engine(cfg, *device, dcomm, groups, init, std::move(plan.run));
+  engine.set_tensor_group(tensor_comm.get());
   init_file.reset();
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;
@@ -537,13 +620,16 @@ TrainSummary run_training(const TrainOptions& options) {
 
   models::BatchSampler sampler(data, micro, seq, seed);
   const int accumulation = cfg.gradient_accumulation_steps;
-  const std::int64_t units = static_cast<std::int64_t>(accumulation) * world;
+  // The data axis: the ranks of a tensor group train on the same micro-batches.
+  const int data_world = dcomm.world_size();
+  const std::int64_t units = static_cast<std::int64_t>(accumulation) * data_world;
   const std::int64_t tokens_per_step = units * micro * seq;
   StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step);
-  if (rank == 0) log_run_shape(cfg, model, groups.size(), world, *device);
-  StepLoop loop{.cfg = cfg, .device = *device, .comm = *comm, .engine = engine, .decoder = decoder, .rt = rt,
-                .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter,
-                .rank = rank, .world = world, .micro = micro, .seq = seq, .seed = seed, .accumulation = accumulation,
+  if (rank == 0) log_run_shape(cfg, model, groups.size(), layout, *device);
+  StepLoop loop{.cfg = cfg, .device = *device, .comm = dcomm, .engine = engine, .decoder = decoder, .rt = rt,
+                .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,
+                .rank = dcomm.rank(), .world = data_world, .micro = micro, .seq = seq, .seed = seed,
+                .accumulation = accumulation,
                 .units = units, .tokens_per_step = tokens_per_step,
                 .inputs = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .targets = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq))};
@@ -556,7 +642,7 @@ TrainSummary run_training(const TrainOptions& options) {
   wear_summary(summary, plan.tiers, world, options.drive_tbw);
   stream->synchronize();
   if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {
-    save_weights(options.save_weights, model, engine, rank);
+    save_weights(options.save_weights, model, engine, tp, rank);
   }
   if (run_device.recorder) {
     const std::string path =

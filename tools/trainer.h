@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "engine/config.h"
 #include "engine/machine.h"
+#include "engine/parallel_layout.h"
 #include "models/model_config.h"
 
 namespace strata::tools {
@@ -83,9 +84,10 @@ TrainConfig load_train_config_or_demo(const std::string& path, const std::vector
 models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpointing);
 
 // strata.parallel (engine/parallel_layout.h): the world must factor into data x tensor x pipeline
-// and the model's shape must split that way, before any work. Tensor and pipeline parallelism are
-// not built yet (issue 17): a layout that needs them is refused saying so. Throws ConfigError.
-void check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world);
+// and the model's shape must split that way, before any work. Tensor parallelism runs with the
+// limits of models/tensor_parallel.h (no gradient clipping, fp16, checkpoints or tiling beside it
+// yet, each refused saying so); pipeline parallelism is not built yet (issue 17). Throws ConfigError.
+ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world);
 
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.
 TrainSummary run_training(const TrainOptions& options);

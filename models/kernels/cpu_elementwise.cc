@@ -153,7 +153,14 @@ void embedding_backward(DType dtype, const std::int32_t* tokens, const void* dou
         }
       }
     });
-    if (dwpe == nullptr) return;
+  });
+  if (dwpe != nullptr) embedding_backward_positions(dtype, dout, dwpe, batch, seq, channels);
+}
+
+void embedding_backward_positions(DType dtype, const void* dout, void* dwpe, std::int64_t batch, std::int64_t seq,
+                                  std::int64_t channels) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
     parallel_rows(seq, 1, [&](std::int64_t t0, std::int64_t t1) {
       for (std::int64_t t = t0; t < t1; ++t) {
         for (std::int64_t b = 0; b < batch; ++b) {

@@ -40,9 +40,27 @@ void embedding_forward(DType dtype, const std::int32_t* tokens, const void* wte,
                        const void* wpe, void* out, std::int64_t batch, std::int64_t seq, std::int64_t channels);
 void embedding_backward(DType dtype, const std::int32_t* tokens, const void* dout,
                         void* dwte, void* dwpe, std::int64_t batch, std::int64_t seq, std::int64_t channels);
+// dwpe[t, :] += sum over the batch of dout (batch order): embedding_backward's position part.
+void embedding_backward_positions(DType dtype, const void* dout, void* dwpe, std::int64_t batch, std::int64_t seq,
+                                  std::int64_t channels);
 void cross_entropy(DType dtype, const void* logits, const std::int32_t* targets,
                    float* losses, void* dlogits, std::int64_t rows, std::int64_t vocab, std::int64_t ld,
                    float grad_scale);
+void embedding_forward_vocab_slice(DType dtype, const std::int32_t* tokens, const void* wte_slice,
+                                   std::int64_t vocab_begin, std::int64_t vocab_end, const void* wpe, void* out,
+                                   std::int64_t batch, std::int64_t seq, std::int64_t channels);
+void embedding_backward_vocab_slice(DType dtype, const std::int32_t* tokens, const void* dout, void* dwte_slice,
+                                    std::int64_t vocab_begin, std::int64_t vocab_end, void* dwpe, std::int64_t batch,
+                                    std::int64_t seq, std::int64_t channels);
+void cross_entropy_row_max(DType dtype, const void* logits_slice, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                           float* row_max);
+void cross_entropy_slice_sums(DType dtype, const void* logits_slice, const std::int32_t* targets, std::int64_t rows,
+                              std::int64_t ld, std::int64_t vocab, std::int64_t slices, std::int64_t first_slice,
+                              std::int64_t local_slices, const float* row_max, double* sums, float* target_logit);
+void cross_entropy_finish(DType dtype, const void* logits_slice, const std::int32_t* targets, float* losses,
+                          void* dlogits_slice, std::int64_t rows, std::int64_t ld, std::int64_t vocab,
+                          std::int64_t slices, std::int64_t first_slice, std::int64_t local_slices,
+                          const float* row_max, const double* all_sums, const float* target_logit, float grad_scale);
 void residual_add(DType dtype, const void* a, const void* b, void* out, std::int64_t n);
 void cast(DType src_dtype, const void* src, DType dst_dtype, void* dst, std::int64_t n);
 

@@ -125,6 +125,46 @@ void cross_entropy(const KernelContext& ctx, DType dtype, const void* logits, co
                    float* losses, void* dlogits, std::int64_t rows, std::int64_t vocab, std::int64_t ld,
                    float grad_scale);
 
+// ---- Vocabulary-parallel embedding and cross-entropy (tensor parallelism, models/tensor_parallel.h).
+// A rank holds rows [vocab_begin, vocab_end) of the embedding (and of the tied or untied LM head).
+// The vocabulary is cut into `slices` global slices, slice s = [s*vocab/slices, (s+1)*vocab/slices);
+// a rank holds `local_slices` of them from `first_slice` (Note [Tensor slices]). CPU kernels only:
+// a cuda context gets a DeviceError saying so.
+
+// out[b*seq + t, :] = wte_slice[token - vocab_begin, :] + (wpe ? wpe[t, :] : 0) for a token in the
+// rank's rows, zeros for any other token: summed over the ranks, embedding_forward's output.
+void embedding_forward_vocab_slice(const KernelContext& ctx, DType dtype, const std::int32_t* tokens,
+                                   const void* wte_slice, std::int64_t vocab_begin, std::int64_t vocab_end,
+                                   const void* wpe, void* out, std::int64_t batch, std::int64_t seq,
+                                   std::int64_t channels);
+// dwte_slice[token - vocab_begin, :] += dout for the tokens in the rank's rows (token order); dwpe
+// as embedding_backward (every row).
+void embedding_backward_vocab_slice(const KernelContext& ctx, DType dtype, const std::int32_t* tokens,
+                                    const void* dout, void* dwte_slice, std::int64_t vocab_begin,
+                                    std::int64_t vocab_end, void* dwpe, std::int64_t batch, std::int64_t seq,
+                                    std::int64_t channels);
+
+// The cross-entropy of logits [rows, vocab] of which this rank holds columns [vocab_begin,
+// vocab_end) (logits_slice, row stride ld), in three steps around the collectives:
+//  1. row_max[r] = the largest of the rank's logits of row r (-inf for none); all-reduce max.
+void cross_entropy_row_max(const KernelContext& ctx, DType dtype, const void* logits_slice, std::int64_t rows,
+                           std::int64_t cols, std::int64_t ld, float* row_max);
+//  2. sums[r * local_slices + l] = the sum over slice first_slice + l of exp(logit - row_max[r]),
+//     accumulated in double in column order; target_logit[r] = the target's logit when the rank
+//     holds it, else 0. All-gather the sums ([ranks][rows][local_slices]); all-reduce sum the
+//     target logits (one rank adds a value, the others zeros).
+void cross_entropy_slice_sums(const KernelContext& ctx, DType dtype, const void* logits_slice,
+                              const std::int32_t* targets, std::int64_t rows, std::int64_t ld, std::int64_t vocab,
+                              std::int64_t slices, std::int64_t first_slice, std::int64_t local_slices,
+                              const float* row_max, double* sums, float* target_logit);
+//  3. losses[r] and, with dlogits_slice non-null (it may equal logits_slice), the rank's columns
+//     of (softmax - onehot) * grad_scale, from the gathered sums summed on the pairwise tree over
+//     the `slices` slices in global order, in double, then rounded once.
+void cross_entropy_finish(const KernelContext& ctx, DType dtype, const void* logits_slice, const std::int32_t* targets,
+                          float* losses, void* dlogits_slice, std::int64_t rows, std::int64_t ld, std::int64_t vocab,
+                          std::int64_t slices, std::int64_t first_slice, std::int64_t local_slices,
+                          const float* row_max, const double* all_sums, const float* target_logit, float grad_scale);
+
 // out = a + b (out may alias a or b).
 void residual_add(const KernelContext& ctx, DType dtype, const void* a, const void* b, void* out, std::int64_t n);
 

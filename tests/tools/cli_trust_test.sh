@@ -30,6 +30,22 @@ expect_error "a tensor split the model's heads do not allow" "strata.parallel.te
 expect_error "its valid choices" "valid choices: 1, 2, 4" "$strata" estimate --config "$config" --world 3 --set strata.parallel.tensor=3
 expect_error "a layout that does not divide the world" "valid choices for 1 ranks: (tensor 1, pipeline 1)" \
   "$strata" train --config "$config" --steps 1 --set strata.parallel.pipeline=2
+# Tensor parallelism runs without clipping, fp16, checkpoints and tiling so far: each refused by name.
+expect_error "gradient clipping beside tensor parallelism" \
+  "gradient_clipping 1 (the norm across tensor ranks) with strata.parallel.tensor = 2 is not built yet" \
+  "$strata" estimate --config "$config" --world 2 --set strata.parallel.tensor=2
+expect_error "checkpoints beside tensor parallelism" "strata.checkpoint.dir (checkpoints of tensor slices)" \
+  "$strata" estimate --config "$config" --world 4 --set strata.parallel.tensor=2 --set gradient_clipping=0 \
+  --set strata.checkpoint.dir='"ck"'
+expect_error "KV heads fewer than the tensor ranks" "replicating KV heads across tensor ranks is not built yet" \
+  "$strata" estimate --config "$config" --world 4 --set strata.parallel.tensor=4 --set gradient_clipping=0 \
+  --set strata.model='"tiny-llama"'
+expect_error "tensor slices that do not nest" "strata.parallel.tensor_slices = 3 cannot slice model 'tiny'" \
+  "$strata" train --config "$config" --steps 1 --set strata.parallel.tensor_slices=3
+expect_error "tiling beside tensor slices" "strata.tiling beside tensor parallelism" \
+  "$strata" train --config "$config" --steps 1 --set strata.parallel.tensor_slices=2 --set strata.tiling='{"default": 2}'
+expect_error "estimate of a tensor-parallel run" "estimate and simulate do not plan tensor parallelism yet" \
+  "$strata" estimate --config "$config" --world 2 --set strata.parallel.tensor=2 --set gradient_clipping=0
 expect_error "an unknown schedule" "strata.parallel.schedule" "$strata" train --config "$config" --set strata.parallel.schedule='"zb"'
 expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, estimate, simulate, bench, ckpt" \
   "$strata" frobnicate

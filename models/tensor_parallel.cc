@@ -1,0 +1,180 @@
+// The rank's slices of a tensor-parallel decoder (see models/tensor_parallel.h).
+#include "models/tensor_parallel.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "models/decoder_params.h"
+
+namespace strata::models {
+
+namespace {
+
+bool power_of_two(std::int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+RowRange part_of(std::int64_t n, int size, int rank) { return {rank * n / size, (rank + 1) * n / size}; }
+
+// Rows: the rank's share of each consecutive block of `block` rows in a tensor of `blocks` blocks
+// (GPT-2's qkv is three blocks of d_model rows).
+TensorSlice row_blocks(std::int64_t block, int blocks, int size, int rank) {
+  TensorSlice s{SliceKind::Rows, {}};
+  for (int b = 0; b < blocks; ++b) {
+    const RowRange r = part_of(block, size, rank);
+    s.ranges.push_back({b * block + r.begin, b * block + r.end});
+  }
+  return s;
+}
+TensorSlice rows(std::int64_t n, int size, int rank) { return row_blocks(n, 1, size, rank); }
+TensorSlice columns(std::int64_t n, int size, int rank) { return {SliceKind::Columns, {part_of(n, size, rank)}}; }
+
+TensorSlice block_slice(const ModelConfig& c, std::size_t k, int T, int t) {
+  const std::int64_t d = c.d_model, f = c.ffn_hidden, hd = c.head_dim();
+  if (c.arch == Architecture::Gpt2) {
+    using namespace gpt2_block;
+    switch (k) {
+      case kQkvW:
+      case kQkvB: return row_blocks(d, 3, T, t);
+      case kAttnProjW: return columns(d, T, t);
+      case kFcW:
+      case kFcB: return rows(f, T, t);
+      case kMlpProjW: return columns(f, T, t);
+      default: return {};
+    }
+  }
+  using namespace llama_block;
+  switch (k) {
+    case kQ: return rows(c.n_heads * hd, T, t);
+    case kK:
+    case kV: return rows(c.n_kv_heads * hd, T, t);
+    case kO: return columns(c.n_heads * hd, T, t);
+    case kGate:
+    case kUp: return rows(f, T, t);
+    case kDown: return columns(f, T, t);
+    default: return {};
+  }
+}
+
+// The sliced shape of a tensor of shape `whole`.
+std::vector<std::int64_t> sliced_shape(const std::vector<std::int64_t>& whole, const TensorSlice& s) {
+  std::vector<std::int64_t> shape = whole;
+  if (s.kind == SliceKind::Rows) {
+    std::int64_t n = 0;
+    for (const RowRange& r : s.ranges) n += r.rows();
+    shape[0] = n;
+  } else if (s.kind == SliceKind::Columns) {
+    shape.back() = s.ranges[0].rows();
+  }
+  return shape;
+}
+
+std::int64_t row_elems(const ParamTensorSpec& t) {
+  std::int64_t n = 1;
+  for (std::size_t i = 1; i < t.shape.size(); ++i) n *= t.shape[i];
+  return n;
+}
+
+// Calls fn(whole offset, slice offset, count) for each contiguous run of the slice.
+template <typename Fn>
+void for_each_run(const ParamTensorSpec& whole, const TensorSlice& s, Fn&& fn) {
+  switch (s.kind) {
+    case SliceKind::Whole: fn(std::size_t{0}, std::size_t{0}, whole.elems()); return;
+    case SliceKind::Rows: {
+      const auto row = static_cast<std::size_t>(row_elems(whole));
+      std::size_t at = 0;
+      for (const RowRange& r : s.ranges) {
+        const std::size_t n = static_cast<std::size_t>(r.rows()) * row;
+        fn(static_cast<std::size_t>(r.begin) * row, at, n);
+        at += n;
+      }
+      return;
+    }
+    case SliceKind::Columns: {
+      const auto cols = static_cast<std::size_t>(whole.shape.back());
+      const auto n = static_cast<std::size_t>(s.ranges[0].rows());
+      const std::size_t rows_n = whole.elems() / cols;
+      for (std::size_t r = 0; r < rows_n; ++r) fn(r * cols + static_cast<std::size_t>(s.ranges[0].begin), r * n, n);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void check_tensor_parallel(const ModelConfig& m, int size, int slices, std::int64_t chunks,
+                           const std::string& source) {
+  if (m.n_kv_heads < size) {
+    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} is more than model '{}''s {} KV heads; replicating "
+                                  "KV heads across tensor ranks is not built yet: use at most {} tensor ranks",
+                                  source, size, m.name, m.n_kv_heads, m.n_kv_heads));
+  }
+  const std::int64_t smallest = std::min({m.n_heads * m.head_dim(), m.ffn_hidden, m.vocab_size});
+  std::string valid;
+  for (std::int64_t s = size; s <= chunks && s <= smallest; s *= 2) {
+    if (chunks % s == 0) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", s);
+  }
+  if (!power_of_two(slices) || slices % size != 0 || chunks % slices != 0 || slices > smallest) {
+    throw ConfigError(fmt::format(
+        "{}: strata.parallel.tensor_slices = {} cannot slice model '{}' with strata.parallel.tensor = {}: it must be a "
+        "power of two, a multiple of the tensor ranks, divide strata.tiling.chunks ({}) and be at most {} (Note "
+        "[Tensor slices]); valid choices: {}",
+        source, slices, m.name, size, chunks, smallest, valid.empty() ? "none" : valid));
+  }
+}
+
+RowRange vocab_rows(const ModelConfig& c, int size, int rank) { return part_of(c.vocab_size, size, rank); }
+
+TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int rank) {
+  STRATA_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor rank {} of {}", rank, size);
+  TensorParallelLayout L;
+  L.whole = decoder_param_groups(c);
+  L.groups = L.whole;
+  L.slices.resize(L.whole.size());
+  for (std::size_t g = 0; g < L.whole.size(); ++g) {
+    const ParamGroupSpec& whole = L.whole[g];
+    for (std::size_t k = 0; k < whole.tensors.size(); ++k) {
+      TensorSlice s;
+      if (size > 1) {
+        if (g == embedding_group_index()) {
+          if (k == embedding_group::kWte) s = rows(c.vocab_size, size, rank);
+        } else if (g == head_group_index(c)) {
+          if (c.arch == Architecture::Llama && k == head_group::kLmHead) s = rows(c.vocab_size, size, rank);
+        } else {
+          s = block_slice(c, k, size, rank);
+        }
+      }
+      L.groups[g].tensors[k].shape = sliced_shape(whole.tensors[k].shape, s);
+      L.slices[g].push_back(std::move(s));
+    }
+  }
+  return L;
+}
+
+void cut_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, std::span<const float> whole,
+               std::span<float> out) {
+  STRATA_CHECK(whole.size() == whole_spec.elems(), "{}: {} values for {} elements", whole_spec.name, whole.size(),
+               whole_spec.elems());
+  std::size_t total = 0;
+  for_each_run(whole_spec, slice, [&](std::size_t from, std::size_t to, std::size_t n) {
+    STRATA_CHECK(to + n <= out.size(), "{}: slice of {} elements overruns", whole_spec.name, out.size());
+    std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(from), n, out.begin() + static_cast<std::ptrdiff_t>(to));
+    total += n;
+  });
+  STRATA_CHECK(total == out.size(), "{}: slice holds {} elements, {} given", whole_spec.name, total, out.size());
+}
+
+void place_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, std::span<const float> part,
+                 std::span<float> whole) {
+  STRATA_CHECK(whole.size() == whole_spec.elems(), "{}: {} values for {} elements", whole_spec.name, whole.size(),
+               whole_spec.elems());
+  std::size_t total = 0;
+  for_each_run(whole_spec, slice, [&](std::size_t to, std::size_t from, std::size_t n) {
+    STRATA_CHECK(from + n <= part.size(), "{}: slice of {} elements overruns", whole_spec.name, part.size());
+    std::copy_n(part.begin() + static_cast<std::ptrdiff_t>(from), n, whole.begin() + static_cast<std::ptrdiff_t>(to));
+    total += n;
+  });
+  STRATA_CHECK(total == part.size(), "{}: slice holds {} elements, {} given", whole_spec.name, total, part.size());
+}
+
+}  // namespace strata::models

@@ -1,0 +1,102 @@
+// Megatron-style 1D tensor parallelism of the decoders (strata.parallel.tensor = T; issue 17).
+//
+// The T ranks of a tensor group (engine/parallel_layout.h) each hold a slice of every large weight
+// and run every block on the same activations:
+//   column-parallel (split by output rows): GPT-2 attn.qkv (the q, k and v rows of the rank's heads)
+//     and mlp.fc with their biases; LLaMA attn.q, attn.k, attn.v, mlp.gate, mlp.up. Forward needs
+//     no communication; backward all-reduces the input gradient.
+//   row-parallel (split by input columns): GPT-2 attn.proj and mlp.proj, LLaMA attn.o and
+//     mlp.down. Forward all-reduces the output (the bias, replicated, is added after the sum);
+//     backward needs none. So a block all-reduces twice forward and twice backward.
+//   vocabulary-parallel: the embedding's rows (and LLaMA's lm_head, GPT-2's tied head) are split by
+//     vocabulary; the lookup all-reduces one row per token, and the cross-entropy never gathers the
+//     logits (Note [Vocabulary-parallel cross-entropy]).
+//   replicated: norms, the row-parallel biases and GPT-2's position embedding. Every rank computes
+//     the same gradient for them from the same activations, so they stay equal without messages.
+// The engine (ZeRO over the data axis) sees only the rank's slices: its groups are the untiled
+// groups with every split tensor cut to its slice, under the whole tensor's name.
+//
+// Note [Tensor slices]: exact mode promises the same bits for any T. A sum that tensor parallelism
+// splits across ranks (the row-parallel forward over its input columns, the column-parallel input
+// gradient over output rows, the cross-entropy's sum over the vocabulary and the head's input
+// gradient) is therefore always computed in S = strata.parallel.tensor_slices fixed slices, each a
+// partial of its own, combined on the pairwise tree of Note [Deterministic reduction]
+// (engine/communicator.h): a rank sums the S/T slices it holds on a subtree and the tensor group's
+// all-reduce adds the ranks' subtrees on the rest of the same tree. Each slice's matmuls have the
+// same shapes on every T (a slice is a whole number of the tiling's row chunks, Note [Tile-invariant
+// linear layers]), so runs with equal S give the same bits for every T dividing S. S must be a power
+// of two dividing strata.tiling.chunks; S = 1 (T = 1) is the plain decoder.
+//
+// Note [Vocabulary-parallel cross-entropy]: the loss of row r is log(sum_j exp(l_j - m)) + m - l_target
+// with m the row's largest logit. Each rank takes the largest of its logits (all-reduce max gives m,
+// exactly), the sum of exp(l_j - m) over each of its slices in double, and its target logit (or 0);
+// the slice sums are all-gathered (T x rows x S/T doubles, never the logits) and summed on the tree
+// in double, and the target logits all-reduced (one value and zeros: exact). Each rank then writes
+// its own columns of the logits' gradient. Memory per rank is rows x V/T logits.
+//
+// Not built yet: sequence parallelism, KV heads fewer than T (replicated KV), tiling beside tensor
+// parallelism, the cuda device (the vocabulary-parallel ops have CPU kernels only).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/param_provider.h"
+#include "models/model_config.h"
+#include "models/tiling.h"
+
+namespace strata {
+class Communicator;
+}
+
+namespace strata::models {
+
+struct TensorParallel {
+  int size = 1;    // T
+  int rank = 0;    // this rank's place in its tensor group
+  int slices = 1;  // S (Note [Tensor slices])
+  Communicator* comm = nullptr;  // the tensor group; null when T = 1
+
+  bool sliced() const { return slices > 1; }
+  int local_slices() const { return slices / size; }
+  int first_slice() const { return rank * local_slices(); }
+};
+
+// ConfigError naming `source`, the key and the valid choices when T or S cannot split `model`
+// (T must split heads, KV heads and the MLP width; S must be a power of two, a multiple of T,
+// dividing `chunks`, and at most the smallest dimension it splits).
+void check_tensor_parallel(const ModelConfig& model, int size, int slices, std::int64_t chunks,
+                           const std::string& source);
+
+// How a rank's tensor is cut from the whole tensor of the untiled model.
+enum class SliceKind { Whole, Rows, Columns };
+struct TensorSlice {
+  SliceKind kind = SliceKind::Whole;
+  // Rows: the whole tensor's row ranges the rank holds, stacked in this order (GPT-2's qkv: the q,
+  // k and v rows of its heads); Columns: one range of the whole tensor's columns (last dimension).
+  std::vector<RowRange> ranges;
+};
+
+// The rank's param groups: the untiled groups (models/decoder_params.h) with each split tensor cut
+// to its slice, under the whole tensor's name; slices[g][k] says how tensor k of group g was cut
+// from whole[g][k].
+struct TensorParallelLayout {
+  std::vector<ParamGroupSpec> groups;
+  std::vector<ParamGroupSpec> whole;
+  std::vector<std::vector<TensorSlice>> slices;
+};
+TensorParallelLayout tensor_parallel_layout(const ModelConfig& config, int size, int rank);
+
+// The rank's rows of the vocabulary: [rank * V / size, (rank + 1) * V / size).
+RowRange vocab_rows(const ModelConfig& config, int size, int rank);
+
+// out = the rank's slice of `whole` (the whole tensor's values, row-major).
+void cut_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, std::span<const float> whole,
+               std::span<float> out);
+// The inverse: writes `part` (a rank's slice) into its place in `whole`.
+void place_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, std::span<const float> part,
+                 std::span<float> whole);
+
+}  // namespace strata::models

@@ -1,0 +1,219 @@
+// Tensor parallelism's pieces (models/tensor_parallel.h) on one process: the slices of every tensor,
+// the vocabulary-parallel embedding and cross-entropy split over simulated ranks against the whole
+// ops, bit for bit, and the refusals. The ranks together are tested under mpirun by
+// tests/tools/train_tensor_parallel_test.sh.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "models/decoder_params.h"
+#include "models/kernels/ops.h"
+#include "models/model_config.h"
+#include "models/tensor_parallel.h"
+#include "tests/models/op_test_util.h"
+
+namespace strata::models {
+namespace {
+
+using namespace strata::models::testing;
+
+const KernelContext kInline{};
+
+bool same_bits(const void* a, const void* b, std::size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
+
+TEST(TensorParallelLayout, SlicesOfEveryRankTileEachWholeTensorExactlyOnce) {
+  ModelConfig odd = model_config_by_name("tiny");
+  odd.vocab_size = 257;  // uneven vocabulary rows
+  for (const ModelConfig& c : {odd, model_config_by_name("tiny-llama")}) {
+    for (int T : {1, 2}) {
+      std::vector<TensorParallelLayout> ranks;
+      for (int t = 0; t < T; ++t) ranks.push_back(tensor_parallel_layout(c, T, t));
+      const std::vector<ParamGroupSpec>& whole = ranks[0].whole;
+      ASSERT_EQ(whole.size(), decoder_param_groups(c).size());
+      for (std::size_t g = 0; g < whole.size(); ++g) {
+        for (std::size_t k = 0; k < whole[g].tensors.size(); ++k) {
+          const ParamTensorSpec& w = whole[g].tensors[k];
+          std::vector<float> values(w.elems());
+          std::iota(values.begin(), values.end(), 0.0f);
+          std::vector<float> rebuilt(w.elems(), -1.0f);
+          std::size_t total = 0;
+          for (int t = 0; t < T; ++t) {
+            const ParamTensorSpec& mine = ranks[static_cast<std::size_t>(t)].groups[g].tensors[k];
+            EXPECT_EQ(mine.name, w.name);
+            std::vector<float> part(mine.elems());
+            cut_slice(w, ranks[static_cast<std::size_t>(t)].slices[g][k], values, part);
+            place_slice(w, ranks[static_cast<std::size_t>(t)].slices[g][k], part, rebuilt);
+            total += part.size();
+          }
+          const bool split = ranks[0].slices[g][k].kind != SliceKind::Whole;
+          EXPECT_EQ(total, split ? w.elems() : w.elems() * static_cast<std::size_t>(T)) << w.name;
+          EXPECT_EQ(rebuilt, values) << w.name << " at T = " << T;
+        }
+      }
+    }
+  }
+}
+
+TEST(TensorParallelLayout, MegatronSplitOfGpt2Block) {
+  const ModelConfig c = model_config_by_name("tiny");  // d_model 32, 4 heads, MLP 128
+  const TensorParallelLayout L = tensor_parallel_layout(c, 2, 1);
+  const ParamGroupSpec& block = L.groups[block_group_index(0)];
+  using namespace gpt2_block;
+  EXPECT_EQ(block.tensors[kQkvW].shape, (std::vector<std::int64_t>{48, 32}));  // q, k, v rows of heads 2-3
+  const auto& qkv = L.slices[block_group_index(0)][kQkvW].ranges;
+  ASSERT_EQ(qkv.size(), 3u);
+  EXPECT_EQ(qkv[0], (RowRange{16, 32}));
+  EXPECT_EQ(qkv[1], (RowRange{48, 64}));
+  EXPECT_EQ(qkv[2], (RowRange{80, 96}));
+  EXPECT_EQ(block.tensors[kAttnProjW].shape, (std::vector<std::int64_t>{32, 16}));  // row-parallel: input columns
+  EXPECT_EQ(block.tensors[kAttnProjB].shape, (std::vector<std::int64_t>{32}));      // replicated
+  EXPECT_EQ(block.tensors[kFcW].shape, (std::vector<std::int64_t>{64, 32}));
+  EXPECT_EQ(block.tensors[kMlpProjW].shape, (std::vector<std::int64_t>{32, 64}));
+  EXPECT_EQ(L.groups[embedding_group_index()].tensors[embedding_group::kWte].shape,
+            (std::vector<std::int64_t>{128, 32}));
+  EXPECT_EQ(L.groups[embedding_group_index()].tensors[embedding_group::kWpe].shape,
+            (std::vector<std::int64_t>{64, 32}));  // position embedding: replicated
+}
+
+TEST(TensorParallelLayout, RefusesWhatItCannotSplit) {
+  const ModelConfig llama = model_config_by_name("tiny-llama");  // 4 heads, 2 KV heads
+  try {
+    check_tensor_parallel(llama, 4, 4, 16, "cfg.json");
+    FAIL() << "KV heads fewer than the tensor ranks were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 2 tensor ranks"), std::string::npos) << e.what();
+  }
+  const ModelConfig tiny = model_config_by_name("tiny");
+  for (int slices : {3, 6, 1, 32}) {  // not a power of two; not a multiple of T = 2; more than the chunks
+    try {
+      check_tensor_parallel(tiny, 2, slices, 16, "cfg.json");
+      FAIL() << slices << " slices were accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("strata.parallel.tensor_slices"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("valid choices: 2, 4, 8, 16"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(check_tensor_parallel(tiny, 4, 8, 16, "cfg.json"));
+}
+
+class VocabParallel : public ::testing::TestWithParam<DType> {};
+
+// The embedding split over T ranks: the ranks' outputs summed (one row and zeros per token) are
+// the whole lookup, and the ranks' gradient rows stacked are the whole gradient, bit for bit.
+TEST_P(VocabParallel, EmbeddingSlicesSumToTheWholeLookup) {
+  const DType dt = GetParam();
+  const std::int64_t batch = 2, seq = 5, ch = 24, vocab = 11, T = 3;
+  const std::vector<std::int32_t> tokens = {1, 3, 10, 0, 5, 3, 7, 2, 9, 4};
+  const Vec wte = quantize(random_vec(vocab * ch, 41), dt), wpe = quantize(random_vec(seq * ch, 42), dt);
+  const Vec dy = quantize(random_vec(batch * seq * ch, 43), dt);
+  const std::size_t e = dtype_bytes(dt);
+  Buf TE = make_buf(wte, dt), PE = make_buf(wpe, dt), Y = make_buf(Vec(batch * seq * ch), dt);
+  embedding_forward(kInline, dt, tokens.data(), TE.data(), PE.data(), Y.data(), batch, seq, ch);
+  Buf DY = make_buf(dy, dt), DTE = make_buf(Vec(vocab * ch, 0), dt), DPE = make_buf(Vec(seq * ch, 0), dt);
+  embedding_backward(kInline, dt, tokens.data(), DY.data(), DTE.data(), DPE.data(), batch, seq, ch);
+
+  Buf sum = make_buf(Vec(batch * seq * ch, 0), dt);
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t v0 = t * vocab / T, v1 = (t + 1) * vocab / T;
+    Buf part = make_buf(Vec(batch * seq * ch), dt);
+    embedding_forward_vocab_slice(kInline, dt, tokens.data(), static_cast<char*>(TE.data()) + v0 * ch * e, v0, v1,
+                                  PE.data(), part.data(), batch, seq, ch);
+    residual_add(kInline, dt, sum.data(), part.data(), sum.data(), batch * seq * ch);
+    Buf dte = make_buf(Vec((v1 - v0) * ch, 0), dt), dpe = make_buf(Vec(seq * ch, 0), dt);
+    embedding_backward_vocab_slice(kInline, dt, tokens.data(), DY.data(), dte.data(), v0, v1, dpe.data(), batch, seq, ch);
+    EXPECT_TRUE(same_bits(dte.data(), static_cast<const char*>(DTE.data()) + v0 * ch * e, dte.bytes.size()))
+        << "rank " << t << "'s rows of dwte";
+    EXPECT_TRUE(same_bits(dpe.data(), DPE.data(), dpe.bytes.size())) << "rank " << t << "'s dwpe";
+  }
+  EXPECT_TRUE(same_bits(sum.data(), Y.data(), Y.bytes.size())) << "summed slices differ from the whole lookup";
+}
+
+// The cross-entropy of `ranks` ranks holding `slices` / `ranks` vocabulary slices each, the
+// collectives done by hand: losses and the dlogits of all columns.
+struct SplitCe {
+  std::vector<float> losses;
+  Buf dlogits;
+};
+SplitCe split_cross_entropy(DType dt, const Vec& logits, const std::vector<std::int32_t>& targets, std::int64_t rows,
+                            std::int64_t vocab, std::int64_t slices, std::int64_t ranks, float scale) {
+  const std::int64_t L = slices / ranks;
+  const std::size_t e = dtype_bytes(dt);
+  std::vector<Buf> parts;
+  std::vector<std::int64_t> begin;
+  std::vector<float> row_max(static_cast<std::size_t>(rows), -INFINITY), target(static_cast<std::size_t>(rows), 0.0f);
+  std::vector<double> all(static_cast<std::size_t>(ranks * rows * L));
+  for (std::int64_t t = 0; t < ranks; ++t) {
+    const std::int64_t v0 = t * L * vocab / slices, v1 = (t + 1) * L * vocab / slices;
+    Vec mine;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t j = v0; j < v1; ++j) mine.push_back(logits[static_cast<std::size_t>(r * vocab + j)]);
+    }
+    parts.push_back(make_buf(mine, dt));
+    begin.push_back(v0);
+    std::vector<float> m(static_cast<std::size_t>(rows));
+    cross_entropy_row_max(kInline, dt, parts.back().data(), rows, v1 - v0, v1 - v0, m.data());
+    for (std::int64_t r = 0; r < rows; ++r) row_max[r] = std::max(row_max[r], m[r]);  // all-reduce max
+  }
+  for (std::int64_t t = 0; t < ranks; ++t) {
+    const std::int64_t cols = (t + 1) * L * vocab / slices - begin[t];
+    std::vector<float> tl(static_cast<std::size_t>(rows));
+    cross_entropy_slice_sums(kInline, dt, parts[t].data(), targets.data(), rows, cols, vocab, slices, t * L, L,
+                             row_max.data(), all.data() + t * rows * L, tl.data());
+    for (std::int64_t r = 0; r < rows; ++r) target[r] += tl[r];  // one rank's value and zeros
+  }
+  SplitCe out{std::vector<float>(static_cast<std::size_t>(rows)), make_buf(Vec(rows * vocab, 0), dt)};
+  for (std::int64_t t = 0; t < ranks; ++t) {
+    const std::int64_t cols = (t + 1) * L * vocab / slices - begin[t];
+    cross_entropy_finish(kInline, dt, parts[t].data(), targets.data(), out.losses.data(), parts[t].data(), rows, cols,
+                         vocab, slices, t * L, L, row_max.data(), all.data(), target.data(), scale);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::memcpy(static_cast<char*>(out.dlogits.data()) + (r * vocab + begin[t]) * e,
+                  static_cast<const char*>(parts[t].data()) + r * cols * e, cols * e);
+    }
+  }
+  return out;
+}
+
+TEST_P(VocabParallel, OneSliceIsTheWholeCrossEntropyBitForBit) {
+  const DType dt = GetParam();
+  const std::int64_t rows = 5, vocab = 37;
+  const std::vector<std::int32_t> targets = {3, 36, -1, 0, 20};
+  const Vec logits = quantize(random_vec(rows * vocab, 44, -4, 4), dt);
+  Buf L = make_buf(logits, dt);
+  std::vector<float> want(rows);
+  cross_entropy(kInline, dt, L.data(), targets.data(), want.data(), L.data(), rows, vocab, vocab, 0.25f);
+  const SplitCe got = split_cross_entropy(dt, logits, targets, rows, vocab, 1, 1, 0.25f);
+  EXPECT_TRUE(same_bits(got.losses.data(), want.data(), want.size() * 4));
+  EXPECT_TRUE(same_bits(got.dlogits.data(), L.data(), L.bytes.size()));
+}
+
+TEST_P(VocabParallel, AnySplitOfTheSlicesIntoRanksGivesTheSameBits) {
+  const DType dt = GetParam();
+  const std::int64_t rows = 6, vocab = 53, slices = 8;  // uneven slices
+  const std::vector<std::int32_t> targets = {0, 52, -1, 17, 30, 6};
+  const Vec logits = quantize(random_vec(rows * vocab, 45, -6, 6), dt);
+  const SplitCe one = split_cross_entropy(dt, logits, targets, rows, vocab, slices, 1, 0.5f);
+  for (std::int64_t ranks : {2, 4, 8}) {
+    const SplitCe split = split_cross_entropy(dt, logits, targets, rows, vocab, slices, ranks, 0.5f);
+    EXPECT_TRUE(same_bits(split.losses.data(), one.losses.data(), one.losses.size() * 4)) << ranks << " ranks";
+    EXPECT_TRUE(same_bits(split.dlogits.data(), one.dlogits.data(), one.dlogits.bytes.size())) << ranks << " ranks";
+  }
+  // And it is the cross-entropy: close to the whole op (the sum's order differs).
+  Buf L = make_buf(logits, dt);
+  std::vector<float> want(rows);
+  cross_entropy(kInline, dt, L.data(), targets.data(), want.data(), L.data(), rows, vocab, vocab, 0.5f);
+  for (std::int64_t r = 0; r < rows; ++r) EXPECT_NEAR(one.losses[r], want[r], 1e-5 * (1 + std::fabs(want[r])));
+  expect_close("dlogits", read_buf(one.dlogits), read_buf(L), dtype_tolerance(dt));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, VocabParallel, ::testing::Values(DType::F32, DType::BF16),
+                         [](const ::testing::TestParamInfo<DType>& p) { return std::string(dtype_name(p.param)); });
+
+}  // namespace
+}  // namespace strata::models
