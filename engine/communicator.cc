@@ -53,7 +53,53 @@ class LocalCommunicator final : public Communicator {
   }
 };
 
+class CountingCommunicator final : public Communicator {
+ public:
+  CountingCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<CollectiveCounts> counts)
+      : inner_(std::move(inner)), counts_(std::move(counts)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend() const override { return inner_->backend(); }
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) override {
+    add(counts_->all_gather_calls, counts_->all_gather_bytes, count, dtype);
+    inner_->all_gather(send, recv, count, dtype, stream);
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                      Stream& stream) override {
+    add(counts_->reduce_scatter_calls, counts_->reduce_scatter_bytes, count * static_cast<std::size_t>(world_size()),
+        dtype);
+    inner_->reduce_scatter(send, recv, count, dtype, op, stream);
+  }
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override {
+    add(counts_->all_reduce_calls, counts_->all_reduce_bytes, count, dtype);
+    inner_->all_reduce(send, recv, count, dtype, op, stream);
+  }
+  void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
+    add(counts_->broadcast_calls, counts_->broadcast_bytes, count, dtype);
+    inner_->broadcast(buffer, count, dtype, root, stream);
+  }
+  void barrier() override { inner_->barrier(); }
+  double all_reduce_host(double value, ReduceOp op) override { return inner_->all_reduce_host(value, op); }
+  void broadcast_host_bytes(void* data, std::size_t bytes, int root) override {
+    inner_->broadcast_host_bytes(data, bytes, root);
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
+
+ private:
+  static void add(std::uint64_t& calls, std::uint64_t& bytes, std::size_t count, DType dtype) {
+    ++calls;
+    bytes += static_cast<std::uint64_t>(count) * dtype_bytes(dtype);
+  }
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<CollectiveCounts> counts_;
+};
+
 }  // namespace
+
+std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner,
+                                                         std::shared_ptr<CollectiveCounts> counts) {
+  return std::make_unique<CountingCommunicator>(std::move(inner), std::move(counts));
+}
 
 void tree_reduce_host(const void* const* contributions, int world, void* out, std::size_t count, DType dtype,
                       ReduceOp op) {

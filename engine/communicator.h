@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <string>
@@ -77,6 +78,19 @@ std::unique_ptr<Communicator> make_local_communicator();
 // inputs are converted, summed in fp32 and rounded once. `out` may alias contributions[0].
 void tree_reduce_host(const void* const* contributions, int world, void* out, std::size_t count_elems, DType dtype,
                       ReduceOp op);
+
+// Calls and payload bytes (count x element size, what one rank passes in) of the collectives issued
+// through a communicator, counted when they are enqueued.
+struct CollectiveCounts {
+  std::uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
+  std::uint64_t all_gather_calls = 0, all_gather_bytes = 0;
+  std::uint64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;
+  std::uint64_t broadcast_calls = 0, broadcast_bytes = 0;
+};
+// `inner` with every collective counted into `counts` (what `strata train` reports for the tensor
+// group beside the analytic count). Host-side calls and split() pass through uncounted.
+std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner,
+                                                         std::shared_ptr<CollectiveCounts> counts);
 
 // Collective: every rank learns whether any rank failed (one host all-reduce). A rank holding
 // `error` rethrows it; the others return true when another rank failed (the caller throws what

@@ -151,6 +151,22 @@ TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int 
   return L;
 }
 
+TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const TensorParallel& tp, std::int64_t rows,
+                                              bool training, bool checkpointing) {
+  TensorParallelTraffic t;
+  if (tp.size == 1) return t;
+  const auto L = static_cast<std::uint64_t>(c.n_layers);
+  const std::uint64_t activation = static_cast<std::uint64_t>(rows * c.d_model) * dtype_bytes(c.dtype);
+  std::uint64_t activations = 1 + 2 * L;             // embedding, row-parallel outputs
+  if (training) activations += 2 * L + 1;            // column-parallel input gradients, the head's
+  if (training && checkpointing) activations += 2 * L;  // the recomputed forward
+  t.all_reduce_calls = activations + 2;
+  t.all_reduce_bytes = activations * activation + 2 * static_cast<std::uint64_t>(rows) * 4;
+  t.all_gather_calls = 1;
+  t.all_gather_bytes = static_cast<std::uint64_t>(rows * tp.local_slices()) * 8;
+  return t;
+}
+
 void cut_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, std::span<const float> whole,
                std::span<float> out) {
   STRATA_CHECK(whole.size() == whole_spec.elems(), "{}: {} values for {} elements", whole_spec.name, whole.size(),

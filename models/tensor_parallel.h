@@ -99,4 +99,17 @@ void cut_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, std:
 void place_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, std::span<const float> part,
                  std::span<float> whole);
 
+// Megatron's count of one micro-batch's collectives in a tensor group (what each rank passes in,
+// T > 1; zeros at T = 1), from the model's shape alone. All-reduces of rows x d_model activations:
+// the embedding's lookup; 2 per block forward (attention-out, MLP-down), and with `training` 2 per
+// block backward (the column-parallel input gradients of QKV and MLP-in), 2 more per block when
+// `checkpointing` recomputes the forward, and the head's input gradient. The loss's: 2 all-reduces
+// of rows fp32 (row maxima, target logits) and 1 all-gather of rows x S/T doubles (slice sums).
+struct TensorParallelTraffic {
+  std::uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
+  std::uint64_t all_gather_calls = 0, all_gather_bytes = 0;
+};
+TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& config, const TensorParallel& tp, std::int64_t rows,
+                                              bool training, bool checkpointing);
+
 }  // namespace strata::models

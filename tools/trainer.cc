@@ -523,6 +523,22 @@ void wear_summary(TrainSummary& summary, const TierPlan& plan, int world, double
   summary.wear = ssd_wear(bytes / steps * world, seconds / steps, summary.drives, drive_tbw);
 }
 
+// The tensor group's collectives per micro-batch, counted over the run, beside the formula's.
+void tensor_summary(TrainSummary& summary, const CollectiveCounts& counts, const models::TensorParallelTraffic& formula,
+                    int tensor_ranks, std::int64_t micro_batches) {
+  summary.tensor_ranks = tensor_ranks;
+  if (tensor_ranks == 1 || micro_batches <= 0) return;
+  const auto m = static_cast<double>(micro_batches);
+  summary.tp_all_reduce_calls = static_cast<double>(counts.all_reduce_calls) / m;
+  summary.tp_all_reduce_bytes = static_cast<double>(counts.all_reduce_bytes) / m;
+  summary.tp_all_gather_calls = static_cast<double>(counts.all_gather_calls) / m;
+  summary.tp_all_gather_bytes = static_cast<double>(counts.all_gather_bytes) / m;
+  summary.tp_formula_all_reduce_calls = formula.all_reduce_calls;
+  summary.tp_formula_all_reduce_bytes = formula.all_reduce_bytes;
+  summary.tp_formula_all_gather_calls = formula.all_gather_calls;
+  summary.tp_formula_all_gather_bytes = formula.all_gather_bytes;
+}
+
 void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& seconds, const TierPlan& plan,
                    const models::ModelConfig& model, Clock::time_point start, std::int64_t first_step) {
   summary.optimizer_chunk_updates = l.engine.chunk_updates();
@@ -565,8 +581,10 @@ TrainSummary run_training(const TrainOptions& options) {
   // group, the engine's (ZeRO) over the data group of the ranks holding the same slices.
   const RankCoords coords = layout.coords(rank);
   std::unique_ptr<Communicator> tensor_comm, data_comm;
+  const auto tensor_counts = std::make_shared<CollectiveCounts>();
   if (layout.tensor() > 1) {
-    tensor_comm = comm->split(coords.data * layout.pipeline() + coords.pipeline, coords.tensor);
+    tensor_comm = make_counting_communicator(
+        comm->split(coords.data * layout.pipeline() + coords.pipeline, coords.tensor), tensor_counts);
     data_comm = comm->split(coords.tensor + layout.tensor() * coords.pipeline, coords.data);
   }
   Communicator& dcomm = data_comm ? *data_comm : *comm;
@@ -640,6 +658,8 @@ TrainSummary run_training(const TrainOptions& options) {
   reporter.finish();
   total_summary(summary, loop, seconds, plan.tiers, model, start, first_step);
   wear_summary(summary, plan.tiers, world, options.drive_tbw);
+  tensor_summary(summary, *tensor_counts, models::tensor_parallel_traffic(model, tp, micro * seq, true, checkpointing),
+                 tp.size, (summary.steps - first_step) * accumulation);
   stream->synchronize();
   if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {
     save_weights(options.save_weights, model, engine, tp, rank);

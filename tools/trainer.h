@@ -73,6 +73,12 @@ struct TrainSummary {
   SsdWear wear;
   int drives = 0;
   double drive_tbw = 0;
+  // Tensor parallelism (T > 1): the tensor group's collectives per micro-batch as issued (counted
+  // at the communicator) and as Megatron's formula gives them (models::tensor_parallel_traffic).
+  int tensor_ranks = 1;
+  double tp_all_reduce_calls = 0, tp_all_reduce_bytes = 0, tp_all_gather_calls = 0, tp_all_gather_bytes = 0;
+  std::uint64_t tp_formula_all_reduce_calls = 0, tp_formula_all_reduce_bytes = 0;
+  std::uint64_t tp_formula_all_gather_calls = 0, tp_formula_all_gather_bytes = 0;
 };
 
 // The config in `path` with `overrides` applied; an empty path means configs/demo.json as compiled

@@ -204,7 +204,19 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
                         {"nvme_tb_written_per_day", s.wear.tb_per_day},
                         {"nvme_drives", s.drives},
                         {"drive_tbw", s.drive_tbw},
-                        {"days_to_rated_endurance", s.wear.days_to_rated}}
+                        {"days_to_rated_endurance", s.wear.days_to_rated},
+                        {"tensor_parallel",
+                         {{"tensor_ranks", s.tensor_ranks},
+                          {"per_micro_batch",
+                           {{"all_reduce_calls", s.tp_all_reduce_calls},
+                            {"all_reduce_bytes", s.tp_all_reduce_bytes},
+                            {"all_gather_calls", s.tp_all_gather_calls},
+                            {"all_gather_bytes", s.tp_all_gather_bytes}}},
+                          {"formula_per_micro_batch",
+                           {{"all_reduce_calls", s.tp_formula_all_reduce_calls},
+                            {"all_reduce_bytes", s.tp_formula_all_reduce_bytes},
+                            {"all_gather_calls", s.tp_formula_all_gather_calls},
+                            {"all_gather_bytes", s.tp_formula_all_gather_bytes}}}}}}
                 .dump(2) +
             "\n");
   out.close();
@@ -223,6 +235,15 @@ void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& 
   spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
                summary.first_loss, summary.last_loss, summary.tokens_per_second,
                format_bytes(summary.peak_device_bytes), format_bytes(device.capacity_bytes()));
+  if (summary.tensor_ranks > 1) {
+    const TrainSummary& s = summary;
+    spdlog::info("tensor group of {}: per micro-batch {:.0f} all-reduces of {} and {:.0f} all-gather of {} per rank "
+                 "(Megatron's count: {} all-reduces of {}, {} all-gather of {})",
+                 s.tensor_ranks, s.tp_all_reduce_calls, format_bytes(static_cast<std::uint64_t>(s.tp_all_reduce_bytes)),
+                 s.tp_all_gather_calls, format_bytes(static_cast<std::uint64_t>(s.tp_all_gather_bytes)),
+                 s.tp_formula_all_reduce_calls, format_bytes(s.tp_formula_all_reduce_bytes),
+                 s.tp_formula_all_gather_calls, format_bytes(s.tp_formula_all_gather_bytes));
+  }
   if (engine.optimizer_offloaded()) {
     spdlog::info("tiers: peak host {} (pinned staging {}; process peak RSS {}), peak nvme {}; nvme read {}, written {}",
                  format_bytes(summary.peak_host_bytes), format_bytes(engine.pinned_pool_bytes()),

@@ -4,7 +4,9 @@
 #    over ZeRO stages 0-3 and optimizer/parameter offload, writes weights byte-identical to the
 #    single-rank run with the same strata.parallel.tensor_slices (Note [Tensor slices]); for the
 #    GPT-2 and the LLaMA-style (grouped-query) tiny models, and an 8-head GPT-2 for 8 tensor ranks.
-# 2. Fast mode: T = 2 trains to the loss of T = 1 within rounding.
+# 2. Fast mode: T = 2 trains to the loss of T = 1 within rounding; the tensor group's collectives
+#    counted at the communicator equal Megatron's count for the tiny model's shape, computed here;
+#    the model state per rank is the split model's (about half at T = 2; norms and biases replicated).
 # Usage: train_tensor_parallel_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
@@ -76,7 +78,19 @@ first = abs(a["first_loss"] - b["first_loss"]) / a["first_loss"]
 last = abs(a["last_loss"] - b["last_loss"]) / a["last_loss"]
 print(f"fast mode: loss {a['first_loss']:.6f} -> {a['last_loss']:.6f} (tensor 1), "
       f"{b['first_loss']:.6f} -> {b['last_loss']:.6f} (tensor 2)")
-sys.exit(0 if first < 1e-5 and last < 1e-3 and b["last_loss"] < b["first_loss"] else 1)
+ok = first < 1e-5 and last < 1e-3 and b["last_loss"] < b["first_loss"]
+# tiny: 2 layers, d_model 32, fp32; 2 sequences of 32 tokens per micro-batch; S = T = 2 slices.
+rows, d, layers, e = 2 * 32, 32, 2, 4
+activations = 1 + 2 * layers + 2 * layers + 1  # embedding, forward, backward, head gradient
+want = {"all_reduce_calls": activations + 2, "all_reduce_bytes": activations * rows * d * e + 2 * rows * 4,
+        "all_gather_calls": 1, "all_gather_bytes": rows * 1 * 8}
+got = b["tensor_parallel"]["per_micro_batch"]
+print(f"tensor group per micro-batch: {got} (formula {want})")
+ok = ok and all(got[k] == v for k, v in want.items()) and b["tensor_parallel"]["formula_per_micro_batch"] == want
+ratio = b["model_state_bytes"] / a["model_state_bytes"]
+print(f"model state per rank: {b['model_state_bytes']} B at tensor 2, {a['model_state_bytes']} B at tensor 1 ({ratio:.3f})")
+sys.exit(0 if ok and 0.5 < ratio < 0.6 else 1)
 EOF
-then echo "ok: fast mode, tensor 2 trains to tensor 1's loss"; else echo "FAILED: fast mode losses"; fail=1; fi
+then echo "ok: fast mode, tensor 2 trains to tensor 1's loss; collectives and model state as the formulas say"
+else echo "FAILED: fast mode losses, collectives or model state"; fail=1; fi
 exit $fail
