@@ -93,4 +93,16 @@ sys.exit(0 if ok and 0.5 < ratio < 0.6 else 1)
 EOF
 then echo "ok: fast mode, tensor 2 trains to tensor 1's loss; collectives and model state as the formulas say"
 else echo "FAILED: fast mode losses, collectives or model state"; fail=1; fi
+# bf16: activations, all-reduces and gradients in bf16 (the communicator sums in fp32 and rounds
+# once), so T = 2 follows T = 1 within bf16 rounding.
+run 1 1 2 1 bf16.t1.st --set bf16.enabled=true --summary-json bf16.t1.json
+run 2 2 2 1 bf16.t2.st --set bf16.enabled=true --summary-json bf16.t2.json
+if python3 - bf16.t1.json bf16.t2.json <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"bf16: loss {a['first_loss']:.5f} -> {a['last_loss']:.5f} (tensor 1), "
+      f"{b['first_loss']:.5f} -> {b['last_loss']:.5f} (tensor 2)")
+sys.exit(0 if abs(a["last_loss"] - b["last_loss"]) / a["last_loss"] < 1e-2 and b["last_loss"] < b["first_loss"] - 0.5 else 1)
+EOF
+then echo "ok: bf16, tensor 2 trains as tensor 1"; else echo "FAILED: bf16 losses"; fail=1; fi
 exit $fail
