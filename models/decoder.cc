@@ -157,7 +157,6 @@ Decoder::Decoder(ModelConfig config, DecoderOptions options)
   if (tp.sliced() || tp.size > 1) {
     STRATA_CHECK(tp.size >= 1 && tp.slices % tp.size == 0 && tp.rank >= 0 && tp.rank < tp.size,
                  "tensor rank {} of {} with {} slices", tp.rank, tp.size, tp.slices);
-    STRATA_CHECK(tp.size == 1 || tp.comm != nullptr, "tensor parallelism over {} ranks without a communicator", tp.size);
     if (options_.tiling.tiled()) {
       throw ConfigError("strata.tiling beside tensor parallelism (strata.parallel.tensor, tensor_slices) is not built "
                         "yet: set strata.tiling to {} or strata.parallel.tensor and tensor_slices to 1");
@@ -910,7 +909,8 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
   }
   const bool keep_all = training && options_.checkpointing == Checkpointing::Off;
   const TensorParallel& tp = options_.tensor;
-  STRATA_CHECK(tp.size == 1 || stream != nullptr, "tensor parallelism needs a device stream for its collectives");
+  STRATA_CHECK(tp.size == 1 || (stream != nullptr && tp.comm != nullptr),
+               "tensor parallelism over {} ranks needs a device stream and the tensor group's communicator", tp.size);
   const BlockPass pass{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts};
   const ModelPass m{c, layout_, ctx, provider, ws, pass, batch, seq, training, keep_all};
   m.forward_blocks();

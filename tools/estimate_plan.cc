@@ -28,7 +28,20 @@ struct Target {
   HostFacts host;
   bool machine = false;
   std::uint64_t drive_space = 0;  // all the machine's drives together; 0: not known
+  int tensor = 1;                 // strata.parallel.tensor: the engine shards over world / tensor ranks
+  int slices = 1;                 // strata.parallel.tensor_slices
 };
+
+Target target_of(const EstimateInputs& in);
+
+// target_of and the layout check of strata.parallel, as train does it.
+Target checked_target(const EstimateInputs& in, const models::ModelConfig& model) {
+  Target t = target_of(in);
+  const ParallelLayout layout = check_parallel_layout(in.config, model, t.world);
+  t.tensor = layout.tensor();
+  t.slices = in.config.strata.parallel.slices();
+  return t;
+}
 
 Target target_of(const EstimateInputs& in) {
   Target t;
@@ -114,32 +127,42 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
   e.n_layers = model.n_layers;
   e.parameters = static_cast<std::uint64_t>(models::param_count(model));
   e.world_size = t.world;
+  e.tensor_ranks = t.tensor;
   e.device_bytes = t.device_bytes;
+  // With tensor parallelism the engine shards each slice over the data ranks, and the rank planned
+  // is the last tensor rank (the most vocabulary rows); tiling is not built beside it.
+  const int data_world = t.world / t.tensor;
+  const models::TensorParallel tp{t.tensor, t.tensor - 1, t.slices, nullptr};
   models::TilingDecision tiling;
-  try {
-    tiling = models::plan_tiling(cfg, model, checkpointing, t.world, t.device_bytes);
-  } catch (const ConfigError& refusal) {  // no tiling makes the largest layer fit: it cannot run
-    e.why_not = refusal.what();
-    return e;
+  if (!tp.sliced()) {
+    try {
+      tiling = models::plan_tiling(cfg, model, checkpointing, t.world, t.device_bytes);
+    } catch (const ConfigError& refusal) {  // no tiling makes the largest layer fit: it cannot run
+      e.why_not = refusal.what();
+      return e;
+    }
   }
   e.tiling = tiling.describe();
-  const auto mode = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
-  const models::Decoder decoder(model, models::DecoderOptions(mode, tiling.spec));
+  const auto decoder_with = [&](models::Checkpointing mode) {
+    models::DecoderOptions o(mode, tiling.spec);
+    o.tensor = tp;
+    return models::Decoder(model, o);
+  };
+  const models::Decoder decoder =
+      decoder_with(checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off);
   const std::vector<ParamGroupSpec> groups = decoder.param_groups();
   const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;
-  e.activations_checkpointed =
-      models::Decoder(model, models::DecoderOptions(models::Checkpointing::Blocks, tiling.spec)).activation_bytes(micro, seq, true);
-  e.activations_full =
-      models::Decoder(model, models::DecoderOptions(models::Checkpointing::Off, tiling.spec)).activation_bytes(micro, seq, true);
+  e.activations_checkpointed = decoder_with(models::Checkpointing::Blocks).activation_bytes(micro, seq, true);
+  e.activations_full = decoder_with(models::Checkpointing::Off).activation_bytes(micro, seq, true);
   const std::uint64_t activations = checkpointing ? e.activations_checkpointed : e.activations_full;
 
   e.deepspeed = deepspeed_beside(cfg, e.parameters, largest_tensor_elems(groups), t.world);
   e.resolved = cfg;
   try {
-    const Placement placed = resolve_placement(cfg, groups, t.world, activations, t.device_bytes, t.host);
+    const Placement placed = resolve_placement(cfg, groups, data_world, activations, t.device_bytes, t.host);
     e.resolved = placed.config;
     e.deepspeed = deepspeed_beside(placed.config, e.parameters, largest_tensor_elems(groups), t.world);
-    const RunPlan run = make_run_plan(placed.config, groups, t.world, 0);
+    const RunPlan run = make_run_plan(placed.config, groups, data_world, 0);
     e.tiers = plan_tiers(run, t.world, activations);
     e.tiers.placement = placed.why;
     e.capacity = measure_capacities(e.tiers, t.device_bytes, t.world);
@@ -169,22 +192,16 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
 }  // namespace
 
 Estimate estimate_run(const EstimateInputs& in) {
-  const Target t = target_of(in);
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(in.config, &checkpointing);
-  const ParallelLayout layout = check_parallel_layout(in.config, model, t.world);
-  if (layout.tensor() > 1) {
-    throw ConfigError(fmt::format("{}: {}: estimate and simulate do not plan tensor parallelism yet (strata train runs "
-                                  "it); set strata.parallel.tensor to 1",
-                                  in.config.source, layout.describe()));
-  }
+  const Target t = checked_target(in, model);
   return estimate_model(in, t, model, checkpointing);
 }
 
 LargestFit largest_fitting_depth(const EstimateInputs& in, std::int64_t max_layers) {
-  const Target t = target_of(in);
   bool checkpointing = false;
   models::ModelConfig model = training_model_config(in.config, &checkpointing);
+  const Target t = checked_target(in, model);
   const auto fits = [&](std::int64_t layers) {
     model.n_layers = layers;
     return estimate_model(in, t, model, checkpointing).fits;
@@ -211,8 +228,12 @@ LargestFit largest_fitting_depth(const EstimateInputs& in, std::int64_t max_laye
 std::string describe_estimate(const Estimate& e, const LargestFit& largest) {
   const TierPlan& p = e.tiers;
   std::ostringstream o;
-  o << fmt::format("model {}: {:.3g} parameters ({} layers), world {}, {} per GPU\n", e.model,
-                   static_cast<double>(e.parameters), e.n_layers, e.world_size, format_bytes(e.device_bytes));
+  o << fmt::format("model {}: {:.3g} parameters ({} layers), world {}{}, {} per GPU\n", e.model,
+                   static_cast<double>(e.parameters), e.n_layers, e.world_size,
+                   e.tensor_ranks > 1 ? fmt::format(" = data {} x tensor {}", e.world_size / e.tensor_ranks,
+                                                     e.tensor_ranks)
+                                      : std::string(),
+                   format_bytes(e.device_bytes));
   if (!e.tiling.empty()) o << "  " << e.tiling << "\n";
   o << fmt::format("per rank:\n  HBM    {} of {}: optimizer state and gradient sums {}, resident weights {}, largest "
                    "group in use {} ('{}'), activations {} ({} with block checkpointing, {} without)\n",
@@ -251,6 +272,7 @@ nlohmann::json estimate_to_json(const Estimate& e, const LargestFit& largest) {
       {"n_layers", e.n_layers},
       {"parameters", e.parameters},
       {"world_size", e.world_size},
+      {"tensor_ranks", e.tensor_ranks},
       {"device_bytes", e.device_bytes},
       {"tiling", e.tiling},
       {"hbm", {{"total", p.device_total()}, {"optimizer_state", p.device_state}, {"resident_weights", p.device_weights},

@@ -43,6 +43,7 @@ struct Estimate {
   std::int64_t n_layers = 0;
   std::uint64_t parameters = 0;
   int world_size = 1;
+  int tensor_ranks = 1;            // strata.parallel.tensor: per-rank figures are one tensor rank's slices
   std::uint64_t device_bytes = 0;  // per GPU
   TierPlan tiers;                  // rank 0's (every rank's state has the same size)
   TierCapacities capacity;

@@ -100,6 +100,11 @@ int run_simulate(const SimulateOptions& o) {
   in.config = cfg;
   if (!measure) in.machine = machine.spec;
   const Estimate planned = estimate_run(in);
+  if (planned.tensor_ranks > 1) {
+    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {}: the step simulator does not model the tensor "
+                                  "group's all-reduces yet; `strata estimate` plans the memory of such a run",
+                                  cfg.source, planned.tensor_ranks));
+  }
   if (!planned.fits) throw ConfigError(fmt::format("{} on {}: {}", cfg.source, measure ? "this host" : o.machine, planned.why_not));
   const StepWorkload workload = make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
   if (measure) machine = measure_sim_machine(cfg, workload);

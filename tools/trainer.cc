@@ -344,9 +344,9 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
   Placement placed = resolve_placement(cfg, groups, world, activation_bytes, device.capacity_bytes(), host);
   cfg = std::move(placed.config);
   RunPlan run_plan = make_run_plan(cfg, groups, world, comm.rank());
-  TierPlan plan = plan_tiers(run_plan, world, activation_bytes);
+  TierPlan plan = plan_tiers(run_plan, node_ranks, activation_bytes);
   plan.placement = std::move(placed.why);
-  const TierCapacities capacity = measure_capacities(plan, device.capacity_bytes(), world);
+  const TierCapacities capacity = measure_capacities(plan, device.capacity_bytes(), node_ranks);
   if (reports) spdlog::info("{}", describe_plan(plan, capacity));
   check_plan_fits(plan, capacity, cfg.source);
   return CheckedPlan{std::move(run_plan), plan};

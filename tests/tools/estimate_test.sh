@@ -61,10 +61,10 @@ echo '{"name": "x", "gpus": {"count": 1}}' > broken.json
 "$strata" estimate --machine "$repo/configs/machines/h100x1-4drives.json" --world 2 > out.txt 2> err.txt && rc=0 || rc=$?
 [ "$rc" = 1 ] && grep -q -- "--world 2 is more than the 1 GPU" err.txt && ok "--world above the machine's GPUs" ||
   { cat err.txt; bad "--world 2 on one GPU: exit $rc"; }
-# strata.parallel is checked as train checks it: 2-way tensor parallelism on 8 GPUs is a valid layout
-# that train runs, but estimate does not plan it yet (issue 17).
+# strata.parallel is planned as train runs it: 2-way tensor parallelism on 8 GPUs shards each slice
+# over 4 data ranks (the plan itself is compared with train's in train_tensor_parallel_test.sh).
 "$strata" estimate --config "$repo/configs/plans/llama-70b-finetune.json" --machine "$repo/configs/machines/h100x8-node.json" \
   --set strata.parallel.tensor=2 --set gradient_clipping=0 > out.txt 2> err.txt && rc=0 || rc=$?
-[ "$rc" = 1 ] && grep -q "world 8 = data 4 x tensor 2 x pipeline 1: estimate and simulate do not plan tensor parallelism" err.txt &&
-  ok "a tensor-parallel layout: refused, not planned yet" || { cat err.txt; bad "tensor 2 on 8 GPUs: exit $rc"; }
+[ "$rc" = 0 ] && grep -q "world 8 = data 4 x tensor 2" out.txt && ok "a tensor-parallel layout is planned" ||
+  { cat out.txt err.txt; bad "tensor 2 on 8 GPUs: exit $rc"; }
 exit $fail

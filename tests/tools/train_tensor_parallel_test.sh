@@ -4,9 +4,11 @@
 #    over ZeRO stages 0-3 and optimizer/parameter offload, writes weights byte-identical to the
 #    single-rank run with the same strata.parallel.tensor_slices (Note [Tensor slices]); for the
 #    GPT-2 and the LLaMA-style (grouped-query) tiny models, and an 8-head GPT-2 for 8 tensor ranks.
-# 2. Fast mode: T = 2 trains to the loss of T = 1 within rounding; the tensor group's collectives
-#    counted at the communicator equal Megatron's count for the tiny model's shape, computed here;
-#    the model state per rank is the split model's (about half at T = 2; norms and biases replicated).
+# 2. Fast mode: T = 2 trains to the loss of T = 1 within rounding (fp32 and bf16); the tensor
+#    group's collectives counted at the communicator equal Megatron's count for the tiny model's
+#    shape, computed here; the model state per rank is the split model's (about half at T = 2;
+#    norms and biases replicated).
+# 3. `strata estimate` of a tensor-parallel run is train's plan, byte for byte.
 # Usage: train_tensor_parallel_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
@@ -93,6 +95,18 @@ sys.exit(0 if ok and 0.5 < ratio < 0.6 else 1)
 EOF
 then echo "ok: fast mode, tensor 2 trains to tensor 1's loss; collectives and model state as the formulas say"
 else echo "FAILED: fast mode losses, collectives or model state"; fail=1; fi
+# 3. `strata estimate` plans a tensor-parallel run with train's own planning path: its tier line is
+#    the one train logs, for the built-in demo config (bf16, stage 3, everything on NVMe) at data 2 x
+#    tensor 2.
+tp_demo=(--set strata.parallel.tensor=2 --set strata.metrics='""')
+"$strata" estimate --json --world 4 "${tp_demo[@]}" > est.json
+est=$(sed -n 's/.*"plan_line": "\(.*\)",*$/\1/p' est.json)
+"${mpi[@]}" -np 4 "$strata" --log-level info train --steps 1 "${tp_demo[@]}" > demo.log 2>&1 || { cat demo.log; fail=1; }
+trained=$(sed -n 's/.*\[info\] \(tier plan per rank: .*\)$/\1/p' demo.log)
+if [ -n "$est" ] && [ "$est" = "$trained" ] && grep -q '"tensor_ranks": 2' est.json; then
+  echo "ok: demo at data 2 x tensor 2: estimate's plan is train's"
+else echo "FAILED: demo at data 2 x tensor 2: estimate says '$est', train logged '$trained'"; fail=1; fi
+
 # bf16: activations, all-reduces and gradients in bf16 (the communicator sums in fp32 and rounds
 # once), so T = 2 follows T = 1 within bf16 rounding.
 run 1 1 2 1 bf16.t1.st --set bf16.enabled=true --summary-json bf16.t1.json
