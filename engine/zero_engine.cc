@@ -141,8 +141,7 @@ StepResult ZeroEngine::step(double lr) {
   comm_stream_->synchronize();
   home_->synchronize();
   home_->finish_grads();
-  double sum_squares = global_sum_squares();
-  if (tensor_group_ != nullptr) sum_squares = tensor_group_->all_reduce_host(sum_squares, ReduceOp::Sum);
+  const double sum_squares = global_sum_squares();
 
   // The phase's decision is optim's (optim/optimizer_phase.h, the same code the CPU phase and
   // `strata bench adam` run): skip on a non-finite norm, else clip and unscale into grad_scale.
@@ -176,9 +175,17 @@ StepResult ZeroEngine::step(double lr) {
 // Where the partials cover this rank's shard only, the shard group's ranks exchange them first
 // (blocks never straddle shards, so the concatenation is the same list of partials in the same
 // order as the whole gradient's).
+void ZeroEngine::set_tensor_group(Communicator* group, std::vector<bool> replicated) {
+  STRATA_CHECK(group == nullptr || replicated.size() == specs_.size(), "{} replicated flags for {} groups",
+               replicated.size(), specs_.size());
+  tensor_group_ = group;
+  replicated_groups_ = std::move(replicated);
+}
+
 double ZeroEngine::global_sum_squares() {
-  double sum_squares = 0.0;
+  double split = 0.0, replicated = 0.0;  // with a tensor group: its ranks' slices, and what each holds whole
   for (std::size_t g = 0; g < specs_.size(); ++g) {
+    double& sum_squares = tensor_group_ != nullptr && replicated_groups_[g] ? replicated : split;
     const std::vector<double> partials = home_->block_partials(g);
     const int shards = plan_.groups[g].layout.shard_count();
     std::vector<double> all = partials;
@@ -193,7 +200,8 @@ double ZeroEngine::global_sum_squares() {
     }
     for (double p : all) sum_squares += p;
   }
-  return sum_squares;
+  if (tensor_group_ == nullptr) return split;
+  return tensor_group_->all_reduce_host(split, ReduceOp::Sum) + replicated;
 }
 
 std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) {

@@ -124,11 +124,11 @@ class ZeroEngine final : public ParamProvider {
   // learning rate `lr`, and publishes the new working weights. Every rank must call it.
   StepResult step(double lr);
   // Tensor parallelism (models/tensor_parallel.h): `group` holds the ranks with the other slices of
-  // this rank's tensors. step() then skips on every rank of the group when any has a non-finite
-  // gradient, and its grad_norm sums the group's squares (a replicated tensor, held by every rank
-  // of the group, counts once per rank; clipping is refused with tensor parallelism until the norm
-  // counts it once). Null: no tensor parallelism.
-  void set_tensor_group(Communicator* group) { tensor_group_ = group; }
+  // this rank's tensors, and replicated[g] says group g is held whole, alike, by each of them. The
+  // step's gradient norm is then the whole model's: the split groups' squares summed over the
+  // tensor group, the replicated groups' counted once; so every rank of the group clips and skips
+  // alike. Null: no tensor parallelism.
+  void set_tensor_group(Communicator* group, std::vector<bool> replicated);
 
   // The working dtype of W and of the gradients the model writes.
   DType working_dtype() const { return working_dtype_; }
@@ -211,6 +211,7 @@ class ZeroEngine final : public ParamProvider {
   Device& device_;
   Communicator& world_;
   Communicator* tensor_group_ = nullptr;  // set_tensor_group
+  std::vector<bool> replicated_groups_;
   std::unique_ptr<Communicator> shard_comm_;
   std::unique_ptr<Communicator> replica_comm_;
   ShardTopology topo_;

@@ -2,6 +2,7 @@
 #include "models/decoder.h"
 
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -162,7 +163,8 @@ Decoder::Decoder(ModelConfig config, DecoderOptions options)
                         "yet: set strata.tiling to {} or strata.parallel.tensor and tensor_slices to 1");
     }
     check_tensor_parallel(config_, tp.size, tp.slices, options_.tiling.chunks, "the decoder's options");
-    layout_.groups = tensor_parallel_layout(config_, tp.size, tp.rank).groups;
+    tensor_layout_ = std::make_unique<TensorParallelLayout>(tensor_parallel_layout(config_, tp.size, tp.rank));
+    layout_.groups = tensor_layout_->groups;
   }
 }
 
@@ -912,7 +914,12 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
   STRATA_CHECK(tp.size == 1 || (stream != nullptr && tp.comm != nullptr),
                "tensor parallelism over {} ranks needs a device stream and the tensor group's communicator", tp.size);
   const BlockPass pass{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts};
-  const ModelPass m{c, layout_, ctx, provider, ws, pass, batch, seq, training, keep_all};
+  // With tensor parallelism the engine holds each group's replicated tensors apart; the passes
+  // index the logical groups (models/tensor_parallel.h).
+  std::optional<SplitGroupProvider> split;
+  if (tensor_layout_ && tensor_layout_->split()) split.emplace(provider, *tensor_layout_);
+  ParamProvider& groups = split ? static_cast<ParamProvider&>(*split) : provider;
+  const ModelPass m{c, layout_, ctx, groups, ws, pass, batch, seq, training, keep_all};
   m.forward_blocks();
   m.run_head(grad_scale);
   if (training) m.backward_blocks();

@@ -104,7 +104,8 @@ class Decoder {
 
   ModelConfig config_;
   DecoderOptions options_;
-  DecoderLayout layout_;
+  DecoderLayout layout_;  // layout_.groups: what param_groups() declares (tensor parallelism: physical)
+  std::unique_ptr<TensorParallelLayout> tensor_layout_;  // with tensor parallelism
   std::unique_ptr<Workspace> ws_;
 };
 

@@ -128,12 +128,12 @@ RowRange vocab_rows(const ModelConfig& c, int size, int rank) { return part_of(c
 TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int rank) {
   STRATA_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor rank {} of {}", rank, size);
   TensorParallelLayout L;
-  L.whole = decoder_param_groups(c);
-  L.groups = L.whole;
-  L.slices.resize(L.whole.size());
-  for (std::size_t g = 0; g < L.whole.size(); ++g) {
-    const ParamGroupSpec& whole = L.whole[g];
-    for (std::size_t k = 0; k < whole.tensors.size(); ++k) {
+  const std::vector<ParamGroupSpec> untiled = decoder_param_groups(c);
+  L.logical = untiled;
+  L.where.resize(untiled.size());
+  for (std::size_t g = 0; g < untiled.size(); ++g) {
+    std::vector<TensorSlice> cuts;
+    for (std::size_t k = 0; k < untiled[g].tensors.size(); ++k) {
       TensorSlice s;
       if (size > 1) {
         if (g == embedding_group_index()) {
@@ -144,11 +144,90 @@ TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int 
           s = block_slice(c, k, size, rank);
         }
       }
-      L.groups[g].tensors[k].shape = sliced_shape(whole.tensors[k].shape, s);
-      L.slices[g].push_back(std::move(s));
+      L.logical[g].tensors[k].shape = sliced_shape(untiled[g].tensors[k].shape, s);
+      cuts.push_back(std::move(s));
     }
+    // Physical groups: the split tensors, then the replicated ones (T = 1: the group as it is).
+    for (const bool replicated_part : {false, true}) {
+      ParamGroupSpec part{untiled[g].name, {}, untiled[g].grads_ready_calls};
+      ParamGroupSpec whole_part = part;
+      std::vector<TensorSlice> part_cuts;
+      for (std::size_t k = 0; k < untiled[g].tensors.size(); ++k) {
+        const bool replicated = size > 1 && cuts[k].kind == SliceKind::Whole;
+        if (replicated != replicated_part) continue;
+        L.where[g].push_back({L.groups.size(), part.tensors.size()});
+        part.tensors.push_back(L.logical[g].tensors[k]);
+        whole_part.tensors.push_back(untiled[g].tensors[k]);
+        part_cuts.push_back(cuts[k]);
+      }
+      if (part.tensors.empty()) continue;
+      const bool both = replicated_part && L.groups.size() > 0 && L.groups.back().name == untiled[g].name;
+      if (both) {
+        part.name += ".replicated";
+        whole_part.name = part.name;
+      }
+      L.groups.push_back(std::move(part));
+      L.whole.push_back(std::move(whole_part));
+      L.slices.push_back(std::move(part_cuts));
+      L.replicated.push_back(replicated_part);
+    }
+    // where[] was filled in physical order; put it back in the logical tensor order.
+    std::vector<TensorLocation> ordered(untiled[g].tensors.size());
+    std::size_t next_split = 0, next_rep = 0;
+    std::vector<std::size_t> split_k, rep_k;
+    for (std::size_t k = 0; k < untiled[g].tensors.size(); ++k) {
+      (size > 1 && cuts[k].kind == SliceKind::Whole ? rep_k : split_k).push_back(k);
+    }
+    for (std::size_t k : split_k) ordered[k] = L.where[g][next_split++];
+    for (std::size_t k : rep_k) ordered[k] = L.where[g][split_k.size() + next_rep++];
+    L.where[g] = std::move(ordered);
   }
   return L;
+}
+
+SplitGroupProvider::SplitGroupProvider(ParamProvider& inner, const TensorParallelLayout& layout)
+    : inner_(inner), layout_(layout) {
+  STRATA_CHECK(inner.groups().size() == layout.groups.size(), "the provider holds {} groups, the layout {}",
+               inner.groups().size(), layout.groups.size());
+}
+
+std::vector<std::size_t> SplitGroupProvider::parts(std::size_t logical) const {
+  std::vector<std::size_t> p;
+  for (const TensorLocation& at : layout_.where.at(logical)) {
+    if (std::find(p.begin(), p.end(), at.group) == p.end()) p.push_back(at.group);
+  }
+  std::sort(p.begin(), p.end());
+  return p;
+}
+
+GroupViews SplitGroupProvider::merge(std::size_t logical, const std::vector<GroupViews>& views) const {
+  const std::vector<std::size_t> p = parts(logical);
+  GroupViews out;
+  for (const TensorLocation& at : layout_.where[logical]) {
+    const auto i = static_cast<std::size_t>(std::find(p.begin(), p.end(), at.group) - p.begin());
+    out.tensors.push_back(views[i][at.tensor]);
+  }
+  return out;
+}
+
+GroupViews SplitGroupProvider::acquire_params(std::size_t group, ParamPhase phase, Stream* stream) {
+  std::vector<GroupViews> views;
+  for (std::size_t g : parts(group)) views.push_back(inner_.acquire_params(g, phase, stream));
+  return merge(group, views);
+}
+
+void SplitGroupProvider::release_params(std::size_t group, Stream* stream) {
+  for (std::size_t g : parts(group)) inner_.release_params(g, stream);
+}
+
+GroupViews SplitGroupProvider::acquire_grads(std::size_t group, Stream* stream) {
+  std::vector<GroupViews> views;
+  for (std::size_t g : parts(group)) views.push_back(inner_.acquire_grads(g, stream));
+  return merge(group, views);
+}
+
+void SplitGroupProvider::grads_ready(std::size_t group, Stream* stream) {
+  for (std::size_t g : parts(group)) inner_.grads_ready(g, stream);
 }
 
 TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const TensorParallel& tp, std::int64_t rows,

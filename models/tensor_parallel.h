@@ -14,7 +14,9 @@
 //   replicated: norms, the row-parallel biases and GPT-2's position embedding. Every rank computes
 //     the same gradient for them from the same activations, so they stay equal without messages.
 // The engine (ZeRO over the data axis) sees only the rank's slices: its groups are the untiled
-// groups with every split tensor cut to its slice, under the whole tensor's name.
+// groups with every split tensor cut to its slice, under the whole tensor's name, and the
+// replicated tensors of each group in a group of their own (TensorParallelLayout), so the gradient
+// norm counts them once across the tensor group.
 //
 // Note [Tensor slices]: exact mode promises the same bits for any T. A sum that tensor parallelism
 // splits across ranks (the row-parallel forward over its input columns, the column-parallel input
@@ -34,10 +36,11 @@
 // in double, and the target logits all-reduced (one value and zeros: exact). Each rank then writes
 // its own columns of the logits' gradient. Memory per rank is rows x V/T logits.
 //
-// Not built yet: sequence parallelism, KV heads fewer than T (replicated KV), tiling beside tensor
-// parallelism, the cuda device (the vocabulary-parallel ops have CPU kernels only).
+// Not built yet: sequence parallelism, KV heads fewer than T (replicated KV), tiling and checkpoints
+// beside tensor parallelism, the cuda device (the vocabulary-parallel ops have CPU kernels only).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -79,15 +82,43 @@ struct TensorSlice {
   std::vector<RowRange> ranges;
 };
 
-// The rank's param groups: the untiled groups (models/decoder_params.h) with each split tensor cut
-// to its slice, under the whole tensor's name; slices[g][k] says how tensor k of group g was cut
-// from whole[g][k].
+// A rank's groups. The decoder indexes the untiled groups (models/decoder_params.h) with each split
+// tensor cut to its slice, under the whole tensor's name: the logical groups. At T > 1 the engine
+// holds them as physical groups: each logical group's split tensors (named as the logical group)
+// and its replicated tensors (norms, row-parallel biases, GPT-2's position embedding; "<name>.
+// replicated") apart, so the gradient norm can count a replicated tensor once across the tensor
+// group (ZeroEngine::set_tensor_group). At T = 1 the physical groups are the logical ones.
+struct TensorLocation {
+  std::size_t group = 0, tensor = 0;
+};
 struct TensorParallelLayout {
-  std::vector<ParamGroupSpec> groups;
-  std::vector<ParamGroupSpec> whole;
-  std::vector<std::vector<TensorSlice>> slices;
+  std::vector<ParamGroupSpec> logical;
+  std::vector<ParamGroupSpec> groups;                 // physical
+  std::vector<ParamGroupSpec> whole;                  // physical, with the whole tensors' shapes
+  std::vector<std::vector<TensorSlice>> slices;       // [physical group][tensor]: cut from whole
+  std::vector<bool> replicated;                       // [physical group]: every tensor whole on every rank
+  std::vector<std::vector<TensorLocation>> where;     // [logical group][tensor] -> physical
+  bool split() const { return groups.size() != logical.size(); }
 };
 TensorParallelLayout tensor_parallel_layout(const ModelConfig& config, int size, int rank);
+
+// The decoder's view of an engine holding the physical groups of `layout`: acquires, releases and
+// declares ready both physical parts of a logical group and hands out views in the logical order.
+class SplitGroupProvider final : public ParamProvider {
+ public:
+  SplitGroupProvider(ParamProvider& inner, const TensorParallelLayout& layout);
+  std::span<const ParamGroupSpec> groups() const override { return layout_.logical; }
+  GroupViews acquire_params(std::size_t group, ParamPhase phase, Stream* stream) override;
+  void release_params(std::size_t group, Stream* stream) override;
+  GroupViews acquire_grads(std::size_t group, Stream* stream) override;
+  void grads_ready(std::size_t group, Stream* stream) override;
+
+ private:
+  std::vector<std::size_t> parts(std::size_t logical) const;  // its physical groups, ascending
+  GroupViews merge(std::size_t logical, const std::vector<GroupViews>& views) const;
+  ParamProvider& inner_;
+  const TensorParallelLayout& layout_;
+};
 
 // The rank's rows of the vocabulary: [rank * V / size, (rank + 1) * V / size).
 RowRange vocab_rows(const ModelConfig& config, int size, int rank);

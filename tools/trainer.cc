@@ -86,11 +86,13 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
     throw ConfigError(fmt::format("{}: {} with strata.parallel.tensor = {} is not built yet; {}", cfg.source, what, T,
                                   fix));
   };
-  if (cfg.gradient_clipping > 0) {
-    refuse(fmt::format("gradient_clipping {} (the norm across tensor ranks)", cfg.gradient_clipping),
-           "set gradient_clipping to 0");
+  if (cfg.gradient_clipping > 0 && cfg.strata.exact) {
+    // The norm sums each tensor rank's blocks, so its rounding (and so the clipped weights' bits)
+    // depends on T; exact mode promises the same bits for every T.
+    refuse(fmt::format("gradient_clipping {} in exact mode (a norm whose bits do not depend on T)",
+                       cfg.gradient_clipping),
+           "set gradient_clipping to 0 or strata.exact to false");
   }
-  if (cfg.precision == Precision::Fp16) refuse("fp16 (the loss scaler's skips across tensor ranks)", "use bf16 or fp32");
   if (!cfg.strata.checkpoint.dir.empty()) {
     refuse("strata.checkpoint.dir (checkpoints of tensor slices)", "drop strata.checkpoint.dir");
   }
@@ -622,7 +624,7 @@ TrainSummary run_training(const TrainOptions& options) {
   models::TokenFile data = open_training_data(cfg, *comm, model);
 
   ZeroEngine engine(cfg, *device, dcomm, groups, init, std::move(plan.run));
-  engine.set_tensor_group(tensor_comm.get());
+  engine.set_tensor_group(tensor_comm.get(), tp_layout.replicated);
   init_file.reset();
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;

@@ -34,8 +34,11 @@ TEST(TensorParallelLayout, SlicesOfEveryRankTileEachWholeTensorExactlyOnce) {
     for (int T : {1, 2}) {
       std::vector<TensorParallelLayout> ranks;
       for (int t = 0; t < T; ++t) ranks.push_back(tensor_parallel_layout(c, T, t));
-      const std::vector<ParamGroupSpec>& whole = ranks[0].whole;
-      ASSERT_EQ(whole.size(), decoder_param_groups(c).size());
+      const std::vector<ParamGroupSpec>& whole = ranks[0].whole;  // physical groups, whole shapes
+      std::size_t model_tensors = 0, found = 0;
+      for (const ParamGroupSpec& g : decoder_param_groups(c)) model_tensors += g.tensors.size();
+      for (const ParamGroupSpec& g : whole) found += g.tensors.size();
+      EXPECT_EQ(found, model_tensors) << "every tensor of the model in exactly one physical group";
       for (std::size_t g = 0; g < whole.size(); ++g) {
         for (std::size_t k = 0; k < whole[g].tensors.size(); ++k) {
           const ParamTensorSpec& w = whole[g].tensors[k];
@@ -53,6 +56,7 @@ TEST(TensorParallelLayout, SlicesOfEveryRankTileEachWholeTensorExactlyOnce) {
           }
           const bool split = ranks[0].slices[g][k].kind != SliceKind::Whole;
           EXPECT_EQ(total, split ? w.elems() : w.elems() * static_cast<std::size_t>(T)) << w.name;
+          EXPECT_EQ(ranks[0].replicated[g], T > 1 && !split) << w.name << ": a group is all split or all replicated";
           EXPECT_EQ(rebuilt, values) << w.name << " at T = " << T;
         }
       }
@@ -63,10 +67,12 @@ TEST(TensorParallelLayout, SlicesOfEveryRankTileEachWholeTensorExactlyOnce) {
 TEST(TensorParallelLayout, MegatronSplitOfGpt2Block) {
   const ModelConfig c = model_config_by_name("tiny");  // d_model 32, 4 heads, MLP 128
   const TensorParallelLayout L = tensor_parallel_layout(c, 2, 1);
-  const ParamGroupSpec& block = L.groups[block_group_index(0)];
+  const std::size_t b = block_group_index(0);
+  const ParamGroupSpec& block = L.logical[b];  // what the decoder indexes
   using namespace gpt2_block;
   EXPECT_EQ(block.tensors[kQkvW].shape, (std::vector<std::int64_t>{48, 32}));  // q, k, v rows of heads 2-3
-  const auto& qkv = L.slices[block_group_index(0)][kQkvW].ranges;
+  const TensorLocation qkv_at = L.where[b][kQkvW];
+  const auto& qkv = L.slices[qkv_at.group][qkv_at.tensor].ranges;
   ASSERT_EQ(qkv.size(), 3u);
   EXPECT_EQ(qkv[0], (RowRange{16, 32}));
   EXPECT_EQ(qkv[1], (RowRange{48, 64}));
@@ -75,10 +81,23 @@ TEST(TensorParallelLayout, MegatronSplitOfGpt2Block) {
   EXPECT_EQ(block.tensors[kAttnProjB].shape, (std::vector<std::int64_t>{32}));      // replicated
   EXPECT_EQ(block.tensors[kFcW].shape, (std::vector<std::int64_t>{64, 32}));
   EXPECT_EQ(block.tensors[kMlpProjW].shape, (std::vector<std::int64_t>{32, 64}));
-  EXPECT_EQ(L.groups[embedding_group_index()].tensors[embedding_group::kWte].shape,
+  // The engine's groups: the block's split weights and biases, then its replicated tensors.
+  const ParamGroupSpec& split = L.groups[L.where[b][kQkvW].group];
+  const ParamGroupSpec& rep = L.groups[L.where[b][kLn1W].group];
+  EXPECT_EQ(split.name, "blocks.0");
+  EXPECT_EQ(rep.name, "blocks.0.replicated");
+  std::vector<std::string> names;
+  for (const ParamTensorSpec& t : rep.tensors) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"blocks.0.ln1.weight", "blocks.0.ln1.bias", "blocks.0.attn.proj.bias",
+                                             "blocks.0.ln2.weight", "blocks.0.ln2.bias", "blocks.0.mlp.proj.bias"}));
+  EXPECT_TRUE(L.replicated[L.where[b][kLn1W].group]);
+  EXPECT_FALSE(L.replicated[L.where[b][kQkvW].group]);
+  // GPT-2's head (the final norm) is all replicated; the embedding splits wte from wpe.
+  EXPECT_TRUE(L.replicated[L.where[head_group_index(c)][head_group::kNormW].group]);
+  EXPECT_EQ(L.logical[embedding_group_index()].tensors[embedding_group::kWte].shape,
             (std::vector<std::int64_t>{128, 32}));
-  EXPECT_EQ(L.groups[embedding_group_index()].tensors[embedding_group::kWpe].shape,
-            (std::vector<std::int64_t>{64, 32}));  // position embedding: replicated
+  EXPECT_EQ(L.groups[L.where[embedding_group_index()][embedding_group::kWpe].group].name, "embedding.replicated");
+  EXPECT_EQ(L.groups.size(), 1 + 1 + 2 * 2 + 1u);  // embedding (2), 2 blocks (2 each), head (1)
 }
 
 TEST(TensorParallelLayout, RefusesWhatItCannotSplit) {

@@ -4,7 +4,8 @@
 #    over ZeRO stages 0-3 and optimizer/parameter offload, writes weights byte-identical to the
 #    single-rank run with the same strata.parallel.tensor_slices (Note [Tensor slices]); for the
 #    GPT-2 and the LLaMA-style (grouped-query) tiny models, and an 8-head GPT-2 for 8 tensor ranks.
-# 2. Fast mode: T = 2 trains to the loss of T = 1 within rounding (fp32 and bf16); the tensor
+# 2. Fast mode: T = 2 trains to the loss of T = 1 within rounding (fp32 with and without gradient
+#    clipping, bf16, fp16); the tensor
 #    group's collectives counted at the communicator equal Megatron's count for the tiny model's
 #    shape, computed here; the model state per rank is the split model's (about half at T = 2;
 #    norms and biases replicated).
@@ -73,6 +74,23 @@ common=(--log-level warn train --config "$config" --steps 12 --set strata.exact=
         --set train_micro_batch_size_per_gpu=2)
 run 1 1 2 2 fast.t1.st --summary-json fast.t1.json
 run 2 2 2 2 fast.t2.st --summary-json fast.t2.json
+# Clipping (the config's gradient_clipping 1) needs the whole model's norm: each tensor rank's split
+# groups summed over the group, the replicated ones once. Step 1's norm is the same as at T = 1
+# (before any update could make them drift apart), and clipped steps follow T = 1.
+run 1 1 2 2 clip.t1.st --set gradient_clipping=1 --set strata.metrics='"clip.t1.jsonl"'
+run 2 2 2 2 clip.t2.st --set gradient_clipping=1 --set strata.metrics='"clip.t2.jsonl"'
+if python3 - clip.t1.jsonl clip.t2.jsonl <<'EOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
+a = [r for r in a if "grad_norm" in r]; b = [r for r in b if "grad_norm" in r]
+print(f"clipped: grad norm {a[0]['grad_norm']:.7f} / {b[0]['grad_norm']:.7f} at step 1, loss {a[-1]['loss']:.6f} / "
+      f"{b[-1]['loss']:.6f} at step {len(a)} (tensor 1 / tensor 2)")
+clipped = a[0]["grad_norm"] > 1
+first = abs(a[0]["grad_norm"] - b[0]["grad_norm"]) / a[0]["grad_norm"]
+last = abs(a[-1]["loss"] - b[-1]["loss"]) / a[-1]["loss"]
+sys.exit(0 if clipped and len(a) == len(b) == 12 and first < 1e-5 and last < 1e-3 else 1)
+EOF
+then echo "ok: clipping at tensor 2: the whole model's norm, training as tensor 1"; else echo "FAILED: clipped runs"; fail=1; fi
 if python3 - fast.t1.json fast.t2.json <<'EOF'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
@@ -107,16 +125,19 @@ if [ -n "$est" ] && [ "$est" = "$trained" ] && grep -q '"tensor_ranks": 2' est.j
   echo "ok: demo at data 2 x tensor 2: estimate's plan is train's"
 else echo "FAILED: demo at data 2 x tensor 2: estimate says '$est', train logged '$trained'"; fail=1; fi
 
-# bf16: activations, all-reduces and gradients in bf16 (the communicator sums in fp32 and rounds
-# once), so T = 2 follows T = 1 within bf16 rounding.
-run 1 1 2 1 bf16.t1.st --set bf16.enabled=true --summary-json bf16.t1.json
-run 2 2 2 1 bf16.t2.st --set bf16.enabled=true --summary-json bf16.t2.json
-if python3 - bf16.t1.json bf16.t2.json <<'EOF'
+# bf16 and fp16 (with its loss scaler, whose skips the tensor group takes alike): activations,
+# all-reduces and gradients in 16 bits (the communicator sums in fp32 and rounds once), so T = 2
+# follows T = 1 within their rounding.
+for half in bf16 fp16; do
+  run 1 1 2 1 $half.t1.st --set $half.enabled=true --summary-json $half.t1.json
+  run 2 2 2 1 $half.t2.st --set $half.enabled=true --summary-json $half.t2.json
+  if python3 - $half.t1.json $half.t2.json $half <<'EOF'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
-print(f"bf16: loss {a['first_loss']:.5f} -> {a['last_loss']:.5f} (tensor 1), "
+print(f"{sys.argv[3]}: loss {a['first_loss']:.5f} -> {a['last_loss']:.5f} (tensor 1), "
       f"{b['first_loss']:.5f} -> {b['last_loss']:.5f} (tensor 2)")
 sys.exit(0 if abs(a["last_loss"] - b["last_loss"]) / a["last_loss"] < 1e-2 and b["last_loss"] < b["first_loss"] - 0.5 else 1)
 EOF
-then echo "ok: bf16, tensor 2 trains as tensor 1"; else echo "FAILED: bf16 losses"; fail=1; fi
+  then echo "ok: $half, tensor 2 trains as tensor 1"; else echo "FAILED: $half losses"; fail=1; fi
+done
 exit $fail
