@@ -65,8 +65,21 @@ inline constexpr const char* kCheckpointLatest = "latest";
 // "step-00000120".
 std::string checkpoint_dir_name(std::int64_t step);
 
+// Tensor parallelism (models/tensor_parallel.h): a checkpoint of a run with `size` tensor ranks
+// holds every tensor rank's param groups, rank t's group g at index t * (groups per rank) + g,
+// named "tensor<t>/<name>", each sharded over the data ranks as usual; the manifest records
+// "tensor_parallel": {"size", "slices"}. Such a checkpoint resumes with the same tensor ranks (any
+// number of data ranks) through load_checkpoint, or with other tensor ranks (none included)
+// through load_checkpoint_resliced.
+struct CheckpointTensorParallel {
+  int size = 1;
+  int rank = 0;
+  int slices = 1;
+};
+
 struct CheckpointSaveOptions {
   std::string parent;  // the directory holding step-* checkpoints (strata.checkpoint.dir)
+  CheckpointTensorParallel tensor;  // this rank's place with tensor parallelism
   int keep = 2;        // checkpoints kept after a successful save (>= 1)
   // Tests: called before every write to a checkpoint file (data files, manifest, latest) with the
   // file's path; a non-zero errno makes that write fail with it, as ENOSPC or EIO from the kernel.
@@ -161,6 +174,8 @@ struct CheckpointManifest {
   std::string precision;
   std::string optimizer;
   int state_arrays = 0;
+  int tensor_size = 1;    // tensor ranks of the run that wrote it (CheckpointTensorParallel)
+  int tensor_slices = 1;
   std::vector<CheckpointGroup> groups;
   std::vector<CheckpointFile> files;
   nlohmann::json config;
@@ -215,7 +230,21 @@ std::vector<std::string> verify_checkpoint(const std::string& dir);
 // the field), verifies the files this rank reads, agrees with the other ranks that all can load,
 // then imports the state and counters. Another world size or sharding factor is resharded.
 // Returns the manifest (its `step` is where training continues).
+// With tensor parallelism, `world` is every rank and `tensor` this rank's place: it loads its
+// tensor rank's groups.
 CheckpointManifest load_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
-                                   const std::string& model_name, const std::string& dir);
+                                   const std::string& model_name, const std::string& dir,
+                                   const CheckpointTensorParallel& tensor = {});
+
+// Elements [offset_elems, offset_elems + out.size()) of state array `array` of this run's group
+// `group`'s flat buffer, made from a checkpoint whose groups are cut otherwise (another number of
+// tensor ranks): the model knows how (tools/checkpoint_tensors.h), the engine does not.
+using CheckpointReslicer = std::function<void(CheckpointReader& reader, std::size_t group, int array,
+                                              std::size_t offset_elems, std::span<float> out)>;
+// load_checkpoint with the state from `reslice`: the run-level checks (model, optimizer, precision,
+// seed, data), every data file verified, the state imported through `reslice`, the counters restored.
+CheckpointManifest load_checkpoint_resliced(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                                            const std::string& model_name, const std::string& dir,
+                                            const CheckpointReslicer& reslice);
 
 }  // namespace strata

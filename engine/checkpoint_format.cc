@@ -59,8 +59,7 @@ nlohmann::json file_record_json(const CheckpointFile& file) {
           {"ranges", ranges}};
 }
 
-nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
-                             const std::string& model_name, std::int64_t step, const nlohmann::json& files) {
+nlohmann::json groups_json(ZeroEngine& engine, const std::string& prefix) {
   nlohmann::json groups = nlohmann::json::array();
   const auto specs = engine.groups();
   for (std::size_t g = 0; g < specs.size(); ++g) {
@@ -72,8 +71,14 @@ nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const Trai
                          {"offset_elems", layout.slots()[t].offset_elems}});
     }
     groups.push_back(
-        {{"name", specs[g].name}, {"total_elems", engine.state_range(g).total_elems}, {"tensors", tensors}});
+        {{"name", prefix + specs[g].name}, {"total_elems", engine.state_range(g).total_elems}, {"tensors", tensors}});
   }
+  return groups;
+}
+
+nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                             const std::string& model_name, std::int64_t step, const nlohmann::json& files,
+                             const nlohmann::json& groups, const CheckpointTensorParallel& tensor) {
   const EngineCounters counters = engine.counters();
   nlohmann::json scaler = nullptr;
   if (counters.loss_scaler) {
@@ -84,7 +89,7 @@ nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const Trai
   }
   nlohmann::json arrays = nlohmann::json::array();
   for (int a = 0; a < engine.state_arrays(); ++a) arrays.push_back(kArrayNames[a]);
-  return {{"format", "strata-checkpoint"},
+  nlohmann::json m = {{"format", "strata-checkpoint"},
           {"format_version", kCheckpointFormatVersion},
           {"model", model_name},
           {"step", step},
@@ -97,9 +102,11 @@ nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const Trai
           {"precision", std::string(precision_name(config.precision))},
           {"optimizer", config.optimizer.type},
           {"state_arrays", arrays},
-          {"groups", groups},
+          {"groups", groups.is_null() ? groups_json(engine) : groups},
           {"files", files},
           {"config", config.raw}};
+  if (tensor.size > 1) m["tensor_parallel"] = {{"size", tensor.size}, {"slices", tensor.slices}};
+  return m;
 }
 
 }  // namespace checkpoint_internal
@@ -176,6 +183,11 @@ void parse_run_fields(const ManifestFields& f, const nlohmann::json& j, Checkpoi
   m.seed = f.get<std::uint64_t>(j, "seed", "");
   m.world_size = f.get<int>(j, "world_size", "");
   m.sharding_factor = f.get<int>(j, "sharding_factor", "");
+  if (j.contains("tensor_parallel")) {  // absent: written without tensor parallelism
+    m.tensor_size = f.get<int>(j["tensor_parallel"], "size", "tensor_parallel");
+    m.tensor_slices = f.get<int>(j["tensor_parallel"], "slices", "tensor_parallel");
+    if (m.tensor_size < 1 || m.tensor_slices < 1) throw f.error("tensor_parallel", "needs size and slices >= 1");
+  }
   m.stage = f.get<int>(j, "stage", "");
   m.precision = f.get<std::string>(j, "precision", "");
   m.optimizer = f.get<std::string>(j, "optimizer", "");

@@ -41,8 +41,13 @@ nlohmann::json file_record_json(const CheckpointFile& file);
 
 // The manifest of a checkpoint of `engine` after `step` steps whose data files are `files`
 // (records from file_record_json, in rank order).
+// `groups` (null: the engine's) lists the param groups, as groups_json gives them, of every tensor
+// rank with tensor parallelism.
 nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
-                             const std::string& model_name, std::int64_t step, const nlohmann::json& files);
+                             const std::string& model_name, std::int64_t step, const nlohmann::json& files,
+                             const nlohmann::json& groups = nullptr, const CheckpointTensorParallel& tensor = {});
+// The manifest's records of the engine's param groups, each name prefixed with `prefix`.
+nlohmann::json groups_json(ZeroEngine& engine, const std::string& prefix = "");
 
 // Typed access to manifest fields with errors naming the file and the field.
 class ManifestFields {

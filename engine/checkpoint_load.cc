@@ -22,8 +22,9 @@ using checkpoint_internal::ManifestFields;
 
 namespace {
 
+// groups == false: the saved groups are cut otherwise and the reslicer checks them.
 void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const TrainConfig& config,
-                      const std::string& model_name) {
+                      const std::string& model_name, const CheckpointTensorParallel& tensor, bool groups = true) {
   const ManifestFields f(m.path);
   const auto mismatch = [&](const std::string& field, const std::string& saved, const std::string& ours) {
     return f.error(field, fmt::format("is {}, but this run has {}; resume with the config the checkpoint was written "
@@ -31,14 +32,23 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
                                       saved, ours));
   };
   if (m.model != model_name) throw mismatch("model", m.model, model_name);
-  const auto specs = engine.groups();
-  if (m.groups.size() != specs.size()) {
-    throw mismatch("groups", fmt::format("{} param groups", m.groups.size()), fmt::format("{}", specs.size()));
+  if (groups && m.tensor_size != tensor.size) {
+    throw f.error("tensor_parallel.size",
+                  fmt::format("is {}, but this run has strata.parallel.tensor = {}; resume with {} tensor ranks (any "
+                              "number of data ranks): resharding across tensor ranks is not built yet",
+                              m.tensor_size, tensor.size, m.tensor_size));
   }
-  for (std::size_t g = 0; g < specs.size(); ++g) {
-    const CheckpointGroup& G = m.groups[g];
-    const std::string where = fmt::format("groups[{}]", g);
-    if (G.name != specs[g].name) throw mismatch(where + ".name", G.name, specs[g].name);
+  const auto specs = engine.groups();
+  const std::size_t first = static_cast<std::size_t>(tensor.rank) * specs.size();  // engine/checkpoint.h
+  if (groups && m.groups.size() != specs.size() * static_cast<std::size_t>(tensor.size)) {
+    throw mismatch("groups", fmt::format("{} param groups", m.groups.size()),
+                   fmt::format("{}", specs.size() * static_cast<std::size_t>(tensor.size)));
+  }
+  const std::string prefix = tensor.size > 1 ? fmt::format("tensor{}/", tensor.rank) : std::string();
+  for (std::size_t g = 0; groups && g < specs.size(); ++g) {
+    const CheckpointGroup& G = m.groups[first + g];
+    const std::string where = fmt::format("groups[{}]", first + g);
+    if (G.name != prefix + specs[g].name) throw mismatch(where + ".name", G.name, prefix + specs[g].name);
     if (G.tensors.size() != specs[g].tensors.size()) {
       throw mismatch(where + ".tensors", fmt::format("{} tensors", G.tensors.size()),
                      fmt::format("{}", specs[g].tensors.size()));
@@ -97,18 +107,20 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
 }  // namespace
 
 CheckpointManifest load_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
-                                   const std::string& model_name, const std::string& dir) {
+                                   const std::string& model_name, const std::string& dir,
+                                   const CheckpointTensorParallel& tensor) {
+  const std::size_t first = static_cast<std::size_t>(tensor.rank) * engine.groups().size();
   std::exception_ptr error;
   CheckpointManifest m;
   std::unique_ptr<CheckpointReader> reader;
   try {
     m = read_checkpoint_manifest(dir);
-    check_compatible(m, engine, config, model_name);
+    check_compatible(m, engine, config, model_name, tensor);
     reader = std::make_unique<CheckpointReader>(m);
     std::set<std::string> verified;
     for (std::size_t g = 0; g < engine.groups().size(); ++g) {
       const StateRange r = engine.state_range(g);
-      for (const CheckpointFile* f : reader->files_covering(g, r.offset_elems, r.elems)) {
+      for (const CheckpointFile* f : reader->files_covering(first + g, r.offset_elems, r.elems)) {
         if (verified.insert(f->name).second) reader->verify_file(*f);
       }
     }
@@ -123,7 +135,36 @@ CheckpointManifest load_checkpoint(ZeroEngine& engine, Communicator& world, cons
   std::vector<StateRange> ranges;
   for (std::size_t g = 0; g < engine.groups().size(); ++g) ranges.push_back(engine.state_range(g));
   engine.import_state([&](std::size_t g, int a, std::size_t begin, std::span<float> out) {
-    reader->read(g, a, ranges[g].offset_elems + begin, out);
+    reader->read(first + g, a, ranges[g].offset_elems + begin, out);
+  });
+  engine.restore_counters(m.counters);
+  return m;
+}
+
+CheckpointManifest load_checkpoint_resliced(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                                            const std::string& model_name, const std::string& dir,
+                                            const CheckpointReslicer& reslice) {
+  std::exception_ptr error;
+  CheckpointManifest m;
+  std::unique_ptr<CheckpointReader> reader;
+  try {
+    m = read_checkpoint_manifest(dir);
+    check_compatible(m, engine, config, model_name, {}, /*groups=*/false);
+    reader = std::make_unique<CheckpointReader>(m);
+    for (const CheckpointFile& f : m.files) reader->verify_file(f);  // any of them may be read
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
+  const double failed = world.all_reduce_host(error ? 1.0 : 0.0, ReduceOp::Max);
+  if (error) std::rethrow_exception(error);
+  if (failed > 0) {
+    throw FormatError(fmt::format("loading checkpoint {} failed on another rank (its message says why)", dir));
+  }
+  std::vector<StateRange> ranges;
+  for (std::size_t g = 0; g < engine.groups().size(); ++g) ranges.push_back(engine.state_range(g));
+  // The reslicer checked the manifest when it was made, on every rank alike, before this collective.
+  engine.import_state([&](std::size_t g, int a, std::size_t begin, std::span<float> out) {
+    reslice(*reader, g, a, ranges[g].offset_elems + begin, out);
   });
   engine.restore_counters(m.counters);
   return m;

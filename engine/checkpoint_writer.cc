@@ -279,6 +279,28 @@ std::exception_ptr publish(const nlohmann::json& manifest, const SaveDirs& dirs,
   return nullptr;
 }
 
+// With tensor parallelism, rank 0 collects every tensor rank's param groups (each from the first
+// rank of that tensor rank to report), in tensor-rank order: the manifest's groups.
+nlohmann::json gather_tensor_groups(Communicator& world, ZeroEngine& engine, const CheckpointTensorParallel& tensor) {
+  const std::string record =
+      nlohmann::json{{"tensor_rank", tensor.rank},
+                     {"groups", groups_json(engine, fmt::format("tensor{}/", tensor.rank))}}
+          .dump();
+  const nlohmann::json records = gather_records(world, record);
+  if (world.rank() != 0) return nullptr;
+  std::vector<nlohmann::json> by_rank(static_cast<std::size_t>(tensor.size));
+  for (const auto& r : records) {
+    auto& slot = by_rank.at(r["tensor_rank"].get<std::size_t>());
+    if (slot.is_null()) slot = r["groups"];
+  }
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& g : by_rank) {
+    STRATA_CHECK(!g.is_null(), "a tensor rank reported no param groups");
+    for (const auto& x : g) groups.push_back(x);
+  }
+  return groups;
+}
+
 }  // namespace
 
 struct PendingCheckpoint::State {
@@ -347,7 +369,10 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
         writer = std::make_shared<RankFileWriter>(engine, config, dirs.parent, dirs.tmp_dir, rank, options, retention);
       }
       if (!captured) writer->copy(engine);
-      record = file_record_json(writer->finish()).dump();
+      CheckpointFile file = writer->finish();
+      // With tensor parallelism, this tensor rank's groups follow the lower ranks' (engine/checkpoint.h).
+      for (CheckpointRange& r : file.ranges) r.group += static_cast<std::size_t>(options.tensor.rank) * engine.groups().size();
+      record = file_record_json(file).dump();
     }
   } catch (const std::exception&) {
     error = std::current_exception();
@@ -362,10 +387,12 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
 
   // 3. Rank 0 collects the records, writes the manifest and publishes the checkpoint.
   const nlohmann::json files = gather_records(world, record);
+  const nlohmann::json groups = options.tensor.size > 1 ? gather_tensor_groups(world, engine, options.tensor) : nullptr;
   if (rank == 0) {
     try {
       for (const auto& f : files) result.bytes += f["bytes"].get<std::uint64_t>();
-      error = publish(manifest_json(engine, world, config, model_name, step, files), dirs, name, options, retention);
+      error = publish(manifest_json(engine, world, config, model_name, step, files, groups, options.tensor), dirs, name,
+                      options, retention);
     } catch (const std::exception&) {  // the manifest could not be built: nothing was published
       error = std::current_exception();
       std::error_code ec;

@@ -36,8 +36,11 @@
 // in double, and the target logits all-reduced (one value and zeros: exact). Each rank then writes
 // its own columns of the logits' gradient. Memory per rank is rows x V/T logits.
 //
-// Not built yet: sequence parallelism, KV heads fewer than T (replicated KV), tiling and checkpoints
-// beside tensor parallelism, the cuda device (the vocabulary-parallel ops have CPU kernels only).
+// Checkpoints hold every tensor rank's physical groups (engine/checkpoint.h); a resume with other
+// tensor ranks and `strata ckpt export` put the slices back together (tools/checkpoint_tensors.h).
+//
+// Not built yet: sequence parallelism, KV heads fewer than T (replicated KV), tiling beside tensor
+// parallelism, the cuda device (the vocabulary-parallel ops have CPU kernels only).
 #pragma once
 
 #include <cstddef>

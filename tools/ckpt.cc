@@ -31,6 +31,7 @@
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "models/weights_io.h"
+#include "tools/checkpoint_tensors.h"
 #include "tools/output_file.h"
 #include "tools/trainer.h"
 
@@ -73,9 +74,11 @@ int run_inspect(const std::string& dir, bool json) {
   fmt::print("  format version {}, model {}, step {} ({} optimizer steps applied), seed {}\n", m.format_version,
              m.model, m.step, m.counters.optimizer_steps, m.seed);
   fmt::print(
-      "  written by world size {}, ZeRO stage {}, sharding factor {}; precision {}, optimizer {} ({} fp32 "
+      "  written by world size {}{}, ZeRO stage {}, sharding factor {}; precision {}, optimizer {} ({} fp32 "
       "arrays per element)\n",
-      m.world_size, m.stage, m.sharding_factor, m.precision, m.optimizer, m.state_arrays);
+      m.world_size,
+      m.tensor_size > 1 ? fmt::format(" ({} tensor ranks, {} slices)", m.tensor_size, m.tensor_slices) : std::string(),
+      m.stage, m.sharding_factor, m.precision, m.optimizer, m.state_arrays);
   fmt::print("  loss scaler: {}\n", scaler);
   std::size_t tensors = 0, elems = 0;
   for (const auto& g : m.groups) {
@@ -107,6 +110,19 @@ std::vector<float> transposed(const std::vector<float>& src, std::int64_t rows, 
   return dst;
 }
 
+// The whole tensors' fp32 master weights, in the untiled declaration order, from whatever cut the
+// run made (tiles, tensor ranks).
+struct WholeMaster {
+  ParamTensorSpec spec;
+  std::vector<float> values;
+};
+std::vector<WholeMaster> consolidated_master(CheckpointReader& reader, const models::ModelConfig& model) {
+  const CheckpointTensors tensors(reader.manifest(), model);
+  std::vector<WholeMaster> out;
+  for (const ParamTensorSpec& t : tensors.tensors()) out.push_back(WholeMaster{t, tensors.read(reader, t.name, 0)});
+  return out;
+}
+
 int run_export(const std::string& dir, const std::string& out, const std::string& dtype_name,
                const std::string& names) {
   if (dtype_name != "fp32" && dtype_name != "bf16") {
@@ -136,28 +152,13 @@ int run_export(const std::string& dir, const std::string& out, const std::string
   }
   for (const auto& f : m.files) reader.verify_file(f);
 
-  // The checkpoint's groups as param groups of the run (tiles included), to find each whole
-  // tensor's parts; values are read as fp32 whatever the run's dtype.
-  std::vector<ParamGroupSpec> groups;
-  for (const auto& g : m.groups) {
-    ParamGroupSpec spec{g.name, {}};
-    for (const auto& t : g.tensors) spec.tensors.push_back(ParamTensorSpec{t.name, t.shape, model.dtype});
-    groups.push_back(std::move(spec));
-  }
   std::map<std::string, models::HfTensorName> hf_of;
   for (auto& h : models::hf_tensor_names(model)) hf_of.emplace(h.strata_name, h);
 
   std::vector<std::vector<std::byte>> values;
   std::vector<models::SafetensorsTensorOut> tensors;
-  for (const models::WholeTensor& whole : models::whole_tensors(model, groups)) {
-    std::vector<float> master(whole.spec.elems());
-    const std::size_t row_elems = whole.row_bytes() / dtype_bytes(whole.spec.dtype);
-    for (const models::TensorPart& part : whole.parts) {
-      const CheckpointTensor& t = m.groups[part.group].tensors[part.tensor];
-      const std::span<float> rows(master.data() + static_cast<std::size_t>(part.rows.begin) * row_elems,
-                                  static_cast<std::size_t>(part.rows.rows()) * row_elems);
-      reader.read(part.group, 0, t.offset_elems, rows);
-    }
+  for (WholeMaster& whole : consolidated_master(reader, model)) {
+    std::vector<float>& master = whole.values;
     std::string name = whole.spec.name;
     std::vector<std::int64_t> shape = whole.spec.shape;
     if (naming == models::WeightNaming::HuggingFace) {

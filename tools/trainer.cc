@@ -38,6 +38,7 @@
 #include "models/tiling_plan.h"
 #include "models/token_data.h"
 #include "models/weights_io.h"
+#include "tools/checkpoint_tensors.h"
 #include "tools/demo_config.h"  // generated from configs/demo.json (tools/CMakeLists.txt)
 #include "tools/output_file.h"
 #include "tools/trainer_checkpoints.h"
@@ -92,9 +93,6 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
     refuse(fmt::format("gradient_clipping {} in exact mode (a norm whose bits do not depend on T)",
                        cfg.gradient_clipping),
            "set gradient_clipping to 0 or strata.exact to false");
-  }
-  if (!cfg.strata.checkpoint.dir.empty()) {
-    refuse("strata.checkpoint.dir (checkpoints of tensor slices)", "drop strata.checkpoint.dir");
   }
   return layout;
 }
@@ -629,6 +627,13 @@ TrainSummary run_training(const TrainOptions& options) {
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;
   checkpoints.capture = options.capture_checkpoints;
+  checkpoints.tensor = CheckpointTensorParallel{tp.size, tp.rank, tp.slices};
+  checkpoints.make_reslicer = [&](const CheckpointManifest& saved) -> CheckpointReslicer {
+    auto reslicer = std::make_shared<TensorReslicer>(saved, model, groups, tp.size > 1 ? &tp_layout : nullptr);
+    return [reslicer](CheckpointReader& reader, std::size_t g, int a, std::size_t offset, std::span<float> out) {
+      (*reslicer)(reader, g, a, offset, out);
+    };
+  };
   checkpoints.claim_directory(!options.resume.empty());
   const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
 

@@ -91,8 +91,8 @@ models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpoi
 
 // strata.parallel (engine/parallel_layout.h): the world must factor into data x tensor x pipeline
 // and the model's shape must split that way, before any work. Tensor parallelism runs with the
-// limits of models/tensor_parallel.h (no checkpoints or tiling beside it yet, no clipping in exact
-// mode, each refused saying so); pipeline parallelism is not built yet (issue 17). Throws ConfigError.
+// limits of models/tensor_parallel.h (no tiling beside it yet, no clipping in exact mode, each
+// refused saying so); pipeline parallelism is not built yet (issue 17). Throws ConfigError.
 ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world);
 
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.

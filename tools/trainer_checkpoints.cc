@@ -107,12 +107,19 @@ void TrainCheckpoints::check_series(std::int64_t resumed_step) {
 }
 
 std::int64_t TrainCheckpoints::resume(const std::string& dir, ZeroEngine& engine) {
-  const CheckpointManifest m = load_checkpoint(engine, comm_, cfg_, model_name_, dir);
+  // Written with other tensor ranks: resliced through whole tensors (tools/checkpoint_tensors.h).
+  // Every rank reads the same manifest, so all take the same path or refuse alike.
+  const CheckpointManifest saved = read_checkpoint_manifest(dir);
+  const CheckpointManifest m =
+      saved.tensor_size != tensor.size && make_reslicer
+          ? load_checkpoint_resliced(engine, comm_, cfg_, model_name_, dir, make_reslicer(saved))
+          : load_checkpoint(engine, comm_, cfg_, model_name_, dir, tensor);
   if (enabled()) on_rank0([&] { check_series(m.step); });
   last_saved_ = m.step;
   if (comm_.rank() == 0) {
-    spdlog::info("resumed from {} at step {} (written by world size {}, stage {}, sharding factor {})", m.dir, m.step,
-                 m.world_size, m.stage, m.sharding_factor);
+    spdlog::info("resumed from {} at step {} (written by world size {}{}, stage {}, sharding factor {})", m.dir, m.step,
+                 m.world_size, m.tensor_size > 1 ? fmt::format(" with {} tensor ranks", m.tensor_size) : std::string(),
+                 m.stage, m.sharding_factor);
     if (m.step >= cfg_.strata.steps) {
       spdlog::warn("the checkpoint is at step {}, the run asks for {} steps in all: nothing left to train", m.step,
                    cfg_.strata.steps);
@@ -153,6 +160,7 @@ CheckpointSaveOptions TrainCheckpoints::options() {
   o.parent = cfg_.strata.checkpoint.dir;
   o.keep = cfg_.strata.checkpoint.keep;
   o.retention = &retention_;
+  o.tensor = tensor;
   return o;
 }
 

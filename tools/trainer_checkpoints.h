@@ -28,6 +28,10 @@ class TrainCheckpoints {
   bool enabled() const { return !cfg_.strata.checkpoint.dir.empty(); }
   std::function<void(double seconds, std::uint64_t bytes)> on_checkpoint;  // TrainOptions::on_checkpoint
   bool capture = true;                                                      // TrainOptions::capture_checkpoints
+  CheckpointTensorParallel tensor;  // this rank's place with tensor parallelism (engine/checkpoint.h)
+  // Makes the reslicer that loads a checkpoint written with other tensor ranks
+  // (tools/checkpoint_tensors.h); without it such a checkpoint is refused.
+  std::function<CheckpointReslicer(const CheckpointManifest&)> make_reslicer;
 
   // Before anything is written (collective): rank 0 makes strata.checkpoint.dir (its last component
   // only), takes it for this run (Note [Run locks], core/run_lock.h) and, for a fresh run, refuses
