@@ -39,9 +39,12 @@ struct SimulateOptions {
 // A machine file's capacities for the tier planner: one node holding every GPU; NVMe free space is
 // not in machine files, so it is not checked.
 void print_text(const SimResult& r, const StepWorkload& w, const SimMachine& m, const SsdWear& wear) {
-  std::printf("config %s on %s (%d GPU%s): %.2fM parameters, %lld tokens per step\n", w.source.c_str(),
-              m.spec.name.c_str(), w.plan.topo.world_size, w.plan.topo.world_size == 1 ? "" : "s",
-              static_cast<double>(w.parameters) / 1e6, static_cast<long long>(w.tokens_per_step));
+  const int gpus = w.plan.topo.world_size * w.tensor_ranks;
+  const std::string tensor =
+      w.tensor_ranks > 1 ? fmt::format(" = data {} x tensor {}", w.plan.topo.world_size, w.tensor_ranks) : std::string();
+  std::printf("config %s on %s (%d GPU%s%s): %.2fM parameters, %lld tokens per step\n", w.source.c_str(),
+              m.spec.name.c_str(), gpus, gpus == 1 ? "" : "s", tensor.c_str(), static_cast<double>(w.parameters) / 1e6,
+              static_cast<long long>(w.tokens_per_step));
   std::printf("compute: peak %.4g TFLOP/s, efficiency %.3f (blocks) / %.3f (head, embedding)\n",
               m.spec.gpus.bf16_tflops, m.block_efficiency, m.head_efficiency);
   std::printf("%-14s %12s %8s\n", "queue", "busy s", "of step");
@@ -65,7 +68,8 @@ nlohmann::json to_json(const SimResult& r, const StepWorkload& w, const SimMachi
                       {"machine", machine_to_json(m.spec)},
                       {"block_efficiency", m.block_efficiency},
                       {"head_efficiency", m.head_efficiency},
-                      {"world_size", w.plan.topo.world_size},
+                      {"world_size", w.plan.topo.world_size * w.tensor_ranks},
+                      {"tensor_ranks", w.tensor_ranks},
                       {"parameters", w.parameters},
                       {"tokens_per_step", w.tokens_per_step},
                       {"step_seconds", r.step_seconds},
@@ -100,11 +104,6 @@ int run_simulate(const SimulateOptions& o) {
   in.config = cfg;
   if (!measure) in.machine = machine.spec;
   const Estimate planned = estimate_run(in);
-  if (planned.tensor_ranks > 1) {
-    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {}: the step simulator does not model the tensor "
-                                  "group's all-reduces yet; `strata estimate` plans the memory of such a run",
-                                  cfg.source, planned.tensor_ranks));
-  }
   if (!planned.fits) throw ConfigError(fmt::format("{} on {}: {}", cfg.source, measure ? "this host" : o.machine, planned.why_not));
   const StepWorkload workload = make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
   if (measure) machine = measure_sim_machine(cfg, workload);

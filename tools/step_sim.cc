@@ -66,8 +66,8 @@ void check_machine(const StepWorkload& w, const SimMachine& m) {
   need(!p.optimizer_offloaded() || s.host.memory_gbps > 0, "host.memory_gbps", "gradient sums run on the CPU");
   need(!(p.optimizer_offloaded() || p.params_offloaded()) || (s.gpus.pcie_h2d_gbps > 0 && s.gpus.pcie_d2h_gbps > 0),
        "gpus.pcie_h2d_gbps and gpus.pcie_d2h_gbps", "offloaded state crosses PCIe");
-  need(p.topo.world_size == 1 || s.gpus.link_gbps > 0, "gpus.link_gbps",
-       fmt::format("{} GPUs reduce and gather over it", p.topo.world_size));
+  need(p.topo.world_size * w.tensor_ranks == 1 || s.gpus.link_gbps > 0, "gpus.link_gbps",
+       fmt::format("{} GPUs reduce and gather over it", p.topo.world_size * w.tensor_ranks));
 }
 
 class EngineSim {
@@ -174,6 +174,13 @@ void EngineSim::dispatch(const SimAction& act, int unit) {
       const double eff = act.cls == ComputeClass::Block ? r_.block_eff : r_.head_eff;
       const double seconds = transfer_seconds(act.flops, r_.flops * eff);
       last_compute_ = tl_.add(act.name, SimLane::Compute, SimQueue::Compute, seconds, std::max(host_, compute_wait_));
+      break;
+    }
+    case SimAction::TensorCollective: {  // a ring over the tensor group, in the compute stream's order
+      const int T = w_.tensor_ranks;
+      const double seconds = act.passes * (T - 1) / T * transfer_seconds(act.bytes, r_.link);
+      last_compute_ = tl_.add(act.name, SimLane::Compute, SimQueue::Collective, seconds, std::max(host_, compute_wait_),
+                              static_cast<std::uint64_t>(act.bytes));
       break;
     }
   }

@@ -30,6 +30,8 @@
 //     engine's queue depth and request size are what reach it; bench io checks that); a drive
 //     serves reads and writes in turn, not both at full speed.
 //   - Collectives: ring algorithms at the link bandwidth, no latency; world 1 copies on the device.
+//     Tensor parallelism's collectives (Megatron's count, models::tensor_parallel_traffic) run on
+//     the compute stream over the same link, each rank computing its slices' FLOPs.
 //   - Device memory is taken to be enough (the tier plan is checked first): no eviction, no
 //     demand fetch that waits for frees; a tiled block's tile groups are acquired one by one with
 //     the block's FLOPs split by their size.
@@ -68,13 +70,17 @@ struct SimMachine {
 enum class ComputeClass : std::uint8_t { Block, Head };
 
 // One thing the model does, in the order the trainer's thread issues it (models/decoder.cc).
+// TensorCollective: a collective of the tensor group on the compute stream (models/tensor_parallel.h),
+// `bytes` per rank passed in, `passes` 2 for an all-reduce and 1 for an all-gather.
 struct SimAction {
-  enum Kind : std::uint8_t { Acquire, Compute, GradsReady, Release };
+  enum Kind : std::uint8_t { Acquire, Compute, GradsReady, Release, TensorCollective };
   Kind kind = Compute;
   std::size_t group = 0;  // Acquire, GradsReady, Release
-  std::string name;       // Compute
+  std::string name;       // Compute, TensorCollective
   double flops = 0;       // Compute
   ComputeClass cls = ComputeClass::Block;
+  double bytes = 0;   // TensorCollective
+  double passes = 0;  // TensorCollective
 };
 
 // One step's work for rank 0, from a config.
@@ -89,12 +95,15 @@ struct StepWorkload {
   std::uint64_t prefetch_bucket_elems = 0;
   std::uint64_t max_live_elems = 0;
   std::int64_t tokens_per_step = 0;  // all ranks
+  int tensor_ranks = 1;               // strata.parallel.tensor: the plan is one tensor rank's
   std::uint64_t activation_bytes = 0;
   std::uint64_t parameters = 0;
 };
 
 // The workload of `config` on `world_size` ranks with `device_bytes` per GPU (which decides automatic
-// tiling, models/tiling_plan.h). ConfigError for a config that cannot be planned.
+// tiling, models/tiling_plan.h). With strata.parallel.tensor = T, it is the last tensor rank's (the
+// most vocabulary rows), its state sharded over world_size / T data ranks. ConfigError for a config
+// that cannot be planned.
 StepWorkload make_step_workload(const TrainConfig& config, int world_size, std::uint64_t device_bytes);
 
 struct SimResult {

@@ -3,10 +3,12 @@
 // decoder's sequence of acquisitions, ops and gradient hand-overs for one micro-batch with each
 // op's FLOPs.
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "models/decoder.h"
+#include "models/tensor_parallel.h"
 #include "models/tiling_plan.h"
 #include "tools/step_sim.h"
 #include "tools/trainer.h"
@@ -25,17 +27,24 @@ double matmul_elems(const ParamGroupSpec& group) {
 
 // Emits the actions of models/decoder.cc for one micro-batch (forward_blocks, run_head,
 // backward_blocks), with FLOPs per Note [Step simulator].
+// With tensor parallelism (`tensor` non-null) the decoder's groups are logical and the engine's
+// physical (models/tensor_parallel.h): an action on a logical group acts on each of its parts, each
+// rank computes its slices' FLOPs, and the tensor group's collectives are emitted where the decoder
+// issues them (models::tensor_parallel_traffic counts the same).
 class ProgramBuilder {
  public:
-  ProgramBuilder(const models::ModelConfig& model, const models::DecoderLayout& layout, bool checkpointing,
+  ProgramBuilder(const models::ModelConfig& model, const models::DecoderLayout& layout,
+                 const models::TensorParallelLayout* tensor, int tensor_ranks, int slices, bool checkpointing,
                  double tokens, double seq)
-      : model_(model), layout_(layout), checkpointing_(checkpointing), tokens_(tokens), seq_(seq) {}
+      : model_(model), layout_(layout), tensor_(tensor), T_(tensor_ranks), slices_(slices),
+        checkpointing_(checkpointing), tokens_(tokens), seq_(seq) {}
 
   std::vector<SimAction> build() {
     const std::size_t emb = layout_.embedding;
     const bool tied = model_.arch == models::Architecture::Gpt2;
-    const double vocab_matmul = 2.0 * static_cast<double>(model_.vocab_size * model_.d_model) * tokens_;
+    const double vocab_matmul = 2.0 * static_cast<double>(model_.vocab_size * model_.d_model) * tokens_ / T_;
     simple(emb, "embedding forward", 0, false);
+    activations_all_reduce("embedding");
     for (std::size_t l = 0; l < layout_.blocks.size(); ++l) block(l, Pass::Forward);
     // The head: logits and d(final norm input); an untied head also its weight gradient; GPT-2's
     // tied weight gets that gradient in the embedding's backward.
@@ -43,6 +52,12 @@ class ProgramBuilder {
     act(SimAction::Acquire, head);
     if (tied) act(SimAction::Acquire, emb);
     compute("head", tied ? 2 * vocab_matmul : 3 * vocab_matmul, ComputeClass::Head);
+    if (T_ > 1) {  // the loss's statistics (Note [Vocabulary-parallel cross-entropy]), then d(final norm input)
+      tensor_collective("tensor all_reduce row maxima", tokens_ * 4, 2);
+      tensor_collective("tensor all_gather slice sums", tokens_ * (slices_ / T_) * 8, 1);
+      tensor_collective("tensor all_reduce target logits", tokens_ * 4, 2);
+      activations_all_reduce("head input gradient");
+    }
     act(SimAction::GradsReady, head);
     if (tied) act(SimAction::Release, emb);
     act(SimAction::Release, head);
@@ -57,7 +72,30 @@ class ProgramBuilder {
  private:
   enum class Pass { Forward, Recompute, Backward };
 
-  void act(SimAction::Kind kind, std::size_t g) { actions_.push_back(SimAction{kind, g, {}, 0, ComputeClass::Block}); }
+  void act(SimAction::Kind kind, std::size_t g) {
+    if (tensor_ == nullptr || !tensor_->split()) {
+      actions_.push_back(SimAction{kind, g, {}, 0, ComputeClass::Block});
+      return;
+    }
+    std::vector<std::size_t> parts;  // the logical group's physical groups, ascending
+    for (const models::TensorLocation& at : tensor_->where[g]) parts.push_back(at.group);
+    std::sort(parts.begin(), parts.end());
+    parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+    for (std::size_t p : parts) actions_.push_back(SimAction{kind, p, {}, 0, ComputeClass::Block});
+  }
+  const ParamGroupSpec& group(std::size_t g) const { return tensor_ != nullptr ? tensor_->logical[g] : layout_.groups[g]; }
+  void tensor_collective(std::string name, double bytes, double passes) {
+    SimAction a{SimAction::TensorCollective, 0, std::move(name), 0, ComputeClass::Block};
+    a.bytes = bytes;
+    a.passes = passes;
+    actions_.push_back(std::move(a));
+  }
+  // An all-reduce of the rows x d_model activations (or their gradient) over the tensor group.
+  void activations_all_reduce(const std::string& what) {
+    if (T_ == 1) return;
+    tensor_collective("tensor all_reduce " + what,
+                      tokens_ * static_cast<double>(model_.d_model) * static_cast<double>(dtype_bytes(model_.dtype)), 2);
+  }
   void compute(std::string name, double flops, ComputeClass cls) {
     actions_.push_back(SimAction{SimAction::Compute, 0, std::move(name), flops, cls});
   }
@@ -71,8 +109,8 @@ class ProgramBuilder {
   // Group g's share of its block's forward FLOPs: its matrices, and for the base group the
   // attention products (4 x seq x d_attn per token).
   double forward_flops(std::size_t g, bool base) const {
-    double flops = 2.0 * matmul_elems(layout_.groups[g]) * tokens_;
-    if (base) flops += 4.0 * seq_ * static_cast<double>(model_.n_heads * model_.head_dim()) * tokens_;
+    double flops = 2.0 * matmul_elems(group(g)) * tokens_;
+    if (base) flops += 4.0 * seq_ * static_cast<double>(model_.n_heads / T_ * model_.head_dim()) * tokens_;
     return flops;
   }
 
@@ -84,11 +122,14 @@ class ProgramBuilder {
     const char* verb = pass == Pass::Forward ? "forward" : pass == Pass::Recompute ? "recompute" : "backward";
     const double factor = pass == Pass::Backward ? 2.0 : 1.0;
     act(SimAction::Acquire, base);
-    compute(fmt::format("{} {}", verb, layout_.groups[base].name), factor * forward_flops(base, true),
-            ComputeClass::Block);
+    compute(fmt::format("{} {}", verb, group(base).name), factor * forward_flops(base, true), ComputeClass::Block);
+    // Megatron's 2 all-reduces per block and pass: the row-parallel outputs forward, the
+    // column-parallel input gradients backward.
+    activations_all_reduce(fmt::format("{} {} (1 of 2)", verb, group(base).name));
+    activations_all_reduce(fmt::format("{} {} (2 of 2)", verb, group(base).name));
     for (std::size_t t = base + 1; t < end; ++t) {
       act(SimAction::Acquire, t);
-      compute(fmt::format("{} {}", verb, layout_.groups[t].name), factor * forward_flops(t, false), ComputeClass::Block);
+      compute(fmt::format("{} {}", verb, group(t).name), factor * forward_flops(t, false), ComputeClass::Block);
       if (pass == Pass::Backward) act(SimAction::GradsReady, t);
       act(SimAction::Release, t);
     }
@@ -98,6 +139,9 @@ class ProgramBuilder {
 
   const models::ModelConfig& model_;
   const models::DecoderLayout& layout_;
+  const models::TensorParallelLayout* tensor_;
+  int T_;
+  int slices_;
   bool checkpointing_;
   double tokens_;
   double seq_;
@@ -109,17 +153,26 @@ class ProgramBuilder {
 StepWorkload make_step_workload(const TrainConfig& config, int world_size, std::uint64_t device_bytes) {
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(config, &checkpointing);
-  const models::TilingDecision tiling = models::plan_tiling(config, model, checkpointing, world_size, device_bytes);
+  // Tensor parallelism: the last tensor rank (the most vocabulary rows), sharded over the data ranks.
+  const int T = config.strata.parallel.tensor, data_world = world_size / T;
+  const models::TensorParallel tp{T, T - 1, config.strata.parallel.slices(), nullptr};
+  models::TilingDecision tiling;
+  if (!tp.sliced()) tiling = models::plan_tiling(config, model, checkpointing, world_size, device_bytes);
   const models::Checkpointing ck = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
-  const models::Decoder decoder(model, models::DecoderOptions(ck, tiling.spec));
+  models::DecoderOptions options(ck, tiling.spec);
+  options.tensor = tp;
+  const models::Decoder decoder(model, options);
   const std::vector<ParamGroupSpec> groups = decoder.param_groups();
+  const std::optional<models::TensorParallelLayout> tensor =
+      T > 1 ? std::optional(models::tensor_parallel_layout(model, T, T - 1)) : std::nullopt;
   const std::int64_t micro = config.micro_batch_size, seq = config.strata.data.seq_len;
   StepWorkload w;
   w.source = config.source;
-  w.plan = make_run_plan(config, groups, world_size, 0);
+  w.plan = make_run_plan(config, groups, data_world, 0);
+  w.tensor_ranks = T;
   for (const ParamGroupSpec& g : groups) w.group_names.push_back(g.name);
-  w.micro_batch = ProgramBuilder(model, decoder.layout(), checkpointing, static_cast<double>(micro * seq),
-                                 static_cast<double>(seq))
+  w.micro_batch = ProgramBuilder(model, decoder.layout(), tensor ? &*tensor : nullptr, T, tp.slices, checkpointing,
+                                 static_cast<double>(micro * seq), static_cast<double>(seq))
                       .build();
   w.micro_batches = config.gradient_accumulation_steps;
   // Note [Overlapped update]'s condition (TieredStateHome::prepare_step).
@@ -128,7 +181,7 @@ StepWorkload make_step_workload(const TrainConfig& config, int world_size, std::
   w.exact = config.strata.exact;
   w.prefetch_bucket_elems = config.zero.prefetch_bucket_size_elems;
   w.max_live_elems = config.zero.max_live_parameters_elems;
-  w.tokens_per_step = micro * seq * config.gradient_accumulation_steps * world_size;
+  w.tokens_per_step = micro * seq * config.gradient_accumulation_steps * data_world;
   w.activation_bytes = decoder.activation_bytes(micro, seq, /*training=*/true);
   w.parameters = static_cast<std::uint64_t>(models::param_count(model));
   return w;

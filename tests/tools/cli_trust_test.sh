@@ -42,9 +42,6 @@ expect_error "tensor slices that do not nest" "strata.parallel.tensor_slices = 3
   "$strata" train --config "$config" --steps 1 --set strata.parallel.tensor_slices=3
 expect_error "tiling beside tensor slices" "strata.tiling beside tensor parallelism" \
   "$strata" train --config "$config" --steps 1 --set strata.parallel.tensor_slices=2 --set strata.tiling='{"default": 2}'
-expect_error "simulate of a tensor-parallel run" "the step simulator does not model the tensor group's all-reduces" \
-  "$strata" simulate --config "$config" --machine "$(dirname "$config")/machines/h100x8-node.json" \
-  --set strata.parallel.tensor=2 --set gradient_clipping=0
 expect_error "an unknown schedule" "strata.parallel.schedule" "$strata" train --config "$config" --set strata.parallel.schedule='"zb"'
 expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, estimate, simulate, bench, ckpt" \
   "$strata" frobnicate

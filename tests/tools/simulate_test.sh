@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `strata simulate`: a prediction for each example machine (text and --json, with a trace that
-# parses), and one clear line with exit 1 for bad input: no --machine, a missing machine file, a
+# parses), a tensor-parallel layout, and one clear line with exit 1 for bad input: no --machine, a missing machine file, a
 # config that does not fit the machine, a machine without the drives the config puts state on.
 # Usage: simulate_test.sh STRATA_BINARY CONFIGS_DIR WORKDIR
 set -euo pipefail
@@ -22,6 +22,11 @@ check "--json is one object with the step time" \
   "python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j[\"step_seconds\"] > 0 and j[\"world_size\"] == 8' '$work/sim.json'"
 check "--trace writes Chrome trace JSON" \
   "python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))[\"traceEvents\"]; assert any(x[\"name\"].startswith(\"reduce_scatter\") for x in e)' '$work/sim.trace.json'"
+# Tensor parallelism on the 8-GPU node: data 4 x tensor 2, the tensor group's all-reduces in the trace.
+"$strata" simulate --config "$configs/demo.json" --machine "$configs/machines/h100x8-node.json" --json \
+  --set strata.parallel.tensor=2 --trace "$work/tp.trace.json" > "$work/tp.json"
+check "tensor 2 on 8 GPUs: data 4 x tensor 2, its all-reduces in the trace" \
+  "python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); e=json.load(open(sys.argv[2]))[\"traceEvents\"]; assert j[\"world_size\"] == 8 and j[\"tensor_ranks\"] == 2 and j[\"step_seconds\"] > 0 and any(x[\"name\"].startswith(\"tensor all_reduce\") for x in e)' '$work/tp.json' '$work/tp.trace.json'"
 
 expect_error() {  # name, pattern, args...
   local name="$1" pattern="$2"; shift 2
