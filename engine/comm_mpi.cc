@@ -115,6 +115,30 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  void send(const void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
+    check_peer(peer);
+    stream.launch_host([this, buffer, count, dtype, peer] {
+      const auto* bytes = static_cast<const char*>(buffer);
+      for (std::size_t off = 0; off < count; off += kPieceElems) {
+        const std::size_t n = std::min(kPieceElems, count - off);
+        STRATA_MPI_CHECK(MPI_Send(bytes + off * dtype_bytes(dtype), static_cast<int>(n), mpi_type(dtype), peer,
+                                  kPointToPointTag, stream_comm_));
+      }
+    });
+  }
+
+  void recv(void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
+    check_peer(peer);
+    stream.launch_host([this, buffer, count, dtype, peer] {
+      auto* bytes = static_cast<char*>(buffer);
+      for (std::size_t off = 0; off < count; off += kPieceElems) {
+        const std::size_t n = std::min(kPieceElems, count - off);
+        STRATA_MPI_CHECK(MPI_Recv(bytes + off * dtype_bytes(dtype), static_cast<int>(n), mpi_type(dtype), peer,
+                                  kPointToPointTag, stream_comm_, MPI_STATUS_IGNORE));
+      }
+    });
+  }
+
   void barrier() override { STRATA_MPI_CHECK(MPI_Barrier(host_comm_)); }
 
   double all_reduce_host(double value, ReduceOp op) override {
@@ -212,6 +236,12 @@ class MpiCommunicator final : public Communicator {
     all_gather_now(mine.data(), padded.data(), chunk, dtype);
     std::memcpy(recv, padded.data(), count * esize);
   }
+
+  void check_peer(int peer) const {
+    STRATA_CHECK(peer >= 0 && peer < world_ && peer != rank_, "point-to-point peer {} of rank {} in a world of {}",
+                 peer, rank_, world_);
+  }
+  static constexpr int kPointToPointTag = 17;
 
   ReductionOrder order_;
   MPI_Comm stream_comm_ = MPI_COMM_NULL;

@@ -102,6 +102,13 @@ class NcclCommunicator final : public Communicator {
     STRATA_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, native(stream)));
   }
 
+  void send(const void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
+    STRATA_NCCL_CHECK(ncclSend(buffer, count, nccl_type(dtype), peer, comm_, native(stream)));
+  }
+  void recv(void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
+    STRATA_NCCL_CHECK(ncclRecv(buffer, count, nccl_type(dtype), peer, comm_, native(stream)));
+  }
+
   void barrier() override { host_->barrier(); }
   double all_reduce_host(double value, ReduceOp op) override { return host_->all_reduce_host(value, op); }
   void broadcast_host_bytes(void* data, std::size_t bytes, int root) override {

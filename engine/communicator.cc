@@ -40,6 +40,12 @@ class LocalCommunicator final : public Communicator {
   void broadcast(void*, std::size_t, DType, int root, Stream&) override {
     STRATA_CHECK(root == 0, "broadcast root {} on a single-rank communicator", root);
   }
+  void send(const void*, std::size_t, DType, int peer, Stream&) override {
+    STRATA_CHECK(false, "send to rank {} on a single-rank communicator", peer);
+  }
+  void recv(void*, std::size_t, DType, int peer, Stream&) override {
+    STRATA_CHECK(false, "receive from rank {} on a single-rank communicator", peer);
+  }
   void barrier() override {}
   double all_reduce_host(double value, ReduceOp) override { return value; }
   void broadcast_host_bytes(void*, std::size_t, int root) override {
@@ -77,6 +83,14 @@ class CountingCommunicator final : public Communicator {
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
     add(counts_->broadcast_calls, counts_->broadcast_bytes, count, dtype);
     inner_->broadcast(buffer, count, dtype, root, stream);
+  }
+  void send(const void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
+    add(counts_->send_calls, counts_->send_bytes, count, dtype);
+    inner_->send(buffer, count, dtype, peer, stream);
+  }
+  void recv(void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
+    add(counts_->recv_calls, counts_->recv_bytes, count, dtype);
+    inner_->recv(buffer, count, dtype, peer, stream);
   }
   void barrier() override { inner_->barrier(); }
   double all_reduce_host(double value, ReduceOp op) override { return inner_->all_reduce_host(value, op); }

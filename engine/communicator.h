@@ -46,6 +46,12 @@ class Communicator {
   virtual void all_reduce(const void* send, void* recv, std::size_t count_elems, DType dtype, ReduceOp op,
                           Stream& stream) = 0;
   virtual void broadcast(void* buffer, std::size_t count_elems, DType dtype, int root, Stream& stream) = 0;
+  // Point to point (pipeline parallelism's activations and their gradients): `count_elems` to or
+  // from rank `peer` of this communicator, enqueued on `stream`. A send completes when its receive
+  // has (the MPI backend sends in pieces with MPI_Send), so two ranks must not both send to each
+  // other first on streams that then wait: order each pair's send before the peer's receive.
+  virtual void send(const void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream) = 0;
+  virtual void recv(void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream) = 0;
   // Blocks the host until every rank of this communicator has reached the barrier.
   virtual void barrier() = 0;
   // Host-side reductions of small scalars (loss, overflow flags, norms), always deterministic.
@@ -86,6 +92,7 @@ struct CollectiveCounts {
   std::uint64_t all_gather_calls = 0, all_gather_bytes = 0;
   std::uint64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;
   std::uint64_t broadcast_calls = 0, broadcast_bytes = 0;
+  std::uint64_t send_calls = 0, send_bytes = 0, recv_calls = 0, recv_bytes = 0;
 };
 // `inner` with every collective counted into `counts` (what `strata train` reports for the tensor
 // group beside the analytic count). Host-side calls and split() pass through uncounted.

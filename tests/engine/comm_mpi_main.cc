@@ -1,6 +1,6 @@
 // Multi-rank test of the MPI communicator, run by ctest under `mpirun -np 2` and `-np 4`: every
 // collective against values computed locally from the same formula, with the deterministic tree
-// order checked bit for bit, and hybrid-sharding splits. Prints "N passed, N failed" per rank and
+// order checked bit for bit, hybrid-sharding splits, and point to point. Prints "N passed, N failed" per rank and
 // exits non-zero on any failure.
 #include <cmath>
 #include <cstdio>
@@ -140,6 +140,33 @@ void check_split(Collectives& c) {
   }
 }
 
+// Point to point along a chain 0 -> 1 -> ... -> world-1 -> 0: even ranks send before they
+// receive, odd ranks receive first, so every send meets its receive. The values arrive bit for bit.
+void check_send_recv(Collectives& c) {
+  const int rank = c.rank, world = c.world;
+  const std::size_t n = c.total;
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  std::vector<float> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = contribution(rank, i);
+  c.stream.copy_h2d(c.send.data(), host.data(), n * sizeof(float));
+  if (rank % 2 == 0) {
+    c.comm.send(c.send.data(), n, DType::F32, next, c.stream);
+    c.comm.recv(c.recv.data(), n, DType::F32, prev, c.stream);
+  } else {
+    c.comm.recv(c.recv.data(), n, DType::F32, prev, c.stream);
+    c.comm.send(c.send.data(), n, DType::F32, next, c.stream);
+  }
+  std::vector<float> got(n);
+  c.stream.copy_d2h(got.data(), c.recv.data(), n * sizeof(float));
+  c.stream.synchronize();
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float want = contribution(prev, i);
+    bad += std::memcmp(&want, &got[i], sizeof(float)) != 0 ? 1 : 0;
+  }
+  c.checks.expect(bad == 0, "send/recv along a chain delivers the sender's values (" + std::to_string(bad) + " wrong)");
+}
+
 }  // namespace
 
 int main() {
@@ -168,6 +195,7 @@ int main() {
   check_broadcast(c);
   check_host_scalars(c);
   check_split(c);
+  check_send_recv(c);
   comm->barrier();
   return checks.finish();
 }
