@@ -56,6 +56,15 @@ for model in tiny tiny-llama; do
   fi
 done
 
+# Activation checkpointing (the recomputed forward issues its collectives again), micro-batches of
+# 2 sequences, a LLaMA with 2 KV heads and an MLP width of 96, 2 slices.
+ckmodel='{"name": "tck", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 3, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 96, "checkpoint_activations": true}'
+common=(--log-level warn train --config "$config" --steps 6 --set strata.model="$ckmodel" --set gradient_clipping=0
+        --set train_micro_batch_size_per_gpu=2 --set strata.parallel.tensor_slices=2)
+run 1 1 2 0 tck.ref.st
+run 4 2 1 3 tck.d2t2.st
+compare tck.ref.st tck.d2t2.st "checkpointed LLaMA, 2-sequence micro-batches: data 2 x tensor 2, stage 3 = one rank"
+
 # 8 ranks: every factorization into data x tensor of an 8-head model with 8 slices, 8 units per step.
 model8='{"name": "tp8", "arch": "gpt2", "vocab_size": 256, "max_seq_len": 64, "n_layers": 2, "d_model": 64, "n_heads": 8, "ffn_hidden": 256}'
 common=(--log-level warn train --config "$config" --steps 6 --set strata.model="$model8" --set gradient_clipping=0
