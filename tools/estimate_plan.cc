@@ -13,6 +13,7 @@
 #include "engine/deepspeed_estimate.h"
 #include "engine/run_plan.h"
 #include "models/decoder.h"
+#include "models/decoder_params.h"
 #include "models/model_config.h"
 #include "models/tiling_plan.h"
 #include "tools/trainer.h"
@@ -156,12 +157,15 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
   e.activations_full = decoder_with(models::Checkpointing::Off).activation_bytes(micro, seq, true);
   const std::uint64_t activations = checkpointing ? e.activations_checkpointed : e.activations_full;
 
-  e.deepspeed = deepspeed_beside(cfg, e.parameters, largest_tensor_elems(groups), t.world);
+  // DeepSpeed's estimators know no tensor parallelism: they see the whole model on every GPU.
+  const std::uint64_t largest =
+      largest_tensor_elems(tp.size > 1 ? models::decoder_param_groups(model) : groups);
+  e.deepspeed = deepspeed_beside(cfg, e.parameters, largest, t.world);
   e.resolved = cfg;
   try {
     const Placement placed = resolve_placement(cfg, groups, data_world, activations, t.device_bytes, t.host);
     e.resolved = placed.config;
-    e.deepspeed = deepspeed_beside(placed.config, e.parameters, largest_tensor_elems(groups), t.world);
+    e.deepspeed = deepspeed_beside(placed.config, e.parameters, largest, t.world);
     const RunPlan run = make_run_plan(placed.config, groups, data_world, 0);
     e.tiers = plan_tiers(run, t.world, activations);
     e.tiers.placement = placed.why;

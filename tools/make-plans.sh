@@ -9,26 +9,32 @@ cd "$(dirname "$0")/.."
 strata="${1:-build/bin/strata}"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 
-# plan machine micro-batch accumulation: one GPU trains with one large micro-batch (no gradient
-# accumulator to stream through NVMe between micro-batches), the node with many small ones.
+# plan machine micro-batch accumulation [tensor ranks]: one GPU trains with one large micro-batch
+# (no gradient accumulator to stream through NVMe between micro-batches), the node with many small
+# ones; the node also with 2-way tensor parallelism at the same global batch.
 shapes="gpt3-175b h100x8-node 1 16
+gpt3-175b h100x8-node 1 32 2
 gpt3-175b h100x1-4drives 8 1
 gpt3-175b rtx4090-2drives 1 1
 llama-70b-finetune h100x8-node 1 8
+llama-70b-finetune h100x8-node 1 16 2
 llama-70b-finetune h100x1-4drives 8 1
 llama-70b-finetune rtx4090-2drives 1 1"
 
-while read -r plan machine micro acc; do
+while read -r plan machine micro acc tensor; do
+  tensor="${tensor:-1}"
   m="configs/machines/$machine.json"
   drives=$(sed -n 's/.*"count": *\([0-9]*\), *"read_gbps".*/\1/p' "$m")
   dirs=$(seq 0 $((drives - 1)) | sed 's|.*|"/nvme&"|' | paste -sd, -)
   set_args=(--set train_micro_batch_size_per_gpu="$micro" --set gradient_accumulation_steps="$acc"
-            --set "zero_optimization.offload_optimizer.nvme_path=[$dirs]" --set "zero_optimization.offload_param.nvme_path=[$dirs]")
+            --set "zero_optimization.offload_optimizer.nvme_path=[$dirs]" --set "zero_optimization.offload_param.nvme_path=[$dirs]"
+            --set strata.parallel.tensor="$tensor")
+  key="$plan.$machine.t$tensor"
   "$strata" --log-level error estimate --config "configs/plans/$plan.json" --machine "$m" --json "${set_args[@]}" \
-    > "$work/$plan.$machine.estimate.json" || true
+    > "$work/$key.estimate.json" || true
   "$strata" --log-level error simulate --config "configs/plans/$plan.json" --machine "$m" --json "${set_args[@]}" \
-    > "$work/$plan.$machine.simulate.json" 2> "$work/$plan.$machine.simulate.err" || true
-  echo "$plan $machine $micro $acc" >> "$work/shapes"
+    > "$work/$key.simulate.json" 2> "$work/$key.simulate.err" || true
+  echo "$plan $machine $micro $acc $tensor" >> "$work/shapes"
 done <<< "$shapes"
 
 /usr/bin/python3 - "$work" "$(git rev-parse --short HEAD)" > docs/PLANS.md <<'PY'
@@ -50,10 +56,10 @@ for plan in dict.fromkeys(r[0] for r in rows):
     print(f"## `configs/plans/{plan}.json`\n")
     print("| machine | batch per GPU | fits | HBM / GPU | host | NVMe (all ranks) | where the state is | predicted step | tokens/s | bound (step / bound) | NVMe written / step | TB / day | days to rated TBW | largest of this shape that fits | DeepSpeed's estimate (per GPU / CPU per node) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for p, machine, micro, acc in rows:
+    for p, machine, micro, acc, tensor in rows:
         if p != plan: continue
-        e = load(os.path.join(work, f"{p}.{machine}.estimate.json"))
-        s = load(os.path.join(work, f"{p}.{machine}.simulate.json"))
+        e = load(os.path.join(work, f"{p}.{machine}.t{tensor}.estimate.json"))
+        s = load(os.path.join(work, f"{p}.{machine}.t{tensor}.simulate.json"))
         if e is None:
             print(f"| {machine} | | estimate failed | | | | | | | | | | | | |"); continue
         sp = e["spill"]
@@ -68,7 +74,10 @@ for plan in dict.fromkeys(r[0] for r in rows):
         fits = "yes" if e["fits"] else "no: " + e["why_not"].split(": ", 1)[-1][:120]
         ds = e["deepspeed"]
         dse = f"{gib(ds['gpu_bytes_per_gpu'])} / {gib(ds['cpu_bytes_per_node'])}" if ds["stage"] else ""
-        cells = [machine, f"{micro} x {acc} x {e['world_size']} GPU", fits, gib(e["hbm"]["total"]), gib(e["host"]["total"] * e["world_size"]),
+        t = int(tensor)
+        batch = f"{micro} x {acc} x {e['world_size']} GPU" if t == 1 else \
+            f"{micro} x {acc} x {e['world_size'] // t} data ranks (tensor {t})"
+        cells = [machine, batch, fits, gib(e["hbm"]["total"]), gib(e["host"]["total"] * e["world_size"]),
                  gib(e["nvme"]["swap_files"]) if e["nvme"]["dirs"] else "-", "; ".join(where)]
         if s is None:
             cells += ["not simulated"] + [""] * 5
