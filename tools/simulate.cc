@@ -56,14 +56,17 @@ void print_text(const SimResult& r, const StepWorkload& w, const SimMachine& m, 
               r.step_seconds, r.tokens_per_second, sim_queue_name(r.slowest), r.lower_bound_seconds,
               r.lower_bound_seconds > 0 ? r.step_seconds / r.lower_bound_seconds : 0);
   if (r.nvme_read_bytes + r.nvme_written_bytes > 0) {
-    std::printf("nvme per step: read %s, written %s; %.3f TB written per day", format_bytes(r.nvme_read_bytes).c_str(),
-                format_bytes(r.nvme_written_bytes).c_str(), wear.tb_per_day);
+    const auto all = static_cast<std::uint64_t>(gpus);
+    std::printf("nvme per step, all %d rank(s): read %s, written %s; %.3f TB written per day", gpus,
+                format_bytes(r.nvme_read_bytes * all).c_str(), format_bytes(r.nvme_written_bytes * all).c_str(),
+                wear.tb_per_day);
     if (wear.days_to_rated > 0) std::printf(", %.0f days to the drives' rated endurance", wear.days_to_rated);
     std::printf("\n");
   }
 }
 
 nlohmann::json to_json(const SimResult& r, const StepWorkload& w, const SimMachine& m, const SsdWear& wear) {
+  const auto ranks = static_cast<std::uint64_t>(w.plan.topo.world_size * w.tensor_ranks);
   nlohmann::json j = {{"config", w.source},
                       {"machine", machine_to_json(m.spec)},
                       {"block_efficiency", m.block_efficiency},
@@ -76,8 +79,10 @@ nlohmann::json to_json(const SimResult& r, const StepWorkload& w, const SimMachi
                       {"tokens_per_second", r.tokens_per_second},
                       {"slowest_queue", sim_queue_name(r.slowest)},
                       {"lower_bound_seconds", r.lower_bound_seconds},
-                      {"nvme_read_bytes_per_step", r.nvme_read_bytes},
-                      {"nvme_written_bytes_per_step", r.nvme_written_bytes},
+                      // NVMe per step: all ranks (as `strata train`'s summary), and the simulated rank's
+                      {"nvme_read_bytes_per_step", r.nvme_read_bytes * ranks},
+                      {"nvme_written_bytes_per_step", r.nvme_written_bytes * ranks},
+                      {"nvme_written_bytes_per_step_per_rank", r.nvme_written_bytes},
                       {"nvme_tb_written_per_day", wear.tb_per_day},
                       {"days_to_rated_endurance", wear.days_to_rated}};
   for (std::size_t q = 0; q < kSimQueues; ++q) j["queue_seconds"][sim_queue_name(static_cast<SimQueue>(q))] = r.busy_seconds[q];
@@ -108,7 +113,9 @@ int run_simulate(const SimulateOptions& o) {
   const StepWorkload workload = make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
   if (measure) machine = measure_sim_machine(cfg, workload);
   const SimResult r = simulate_step(workload, machine);
-  const SsdWear wear = ssd_wear(static_cast<double>(r.nvme_written_bytes), r.step_seconds,
+  // The simulated rank is one of the node's; every rank writes alike, and the drives take them all.
+  const double ranks = static_cast<double>(workload.plan.topo.world_size) * workload.tensor_ranks;
+  const SsdWear wear = ssd_wear(static_cast<double>(r.nvme_written_bytes) * ranks, r.step_seconds,
                                 std::max(machine.spec.drives.count, 1), machine.spec.drives.endurance_tbw);
   if (o.json) {
     std::printf("%s\n", to_json(r, workload, machine, wear).dump().c_str());

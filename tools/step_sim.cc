@@ -28,18 +28,21 @@ struct Rates {
   PipelineRates io;
 };
 
-Rates rates_of(const SimMachine& m) {
+// The simulated rank's rates. What the node's ranks share (the drives, host memory, the CPU's
+// Adam rate) is split evenly among them: every rank runs the same step at the same time.
+Rates rates_of(const SimMachine& m, int ranks) {
   const MachineSpec& s = m.spec;
+  const double share = 1.0 / ranks;
   Rates r;
   r.flops = s.gpus.bf16_tflops * 1e12;
   r.block_eff = m.block_efficiency;
   r.head_eff = m.head_efficiency;
   r.link = s.gpus.link_gbps * kGiga;
   r.device_memory = m.device_memory_gbps * kGiga;
-  r.host_memory = s.host.memory_gbps * kGiga;
-  r.adam = s.host.adam_params_per_s;
-  r.io.nvme_read_bytes_per_s = s.drives.count * s.drives.read_gbps * kGiga;
-  r.io.nvme_write_bytes_per_s = s.drives.count * s.drives.write_gbps * kGiga;
+  r.host_memory = s.host.memory_gbps * kGiga * share;
+  r.adam = s.host.adam_params_per_s * share;
+  r.io.nvme_read_bytes_per_s = s.drives.count * s.drives.read_gbps * kGiga * share;
+  r.io.nvme_write_bytes_per_s = s.drives.count * s.drives.write_gbps * kGiga * share;
   r.io.h2d_bytes_per_s = s.gpus.pcie_h2d_gbps * kGiga;
   r.io.d2h_bytes_per_s = s.gpus.pcie_d2h_gbps * kGiga;
   return r;
@@ -73,7 +76,8 @@ void check_machine(const StepWorkload& w, const SimMachine& m) {
 class EngineSim {
  public:
   EngineSim(const StepWorkload& w, const SimMachine& m, Timeline& timeline)
-      : w_(w), p_(w.plan), m_(m), r_(rates_of(m)), tl_(timeline), groups_(w.plan.groups.size()) {
+      : w_(w), p_(w.plan), m_(m), r_(rates_of(m, w.plan.topo.world_size * w.tensor_ranks)), tl_(timeline),
+        groups_(w.plan.groups.size()) {
     for (int a = 0; a < w_.micro_batches; ++a) {
       for (const SimAction& act : w_.micro_batch) {
         if (act.kind == SimAction::Acquire) trace_.push_back(act.group);

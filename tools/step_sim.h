@@ -29,6 +29,8 @@
 //   - NVMe: the swap store's requests are taken to keep the drives at their rated bandwidth (the
 //     engine's queue depth and request size are what reach it; bench io checks that); a drive
 //     serves reads and writes in turn, not both at full speed.
+//   - One rank is simulated; what the node's ranks share (the drives, host memory bandwidth, the
+//     CPU's Adam rate) is split evenly among them, as every rank runs the same step at once.
 //   - Collectives: ring algorithms at the link bandwidth, no latency; world 1 copies on the device.
 //     Tensor parallelism's collectives (Megatron's count, models::tensor_parallel_traffic) run on
 //     the compute stream over the same link, each rank computing its slices' FLOPs.

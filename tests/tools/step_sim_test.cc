@@ -123,6 +123,20 @@ TEST(StepSim, OnlyTheDrivesTakeTimeSoTheStepIsTheirTime) {
   EXPECT_NEAR(r.step_seconds, expected, 1e-9);
 }
 
+// Two ranks share the node's drives: the simulated rank gets half their bandwidth.
+TEST(StepSim, RanksShareTheDrives) {
+  SimMachine m = instant_machine();
+  m.spec.gpus.count = 2;
+  m.spec.drives.read_gbps = 2;
+  m.spec.drives.write_gbps = 1;
+  const StepWorkload w = make_step_workload(load_train_config(config_path("demo.json"), {}), 2, std::uint64_t{6} << 20);
+  ASSERT_EQ(w.plan.topo.world_size, 2);
+  const SimResult r = simulate_step(w, m);
+  ASSERT_GT(r.nvme_written_bytes, 0u);
+  const double expected = static_cast<double>(r.nvme_read_bytes) / 2e9 + static_cast<double>(r.nvme_written_bytes) / 1e9;
+  EXPECT_NEAR(r.step_seconds, expected, 1e-9);
+}
+
 TEST(StepSim, OnlyComputeTakesTimeSoTheStepIsTheFlops) {
   SimMachine m = instant_machine();
   m.spec.gpus.bf16_tflops = 1e-3;  // 1e9 FLOP/s
