@@ -23,8 +23,10 @@ using checkpoint_internal::ManifestFields;
 namespace {
 
 // groups == false: the saved groups are cut otherwise and the reslicer checks them.
+// `report`: this rank logs the note about config changes (rank 0 of the world).
 void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const TrainConfig& config,
-                      const std::string& model_name, const CheckpointTensorParallel& tensor, bool groups = true) {
+                      const std::string& model_name, const CheckpointTensorParallel& tensor, bool report,
+                      bool groups = true) {
   const ManifestFields f(m.path);
   const auto mismatch = [&](const std::string& field, const std::string& saved, const std::string& ours) {
     return f.error(field, fmt::format("is {}, but this run has {}; resume with the config the checkpoint was written "
@@ -96,7 +98,7 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
       changed.push_back(path);
     }
   }
-  if (!changed.empty()) {
+  if (!changed.empty() && report) {
     spdlog::warn(
         "resuming {} with config changes ({}); the run matches the original only where they leave the "
         "math alone (same units per step: engine/zero_engine.h, Note [Exact gradient sums])",
@@ -115,7 +117,7 @@ CheckpointManifest load_checkpoint(ZeroEngine& engine, Communicator& world, cons
   std::unique_ptr<CheckpointReader> reader;
   try {
     m = read_checkpoint_manifest(dir);
-    check_compatible(m, engine, config, model_name, tensor);
+    check_compatible(m, engine, config, model_name, tensor, world.rank() == 0);
     reader = std::make_unique<CheckpointReader>(m);
     std::set<std::string> verified;
     for (std::size_t g = 0; g < engine.groups().size(); ++g) {
@@ -149,7 +151,7 @@ CheckpointManifest load_checkpoint_resliced(ZeroEngine& engine, Communicator& wo
   std::unique_ptr<CheckpointReader> reader;
   try {
     m = read_checkpoint_manifest(dir);
-    check_compatible(m, engine, config, model_name, {}, /*groups=*/false);
+    check_compatible(m, engine, config, model_name, {}, world.rank() == 0, /*groups=*/false);
     reader = std::make_unique<CheckpointReader>(m);
     for (const CheckpointFile& f : m.files) reader->verify_file(f);  // any of them may be read
   } catch (const std::exception&) {
