@@ -105,7 +105,7 @@ nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const Trai
           {"groups", groups.is_null() ? groups_json(engine) : groups},
           {"files", files},
           {"config", config.raw}};
-  if (tensor.size > 1) m["tensor_parallel"] = {{"size", tensor.size}, {"slices", tensor.slices}};
+  if (tensor.size > 1 || tensor.slices > 1) m["tensor_parallel"] = {{"size", tensor.size}, {"slices", tensor.slices}};
   return m;
 }
 

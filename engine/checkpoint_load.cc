@@ -153,7 +153,11 @@ CheckpointManifest load_checkpoint_resliced(ZeroEngine& engine, Communicator& wo
     m = read_checkpoint_manifest(dir);
     check_compatible(m, engine, config, model_name, {}, world.rank() == 0, /*groups=*/false);
     reader = std::make_unique<CheckpointReader>(m);
-    for (const CheckpointFile& f : m.files) reader->verify_file(f);  // any of them may be read
+    // Any file may be read; the ranks share the verification (and agree on it below).
+    for (std::size_t i = static_cast<std::size_t>(world.rank()); i < m.files.size();
+         i += static_cast<std::size_t>(world.world_size())) {
+      reader->verify_file(m.files[i]);
+    }
   } catch (const std::exception&) {
     error = std::current_exception();
   }

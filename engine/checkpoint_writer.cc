@@ -279,15 +279,19 @@ std::exception_ptr publish(const nlohmann::json& manifest, const SaveDirs& dirs,
   return nullptr;
 }
 
-// With tensor parallelism, rank 0 collects every tensor rank's param groups (each from the first
-// rank of that tensor rank to report), in tensor-rank order: the manifest's groups.
+// With tensor parallelism, rank 0 collects every rank's record of its tensor rank's param groups
+// (collective); tensor_groups_json then makes the manifest's groups of them on rank 0.
 nlohmann::json gather_tensor_groups(Communicator& world, ZeroEngine& engine, const CheckpointTensorParallel& tensor) {
   const std::string record =
       nlohmann::json{{"tensor_rank", tensor.rank},
                      {"groups", groups_json(engine, fmt::format("tensor{}/", tensor.rank))}}
           .dump();
-  const nlohmann::json records = gather_records(world, record);
-  if (world.rank() != 0) return nullptr;
+  return gather_records(world, record);
+}
+
+// Every tensor rank's groups (each from the first rank of that tensor rank to report), in
+// tensor-rank order.
+nlohmann::json tensor_groups_json(const nlohmann::json& records, const CheckpointTensorParallel& tensor) {
   std::vector<nlohmann::json> by_rank(static_cast<std::size_t>(tensor.size));
   for (const auto& r : records) {
     auto& slot = by_rank.at(r["tensor_rank"].get<std::size_t>());
@@ -387,9 +391,11 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
 
   // 3. Rank 0 collects the records, writes the manifest and publishes the checkpoint.
   const nlohmann::json files = gather_records(world, record);
-  const nlohmann::json groups = options.tensor.size > 1 ? gather_tensor_groups(world, engine, options.tensor) : nullptr;
+  const nlohmann::json tensor_records =
+      options.tensor.size > 1 ? gather_tensor_groups(world, engine, options.tensor) : nullptr;
   if (rank == 0) {
     try {
+      const nlohmann::json groups = options.tensor.size > 1 ? tensor_groups_json(tensor_records, options.tensor) : nullptr;
       for (const auto& f : files) result.bytes += f["bytes"].get<std::uint64_t>();
       error = publish(manifest_json(engine, world, config, model_name, step, files, groups, options.tensor), dirs, name,
                       options, retention);

@@ -171,10 +171,6 @@ StepResult ZeroEngine::step(double lr) {
   return result;
 }
 
-// Global sum of squares: one partial per optimizer block, summed over all blocks in model order.
-// Where the partials cover this rank's shard only, the shard group's ranks exchange them first
-// (blocks never straddle shards, so the concatenation is the same list of partials in the same
-// order as the whole gradient's).
 void ZeroEngine::set_tensor_group(Communicator* group, std::vector<bool> replicated) {
   STRATA_CHECK(group == nullptr || replicated.size() == specs_.size(), "{} replicated flags for {} groups",
                replicated.size(), specs_.size());
@@ -182,6 +178,10 @@ void ZeroEngine::set_tensor_group(Communicator* group, std::vector<bool> replica
   replicated_groups_ = std::move(replicated);
 }
 
+// Global sum of squares: one partial per optimizer block, summed over all blocks in model order.
+// Where the partials cover this rank's shard only, the shard group's ranks exchange them first
+// (blocks never straddle shards, so the concatenation is the same list of partials in the same
+// order as the whole gradient's).
 double ZeroEngine::global_sum_squares() {
   double split = 0.0, replicated = 0.0;  // with a tensor group: its ranks' slices, and what each holds whole
   for (std::size_t g = 0; g < specs_.size(); ++g) {

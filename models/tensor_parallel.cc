@@ -104,6 +104,11 @@ void for_each_run(const ParamTensorSpec& whole, const TensorSlice& s, Fn&& fn) {
 
 void check_tensor_parallel(const ModelConfig& m, int size, int slices, std::int64_t chunks,
                            const std::string& source) {
+  if (m.n_heads % size != 0 || m.ffn_hidden % size != 0 || (m.n_kv_heads >= size && m.n_kv_heads % size != 0)) {
+    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} does not split model '{}' evenly ({} attention heads, "
+                                  "{} KV heads, MLP width {}: each must divide by it)",
+                                  source, size, m.name, m.n_heads, m.n_kv_heads, m.ffn_hidden));
+  }
   if (m.n_kv_heads < size) {
     throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} is more than model '{}''s {} KV heads; replicating "
                                   "KV heads across tensor ranks is not built yet: use at most {} tensor ranks",

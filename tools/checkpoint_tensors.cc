@@ -117,24 +117,29 @@ TensorReslicer::TensorReslicer(const CheckpointManifest& manifest, const models:
 
 void TensorReslicer::operator()(CheckpointReader& reader, std::size_t group, int array, std::size_t offset_elems,
                                 std::span<float> out) {
-  if (group != cached_group_ || array != cached_array_) {
+  if (group != cached_group_) {
+    flats_.clear();
+    cached_group_ = group;
+  }
+  const auto a = static_cast<std::size_t>(array);
+  if (flats_.size() <= a) flats_.resize(a + 1);
+  std::vector<float>& flat = flats_[a];
+  if (flat.empty()) {
     const GroupLayout layout(groups_.at(group), 1);  // tensor offsets do not depend on the shard count
-    flat_.assign(layout.total_elems(), 0.0f);
+    flat.assign(layout.total_elems(), 0.0f);
     for (std::size_t k = 0; k < cuts_[group].size(); ++k) {
       const Cut& cut = cuts_[group][k];
       const std::vector<float> whole = saved_.read(reader, cut.whole.name, array);
       const ParamTensorSpec& mine = groups_[group].tensors[k];
       cut_slice(cut.whole, cut.slice, whole,
-                std::span<float>(flat_.data() + layout.slots()[k].offset_elems, mine.elems()));
+                std::span<float>(flat.data() + layout.slots()[k].offset_elems, mine.elems()));
     }
-    cached_group_ = group;
-    cached_array_ = array;
   }
   // Elements past the flat buffer are the shards' padding: zero.
   std::fill(out.begin(), out.end(), 0.0f);
-  if (offset_elems < flat_.size()) {
-    const std::size_t n = std::min(out.size(), flat_.size() - offset_elems);
-    std::copy_n(flat_.begin() + static_cast<std::ptrdiff_t>(offset_elems), n, out.begin());
+  if (offset_elems < flat.size()) {
+    const std::size_t n = std::min(out.size(), flat.size() - offset_elems);
+    std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(offset_elems), n, out.begin());
   }
 }
 

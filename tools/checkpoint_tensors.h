@@ -61,9 +61,10 @@ class TensorReslicer {
   CheckpointTensors saved_;
   std::vector<ParamGroupSpec> groups_;
   std::vector<std::vector<Cut>> cuts_;  // [group][tensor]
+  // The cached group's flat buffers, one per state array read so far: an import asks for a group's
+  // chunks one after another, each for every array, so each array is built once per group.
   std::size_t cached_group_ = static_cast<std::size_t>(-1);
-  int cached_array_ = -1;
-  std::vector<float> flat_;  // the cached group's flat buffer of the cached array
+  std::vector<std::vector<float>> flats_;
 };
 
 }  // namespace strata::tools

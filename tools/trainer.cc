@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -331,16 +332,18 @@ struct CheckedPlan {
   TierPlan tiers;
 };
 
-// `comm` is the data axis the engine shards over; `node_ranks` all the ranks sharing the host.
+// `comm` is the data axis the engine shards over; `world_comm` every rank (all on this host).
 CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std::vector<ParamGroupSpec>& groups,
-                     Communicator& comm, int node_ranks, bool reports, const Device& device) {
+                     Communicator& comm, Communicator& world_comm, const Device& device) {
   const int world = comm.world_size();
+  const int node_ranks = world_comm.world_size();
+  const bool reports = world_comm.rank() == 0;
   const std::uint64_t activation_bytes =
       decoder.activation_bytes(cfg.micro_batch_size, cfg.strata.data.seq_len, /*training=*/true);
   // Every rank plans with rank 0's view of host memory, so "auto" places the same chunks on every
   // rank and a refusal is the same everywhere.
   HostFacts host = measure_host(node_ranks, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);
-  comm.broadcast_host_bytes(&host.mem_available, sizeof host.mem_available, 0);
+  world_comm.broadcast_host_bytes(&host.mem_available, sizeof host.mem_available, 0);
   Placement placed = resolve_placement(cfg, groups, world, activation_bytes, device.capacity_bytes(), host);
   cfg = std::move(placed.config);
   RunPlan run_plan = make_run_plan(cfg, groups, world, comm.rank());
@@ -615,7 +618,19 @@ TrainSummary run_training(const TrainOptions& options) {
     if (sliced) models::cut_slice(spec, tp_layout.slices[g][t], whole, out);
   };
   // Resolves the config's "auto" placement (cfg keeps the result: the engine is built with it).
-  CheckedPlan plan = plan_run(cfg, decoder, groups, dcomm, world, rank == 0, *device);
+  // Tensor ranks plan their own slices (with an uneven vocabulary they differ): a refusal on one is
+  // agreed by all before the next collective.
+  std::optional<CheckedPlan> planned;
+  std::exception_ptr plan_error;
+  try {
+    planned.emplace(plan_run(cfg, decoder, groups, dcomm, *comm, *device));
+  } catch (const Error&) {
+    plan_error = std::current_exception();
+  }
+  if (another_rank_failed(*comm, plan_error)) {
+    throw ConfigError("another rank's plan does not fit (its message says why)");
+  }
+  CheckedPlan plan = std::move(*planned);
   if (tp.size > 1 && !plan.run.offload.swap_file_name.empty()) {
     plan.run.offload.swap_file_name = swap_file_name(rank);  // data ranks repeat across tensor groups
   }

@@ -109,7 +109,21 @@ void TrainCheckpoints::check_series(std::int64_t resumed_step) {
 std::int64_t TrainCheckpoints::resume(const std::string& dir, ZeroEngine& engine) {
   // Written with other tensor ranks: resliced through whole tensors (tools/checkpoint_tensors.h).
   // Every rank reads the same manifest, so all take the same path or refuse alike.
-  const CheckpointManifest saved = read_checkpoint_manifest(dir);
+  CheckpointManifest saved;
+  std::exception_ptr error;
+  try {
+    saved = read_checkpoint_manifest(dir);
+  } catch (const Error&) {
+    error = std::current_exception();
+  }
+  if (another_rank_failed(comm_, error)) {
+    throw FormatError(fmt::format("another rank cannot read checkpoint {} (its message says why)", dir));
+  }
+  if (saved.tensor_slices != tensor.slices && cfg_.strata.exact && comm_.rank() == 0) {
+    spdlog::warn("{} was written with strata.parallel.tensor_slices = {} and this run takes its split sums in {} "
+                 "slices: exact mode gives the same bits only for equal slices (Note [Tensor slices])",
+                 saved.dir, saved.tensor_slices, tensor.slices);
+  }
   const CheckpointManifest m =
       saved.tensor_size != tensor.size && make_reslicer
           ? load_checkpoint_resliced(engine, comm_, cfg_, model_name_, dir, make_reslicer(saved))

@@ -118,6 +118,12 @@ TEST(TensorParallelLayout, RefusesWhatItCannotSplit) {
       EXPECT_NE(std::string(e.what()).find("valid choices: 2, 4, 8, 16"), std::string::npos) << e.what();
     }
   }
+  try {  // 4 heads do not split over 3 ranks: refused here too, not only by the trainer's shape check
+    check_tensor_parallel(tiny, 3, 4, 16, "cfg.json");
+    FAIL() << "3 tensor ranks of 4 heads were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not split model 'tiny' evenly"), std::string::npos) << e.what();
+  }
   EXPECT_NO_THROW(check_tensor_parallel(tiny, 4, 8, 16, "cfg.json"));
 }
 
