@@ -108,72 +108,69 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
 
 }  // namespace
 
-CheckpointManifest load_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
-                                   const std::string& model_name, const std::string& dir,
-                                   const CheckpointTensorParallel& tensor) {
-  const std::size_t first = static_cast<std::size_t>(tensor.rank) * engine.groups().size();
+namespace {
+
+// Both loads: the checks and the verification of the files this rank reads, agreed by every rank,
+// then the state imported range by range (from this tensor rank's groups, or through `reslice`)
+// and the counters restored.
+CheckpointManifest load(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                        const std::string& model_name, const std::string& dir, const CheckpointTensorParallel& tensor,
+                        const CheckpointReslicer* reslice) {
+  const std::size_t first = reslice != nullptr ? 0 : static_cast<std::size_t>(tensor.rank) * engine.groups().size();
   std::exception_ptr error;
   CheckpointManifest m;
   std::unique_ptr<CheckpointReader> reader;
   try {
     m = read_checkpoint_manifest(dir);
-    check_compatible(m, engine, config, model_name, tensor, world.rank() == 0);
+    check_compatible(m, engine, config, model_name, tensor, world.rank() == 0, /*groups=*/reslice == nullptr);
     reader = std::make_unique<CheckpointReader>(m);
-    std::set<std::string> verified;
-    for (std::size_t g = 0; g < engine.groups().size(); ++g) {
-      const StateRange r = engine.state_range(g);
-      for (const CheckpointFile* f : reader->files_covering(first + g, r.offset_elems, r.elems)) {
-        if (verified.insert(f->name).second) reader->verify_file(*f);
+    if (reslice != nullptr) {
+      // Any file may be read; the ranks share the verification.
+      for (std::size_t i = static_cast<std::size_t>(world.rank()); i < m.files.size();
+           i += static_cast<std::size_t>(world.world_size())) {
+        reader->verify_file(m.files[i]);
+      }
+    } else {
+      std::set<std::string> verified;
+      for (std::size_t g = 0; g < engine.groups().size(); ++g) {
+        const StateRange r = engine.state_range(g);
+        for (const CheckpointFile* f : reader->files_covering(first + g, r.offset_elems, r.elems)) {
+          if (verified.insert(f->name).second) reader->verify_file(*f);
+        }
       }
     }
   } catch (const std::exception&) {
     error = std::current_exception();
   }
-  const double failed = world.all_reduce_host(error ? 1.0 : 0.0, ReduceOp::Max);
-  if (error) std::rethrow_exception(error);
-  if (failed > 0) {
+  if (another_rank_failed(world, error)) {
     throw FormatError(fmt::format("loading checkpoint {} failed on another rank (its message says why)", dir));
   }
   std::vector<StateRange> ranges;
   for (std::size_t g = 0; g < engine.groups().size(); ++g) ranges.push_back(engine.state_range(g));
+  // A reslicer checked the manifest when it was made, on every rank alike, before these collectives.
   engine.import_state([&](std::size_t g, int a, std::size_t begin, std::span<float> out) {
-    reader->read(first + g, a, ranges[g].offset_elems + begin, out);
+    if (reslice != nullptr) {
+      (*reslice)(*reader, g, a, ranges[g].offset_elems + begin, out);
+    } else {
+      reader->read(first + g, a, ranges[g].offset_elems + begin, out);
+    }
   });
   engine.restore_counters(m.counters);
   return m;
 }
 
+}  // namespace
+
+CheckpointManifest load_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
+                                   const std::string& model_name, const std::string& dir,
+                                   const CheckpointTensorParallel& tensor) {
+  return load(engine, world, config, model_name, dir, tensor, nullptr);
+}
+
 CheckpointManifest load_checkpoint_resliced(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
                                             const std::string& model_name, const std::string& dir,
                                             const CheckpointReslicer& reslice) {
-  std::exception_ptr error;
-  CheckpointManifest m;
-  std::unique_ptr<CheckpointReader> reader;
-  try {
-    m = read_checkpoint_manifest(dir);
-    check_compatible(m, engine, config, model_name, {}, world.rank() == 0, /*groups=*/false);
-    reader = std::make_unique<CheckpointReader>(m);
-    // Any file may be read; the ranks share the verification (and agree on it below).
-    for (std::size_t i = static_cast<std::size_t>(world.rank()); i < m.files.size();
-         i += static_cast<std::size_t>(world.world_size())) {
-      reader->verify_file(m.files[i]);
-    }
-  } catch (const std::exception&) {
-    error = std::current_exception();
-  }
-  const double failed = world.all_reduce_host(error ? 1.0 : 0.0, ReduceOp::Max);
-  if (error) std::rethrow_exception(error);
-  if (failed > 0) {
-    throw FormatError(fmt::format("loading checkpoint {} failed on another rank (its message says why)", dir));
-  }
-  std::vector<StateRange> ranges;
-  for (std::size_t g = 0; g < engine.groups().size(); ++g) ranges.push_back(engine.state_range(g));
-  // The reslicer checked the manifest when it was made, on every rank alike, before this collective.
-  engine.import_state([&](std::size_t g, int a, std::size_t begin, std::span<float> out) {
-    reslice(*reader, g, a, ranges[g].offset_elems + begin, out);
-  });
-  engine.restore_counters(m.counters);
-  return m;
+  return load(engine, world, config, model_name, dir, {}, &reslice);
 }
 
 }  // namespace strata

@@ -10,6 +10,7 @@
 #include "core/host_buffer.h"
 #include "engine/communicator.h"
 #include "models/decoder_params.h"
+#include "models/sliced_pass.h"
 
 namespace strata::models {
 
@@ -236,25 +237,9 @@ struct BlockParams {
   void* grad(std::size_t k) const { return g[groups.base_index[k]]; }
 };
 
-// A stage linear's output (forward) or output gradient (backward): pointer and row stride.
-struct StageIo {
-  void* p;
-  std::int64_t ld;
-};
-
-// Everything one block's forward/backward needs, for either architecture.
-struct BlockPass {
-  const ModelConfig& c;
-  const KernelContext& ctx;
-  std::int64_t batch, seq, chunks;
-  const TensorParallel& tp;
-  const std::vector<void*>& parts;  // Workspace::parts
-
-  std::int64_t rows() const { return batch * seq; }
-  // This tensor rank's heads, KV heads and MLP columns (all of them at T = 1).
-  std::int64_t heads() const { return c.n_heads / tp.size; }
-  std::int64_t kv_heads() const { return c.n_kv_heads / tp.size; }
-  std::int64_t ffn() const { return c.ffn_hidden / tp.size; }
+// Everything one block's forward/backward needs, for either architecture; with tensor slices the
+// stages run through SlicedPass (models/sliced_pass.h).
+struct BlockPass : SlicedPass {
   std::int64_t qkv_w() const { return (heads() + 2 * kv_heads()) * c.head_dim(); }
   std::int64_t att_w() const { return heads() * c.head_dim(); }
   AttentionShape attn_shape() const {
@@ -262,206 +247,6 @@ struct BlockPass {
   }
   void* k_of(void* qkv) const { return at(qkv, heads() * c.head_dim(), c.dtype); }
   void* v_of(void* qkv) const { return at(qkv, (heads() + kv_heads()) * c.head_dim(), c.dtype); }
-
-  // ---- Tensor slices (Note [Tensor slices] in models/tensor_parallel.h) ----------------------
-
-  // A column-parallel linear of a stage: the whole linear has `out` rows of `in`; this rank's rows
-  // start at row `row0` of its tensor (and bias), and its output at column `col0` of the stage's
-  // output buffer.
-  struct ColumnLinear {
-    std::size_t weight, bias;
-    std::int64_t row0, out, in, col0;
-  };
-  // A row-parallel linear: d_model rows of K whole columns, this rank holding K / T of them.
-  struct RowLinear {
-    std::size_t weight, bias;
-    std::int64_t K;
-  };
-  static bool row_parallel(BlockStage stage) { return stage == BlockStage::AttnOut || stage == BlockStage::MlpOut; }
-
-  std::vector<ColumnLinear> column_linears(BlockStage stage) const {
-    const std::int64_t C = c.d_model, hd = c.head_dim(), T = tp.size;
-    if (c.arch == Architecture::Gpt2) {
-      using namespace gpt2_block;
-      if (stage == BlockStage::AttnIn) {
-        std::vector<ColumnLinear> v;  // q, k and v: the rank's rows of each third of attn.qkv
-        for (std::int64_t k = 0; k < 3; ++k) v.push_back({kQkvW, kQkvB, k * C / T, C, C, k * C / T});
-        return v;
-      }
-      return {{kFcW, kFcB, 0, c.ffn_hidden, C, 0}};
-    }
-    using namespace llama_block;
-    if (stage == BlockStage::AttnIn) {
-      return {{kQ, kNoBias, 0, c.n_heads * hd, C, 0},
-              {kK, kNoBias, 0, c.n_kv_heads * hd, C, heads() * hd},
-              {kV, kNoBias, 0, c.n_kv_heads * hd, C, (heads() + kv_heads()) * hd}};
-    }
-    return {{kGate, kNoBias, 0, c.ffn_hidden, C, 0}, {kUp, kNoBias, 0, c.ffn_hidden, C, ffn()}};
-  }
-
-  RowLinear row_linear(BlockStage stage) const {
-    const std::int64_t K = stage == BlockStage::AttnOut ? c.n_heads * c.head_dim() : c.ffn_hidden;
-    if (c.arch == Architecture::Gpt2) {
-      using namespace gpt2_block;
-      return stage == BlockStage::AttnOut ? RowLinear{kAttnProjW, kAttnProjB, K} : RowLinear{kMlpProjW, kMlpProjB, K};
-    }
-    using namespace llama_block;
-    return {stage == BlockStage::AttnOut ? kO : kDown, kNoBias, K};
-  }
-
-  // Local slice l of this rank as a range of [0, n): global slice first_slice + l of S.
-  RowRange slice_of(std::int64_t n, std::int64_t l) const {
-    const std::int64_t s = tp.first_slice() + l;
-    return {s * n / tp.slices, (s + 1) * n / tp.slices};
-  }
-  // The first row of this rank's share of n whole rows (or columns).
-  std::int64_t rank_begin(std::int64_t n) const { return tp.rank * n / tp.size; }
-  void* part(void* dest, std::int64_t l) const { return l == 0 ? dest : parts[static_cast<std::size_t>(l - 1)]; }
-
-  // p[rows, cols] (row stride ld) = 0, and y[rows, cols] += bias: a matmul with k = 0.
-  void zero_rows(void* p, std::int64_t cols, std::int64_t ld) const {
-    MatmulArgs z{c.dtype, Trans::No, Trans::No, rows(), cols, 0, p, 1, 0, p, 1, 0, p, ld, 0, 1};
-    matmul(ctx, z);
-  }
-  void add_bias(void* y, std::int64_t cols, std::int64_t ld, const void* bias) const {
-    MatmulArgs z{c.dtype, Trans::No, Trans::No, rows(), cols, 0, y, 1, 0, y, 1, 0, y, ld, 0, 1};
-    z.bias = bias;
-    z.beta = 1.0f;
-    matmul(ctx, z);
-  }
-
-  // dest (partial 0, [rows, count / rows] dense) = the pairwise tree over this rank's partials,
-  // then over the tensor ranks (their subtrees: the same tree over all S slices).
-  void reduce_partials(void* dest, std::int64_t count) const {
-    const std::int64_t L = tp.local_slices();
-    for (std::int64_t stride = 1; stride < L; stride *= 2) {
-      for (std::int64_t i = 0; i + stride < L; i += 2 * stride) {
-        residual_add(ctx, c.dtype, part(dest, i), part(dest, i + stride), part(dest, i), count);
-      }
-    }
-    if (tp.size > 1) tp.comm->all_reduce(dest, dest, static_cast<std::size_t>(count), c.dtype, ReduceOp::Sum, *ctx.stream);
-  }
-
-  // Column-parallel forward: this rank's rows of every linear, chunk by chunk. No sum is split.
-  void sliced_column_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const {
-    const DType dt = c.dtype;
-    const std::int64_t per_rank = chunks / tp.size;
-    for (std::int64_t ch = tp.rank * per_rank; ch < (tp.rank + 1) * per_rank; ++ch) {
-      for (const ColumnLinear& lin : column_linears(stage)) {
-        const RowRange r = chunk_rows(lin.out, chunks, ch);
-        if (r.rows() == 0) continue;
-        const std::int64_t local = r.begin - rank_begin(lin.out);
-        MatmulArgs a{dt, Trans::No, Trans::Yes, seq, r.rows(), lin.in, x, ldx, seq * ldx,
-                     at(bp.weight(lin.weight), (lin.row0 + local) * lin.in, dt), lin.in, 0,
-                     at(y.p, lin.col0 + local, dt), y.ld, seq * y.ld, batch};
-        a.bias = lin.bias == kNoBias ? nullptr : at(bp.weight(lin.bias), lin.row0 + local, dt);
-        matmul(ctx, a);
-      }
-    }
-  }
-
-  // Column-parallel backward: dx (dense [rows, in]) is split over output rows: one partial per
-  // slice (its chunks in ascending order, the linears interleaved chunk-major), then the tree.
-  void sliced_column_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx, StageIo dy,
-                              void* dx) const {
-    const DType dt = c.dtype;
-    const std::vector<ColumnLinear> lins = column_linears(stage);
-    const std::int64_t in = lins.front().in;
-    const std::int64_t per_slice = chunks / tp.slices;
-    for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
-      void* p = part(dx, l);
-      bool started = false;
-      const std::int64_t s = tp.first_slice() + l;
-      for (std::int64_t ch = s * per_slice; ch < (s + 1) * per_slice; ++ch) {
-        for (const ColumnLinear& lin : lins) {
-          const RowRange r = chunk_rows(lin.out, chunks, ch);
-          if (r.rows() == 0) continue;
-          const std::int64_t row = lin.row0 + r.begin - rank_begin(lin.out);
-          const void* dyr = at(dy.p, lin.col0 + r.begin - rank_begin(lin.out), dt);
-          MatmulArgs d{dt, Trans::No, Trans::No, seq, in, r.rows(), dyr, dy.ld, seq * dy.ld,
-                       at(bp.weight(lin.weight), row * in, dt), in, 0, p, in, seq * in, batch};
-          d.beta = started ? 1.0f : 0.0f;
-          started = true;
-          matmul(ctx, d);
-          MatmulArgs g{dt, Trans::Yes, Trans::No, r.rows(), in, seq, dyr, dy.ld, seq * dy.ld, x, ldx, seq * ldx,
-                       at(bp.grad(lin.weight), row * in, dt), in, 0, batch};
-          g.beta = 1.0f;
-          matmul(ctx, g);
-          if (lin.bias != kNoBias) {
-            bias_grad(ctx, dt, dyr, batch * seq, r.rows(), dy.ld, at(bp.grad(lin.bias), row, dt));
-          }
-        }
-      }
-      if (!started) zero_rows(p, in, in);
-    }
-    reduce_partials(dx, rows() * in);
-  }
-
-  // Row-parallel forward: y (dense [rows, d_model]) is split over the input columns: one partial
-  // per slice of columns (each chunk of output rows a matmul), the tree, then the bias.
-  void sliced_row_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const {
-    const DType dt = c.dtype;
-    const RowLinear lin = row_linear(stage);
-    const std::int64_t out = c.d_model, Kt = lin.K / tp.size;
-    STRATA_CHECK(y.ld == out, "row-parallel output of {} columns at row stride {}", out, y.ld);
-    const void* w = bp.weight(lin.weight);
-    for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
-      void* p = part(y.p, l);
-      const RowRange cols = slice_of(lin.K, l);
-      if (cols.rows() == 0) {
-        zero_rows(p, out, out);
-        continue;
-      }
-      const std::int64_t c0 = cols.begin - rank_begin(lin.K);
-      for (std::int64_t ch = 0; ch < chunks; ++ch) {
-        const RowRange r = chunk_rows(out, chunks, ch);
-        if (r.rows() == 0) continue;
-        MatmulArgs a{dt, Trans::No, Trans::Yes, seq, r.rows(), cols.rows(), at(x, c0, dt), ldx, seq * ldx,
-                     at(w, r.begin * Kt + c0, dt), Kt, 0, at(p, r.begin, dt), out, seq * out, batch};
-        matmul(ctx, a);
-      }
-    }
-    reduce_partials(y.p, rows() * out);
-    if (lin.bias != kNoBias) add_bias(y.p, out, out, bp.weight(lin.bias));
-  }
-
-  // Row-parallel backward: no sum is split; dx's columns and dW's are computed per slice so each
-  // matmul has the same shape for every T.
-  void sliced_row_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx, StageIo dy,
-                           void* dx, std::int64_t lddx) const {
-    const DType dt = c.dtype;
-    const RowLinear lin = row_linear(stage);
-    const std::int64_t out = c.d_model, Kt = lin.K / tp.size;
-    const void* w = bp.weight(lin.weight);
-    void* dw = bp.grad(lin.weight);
-    for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
-      const RowRange cols = slice_of(lin.K, l);
-      if (cols.rows() == 0) continue;
-      const std::int64_t c0 = cols.begin - rank_begin(lin.K), cn = cols.rows();
-      bool started = false;
-      for (std::int64_t ch = 0; ch < chunks; ++ch) {
-        const RowRange r = chunk_rows(out, chunks, ch);
-        if (r.rows() == 0) continue;
-        const void* dyr = at(dy.p, r.begin, dt);
-        MatmulArgs d{dt, Trans::No, Trans::No, seq, cn, r.rows(), dyr, dy.ld, seq * dy.ld, at(w, r.begin * Kt + c0, dt),
-                     Kt, 0, at(dx, c0, dt), lddx, seq * lddx, batch};
-        d.beta = started ? 1.0f : 0.0f;
-        started = true;
-        matmul(ctx, d);
-        MatmulArgs g{dt, Trans::Yes, Trans::No, r.rows(), cn, seq, dyr, dy.ld, seq * dy.ld, at(x, c0, dt), ldx,
-                     seq * ldx, at(dw, r.begin * Kt + c0, dt), Kt, 0, batch};
-        g.beta = 1.0f;
-        matmul(ctx, g);
-      }
-      if (!started) zero_rows(at(dx, c0, dt), cn, lddx);
-    }
-    if (lin.bias == kNoBias) return;
-    for (std::int64_t ch = 0; ch < chunks; ++ch) {  // the bias is replicated: every rank sums all of dy
-      const RowRange r = chunk_rows(out, chunks, ch);
-      if (r.rows() == 0) continue;
-      bias_grad(ctx, dt, at(dy.p, r.begin, dt), batch * seq, r.rows(), dy.ld, at(bp.grad(lin.bias), r.begin, dt));
-    }
-  }
 
   // Runs fn(tile weights, tile gradients, tile, first chunk, end chunk) over the stage: once over
   // every chunk with null tile views when the stage is untiled (its weights are in the base group),
@@ -500,9 +285,9 @@ struct BlockPass {
                      std::initializer_list<StageIo> ys) const {
     if (tp.sliced()) {  // the outputs are columns of the first one's buffer (ColumnLinear::col0)
       if (row_parallel(stage)) {
-        sliced_row_forward(bp, stage, x, ldx, ys.begin()[0]);
+        row_forward(bp.w, stage, x, ldx, ys.begin()[0]);
       } else {
-        sliced_column_forward(bp, stage, x, ldx, ys.begin()[0]);
+        column_forward(bp.w, stage, x, ldx, ys.begin()[0]);
       }
       return;
     }
@@ -534,10 +319,10 @@ struct BlockPass {
     if (tp.sliced()) {
       STRATA_CHECK(acc == Accumulate::No, "a sliced stage backward writes its input gradient");
       if (row_parallel(stage)) {
-        sliced_row_backward(bp, stage, x, ldx, dys.begin()[0], dx, lddx);
+        row_backward(bp.w, bp.g, stage, x, ldx, dys.begin()[0], dx, lddx);
       } else {
         STRATA_CHECK(lddx == c.d_model, "column-parallel input gradient at row stride {}", lddx);
-        sliced_column_backward(bp, stage, x, ldx, dys.begin()[0], dx);
+        column_backward(bp.w, bp.g, stage, x, ldx, dys.begin()[0], dx);
       }
       return;
     }
@@ -670,7 +455,6 @@ struct ModelPass {
   std::size_t emb = layout.embedding, head = layout.head;
   const TensorParallel& tp = pass.tp;
   RowRange vocab = vocab_rows(c, tp.size, tp.rank);  // this rank's rows of the embedding and the head
-  std::int64_t Vt = vocab.rows();
 
   // Forward through the embedding and the blocks.
   void forward_blocks() const;
@@ -680,13 +464,10 @@ struct ModelPass {
   // then the embedding's.
   void backward_blocks() const;
 
-  // Tensor slices (Note [Tensor slices]): the logits of the rank's vocabulary rows slice by slice;
-  // the vocabulary-parallel cross-entropy; d(lnf_out) over the vocabulary slices (and, untied,
-  // the head weight's gradient); GPT-2's tied head gradient of sequence b.
-  void sliced_logits(const void* head_w) const;
-  void sliced_cross_entropy(float grad_scale) const;
-  void sliced_head_backward(const void* head_w, void* head_dw) const;
-  void sliced_tied_head_grad(std::int64_t b, void* dwte) const;
+  // The head's buffers for the tensor-sliced head (models/sliced_pass.h).
+  SlicedHead sliced_head() const {
+    return {ws.targets, ws.lnf_out, ws.logits, ws.losses, ws.dln, ws.ce_max, ws.ce_target, ws.ce_sums, ws.ce_all};
+  }
 };
 
 // The shape and the tokens of a micro-batch, before anything runs.
@@ -742,8 +523,8 @@ void ModelPass::run_head(float grad_scale) const {
     rmsnorm_forward(ctx, dt, x_final, hw[head_group::kNormW], ws.lnf_out, ws.lnf_rstd, n, C, c.norm_eps);
   }
   if (tp.sliced()) {
-    sliced_logits(head_w);
-    sliced_cross_entropy(grad_scale);
+    pass.logits(head_w, sliced_head());
+    pass.cross_entropy(sliced_head(), training, grad_scale);
   } else {
     linear_forward(ctx, dt, ws.lnf_out, C, head_w, nullptr, ws.logits, V, batch, seq, C, V);
     cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, training ? ws.logits : nullptr, n, V, V, grad_scale);
@@ -751,7 +532,7 @@ void ModelPass::run_head(float grad_scale) const {
   if (training) {
     const GroupViews hg = provider.acquire_grads(head, stream);
     if (tp.sliced()) {
-      sliced_head_backward(head_w, tied ? nullptr : hg[head_group::kLmHead]);
+      pass.head_backward(head_w, tied ? nullptr : hg[head_group::kLmHead], sliced_head());
     } else if (tied) {
       // Only d(lnf_out) now; the tied weight's gradient is added with the embedding's, per sequence
       // (Note [Tied embedding gradient order]).
@@ -795,7 +576,7 @@ void ModelPass::backward_blocks() const {
   // them in the same order (Note [Micro-batch invariance] in decoder.h).
   for (std::int64_t b = 0; b < batch; ++b) {
     if (tp.sliced()) {
-      if (c.arch == Architecture::Gpt2) sliced_tied_head_grad(b, g[embedding_group::kWte]);
+      if (c.arch == Architecture::Gpt2) pass.tied_head_grad(b, g[embedding_group::kWte], sliced_head());
       if (tp.size > 1) {
         embedding_backward_vocab_slice(ctx, dt, ws.tokens + b * seq, at(ws.dres, b * seq * C, dt),
                                        g[embedding_group::kWte], vocab.begin, vocab.end,
@@ -813,65 +594,6 @@ void ModelPass::backward_blocks() const {
   }
   provider.grads_ready(emb, stream);
   provider.release_params(emb, stream);
-}
-
-void ModelPass::sliced_logits(const void* head_w) const {
-  for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
-    const RowRange sl = pass.slice_of(V, l);
-    const std::int64_t b = sl.begin - vocab.begin;
-    if (sl.rows() == 0) continue;
-    MatmulArgs a{dt, Trans::No, Trans::Yes, seq, sl.rows(), C, ws.lnf_out, C, seq * C, at(head_w, b * C, dt), C, 0,
-                 at(ws.logits, b, dt), Vt, seq * Vt, batch};
-    matmul(ctx, a);
-  }
-}
-
-void ModelPass::sliced_cross_entropy(float grad_scale) const {
-  const std::int64_t S = tp.slices, L = tp.local_slices(), first = tp.first_slice();
-  cross_entropy_row_max(ctx, dt, ws.logits, n, Vt, Vt, ws.ce_max);
-  if (tp.size > 1) tp.comm->all_reduce(ws.ce_max, ws.ce_max, static_cast<std::size_t>(n), DType::F32, ReduceOp::Max, *stream);
-  cross_entropy_slice_sums(ctx, dt, ws.logits, ws.targets, n, Vt, V, S, first, L, ws.ce_max, ws.ce_sums, ws.ce_target);
-  if (tp.size > 1) {
-    // The doubles travel as pairs of fp32 words: an all-gather moves bytes and never adds them.
-    tp.comm->all_gather(ws.ce_sums, ws.ce_all, static_cast<std::size_t>(n * L * 2), DType::F32, *stream);
-    tp.comm->all_reduce(ws.ce_target, ws.ce_target, static_cast<std::size_t>(n), DType::F32, ReduceOp::Sum, *stream);
-  }
-  cross_entropy_finish(ctx, dt, ws.logits, ws.targets, ws.losses, training ? ws.logits : nullptr, n, Vt, V, S, first, L,
-                       ws.ce_max, tp.size > 1 ? ws.ce_all : ws.ce_sums, ws.ce_target, grad_scale);
-}
-
-void ModelPass::sliced_head_backward(const void* head_w, void* head_dw) const {
-  for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
-    void* p = pass.part(ws.dln, l);
-    const RowRange sl = pass.slice_of(V, l);
-    const std::int64_t b = sl.begin - vocab.begin;
-    if (sl.rows() == 0) {
-      pass.zero_rows(p, C, C);
-      continue;
-    }
-    MatmulArgs a{dt, Trans::No, Trans::No, seq, C, sl.rows(), at(ws.logits, b, dt), Vt, seq * Vt,
-                 at(head_w, b * C, dt), C, 0, p, C, seq * C, batch};
-    matmul(ctx, a);
-    if (head_dw != nullptr) {
-      MatmulArgs g{dt, Trans::Yes, Trans::No, sl.rows(), C, seq, at(ws.logits, b, dt), Vt, seq * Vt, ws.lnf_out, C,
-                   seq * C, at(head_dw, b * C, dt), C, 0, batch};
-      g.beta = 1.0f;
-      matmul(ctx, g);
-    }
-  }
-  pass.reduce_partials(ws.dln, n * C);
-}
-
-void ModelPass::sliced_tied_head_grad(std::int64_t b, void* dwte) const {
-  for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
-    const RowRange sl = pass.slice_of(V, l);
-    const std::int64_t v = sl.begin - vocab.begin;
-    if (sl.rows() == 0) continue;
-    MatmulArgs dw{dt, Trans::Yes, Trans::No, sl.rows(), C, seq, at(ws.logits, b * seq * Vt + v, dt), Vt, 0,
-                  at(ws.lnf_out, b * seq * C, dt), C, 0, at(dwte, v * C, dt), C, 0, 1};
-    dw.beta = 1.0f;
-    matmul(ctx, dw);
-  }
 }
 
 // The micro-batch's loss: the per-token losses back on the host, summed over counted targets.
@@ -913,7 +635,7 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
   const TensorParallel& tp = options_.tensor;
   STRATA_CHECK(tp.size == 1 || (stream != nullptr && tp.comm != nullptr),
                "tensor parallelism over {} ranks needs a device stream and the tensor group's communicator", tp.size);
-  const BlockPass pass{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts};
+  const BlockPass pass{{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts}};
   // With tensor parallelism the engine holds each group's replicated tensors apart; the passes
   // index the logical groups (models/tensor_parallel.h).
   std::optional<SplitGroupProvider> split;

@@ -1,6 +1,7 @@
 // CPU kernels of the element and row ops without reductions over the hidden size: GELU, SwiGLU,
 // residual add, casts, rotary embeddings, embedding lookup and its gradient, bias gradient.
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "models/kernels/cpu_common.h"
@@ -121,8 +122,9 @@ void rope(DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64
   });
 }
 
-void embedding_forward(DType dtype, const std::int32_t* tokens, const void* wte, const void* wpe, void* out,
-                       std::int64_t batch, std::int64_t seq, std::int64_t channels) {
+void embedding_forward_vocab_slice(DType dtype, const std::int32_t* tokens, const void* wte_slice,
+                                   std::int64_t vocab_begin, std::int64_t vocab_end, const void* wpe, void* out,
+                                   std::int64_t batch, std::int64_t seq, std::int64_t channels) {
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     parallel_rows(batch * seq, 1, [&](std::int64_t r0, std::int64_t r1) {
@@ -130,9 +132,13 @@ void embedding_forward(DType dtype, const std::int32_t* tokens, const void* wte,
         const std::int64_t tok = tokens[r];
         STRATA_CHECK(tok >= 0, "negative token id {} at row {}", tok, r);
         const std::int64_t t = r % seq;
+        const bool mine = (tok >= vocab_begin && tok < vocab_end);
         for (std::int64_t c = 0; c < channels; ++c) {
-          float v = load<T>(wte, tok * channels + c);
-          if (wpe != nullptr) v += load<T>(wpe, t * channels + c);
+          float v = 0.0f;
+          if (mine) {
+            v = load<T>(wte_slice, (tok - vocab_begin) * channels + c);
+            if (wpe != nullptr) v += load<T>(wpe, t * channels + c);
+          }
           store<T>(out, r * channels + c, v);
         }
       }
@@ -140,21 +146,37 @@ void embedding_forward(DType dtype, const std::int32_t* tokens, const void* wte,
   });
 }
 
-void embedding_backward(DType dtype, const std::int32_t* tokens, const void* dout, void* dwte, void* dwpe,
-                        std::int64_t batch, std::int64_t seq, std::int64_t channels) {
+void embedding_backward_vocab_slice(DType dtype, const std::int32_t* tokens, const void* dout, void* dwte_slice,
+                                    std::int64_t vocab_begin, std::int64_t vocab_end, void* dwpe, std::int64_t batch,
+                                    std::int64_t seq, std::int64_t channels) {
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     // dwte: column blocks walk the tokens in order, so repeated tokens sum in a fixed order.
     parallel_column_blocks(channels, [&](std::int64_t c0, std::int64_t c1) {
       for (std::int64_t r = 0; r < batch * seq; ++r) {
         const std::int64_t tok = tokens[r];
+        if (!(tok >= vocab_begin && tok < vocab_end)) continue;
+        const std::int64_t row = (tok - vocab_begin) * channels;
         for (std::int64_t c = c0; c < c1; ++c) {
-          store<T>(dwte, tok * channels + c, load<T>(dwte, tok * channels + c) + load<T>(dout, r * channels + c));
+          store<T>(dwte_slice, row + c, load<T>(dwte_slice, row + c) + load<T>(dout, r * channels + c));
         }
       }
     });
   });
   if (dwpe != nullptr) embedding_backward_positions(dtype, dout, dwpe, batch, seq, channels);
+}
+
+// The whole vocabulary is the slice [0, every token id).
+constexpr std::int64_t kAllTokens = std::numeric_limits<std::int64_t>::max();
+
+void embedding_forward(DType dtype, const std::int32_t* tokens, const void* wte, const void* wpe, void* out,
+                       std::int64_t batch, std::int64_t seq, std::int64_t channels) {
+  embedding_forward_vocab_slice(dtype, tokens, wte, 0, kAllTokens, wpe, out, batch, seq, channels);
+}
+
+void embedding_backward(DType dtype, const std::int32_t* tokens, const void* dout, void* dwte, void* dwpe,
+                        std::int64_t batch, std::int64_t seq, std::int64_t channels) {
+  embedding_backward_vocab_slice(dtype, tokens, dout, dwte, 0, kAllTokens, dwpe, batch, seq, channels);
 }
 
 void embedding_backward_positions(DType dtype, const void* dout, void* dwpe, std::int64_t batch, std::int64_t seq,

@@ -1,5 +1,6 @@
-// CPU kernels of the vocabulary-parallel embedding and cross-entropy (models/kernels/ops.h; Note
-// [Vocabulary-parallel cross-entropy] in models/tensor_parallel.h).
+// CPU kernels of the vocabulary-parallel cross-entropy (models/kernels/ops.h; Note
+// [Vocabulary-parallel cross-entropy] in models/tensor_parallel.h). The vocabulary-parallel
+// embedding is in cpu_elementwise.cc, beside the whole one it generalizes.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -18,50 +19,6 @@ std::int64_t slice_begin(std::int64_t vocab, std::int64_t slices, std::int64_t s
 bool in_range(std::int64_t tok, std::int64_t begin, std::int64_t end) { return tok >= begin && tok < end; }
 
 }  // namespace
-
-void embedding_forward_vocab_slice(DType dtype, const std::int32_t* tokens, const void* wte_slice,
-                                   std::int64_t vocab_begin, std::int64_t vocab_end, const void* wpe, void* out,
-                                   std::int64_t batch, std::int64_t seq, std::int64_t channels) {
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    parallel_rows(batch * seq, 1, [&](std::int64_t r0, std::int64_t r1) {
-      for (std::int64_t r = r0; r < r1; ++r) {
-        const std::int64_t tok = tokens[r];
-        STRATA_CHECK(tok >= 0, "negative token id {} at row {}", tok, r);
-        const std::int64_t t = r % seq;
-        const bool mine = in_range(tok, vocab_begin, vocab_end);
-        for (std::int64_t c = 0; c < channels; ++c) {
-          float v = 0.0f;
-          if (mine) {
-            v = load<T>(wte_slice, (tok - vocab_begin) * channels + c);
-            if (wpe != nullptr) v += load<T>(wpe, t * channels + c);
-          }
-          store<T>(out, r * channels + c, v);
-        }
-      }
-    });
-  });
-}
-
-void embedding_backward_vocab_slice(DType dtype, const std::int32_t* tokens, const void* dout, void* dwte_slice,
-                                    std::int64_t vocab_begin, std::int64_t vocab_end, void* dwpe, std::int64_t batch,
-                                    std::int64_t seq, std::int64_t channels) {
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    // As embedding_backward: column blocks walk the tokens in order.
-    parallel_column_blocks(channels, [&](std::int64_t c0, std::int64_t c1) {
-      for (std::int64_t r = 0; r < batch * seq; ++r) {
-        const std::int64_t tok = tokens[r];
-        if (!in_range(tok, vocab_begin, vocab_end)) continue;
-        const std::int64_t row = (tok - vocab_begin) * channels;
-        for (std::int64_t c = c0; c < c1; ++c) {
-          store<T>(dwte_slice, row + c, load<T>(dwte_slice, row + c) + load<T>(dout, r * channels + c));
-        }
-      }
-    });
-  });
-  if (dwpe != nullptr) embedding_backward_positions(dtype, dout, dwpe, batch, seq, channels);
-}
 
 void cross_entropy_row_max(DType dtype, const void* logits_slice, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                            float* row_max) {
