@@ -299,6 +299,20 @@ StrataConfig parse_strata(ConfigReader r) {
     std::string schedule = "1f1b";
     par.get_choice("schedule", &schedule, {"gpipe", "1f1b"});
     s.parallel.schedule = schedule == "gpipe" ? PipelineSchedule::GPipe : PipelineSchedule::OneFOneB;
+    nlohmann::json layers;
+    par.get_raw("pipeline_layers", &layers);
+    if (!layers.is_null()) {
+      const auto bad = [&] {
+        par.fail("pipeline_layers", fmt::format("expected a list of positive layer counts, one per stage (first stage "
+                                                "first), found {}",
+                                                layers.dump()));
+      };
+      if (!layers.is_array() || layers.empty()) bad();
+      for (const auto& v : layers) {
+        if (!v.is_number_integer() || v.get<std::int64_t>() < 1) bad();
+        s.parallel.pipeline_layers.push_back(v.get<std::int64_t>());
+      }
+    }
     par.finish();
   }
   r.get_raw("tiling", &s.tiling);

@@ -130,6 +130,9 @@ struct ParallelConfig {
   int tensor_slices = 0;
   int slices() const { return tensor_slices > 0 ? tensor_slices : tensor; }
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  // Layers per pipeline stage, first stage first (P counts summing to the model's layers); empty:
+  // balanced by parameters (models/pipeline.h).
+  std::vector<std::int64_t> pipeline_layers;
 };
 
 struct StrataConfig {

@@ -5,10 +5,9 @@
 // T; a data group (the D replicas that reduce gradients once per step, and shard ZeRO state) strides
 // by T x P. So rank = t + T * (p + P * d).
 //
-// This file is the layout only. Tensor parallelism is models/tensor_parallel.h (the trainer splits
-// the world communicator into tensor and data groups by these coordinates); pipeline parallelism is
-// not built yet (issue 17): the trainer refuses P > 1 saying so, after the layout and the model's
-// shape have been checked, so a config that could never run is told why first.
+// This file is the layout only. Tensor parallelism is models/tensor_parallel.h and pipeline
+// parallelism models/pipeline.h; the trainer splits the world communicator into tensor, pipeline
+// and data groups by these coordinates.
 #pragma once
 
 #include <string>

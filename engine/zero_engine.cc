@@ -200,8 +200,8 @@ double ZeroEngine::global_sum_squares() {
     }
     for (double p : all) sum_squares += p;
   }
-  if (tensor_group_ == nullptr) return split;
-  return tensor_group_->all_reduce_host(split, ReduceOp::Sum) + replicated;
+  const double model = tensor_group_ == nullptr ? split : tensor_group_->all_reduce_host(split, ReduceOp::Sum) + replicated;
+  return pipeline_group_ == nullptr ? model : pipeline_group_->all_reduce_host(model, ReduceOp::Sum);
 }
 
 std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) {

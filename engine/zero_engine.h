@@ -129,6 +129,10 @@ class ZeroEngine final : public ParamProvider {
   // tensor group, the replicated groups' counted once; so every rank of the group clips and skips
   // alike. Null: no tensor parallelism.
   void set_tensor_group(Communicator* group, std::vector<bool> replicated);
+  // Pipeline parallelism (models/pipeline.h): `group` holds the other stages of this rank's model
+  // replica, each with its own groups; the step's gradient norm (after the tensor group's sum) is
+  // summed over them, so every stage clips and skips alike. Null: no pipeline.
+  void set_pipeline_group(Communicator* group) { pipeline_group_ = group; }
 
   // The working dtype of W and of the gradients the model writes.
   DType working_dtype() const { return working_dtype_; }
@@ -211,6 +215,7 @@ class ZeroEngine final : public ParamProvider {
   Device& device_;
   Communicator& world_;
   Communicator* tensor_group_ = nullptr;  // set_tensor_group
+  Communicator* pipeline_group_ = nullptr;  // set_pipeline_group
   std::vector<bool> replicated_groups_;
   std::unique_ptr<Communicator> shard_comm_;
   std::unique_ptr<Communicator> replica_comm_;

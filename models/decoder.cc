@@ -90,8 +90,8 @@ class Carver {
 
 }  // namespace
 
-static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, Decoder::Workspace* ws, Carver& cv,
-                            bool keep_all_blocks, bool training) {
+static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, const PipelineStage& ps,
+                            Decoder::Workspace* ws, Carver& cv, bool keep_all_blocks, bool training) {
   const DType dt = c.dtype;
   const std::size_t e = dtype_bytes(dt);
   const std::size_t n = static_cast<std::size_t>(ws->batch * ws->seq);
@@ -106,10 +106,13 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, Deco
   const std::size_t V = static_cast<std::size_t>(vocab_rows(c, tp.size, tp.rank).rows());
   ws->tokens = static_cast<std::int32_t*>(cv.take(n * 4));
   ws->targets = static_cast<std::int32_t*>(cv.take(n * 4));
+  // A pipeline stage's blocks only; a later stage's input is the caller's buffer (set per call).
+  const std::int64_t l0 = ps.first_layer, l1 = ps.end_layer < 0 ? c.n_layers : ps.end_layer;
+  const bool head = ps.last();
   ws->x.clear();
-  for (std::int64_t l = 0; l <= c.n_layers; ++l) ws->x.push_back(cv.take(n * C * e));
+  for (std::int64_t l = l0; l <= l1; ++l) ws->x.push_back(l == l0 && !ps.first() ? nullptr : cv.take(n * C * e));
   ws->acts.clear();
-  const std::int64_t sets = keep_all_blocks ? c.n_layers : 1;
+  const std::int64_t sets = keep_all_blocks ? l1 - l0 : 1;
   for (std::int64_t l = 0; l < sets; ++l) {
     Decoder::Workspace::BlockActs a{};
     a.norm1 = cv.take(n * C * e);
@@ -127,13 +130,16 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, Deco
     ws->acts.push_back(a);
   }
   ws->tmp = cv.take(n * C * e);
-  ws->lnf_out = cv.take(n * C * e);
-  ws->lnf_mean = static_cast<float*>(cv.take(n * 4));
-  ws->lnf_rstd = static_cast<float*>(cv.take(n * 4));
-  ws->logits = cv.take(n * V * e);
-  ws->losses = static_cast<float*>(cv.take(n * 4));
+  if (head) {
+    ws->lnf_out = cv.take(n * C * e);
+    ws->lnf_mean = static_cast<float*>(cv.take(n * 4));
+    ws->lnf_rstd = static_cast<float*>(cv.take(n * 4));
+    ws->logits = cv.take(n * V * e);
+    ws->losses = static_cast<float*>(cv.take(n * 4));
+  }
   if (training) {
-    ws->dres = cv.take(n * C * e);
+    // A pipeline stage's residual gradient is the caller's buffer (Decoder::stage_backward).
+    ws->dres = ps.split() ? nullptr : cv.take(n * C * e);
     ws->dln = cv.take(n * C * e);
     ws->datt = cv.take(n * att_w * e);
     ws->dqkv = cv.take(n * qkv_w * e);
@@ -144,6 +150,7 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, Deco
   if (tp.sliced()) {
     const auto L = static_cast<std::size_t>(tp.local_slices());
     for (std::size_t l = 1; l < L; ++l) ws->parts.push_back(cv.take(n * C * e));
+    if (!head) return;
     ws->ce_max = static_cast<float*>(cv.take(n * 4));
     ws->ce_target = static_cast<float*>(cv.take(n * 4));
     ws->ce_sums = static_cast<double*>(cv.take(n * L * 8));
@@ -167,18 +174,54 @@ Decoder::Decoder(ModelConfig config, DecoderOptions options)
     tensor_layout_ = std::make_unique<TensorParallelLayout>(tensor_parallel_layout(config_, tp.size, tp.rank));
     layout_.groups = tensor_layout_->groups;
   }
+  PipelineStage& ps = options_.pipeline;
+  if (ps.end_layer < 0) ps.end_layer = config_.n_layers;
+  STRATA_CHECK(ps.size >= 1 && ps.rank >= 0 && ps.rank < ps.size && 0 <= ps.first_layer &&
+                   ps.first_layer < ps.end_layer && ps.end_layer <= config_.n_layers &&
+                   (ps.size > 1 || (ps.first_layer == 0 && ps.end_layer == config_.n_layers)),
+               "pipeline stage {} of {} over layers [{}, {}) of {}", ps.rank, ps.size, ps.first_layer, ps.end_layer,
+               config_.n_layers);
+  check_pipeline(config_, ps.size, "the decoder's options");
+  // The stage's groups: those of the logical groups on this stage (with tensor parallelism each
+  // logical group's physical parts).
+  std::vector<std::int64_t> bounds;
+  for (int p = 0; p <= ps.size; ++p) {
+    bounds.push_back(p == ps.rank ? ps.first_layer : p == ps.rank + 1 ? ps.end_layer : p < ps.rank ? 0 : config_.n_layers);
+  }
+  DecoderLayout logical = layout_;
+  if (tensor_layout_) logical.groups = tensor_layout_->logical;
+  const std::vector<int> logical_stage = pipeline_group_stages(logical, bounds);
+  std::vector<int> stage(layout_.groups.size(), -1);
+  for (std::size_t g = 0; g < logical_stage.size(); ++g) {
+    if (!tensor_layout_) {
+      stage[g] = logical_stage[g];
+      continue;
+    }
+    for (const TensorLocation& loc : tensor_layout_->where[g]) stage[loc.group] = logical_stage[g];
+  }
+  stage_local_.assign(layout_.groups.size(), kNotInStage);
+  for (std::size_t g = 0; g < stage.size(); ++g) {
+    if (stage[g] != ps.rank) continue;
+    stage_local_[g] = stage_groups_.size();
+    stage_groups_.push_back(g);
+  }
 }
 
 Decoder::~Decoder() = default;
 
-std::vector<ParamGroupSpec> Decoder::param_groups() const { return layout_.groups; }
+std::vector<ParamGroupSpec> Decoder::param_groups() const {
+  std::vector<ParamGroupSpec> out;
+  for (std::size_t g : stage_groups_) out.push_back(layout_.groups[g]);
+  return out;
+}
 
 std::size_t Decoder::activation_bytes(std::int64_t batch, std::int64_t seq, bool training) const {
   Workspace ws;
   ws.batch = batch;
   ws.seq = seq;
   Carver cv(nullptr);
-  carve_workspace(config_, options_.tensor, &ws, cv, training && options_.checkpointing == Checkpointing::Off, training);
+  carve_workspace(config_, options_.tensor, options_.pipeline, &ws, cv,
+                  training && options_.checkpointing == Checkpointing::Off, training);
   return cv.used();
 }
 
@@ -201,7 +244,7 @@ Decoder::Workspace& Decoder::workspace(const DecoderRuntime& rt, std::int64_t ba
     base = static_cast<char*>(ws->host_mem.data());
   }
   Carver cv(base);
-  carve_workspace(config_, options_.tensor, ws.get(), cv, keep, training);
+  carve_workspace(config_, options_.tensor, options_.pipeline, ws.get(), cv, keep, training);
   ws_ = std::move(ws);
   return *ws_;
 }
@@ -449,19 +492,27 @@ struct ModelPass {
   std::int64_t batch, seq;
   bool training;
   bool keep_all;  // every block keeps its activations (training without checkpointing)
+  const PipelineStage& stage;  // its blocks [l0, l1); the embedding on the first stage, the head on the last
   Stream* stream = ctx.stream;
   DType dt = c.dtype;
   std::int64_t n = batch * seq, C = c.d_model, V = c.vocab_size;
   std::size_t emb = layout.embedding, head = layout.head;
   const TensorParallel& tp = pass.tp;
   RowRange vocab = vocab_rows(c, tp.size, tp.rank);  // this rank's rows of the embedding and the head
+  std::int64_t l0 = stage.first_layer, l1 = stage.end_layer;
 
-  // Forward through the embedding and the blocks.
+  // The residual stream at block l's input (l1: the stage's output), and block l's activations.
+  void* x(std::int64_t l) const { return ws.x[static_cast<std::size_t>(l - l0)]; }
+  const Decoder::Workspace::BlockActs& acts(std::int64_t l) const {
+    return ws.acts[keep_all ? static_cast<std::size_t>(l - l0) : 0];
+  }
+
+  // Forward through the embedding (first stage) and the blocks.
   void forward_blocks() const;
   // Head: final norm, logits, fused softmax + cross-entropy (and, training, the head's backward).
   void run_head(float grad_scale) const;
   // Backward through the blocks, last first (recomputing a block's forward under checkpointing),
-  // then the embedding's.
+  // then the embedding's (first stage).
   void backward_blocks() const;
 
   // The head's buffers for the tensor-sliced head (models/sliced_pass.h).
@@ -487,7 +538,7 @@ void check_tokens(const ModelConfig& c, const std::int32_t* tokens, const std::i
 }
 
 void ModelPass::forward_blocks() const {
-  {
+  if (stage.first()) {
     const GroupViews w = provider.acquire_params(emb, ParamPhase::Forward, stream);
     const void* wpe = c.arch == Architecture::Gpt2 ? w[embedding_group::kWpe] : nullptr;
     if (tp.size > 1) {  // each token's row from the rank that holds it, zeros from the others
@@ -499,12 +550,11 @@ void ModelPass::forward_blocks() const {
     }
     provider.release_params(emb, stream);
   }
-  for (std::int64_t l = 0; l < c.n_layers; ++l) {
+  for (std::int64_t l = l0; l < l1; ++l) {
     const BlockGroups& bg = layout.blocks[static_cast<std::size_t>(l)];
     const BlockParams bp{provider, bg, ParamPhase::Forward, stream,
                          provider.acquire_params(bg.base, ParamPhase::Forward, stream), {}};
-    pass.forward(bp, ws.x[static_cast<std::size_t>(l)], ws.x[static_cast<std::size_t>(l + 1)],
-                 ws.acts[keep_all ? static_cast<std::size_t>(l) : 0], ws.tmp);
+    pass.forward(bp, x(l), x(l + 1), acts(l), ws.tmp);
     provider.release_params(bg.base, stream);
   }
 }
@@ -556,18 +606,19 @@ void ModelPass::run_head(float grad_scale) const {
 }
 
 void ModelPass::backward_blocks() const {
-  for (std::int64_t l = c.n_layers - 1; l >= 0; --l) {
+  for (std::int64_t l = l1 - 1; l >= l0; --l) {
     const BlockGroups& bg = layout.blocks[static_cast<std::size_t>(l)];
     BlockParams bp{provider, bg, ParamPhase::Backward, stream,
                    provider.acquire_params(bg.base, ParamPhase::Backward, stream), {}};
-    const auto& a = ws.acts[keep_all ? static_cast<std::size_t>(l) : 0];
-    const void* x_in = ws.x[static_cast<std::size_t>(l)];
-    if (!keep_all) pass.forward(bp, x_in, ws.x[static_cast<std::size_t>(l + 1)], a, ws.tmp);  // recompute
+    const auto& a = acts(l);
+    const void* x_in = x(l);
+    if (!keep_all) pass.forward(bp, x_in, x(l + 1), a, ws.tmp);  // recompute
     bp.g = provider.acquire_grads(bg.base, stream);
     pass.backward(bp, x_in, a, ws);
     provider.grads_ready(bg.base, stream);
     provider.release_params(bg.base, stream);
   }
+  if (!stage.first()) return;  // the input's gradient (ws.dres) goes to the previous stage
   const GroupViews w = provider.acquire_params(emb, ParamPhase::Backward, stream);
   const GroupViews g = provider.acquire_grads(emb, stream);
   // Note [Tied embedding gradient order]: GPT-2's wte gets two contributions per sequence, from
@@ -616,36 +667,119 @@ LossSum sum_losses(Stream* stream, const Decoder::Workspace& ws, const std::int3
 
 }  // namespace
 
+namespace {
+
+// The decoder's view of the provider: the engine's groups as the passes index them. A pipeline
+// stage's engine holds the stage's groups only (models/pipeline.h); with tensor parallelism it holds
+// each group's replicated tensors apart, and the passes index the logical groups
+// (models/tensor_parallel.h).
+struct ProviderChain {
+  std::optional<StageGroupProvider> stage;
+  std::optional<SplitGroupProvider> split;
+  ParamProvider* top = nullptr;
+
+  ProviderChain(ParamProvider& provider, const DecoderLayout& layout, const std::vector<std::size_t>& stage_local,
+                bool pipelined, const TensorParallelLayout* tensor) {
+    top = &provider;
+    if (pipelined) top = &stage.emplace(*top, layout.groups, stage_local);
+    if (tensor != nullptr && tensor->split()) top = &split.emplace(*top, *tensor);
+  }
+};
+
+void copy_tokens(Stream* stream, std::int32_t* dst, const std::int32_t* src, std::int64_t n) {
+  if (stream == nullptr) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * 4);
+  } else {
+    stream->copy_h2d(dst, src, static_cast<std::size_t>(n) * 4);
+  }
+}
+
+}  // namespace
+
 LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
                      const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool training, float grad_scale) {
   const ModelConfig& c = config_;
+  if (options_.pipeline.split()) {
+    throw ConfigError(fmt::format("model '{}' is split into {} pipeline stages: it runs through the pipeline "
+                                  "(models/pipeline_runner.h), not as a whole",
+                                  c.name, options_.pipeline.size));
+  }
   check_tokens(c, tokens, targets, batch, seq);
   const std::int64_t n = batch * seq;
   Workspace& ws = workspace(rt, batch, seq, training);
   const KernelContext& ctx = rt.ctx;
   Stream* stream = ctx.stream;
-  if (stream == nullptr) {
-    std::memcpy(ws.tokens, tokens, static_cast<std::size_t>(n) * 4);
-    std::memcpy(ws.targets, targets, static_cast<std::size_t>(n) * 4);
-  } else {
-    stream->copy_h2d(ws.tokens, tokens, static_cast<std::size_t>(n) * 4);
-    stream->copy_h2d(ws.targets, targets, static_cast<std::size_t>(n) * 4);
-  }
+  copy_tokens(stream, ws.tokens, tokens, n);
+  copy_tokens(stream, ws.targets, targets, n);
   const bool keep_all = training && options_.checkpointing == Checkpointing::Off;
   const TensorParallel& tp = options_.tensor;
   STRATA_CHECK(tp.size == 1 || (stream != nullptr && tp.comm != nullptr),
                "tensor parallelism over {} ranks needs a device stream and the tensor group's communicator", tp.size);
   const BlockPass pass{{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts}};
-  // With tensor parallelism the engine holds each group's replicated tensors apart; the passes
-  // index the logical groups (models/tensor_parallel.h).
-  std::optional<SplitGroupProvider> split;
-  if (tensor_layout_ && tensor_layout_->split()) split.emplace(provider, *tensor_layout_);
-  ParamProvider& groups = split ? static_cast<ParamProvider&>(*split) : provider;
-  const ModelPass m{c, layout_, ctx, groups, ws, pass, batch, seq, training, keep_all};
+  ProviderChain chain(provider, layout_, stage_local_, false, tensor_layout_.get());
+  const ModelPass m{c, layout_, ctx, *chain.top, ws, pass, batch, seq, training, keep_all, options_.pipeline};
   m.forward_blocks();
   m.run_head(grad_scale);
   if (training) m.backward_blocks();
   return sum_losses(stream, ws, targets, n);
+}
+
+void Decoder::check_stage_call(const DecoderRuntime& rt, const char* what) const {
+  const TensorParallel& tp = options_.tensor;
+  STRATA_CHECK(options_.pipeline.split() && rt.ctx.stream != nullptr && (tp.size == 1 || tp.comm != nullptr),
+               "{} needs a pipeline stage (strata.parallel.pipeline > 1) on a device stream", what);
+}
+
+void Decoder::stage_forward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
+                            std::int64_t batch, std::int64_t seq, const void* x_in, void* y_out) {
+  check_stage_call(rt, "stage_forward");
+  const PipelineStage& ps = options_.pipeline;
+  if (ps.last()) return;  // Note [Stage re-materialization]: its forward runs in its backward
+  const ModelConfig& c = config_;
+  if (ps.first()) check_tokens(c, tokens, tokens, batch, seq);
+  Workspace& ws = workspace(rt, batch, seq, /*training=*/true);
+  Stream* stream = rt.ctx.stream;
+  if (ps.first()) copy_tokens(stream, ws.tokens, tokens, batch * seq);
+  STRATA_CHECK(ps.first() == (x_in == nullptr) && y_out != nullptr, "stage {} forward: input {}, output {}", ps.rank,
+               x_in, y_out);
+  void* const own_out = ws.x.back();
+  if (!ps.first()) ws.x.front() = const_cast<void*>(x_in);  // read only
+  ws.x.back() = y_out;
+  const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts}};
+  ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
+  // One set of block activations suffices: the backward recomputes them.
+  const ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, false, ps};
+  m.forward_blocks();
+  ws.x.back() = own_out;
+  if (!ps.first()) ws.x.front() = nullptr;
+}
+
+LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
+                                const std::int32_t* targets, std::int64_t batch, std::int64_t seq, float grad_scale,
+                                const void* x_in, void* grad) {
+  check_stage_call(rt, "stage_backward");
+  const PipelineStage& ps = options_.pipeline;
+  const ModelConfig& c = config_;
+  check_tokens(c, tokens, targets, batch, seq);
+  const std::int64_t n = batch * seq;
+  Workspace& ws = workspace(rt, batch, seq, /*training=*/true);
+  Stream* stream = rt.ctx.stream;
+  if (ps.first()) copy_tokens(stream, ws.tokens, tokens, n);
+  if (ps.last()) copy_tokens(stream, ws.targets, targets, n);
+  STRATA_CHECK(ps.first() == (x_in == nullptr) && grad != nullptr, "stage {} backward: input {}, gradient {}", ps.rank,
+               x_in, grad);
+  if (!ps.first()) ws.x.front() = const_cast<void*>(x_in);  // read only
+  ws.dres = grad;
+  const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts}};
+  ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
+  const bool keep_all = options_.checkpointing == Checkpointing::Off;
+  const ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, keep_all, ps};
+  m.forward_blocks();
+  if (ps.last()) m.run_head(grad_scale);
+  m.backward_blocks();
+  ws.dres = nullptr;
+  if (!ps.first()) ws.x.front() = nullptr;
+  return ps.last() ? sum_losses(stream, ws, targets, n) : LossSum{};
 }
 
 LossSum accumulate_step_gradients(Decoder& decoder, const DecoderRuntime& rt, ParamProvider& provider,

@@ -37,6 +37,7 @@
 #include "models/decoder_params.h"
 #include "models/kernels/ops.h"
 #include "models/model_config.h"
+#include "models/pipeline.h"
 #include "models/tensor_parallel.h"
 #include "models/tiling.h"
 
@@ -54,6 +55,9 @@ struct DecoderOptions {
   // Tensor parallelism (models/tensor_parallel.h): with slices > 1 the decoder holds this rank's
   // slices and computes the split sums in S slices (Note [Tensor slices]); tiling must be off.
   TensorParallel tensor;
+  // Pipeline parallelism (models/pipeline.h): with size > 1 the decoder holds one stage's groups and
+  // runs through stage_forward / stage_backward only.
+  PipelineStage pipeline;
 };
 
 // Where the decoder runs: kernels context, plus the device its activations live on (null: host
@@ -77,9 +81,29 @@ class Decoder {
   Decoder& operator=(const Decoder&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  // The groups the engine holds: with a pipeline, this stage's only.
   std::vector<ParamGroupSpec> param_groups() const;
-  // The groups and where each block's tensors live (tiled blocks have several groups).
+  // The groups and where each block's tensors live (tiled blocks have several groups); with tensor
+  // parallelism layout().groups are the physical groups, with a pipeline those of every stage.
   const DecoderLayout& layout() const { return layout_; }
+  // param_groups()[i] is layout().groups[stage_groups()[i]] (the identity without a pipeline).
+  const std::vector<std::size_t>& stage_groups() const { return stage_groups_; }
+
+  // Pipeline stages (options.pipeline, Note [Stage re-materialization] in models/pipeline.h). The
+  // stage's input and output are [batch * seq, d_model] values of the model's dtype on the device.
+  // Forward of the stage's blocks: from the tokens (first stage) or `x_in`, into `y_out`; the last
+  // stage does nothing here (its forward runs in its backward). Enqueued on rt.ctx.stream; `tokens`
+  // must stay valid until that work has run.
+  void stage_forward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens, std::int64_t batch,
+                     std::int64_t seq, const void* x_in, void* y_out);
+  // The stage's forward recomputed from `x_in` (the tokens on the first stage), then its backward:
+  // `grad` holds the gradient of the stage's output on entry (ignored on the last stage, which runs
+  // the head and the loss) and the gradient of its input on exit (not on the first stage, which ends
+  // in the embedding). Gradients are added to the provider's as by forward_backward. Returns the
+  // loss on the last stage (after waiting for the stream), zero elsewhere (without waiting).
+  LossSum stage_backward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
+                         const std::int32_t* targets, std::int64_t batch, std::int64_t seq, float grad_scale,
+                         const void* x_in, void* grad);
 
   // Forward, loss and backward of one micro-batch of `batch` sequences of `seq` tokens (host int32
   // arrays [batch*seq]; a negative target is ignored). Gradients are added into the provider's
@@ -100,12 +124,15 @@ class Decoder {
  private:
   LossSum run(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
               const std::int32_t* targets, std::int64_t batch, std::int64_t seq, bool training, float grad_scale);
+  void check_stage_call(const DecoderRuntime& rt, const char* what) const;
   Workspace& workspace(const DecoderRuntime& rt, std::int64_t batch, std::int64_t seq, bool training);
 
   ModelConfig config_;
   DecoderOptions options_;
   DecoderLayout layout_;  // layout_.groups: what param_groups() declares (tensor parallelism: physical)
   std::unique_ptr<TensorParallelLayout> tensor_layout_;  // with tensor parallelism
+  std::vector<std::size_t> stage_groups_;                // this stage's groups in layout_.groups
+  std::vector<std::size_t> stage_local_;                 // layout_.groups index -> stage index (kNotInStage)
   std::unique_ptr<Workspace> ws_;
 };
 

@@ -39,6 +39,12 @@ Target target_of(const EstimateInputs& in);
 Target checked_target(const EstimateInputs& in, const models::ModelConfig& model) {
   Target t = target_of(in);
   const ParallelLayout layout = check_parallel_layout(in.config, model, t.world);
+  if (layout.pipeline() > 1) {
+    throw ConfigError(fmt::format("{}: {}: planning pipeline stages (strata.parallel.pipeline > 1) is not built into "
+                                  "estimate and simulate yet; plan with strata.parallel.pipeline = 1, or measure with "
+                                  "strata train",
+                                  in.config.source, layout.describe()));
+  }
   t.tensor = layout.tensor();
   t.slices = in.config.strata.parallel.slices();
   return t;

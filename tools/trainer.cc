@@ -4,6 +4,7 @@
 #include "tools/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -33,6 +34,8 @@
 #include "models/hf_names.h"
 #include "models/model_config.h"
 #include "models/param_init.h"
+#include "models/pipeline.h"
+#include "models/pipeline_runner.h"
 #include "models/safetensors.h"
 #include "models/tensor_parallel.h"
 #include "models/tiling.h"
@@ -134,18 +137,21 @@ std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, co
 }
 
 void save_weights(const std::string& out, const models::ModelConfig& model, ZeroEngine& engine,
-                  const models::TensorParallel& tp, int rank) {
+                  const models::Decoder& decoder, const models::TensorParallel& tp, const models::PipelineStage& stage,
+                  int rank) {
   std::vector<std::vector<float>> values;
-  auto groups = engine.groups();
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) values.push_back(engine.gather_master(g, t));
+  const auto local = engine.groups();
+  for (std::size_t g = 0; g < local.size(); ++g) {
+    for (std::size_t t = 0; t < local[g].tensors.size(); ++t) values.push_back(engine.gather_master(g, t));
   }
-  std::vector<ParamGroupSpec> whole_groups;
+  // The whole model's groups (with tensor parallelism, at their whole tensors' shapes).
+  std::vector<ParamGroupSpec> all = decoder.layout().groups;
   if (tp.size > 1) {
-    values = gather_tensor_slices(model, tp, values);
-    whole_groups = models::tensor_parallel_layout(model, tp.size, tp.rank).whole;
-    groups = whole_groups;
+    values = gather_tensor_slices(model, tp, decoder.stage_groups(), values);
+    all = models::tensor_parallel_layout(model, tp.size, tp.rank).whole;
   }
+  if (stage.split()) values = gather_pipeline_stages(*stage.comm, all, decoder.stage_groups(), values);
+  std::span<const ParamGroupSpec> groups = all;
   if (rank != 0) return;
   // Tiles are put back together: a tiled run writes the same file as an untiled one.
   const std::vector<models::WholeTensorValues> whole = models::assemble_whole_tensors(model, groups, values);
@@ -279,13 +285,18 @@ struct CheckedPlan {
 };
 
 // `comm` is the data axis the engine shards over; `world_comm` every rank (all on this host).
+// `stage` is the rank's pipeline stage: its stash and boundary buffers count as activations.
 CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std::vector<ParamGroupSpec>& groups,
-                     Communicator& comm, Communicator& world_comm, const Device& device) {
+                     const models::PipelineStage& stage, Communicator& comm, Communicator& world_comm,
+                     const Device& device) {
   const int world = comm.world_size();
   const int node_ranks = world_comm.world_size();
   const bool reports = world_comm.rank() == 0;
+  const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;
   const std::uint64_t activation_bytes =
-      decoder.activation_bytes(cfg.micro_batch_size, cfg.strata.data.seq_len, /*training=*/true);
+      decoder.activation_bytes(micro, seq, /*training=*/true) +
+      models::PipelineRunner::buffer_bytes(stage, cfg.strata.parallel.schedule, cfg.gradient_accumulation_steps, micro,
+                                           seq, decoder.config());
   // Every rank plans with rank 0's view of host memory, so "auto" places the same chunks on every
   // rank and a refusal is the same everywhere.
   HostFacts host = measure_host(node_ranks, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);
@@ -322,12 +333,25 @@ void log_run_shape(const TrainConfig& cfg, const models::ModelConfig& model, std
   const std::int64_t micro = cfg.micro_batch_size;
   const std::int64_t seq = cfg.strata.data.seq_len;
   const int accumulation = cfg.gradient_accumulation_steps;
+  const bool split = layout.tensor() > 1 || layout.pipeline() > 1;
   spdlog::info("model {} ({} arch): {:.2f}M parameters, {} groups; stage {}, {}, {} x {} x {} sequences of {} "
                "tokens per step; device {} capped at {}",
                model.name, models::architecture_name(model.arch), static_cast<double>(models::param_count(model)) / 1e6,
-               n_groups, cfg.zero.stage,
-               layout.tensor() > 1 ? layout.describe() : fmt::format("world {}", layout.world()), micro, accumulation,
-               world, seq, device.name(), format_bytes(device.capacity_bytes()));
+               n_groups, cfg.zero.stage, split ? layout.describe() : fmt::format("world {}", layout.world()), micro,
+               accumulation, world, seq, device.name(), format_bytes(device.capacity_bytes()));
+  if (layout.pipeline() > 1) {
+    const std::vector<std::int64_t> b =
+        models::pipeline_boundaries(model, layout.pipeline(), cfg.strata.parallel.pipeline_layers, cfg.source);
+    const std::vector<std::int64_t> params = models::pipeline_stage_params(model, b);
+    std::string stages;
+    for (std::size_t p = 0; p + 1 < b.size(); ++p) {
+      stages += fmt::format("{}{}: blocks {}..{} ({:.3g}M)", p == 0 ? "" : "; ", p, b[p], b[p + 1] - 1,
+                            static_cast<double>(params[p]) / 1e6);
+    }
+    spdlog::info("pipeline of {} stages, {} schedule over {} micro-batches (ideal bubble {:.1f}%): {}", layout.pipeline(),
+                 models::pipeline_schedule_name(cfg.strata.parallel.schedule), accumulation,
+                 100.0 * models::pipeline_bubble_fraction(layout.pipeline(), accumulation), stages);
+  }
 }
 
 // What the step loop works with, set up once by run_training.
@@ -352,10 +376,30 @@ struct StepLoop {
   std::int64_t tokens_per_step;
   std::vector<std::int32_t> inputs;   // one micro-batch
   std::vector<std::int32_t> targets;
+  models::PipelineRunner* pipeline = nullptr;  // this rank's stage (P > 1)
+  Communicator* pipeline_comm = nullptr;
 };
+
+// The micro-batches of step s through this rank's pipeline stage; returns the sum of their mean
+// losses (the last stage's, on every stage).
+double run_pipeline_micro_batches(StepLoop& l, std::int64_t s) {
+  const auto fill = [&](int a, std::int32_t* tokens, std::int32_t* targets) {
+    const std::int64_t unit = static_cast<std::int64_t>(a) * l.world + l.rank;
+    l.sampler.restore(models::SamplerState{l.seed, static_cast<std::uint64_t>((s * l.units + unit) * l.micro)});
+    l.sampler.next(tokens, targets);
+  };
+  const float grad_seed = static_cast<float>(l.engine.loss_scale()) / static_cast<float>(l.micro * l.seq);
+  const std::vector<models::LossSum> losses = l.pipeline->run_step(
+      l.engine, fill, grad_seed, [&](int) { l.engine.begin_micro_batch(); }, [&](int) { l.engine.end_micro_batch(); });
+  double loss_sum = 0;
+  for (const models::LossSum& loss : losses) loss_sum += loss.mean();
+  const bool last = l.pipeline_comm->rank() + 1 == l.pipeline_comm->world_size();
+  return l.pipeline_comm->all_reduce_host(last ? loss_sum : 0.0, ReduceOp::Sum);
+}
 
 // The micro-batches of step s on this rank; returns the sum of their mean losses.
 double run_micro_batches(StepLoop& l, std::int64_t s) {
+  if (l.pipeline != nullptr) return run_pipeline_micro_batches(l, s);
   double loss_sum = 0;
   for (int a = 0; a < l.accumulation; ++a) {
     const std::int64_t unit = static_cast<std::int64_t>(a) * l.world + l.rank;
@@ -488,6 +532,42 @@ void tensor_summary(TrainSummary& summary, const CollectiveCounts& counts, const
   summary.tp_formula_all_gather_bytes = formula.all_gather_bytes;
 }
 
+// The pipeline stages' figures (collective over the pipeline group; rank 0 keeps them).
+void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const models::ModelConfig& model,
+                      const models::PipelineStage& stage, const models::PipelineRunner& runner,
+                      const CollectiveCounts& counts, std::int64_t micro_batches) {
+  const std::vector<std::int64_t> b =
+      models::pipeline_boundaries(model, stage.size, cfg.strata.parallel.pipeline_layers, cfg.source);
+  const std::vector<std::int64_t> params = models::pipeline_stage_params(model, b);
+  summary.pipeline_stages = stage.size;
+  summary.pipeline_schedule = std::string(models::pipeline_schedule_name(cfg.strata.parallel.schedule));
+  summary.pipeline_ideal_bubble = models::pipeline_bubble_fraction(stage.size, cfg.gradient_accumulation_steps);
+  const double m = static_cast<double>(std::max<std::int64_t>(1, micro_batches));
+  for (int q = 0; q < stage.size; ++q) {
+    std::array<double, 7> v{};
+    if (q == stage.rank) {
+      v = {static_cast<double>(runner.last_step().peak_in_flight), static_cast<double>(runner.stash_slots()),
+           static_cast<double>(runner.buffer_bytes()), static_cast<double>(summary.peak_device_bytes),
+           static_cast<double>(counts.send_bytes) / m, static_cast<double>(counts.recv_bytes) / m, 0};
+    }
+    stage.comm->broadcast_host_bytes(v.data(), sizeof v, q);
+    TrainSummary::PipelineStageFigures f;
+    f.first_layer = b[static_cast<std::size_t>(q)];
+    f.end_layer = b[static_cast<std::size_t>(q) + 1];
+    f.parameters = params[static_cast<std::size_t>(q)];
+    f.peak_in_flight = static_cast<int>(v[0]);
+    f.stash_slots = static_cast<int>(v[1]);
+    f.buffer_bytes = static_cast<std::uint64_t>(v[2]);
+    f.peak_device_bytes = static_cast<std::uint64_t>(v[3]);
+    f.sent_bytes = v[4];
+    f.received_bytes = v[5];
+    const std::uint64_t boundary = runner.boundary_bytes();
+    const int neighbours = (q > 0 ? 1 : 0) + (q + 1 < stage.size ? 1 : 0);
+    f.formula_sent_bytes = f.formula_received_bytes = boundary * static_cast<std::uint64_t>(neighbours);
+    summary.stages.push_back(f);
+  }
+}
+
 void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& seconds, const TierPlan& plan,
                    const models::ModelConfig& model, Clock::time_point start, std::int64_t first_step) {
   summary.optimizer_chunk_updates = l.engine.chunk_updates();
@@ -529,23 +609,36 @@ TrainSummary run_training(const TrainOptions& options) {
   // Tensor parallelism (models/tensor_parallel.h): the decoder's collectives go over the tensor
   // group, the engine's (ZeRO) over the data group of the ranks holding the same slices.
   const RankCoords coords = layout.coords(rank);
-  std::unique_ptr<Communicator> tensor_comm, data_comm;
+  // Pipeline parallelism (models/pipeline.h): the stages pass activations over the pipeline group.
+  std::unique_ptr<Communicator> tensor_comm, data_comm, pipeline_comm;
   const auto tensor_counts = std::make_shared<CollectiveCounts>();
+  const auto pipeline_counts = std::make_shared<CollectiveCounts>();
   if (layout.tensor() > 1) {
     tensor_comm = make_counting_communicator(
         comm->split(coords.data * layout.pipeline() + coords.pipeline, coords.tensor), tensor_counts);
+  }
+  if (layout.pipeline() > 1) {
+    pipeline_comm = make_counting_communicator(
+        comm->split(coords.tensor + layout.tensor() * coords.data, coords.pipeline), pipeline_counts);
+  }
+  if (layout.tensor() > 1 || layout.pipeline() > 1) {
     data_comm = comm->split(coords.tensor + layout.tensor() * coords.pipeline, coords.data);
   }
   Communicator& dcomm = data_comm ? *data_comm : *comm;
   const models::TensorParallel tp{layout.tensor(), coords.tensor, cfg.strata.parallel.slices(), tensor_comm.get()};
+  const std::vector<std::int64_t> stage_bounds =
+      models::pipeline_boundaries(model, layout.pipeline(), cfg.strata.parallel.pipeline_layers, cfg.source);
+  const models::PipelineStage stage = models::pipeline_stage(stage_bounds, coords.pipeline, pipeline_comm.get());
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
   models::TilingDecision tiling_plan;
   if (!tp.sliced()) tiling_plan = decide_tiling(cfg, model, checkpointing, world, rank, device->capacity_bytes());
   models::DecoderOptions dopt(checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off, tiling_plan.spec);
   dopt.tensor = tp;
+  dopt.pipeline = stage;
   models::Decoder decoder(model, dopt);
-  const auto groups = decoder.param_groups();
+  const auto groups = decoder.param_groups();  // this stage's
+  const std::vector<std::size_t>& stage_groups = decoder.stage_groups();  // their indices among all groups
   const std::uint64_t seed = cfg.strata.seed;
   std::unique_ptr<models::SafetensorsFile> init_file;
   if (!cfg.strata.init_weights.empty()) init_file = std::make_unique<models::SafetensorsFile>(models::SafetensorsFile::open(cfg.strata.init_weights));
@@ -553,7 +646,8 @@ TrainSummary run_training(const TrainOptions& options) {
   const models::TensorParallelLayout tp_layout = models::tensor_parallel_layout(model, tp.size, tp.rank);
   const auto init = [&](std::size_t g, std::size_t t, std::span<float> out) {
     const bool sliced = tp.size > 1;
-    const ParamTensorSpec& spec = sliced ? tp_layout.whole[g].tensors[t] : groups[g].tensors[t];
+    const std::size_t whole_g = stage_groups[g];
+    const ParamTensorSpec& spec = sliced ? tp_layout.whole[whole_g].tensors[t] : groups[g].tensors[t];
     std::vector<float> whole(sliced ? spec.elems() : 0);
     const std::span<float> dest = sliced ? std::span<float>(whole) : out;
     if (init_file) {
@@ -561,7 +655,7 @@ TrainSummary run_training(const TrainOptions& options) {
     } else {
       models::init_tensor_gpt2_style(model.n_layers, spec, seed, dest);
     }
-    if (sliced) models::cut_slice(spec, tp_layout.slices[g][t], whole, out);
+    if (sliced) models::cut_slice(spec, tp_layout.slices[whole_g][t], whole, out);
   };
   // Resolves the config's "auto" placement (cfg keeps the result: the engine is built with it).
   // Tensor ranks plan their own slices (with an uneven vocabulary they differ): a refusal on one is
@@ -569,7 +663,7 @@ TrainSummary run_training(const TrainOptions& options) {
   std::optional<CheckedPlan> planned;
   std::exception_ptr plan_error;
   try {
-    planned.emplace(plan_run(cfg, decoder, groups, dcomm, *comm, *device));
+    planned.emplace(plan_run(cfg, decoder, groups, stage, dcomm, *comm, *device));
   } catch (const Error&) {
     plan_error = std::current_exception();
   }
@@ -577,13 +671,16 @@ TrainSummary run_training(const TrainOptions& options) {
     throw ConfigError("another rank's plan does not fit (its message says why)");
   }
   CheckedPlan plan = std::move(*planned);
-  if (tp.size > 1 && !plan.run.offload.swap_file_name.empty()) {
-    plan.run.offload.swap_file_name = swap_file_name(rank);  // data ranks repeat across tensor groups
+  if ((tp.size > 1 || stage.split()) && !plan.run.offload.swap_file_name.empty()) {
+    plan.run.offload.swap_file_name = swap_file_name(rank);  // data ranks repeat across tensor and pipeline groups
   }
   models::TokenFile data = open_training_data(cfg, *comm, model);
 
   ZeroEngine engine(cfg, *device, dcomm, groups, init, std::move(plan.run));
-  engine.set_tensor_group(tensor_comm.get(), tp_layout.replicated);
+  std::vector<bool> replicated;
+  for (std::size_t g : stage_groups) replicated.push_back(tp.size > 1 && tp_layout.replicated[g]);
+  engine.set_tensor_group(tensor_comm.get(), replicated);
+  engine.set_pipeline_group(pipeline_comm.get());
   init_file.reset();
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;
@@ -606,6 +703,11 @@ TrainSummary run_training(const TrainOptions& options) {
 
   models::BatchSampler sampler(data, micro, seq, seed);
   const int accumulation = cfg.gradient_accumulation_steps;
+  std::unique_ptr<models::PipelineRunner> pipeline;
+  if (stage.split()) {
+    pipeline = std::make_unique<models::PipelineRunner>(decoder, rt, stage, cfg.strata.parallel.schedule, accumulation,
+                                                        micro, seq);
+  }
   // The data axis: the ranks of a tensor group train on the same micro-batches.
   const int data_world = dcomm.world_size();
   const std::int64_t units = static_cast<std::int64_t>(accumulation) * data_world;
@@ -618,7 +720,8 @@ TrainSummary run_training(const TrainOptions& options) {
                 .accumulation = accumulation,
                 .units = units, .tokens_per_step = tokens_per_step,
                 .inputs = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
-                .targets = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq))};
+                .targets = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
+                .pipeline = pipeline.get(), .pipeline_comm = pipeline_comm.get()};
 
   TrainSummary summary;
   const auto start = Clock::now();
@@ -628,9 +731,12 @@ TrainSummary run_training(const TrainOptions& options) {
   wear_summary(summary, plan.tiers, world, options.drive_tbw);
   tensor_summary(summary, *tensor_counts, models::tensor_parallel_traffic(model, tp, micro * seq, true, checkpointing),
                  tp.size, (summary.steps - first_step) * accumulation);
+  if (pipeline) {
+    pipeline_summary(summary, cfg, model, stage, *pipeline, *pipeline_counts, (summary.steps - first_step) * accumulation);
+  }
   stream->synchronize();
   if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {
-    save_weights(options.save_weights, model, engine, tp, rank);
+    save_weights(options.save_weights, model, engine, decoder, tp, stage, rank);
   }
   if (run_device.recorder) {
     const std::string path =

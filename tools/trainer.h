@@ -79,6 +79,22 @@ struct TrainSummary {
   double tp_all_reduce_calls = 0, tp_all_reduce_bytes = 0, tp_all_gather_calls = 0, tp_all_gather_bytes = 0;
   std::uint64_t tp_formula_all_reduce_calls = 0, tp_formula_all_reduce_bytes = 0;
   std::uint64_t tp_formula_all_gather_calls = 0, tp_formula_all_gather_bytes = 0;
+  // Pipeline parallelism (P > 1), per stage (gathered to rank 0 from the stages of its model
+  // replica): its blocks and parameters, the most micro-batches in flight (GPipe: all of them;
+  // 1F1B: P - stage), the device bytes of its stash and boundary buffers, its peak device memory,
+  // and the bytes it sent and received per micro-batch (counted at the communicator) beside the
+  // formula (batch x seq x d_model values to each neighbouring stage and from it).
+  struct PipelineStageFigures {
+    std::int64_t first_layer = 0, end_layer = 0, parameters = 0;
+    int peak_in_flight = 0, stash_slots = 0;
+    std::uint64_t buffer_bytes = 0, peak_device_bytes = 0;
+    double sent_bytes = 0, received_bytes = 0;
+    std::uint64_t formula_sent_bytes = 0, formula_received_bytes = 0;
+  };
+  int pipeline_stages = 1;
+  std::string pipeline_schedule;
+  double pipeline_ideal_bubble = 0;  // (P - 1) / (A + P - 1)
+  std::vector<PipelineStageFigures> stages;
 };
 
 // The config in `path` with `overrides` applied; an empty path means configs/demo.json as compiled
@@ -91,8 +107,9 @@ models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpoi
 
 // strata.parallel (engine/parallel_layout.h): the world must factor into data x tensor x pipeline
 // and the model's shape must split that way, before any work. Tensor parallelism runs with the
-// limits of models/tensor_parallel.h (no tiling beside it yet, no clipping in exact mode, each
-// refused saying so); pipeline parallelism is not built yet (issue 17). Throws ConfigError.
+// limits of models/tensor_parallel.h (no tiling beside it yet, no clipping in exact mode), pipeline
+// parallelism with those of models/pipeline.h (no tied embedding, no clipping in exact mode, no
+// checkpoints yet), each refused saying so. Throws ConfigError.
 ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world);
 
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.

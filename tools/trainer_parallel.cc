@@ -1,11 +1,12 @@
-// Tensor parallelism in the trainer (see tools/trainer_parallel.h): the layout checks and the
-// whole tensors gathered from the tensor group.
+// Tensor and pipeline parallelism in the trainer (see tools/trainer_parallel.h): the layout checks
+// and the whole tensors gathered from the tensor and pipeline groups.
 #include "tools/trainer_parallel.h"
 
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "engine/communicator.h"
+#include "models/pipeline.h"
 #include "tools/trainer.h"
 
 namespace strata::tools {
@@ -13,10 +14,26 @@ namespace strata::tools {
 ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world) {
   const ParallelLayout layout(cfg.strata.parallel, world, cfg.source);
   models::check_parallel_shape(model, layout.tensor(), layout.pipeline(), cfg.source);
-  if (layout.pipeline() > 1) {
-    throw ConfigError(fmt::format("{}: {}: pipeline parallelism (strata.parallel.pipeline) is not built yet; set it to "
-                                  "1",
-                                  cfg.source, layout.describe()));
+  const int P = layout.pipeline();
+  if (P > 1) {
+    models::check_pipeline(model, P, cfg.source);
+    models::pipeline_boundaries(model, P, cfg.strata.parallel.pipeline_layers, cfg.source);
+    const auto refuse = [&](const std::string& what, const std::string& fix) {
+      throw ConfigError(fmt::format("{}: {} with strata.parallel.pipeline = {} is not built yet; {}", cfg.source, what, P,
+                                    fix));
+    };
+    if (cfg.gradient_clipping > 0 && cfg.strata.exact) {
+      // The norm sums the stages' partial norms, so its rounding depends on P (as on T, below).
+      refuse(fmt::format("gradient_clipping {} in exact mode (a norm whose bits do not depend on P)",
+                         cfg.gradient_clipping),
+             "set gradient_clipping to 0 or strata.exact to false");
+    }
+    if (!cfg.strata.checkpoint.dir.empty()) {
+      refuse(fmt::format("strata.checkpoint.dir '{}' (checkpoints of a pipelined run)", cfg.strata.checkpoint.dir),
+             "drop strata.checkpoint.dir (and --resume) or set strata.parallel.pipeline to 1");
+    }
+  } else if (!cfg.strata.parallel.pipeline_layers.empty()) {
+    models::pipeline_boundaries(model, 1, cfg.strata.parallel.pipeline_layers, cfg.source);
   }
   const int T = layout.tensor(), S = cfg.strata.parallel.slices();
   if (T == 1 && S == 1) return layout;
@@ -43,12 +60,13 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
 }
 
 std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& model, const models::TensorParallel& tp,
+                                                     std::span<const std::size_t> groups,
                                                      const std::vector<std::vector<float>>& mine) {
   std::vector<models::TensorParallelLayout> layouts;
   for (int r = 0; r < tp.size; ++r) layouts.push_back(models::tensor_parallel_layout(model, tp.size, r));
   std::vector<std::vector<float>> whole;
   std::size_t i = 0;
-  for (std::size_t g = 0; g < layouts[0].whole.size(); ++g) {
+  for (std::size_t g : groups) {
     for (std::size_t k = 0; k < layouts[0].whole[g].tensors.size(); ++k, ++i) {
       const ParamTensorSpec& spec = layouts[0].whole[g].tensors[k];
       std::vector<float> values(spec.elems());
@@ -61,6 +79,43 @@ std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& 
     }
   }
   return whole;
+}
+
+}  // namespace strata::tools
+
+namespace strata::tools {
+
+std::vector<std::vector<float>> gather_pipeline_stages(Communicator& pipe, std::span<const ParamGroupSpec> all_groups,
+                                                       std::span<const std::size_t> mine_groups,
+                                                       const std::vector<std::vector<float>>& mine) {
+  std::vector<std::vector<std::vector<float>>> by_group(all_groups.size());
+  for (int q = 0; q < pipe.world_size(); ++q) {
+    std::vector<std::uint64_t> held;
+    if (q == pipe.rank()) held.assign(mine_groups.begin(), mine_groups.end());
+    std::uint64_t count = held.size();
+    pipe.broadcast_host_bytes(&count, sizeof count, q);
+    held.resize(count);
+    pipe.broadcast_host_bytes(held.data(), held.size() * sizeof(std::uint64_t), q);
+    std::size_t i = 0;
+    for (std::uint64_t g : held) {
+      STRATA_CHECK(g < all_groups.size(), "stage {} holds group {} of {}", q, g, all_groups.size());
+      for (const ParamTensorSpec& spec : all_groups[g].tensors) {
+        std::vector<float> values = q == pipe.rank() ? mine[i] : std::vector<float>(spec.elems());
+        STRATA_CHECK(values.size() == spec.elems(), "tensor '{}': {} values for {}", spec.name, values.size(),
+                     spec.elems());
+        pipe.broadcast_host_bytes(values.data(), values.size() * sizeof(float), q);
+        by_group[g].push_back(std::move(values));
+        ++i;
+      }
+    }
+  }
+  std::vector<std::vector<float>> out;
+  for (std::size_t g = 0; g < by_group.size(); ++g) {
+    STRATA_CHECK(by_group[g].size() == all_groups[g].tensors.size(), "group '{}' is held by no pipeline stage",
+                 all_groups[g].name);
+    for (auto& v : by_group[g]) out.push_back(std::move(v));
+  }
+  return out;
 }
 
 }  // namespace strata::tools

@@ -182,6 +182,31 @@ void StepReporter::write_metrics_line(const StepFigures& f, std::int64_t s, std:
                  "\n");
 }
 
+namespace {
+
+nlohmann::json pipeline_json(const TrainSummary& s) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const TrainSummary::PipelineStageFigures& f : s.stages) {
+    stages.push_back({{"first_layer", f.first_layer},
+                      {"end_layer", f.end_layer},
+                      {"parameters", f.parameters},
+                      {"peak_in_flight", f.peak_in_flight},
+                      {"stash_slots", f.stash_slots},
+                      {"buffer_bytes", f.buffer_bytes},
+                      {"peak_device_bytes", f.peak_device_bytes},
+                      {"sent_bytes_per_micro_batch", f.sent_bytes},
+                      {"received_bytes_per_micro_batch", f.received_bytes},
+                      {"formula_sent_bytes_per_micro_batch", f.formula_sent_bytes},
+                      {"formula_received_bytes_per_micro_batch", f.formula_received_bytes}});
+  }
+  return {{"stages", s.pipeline_stages},
+          {"schedule", s.pipeline_schedule},
+          {"ideal_bubble_fraction", s.pipeline_ideal_bubble},
+          {"per_stage", stages}};
+}
+
+}  // namespace
+
 void write_summary_json(const std::string& path, const TrainSummary& s) {
   OutputFile out(path, "--summary-json", OutputFile::Mode::Truncate);
   out.write(nlohmann::json{{"steps", s.steps},
@@ -216,7 +241,8 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
                            {{"all_reduce_calls", s.tp_formula_all_reduce_calls},
                             {"all_reduce_bytes", s.tp_formula_all_reduce_bytes},
                             {"all_gather_calls", s.tp_formula_all_gather_calls},
-                            {"all_gather_bytes", s.tp_formula_all_gather_bytes}}}}}}
+                            {"all_gather_bytes", s.tp_formula_all_gather_bytes}}}}},
+                        {"pipeline", pipeline_json(s)}}
                 .dump(2) +
             "\n");
   out.close();
@@ -232,6 +258,15 @@ std::string describe_wear(const TrainSummary& s) {
 }
 
 void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& device) {
+  for (std::size_t p = 0; p < summary.stages.size(); ++p) {
+    const TrainSummary::PipelineStageFigures& f = summary.stages[p];
+    spdlog::info("pipeline stage {} (blocks {}..{}, {:.3g}M parameters): at most {} micro-batches in flight, stash and "
+                 "boundary buffers {}, peak device memory {}; per micro-batch sent {} and received {} (formula {} each)",
+                 p, f.first_layer, f.end_layer - 1, static_cast<double>(f.parameters) / 1e6, f.peak_in_flight,
+                 format_bytes(f.buffer_bytes), format_bytes(f.peak_device_bytes),
+                 format_bytes(static_cast<std::uint64_t>(f.sent_bytes)),
+                 format_bytes(static_cast<std::uint64_t>(f.received_bytes)), format_bytes(f.formula_sent_bytes));
+  }
   spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
                summary.first_loss, summary.last_loss, summary.tokens_per_second,
                format_bytes(summary.peak_device_bytes), format_bytes(device.capacity_bytes()));

@@ -1,0 +1,119 @@
+// Pipeline parallelism of the decoders (strata.parallel.pipeline = P; issue 17).
+//
+// The P ranks of a pipeline group (engine/parallel_layout.h) each hold a contiguous range of the
+// blocks: the first stage also the embedding, the last the final norm and the head. A step's A
+// micro-batches flow through the stages: each stage's output, the residual stream of batch x seq x
+// d_model values, goes point to point to the next stage, and its gradient comes back the same way
+// (engine/communicator.h send/recv; MPI on sim, NCCL on cuda). The order of a stage's work is its
+// schedule (pipeline_schedule): GPipe runs every micro-batch's forward, then every backward; 1F1B
+// (PipeDream-Flush, Megatron's default) runs P - p - 1 forwards, then alternates one forward with one
+// backward, then drains the backwards, so stage p holds at most P - p micro-batches in flight
+// instead of A. Both run the backwards in ascending micro-batch order, so each stage's engine sees
+// the same micro-batches in the same order as a run without stages.
+//
+// Note [Stage re-materialization]: a stage keeps only its input of each micro-batch in flight (its
+// stash; the first stage keeps nothing, the tokens are its input), and the backward of a micro-batch
+// recomputes the stage's forward from it, as GPipe does. Recompute is deterministic, so the
+// gradients are bit for bit those of the plain backward; the stash is the activation memory that
+// differs between the schedules (A inputs under GPipe, at most P - p under 1F1B), and inside a stage
+// strata.model.checkpoint_activations applies as usual. The last stage computes its forward only
+// within its backward (nothing needs it earlier), so it recomputes nothing.
+//
+// Exact mode: each stage's engine reduces its groups' gradients over the data axis exactly as
+// without stages (Note [Exact gradient sums]), and a stage's gradients are computed by the same
+// kernels on the same values, so every P and both schedules give the single-rank run's bits.
+// Clipping needs the norm summed over the stages, whose rounding depends on P: refused in exact mode
+// with P > 1, as for T > 1.
+//
+// ZeRO stages 0-3 and offload run on the data axis of every stage (each stage's engine holds its
+// groups only); the step's gradient norm is summed over the stages (ZeroEngine::set_pipeline_group).
+//
+// Not built yet: a tied embedding (GPT-2) split across the first and last stage (their gradient
+// contributions are interleaved per sequence, Note [Tied embedding gradient order]; the Megatron
+// way, two copies summed once per step, changes the single-rank order), checkpoints of a pipelined
+// run, planning it in estimate and simulate, keeping whole activations instead of recomputing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/param_provider.h"
+#include "models/decoder_params.h"
+#include "models/model_config.h"
+
+namespace strata {
+class Communicator;
+}
+
+namespace strata::models {
+
+struct PipelineStage {
+  int size = 1;  // P
+  int rank = 0;  // this stage's place in its pipeline group
+  std::int64_t first_layer = 0;
+  std::int64_t end_layer = -1;   // one past the stage's last block; -1: every block (P = 1)
+  Communicator* comm = nullptr;  // the pipeline group; null when P = 1
+
+  bool split() const { return size > 1; }
+  bool first() const { return rank == 0; }
+  bool last() const { return rank == size - 1; }
+};
+
+// The stages' block boundaries (P + 1 values, 0 first and the model's layers last): `layers` when
+// given (strata.parallel.pipeline_layers: P counts, each >= 1, summing to the layers), else the
+// contiguous split whose largest stage, by parameters (embedding on the first, head on the last),
+// is smallest, and among those the most even (least sum of squares). ConfigError naming `source`,
+// the key and the valid choices otherwise.
+std::vector<std::int64_t> pipeline_boundaries(const ModelConfig& model, int stages, std::span<const std::int64_t> layers,
+                                              const std::string& source);
+// Parameters of each stage under `boundaries` (what the balance minimizes; reported by train).
+std::vector<std::int64_t> pipeline_stage_params(const ModelConfig& model, std::span<const std::int64_t> boundaries);
+// Stage `rank` of `boundaries`.
+PipelineStage pipeline_stage(std::span<const std::int64_t> boundaries, int rank, Communicator* comm);
+// ConfigError naming `source` and the key when `model` cannot be split into `stages` stages by this
+// version (a tied embedding across stages).
+void check_pipeline(const ModelConfig& model, int stages, const std::string& source);
+
+// One unit of a stage's work: the forward or the backward of micro-batch `micro`.
+struct PipelineOp {
+  bool forward = true;
+  int micro = 0;
+  bool operator==(const PipelineOp&) const = default;
+};
+// Stage `rank`'s order of work for `micro_batches` micro-batches over `stages` stages.
+std::vector<PipelineOp> pipeline_schedule(PipelineSchedule schedule, int stages, int rank, int micro_batches);
+// The most micro-batches whose forward has run and backward has not, along `ops`: the stash slots
+// the stage needs (Note [Stage re-materialization]).
+int pipeline_in_flight(std::span<const PipelineOp> ops);
+// The ideal bubble fraction of both schedules with equal stages: (P - 1) / (A + P - 1).
+double pipeline_bubble_fraction(int stages, int micro_batches);
+std::string_view pipeline_schedule_name(PipelineSchedule schedule);
+
+// The stage each of a decoder layout's groups belongs to: the embedding to the first, block l's
+// base and tile groups to the stage holding l, the head to the last.
+std::vector<int> pipeline_group_stages(const DecoderLayout& layout, std::span<const std::int64_t> boundaries);
+
+// The decoder's view of an engine holding one stage's groups: `local[g]` is the engine's index of
+// the decoder's group g (kNotInStage for another stage's, which is an error to touch).
+inline constexpr std::size_t kNotInStage = static_cast<std::size_t>(-1);
+class StageGroupProvider final : public ParamProvider {
+ public:
+  StageGroupProvider(ParamProvider& inner, std::span<const ParamGroupSpec> all_groups, std::vector<std::size_t> local);
+  std::span<const ParamGroupSpec> groups() const override { return all_; }
+  GroupViews acquire_params(std::size_t group, ParamPhase phase, Stream* stream) override;
+  void release_params(std::size_t group, Stream* stream) override;
+  GroupViews acquire_grads(std::size_t group, Stream* stream) override;
+  void grads_ready(std::size_t group, Stream* stream) override;
+
+ private:
+  std::size_t map(std::size_t group) const;
+  ParamProvider& inner_;
+  std::span<const ParamGroupSpec> all_;
+  std::vector<std::size_t> local_;
+};
+
+}  // namespace strata::models

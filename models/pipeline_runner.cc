@@ -1,0 +1,182 @@
+// A pipeline stage's step (see models/pipeline_runner.h).
+#include "models/pipeline_runner.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "engine/communicator.h"
+
+namespace strata::models {
+
+// Two device buffers of one boundary's values, each with the events of its last producer (on the
+// compute stream) and its last send.
+struct PipelineRunner::Ring {
+  struct Slot {
+    DeviceMemory memory;
+    std::unique_ptr<Event> ready, sent;
+    bool in_flight = false;  // `sent` recorded since the slot was last reused
+  };
+  std::vector<Slot> slots;
+  std::size_t next = 0;
+
+  Ring(Device& device, std::size_t bytes, std::string_view tag) {
+    for (int i = 0; i < 2; ++i) {
+      Slot s;
+      s.memory = device.allocate(bytes, tag);
+      s.ready = device.create_event();
+      s.sent = device.create_event();
+      slots.push_back(std::move(s));
+    }
+  }
+  // The next slot, once its previous send has left it (the compute stream waits).
+  Slot& take(Stream& compute) {
+    Slot& s = slots[next];
+    next = (next + 1) % slots.size();
+    if (s.in_flight) compute.wait(*s.sent);
+    s.in_flight = false;
+    return s;
+  }
+};
+
+namespace {
+
+std::size_t boundary_elems_of(std::int64_t batch, std::int64_t seq, const ModelConfig& model) {
+  return static_cast<std::size_t>(batch * seq * model.d_model);
+}
+
+}  // namespace
+
+std::size_t PipelineRunner::buffer_bytes(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches,
+                                         std::int64_t batch, std::int64_t seq, const ModelConfig& model) {
+  if (!stage.split()) return 0;
+  const std::size_t b = boundary_elems_of(batch, seq, model) * dtype_bytes(model.dtype);
+  const auto stash = stage.first() ? 0
+                                   : static_cast<std::size_t>(pipeline_in_flight(
+                                         pipeline_schedule(schedule, stage.size, stage.rank, micro_batches)));
+  const std::size_t rings = (stage.last() ? 0 : 2) + 2;
+  return (stash + rings) * b;
+}
+
+PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const PipelineStage& stage,
+                               PipelineSchedule schedule, int micro_batches, std::int64_t batch, std::int64_t seq)
+    : decoder_(decoder), rt_(rt), stage_(stage), batch_(batch), seq_(seq), dtype_(decoder.config().dtype) {
+  STRATA_CHECK(stage_.split() && stage_.comm != nullptr && rt_.device != nullptr && rt_.ctx.stream != nullptr,
+               "a pipeline runner needs a stage of P > 1 with its communicator and a device stream");
+  STRATA_CHECK(stage_.comm->world_size() == stage_.size && stage_.comm->rank() == stage_.rank,
+               "pipeline stage {} of {} on a communicator of rank {} of {}", stage_.rank, stage_.size,
+               stage_.comm->rank(), stage_.comm->world_size());
+  boundary_elems_ = boundary_elems_of(batch, seq, decoder.config());
+  boundary_bytes_ = boundary_elems_ * dtype_bytes(dtype_);
+  ops_ = pipeline_schedule(schedule, stage_.size, stage_.rank, micro_batches);
+  Device& device = *rt_.device;
+  if (!stage_.first()) {
+    const int slots = pipeline_in_flight(ops_);
+    for (int i = 0; i < slots; ++i) stash_.push_back(device.allocate(boundary_bytes_, "pipeline stash"));
+    to_prev_ = device.create_stream("pipeline send to previous stage");
+  }
+  if (!stage_.last()) {
+    out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage output");
+    to_next_ = device.create_stream("pipeline send to next stage");
+  }
+  grad_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage gradient");
+  tokens_.assign(static_cast<std::size_t>(micro_batches), std::vector<std::int32_t>(static_cast<std::size_t>(batch * seq)));
+  targets_ = tokens_;
+}
+
+PipelineRunner::~PipelineRunner() {
+  // Nothing may still read or write the buffers: drain the streams (errors were reported by run_step).
+  for (Stream* s : {rt_.ctx.stream, to_next_.get(), to_prev_.get()}) {
+    if (s == nullptr) continue;
+    try {
+      s->synchronize();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the step that failed has thrown already
+    }
+  }
+}
+
+std::size_t PipelineRunner::buffer_bytes() const {
+  return (stash_.size() + (out_ ? out_->slots.size() : 0) + grad_->slots.size()) * boundary_bytes_;
+}
+
+void PipelineRunner::forward(ParamProvider& provider, int a) {
+  Stream& compute = *rt_.ctx.stream;
+  const void* x_in = nullptr;
+  if (!stage_.first()) {
+    STRATA_CHECK(!free_slots_.empty(), "pipeline stage {}: no stash slot for micro-batch {}", stage_.rank, a);
+    const int slot = free_slots_.back();
+    free_slots_.pop_back();
+    stash_of_[static_cast<std::size_t>(a)] = slot;
+    void* buf = stash_[static_cast<std::size_t>(slot)].data();
+    stage_.comm->recv(buf, boundary_elems_, dtype_, stage_.rank - 1, compute);
+    stats_.received_bytes += boundary_bytes_;
+    x_in = buf;
+  }
+  ++live_;
+  stats_.peak_in_flight = std::max(stats_.peak_in_flight, live_);
+  if (stage_.last()) return;  // Note [Stage re-materialization]
+  Ring::Slot& out = out_->take(compute);
+  decoder_.stage_forward(rt_, provider, tokens_[static_cast<std::size_t>(a)].data(), batch_, seq_, x_in,
+                         out.memory.data());
+  compute.record(*out.ready);
+  to_next_->wait(*out.ready);
+  stage_.comm->send(out.memory.data(), boundary_elems_, dtype_, stage_.rank + 1, *to_next_);
+  to_next_->record(*out.sent);
+  out.in_flight = true;
+  stats_.sent_bytes += boundary_bytes_;
+}
+
+LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scale) {
+  Stream& compute = *rt_.ctx.stream;
+  const auto i = static_cast<std::size_t>(a);
+  Ring::Slot& g = grad_->take(compute);
+  if (!stage_.last()) {
+    stage_.comm->recv(g.memory.data(), boundary_elems_, dtype_, stage_.rank + 1, compute);
+    stats_.received_bytes += boundary_bytes_;
+  }
+  const void* x_in = stage_.first() ? nullptr : stash_[static_cast<std::size_t>(stash_of_[i])].data();
+  const LossSum loss = decoder_.stage_backward(rt_, provider, tokens_[i].data(), targets_[i].data(), batch_, seq_,
+                                               grad_scale, x_in, g.memory.data());
+  if (!stage_.first()) {
+    compute.record(*g.ready);
+    to_prev_->wait(*g.ready);
+    stage_.comm->send(g.memory.data(), boundary_elems_, dtype_, stage_.rank - 1, *to_prev_);
+    to_prev_->record(*g.sent);
+    g.in_flight = true;
+    stats_.sent_bytes += boundary_bytes_;
+    free_slots_.push_back(stash_of_[i]);  // reused by a later receive on the compute stream
+    stash_of_[i] = -1;
+  }
+  --live_;
+  return loss;
+}
+
+std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const FillFn& fill, float grad_scale,
+                                              const MicroFn& begin, const MicroFn& end) {
+  const auto m = tokens_.size();
+  for (std::size_t a = 0; a < m; ++a) fill(static_cast<int>(a), tokens_[a].data(), targets_[a].data());
+  stats_ = {};
+  live_ = 0;
+  stash_of_.assign(m, -1);
+  free_slots_.clear();
+  for (int s = static_cast<int>(stash_.size()) - 1; s >= 0; --s) free_slots_.push_back(s);
+  std::vector<LossSum> losses(m);
+  for (const PipelineOp& op : ops_) {
+    if (op.forward) {
+      forward(provider, op.micro);
+      continue;
+    }
+    begin(op.micro);
+    losses[static_cast<std::size_t>(op.micro)] = backward(provider, op.micro, grad_scale);
+    end(op.micro);
+    // As a whole-model micro-batch does: the host does not run ahead of the stage's compute.
+    rt_.ctx.stream->synchronize();
+  }
+  for (Stream* s : {to_next_.get(), to_prev_.get()}) {
+    if (s != nullptr) s->synchronize();
+  }
+  return losses;
+}
+
+}  // namespace strata::models

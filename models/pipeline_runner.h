@@ -1,0 +1,82 @@
+// One pipeline stage's share of an optimizer step (models/pipeline.h): the stage's schedule of
+// forwards and backwards, the point-to-point sends and receives at its boundaries, and its stash.
+//
+// Everything runs on the decoder's compute stream except the sends, which go on a stream per
+// direction (to the next stage, to the previous one) after an event: a send completes only when the
+// peer receives, so a stage's compute never waits on its own sends, and each direction's sends
+// leave in the order the peer receives them (both follow the micro-batch order). Receives are on
+// the compute stream, right before the work that needs them. The stage's output and gradient
+// buffers are rings of two; a buffer is reused after the event of its previous send.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/device/device.h"
+#include "engine/config.h"
+#include "models/decoder.h"
+#include "models/pipeline.h"
+
+namespace strata::models {
+
+struct PipelineStepStats {
+  int peak_in_flight = 0;           // micro-batches whose forward ran and backward had not
+  std::uint64_t sent_bytes = 0;     // to the neighbouring stages, this step
+  std::uint64_t received_bytes = 0;
+};
+
+class PipelineRunner {
+ public:
+  // `stage` must be the decoder's (DecoderOptions::pipeline), with its communicator.
+  PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const PipelineStage& stage, PipelineSchedule schedule,
+                 int micro_batches, std::int64_t batch, std::int64_t seq);
+  ~PipelineRunner();
+  PipelineRunner(const PipelineRunner&) = delete;
+  PipelineRunner& operator=(const PipelineRunner&) = delete;
+
+  // Fills micro-batch a's tokens and targets (batch * seq each).
+  using FillFn = std::function<void(int micro, std::int32_t* tokens, std::int32_t* targets)>;
+  using MicroFn = std::function<void(int micro)>;
+  // Runs the step's schedule: `fill` for every micro-batch first, then the forwards and backwards,
+  // each backward between begin(a) and end(a) (the engine's micro-batch brackets; the backwards come
+  // in ascending order). The loss gradient is `grad_scale` per token, as in forward_backward.
+  // Returns each micro-batch's loss on the last stage (zeros elsewhere) once every send completed.
+  std::vector<LossSum> run_step(ParamProvider& provider, const FillFn& fill, float grad_scale, const MicroFn& begin,
+                                const MicroFn& end);
+
+  const std::vector<PipelineOp>& schedule() const { return ops_; }
+  // Stash slots (one micro-batch's stage input each) and the bytes of the stage's buffers.
+  int stash_slots() const { return static_cast<int>(stash_.size()); }
+  std::size_t boundary_bytes() const { return boundary_bytes_; }
+  std::size_t buffer_bytes() const;
+  const PipelineStepStats& last_step() const { return stats_; }
+  // Device bytes the runner of this shape allocates (for the plan, before building it).
+  static std::size_t buffer_bytes(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches,
+                                  std::int64_t batch, std::int64_t seq, const ModelConfig& model);
+
+ private:
+  struct Ring;
+  void forward(ParamProvider& provider, int a);
+  LossSum backward(ParamProvider& provider, int a, float grad_scale);
+
+  Decoder& decoder_;
+  DecoderRuntime rt_;
+  PipelineStage stage_;
+  std::int64_t batch_, seq_;
+  DType dtype_;
+  std::size_t boundary_elems_ = 0, boundary_bytes_ = 0;
+  std::vector<PipelineOp> ops_;
+  std::vector<DeviceMemory> stash_;
+  std::vector<int> stash_of_;   // micro-batch -> stash slot (-1: none)
+  std::vector<int> free_slots_;
+  std::unique_ptr<Ring> out_, grad_;
+  std::unique_ptr<Stream> to_next_, to_prev_;
+  std::vector<std::vector<std::int32_t>> tokens_, targets_;
+  PipelineStepStats stats_;
+  int live_ = 0;
+};
+
+}  // namespace strata::models

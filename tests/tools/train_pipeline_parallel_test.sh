@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Pipeline parallelism (strata.parallel.pipeline, models/pipeline.h) end to end under mpirun.
+# 1. Exact mode, the master test: factorizations of 1, 2, 4 and 8 ranks into data x tensor x
+#    pipeline, both schedules, ZeRO stages 0-3, the optimizer state on NVMe, activation checkpointing
+#    and explicit stage sizes, write weights byte-identical to the single-rank run.
+# 2. What train reports against the formulas: bytes sent and received per micro-batch at each stage
+#    boundary (batch x seq x d_model values each way), the micro-batches in flight per stage (GPipe:
+#    all of them; 1F1B: P - stage) and the balanced split.
+# 3. Fast mode (bf16, clipping): P = 2 follows P = 1.
+# 4. Bad input: one message naming the key, before any work.
+# Usage: train_pipeline_parallel_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
+set -euo pipefail
+strata="$1"; config="$2"; mpiexec="$3"; work="$4"
+rm -rf "$work"; mkdir -p "$work"; cd "$work"
+mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
+fail=0
+compare() {  # reference, candidate, description
+  if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
+}
+run() {  # ranks, tensor ranks, pipeline stages, accumulation, ZeRO stage, output, extra...
+  local np="$1" t="$2" p="$3" acc="$4" stage="$5" out="$6"; shift 6
+  local launcher=()
+  [ "$np" -gt 1 ] && launcher=("${mpi[@]}" -np "$np")
+  "${launcher[@]}" "$strata" "${common[@]}" --set strata.parallel.tensor="$t" --set strata.parallel.pipeline="$p" \
+    --set gradient_accumulation_steps="$acc" --set zero_optimization.stage="$stage" --save-weights "$out" "$@"
+}
+gpipe=(--set strata.parallel.schedule='"gpipe"')
+
+# ---- 1. Exact mode -------------------------------------------------------------------------------
+# An 8-block LLaMA (untied head) with 2 KV heads; 8 units of one sequence per step.
+model='{"name": "pp8", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 8, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64}'
+common=(--log-level warn train --config "$config" --set strata.steps=6 --set strata.model="$model" --set gradient_clipping=0
+        --set train_micro_batch_size_per_gpu=1 --set strata.parallel.tensor_slices=2)
+run 1 1 1 8 0 ref.st
+run 1 1 1 8 0 init.st --steps 0
+if cmp -s ref.st init.st; then echo "FAILED: training left the weights at their initial values"; fail=1; fi
+run 2 1 2 8 0 p2.st
+compare ref.st p2.st "pipeline 2 (1F1B), stage 0 = one rank"
+run 2 1 2 8 1 p2g.st "${gpipe[@]}"
+compare ref.st p2g.st "pipeline 2 (GPipe), stage 1 = one rank"
+run 4 1 4 8 2 p4.st --summary-json p4.json
+compare ref.st p4.st "pipeline 4 (1F1B), stage 2 = one rank"
+run 4 1 4 8 2 p4g.st "${gpipe[@]}" --summary-json p4g.json
+compare ref.st p4g.st "pipeline 4 (GPipe), stage 2 = one rank"
+run 4 1 2 4 3 d2p2.st
+compare ref.st d2p2.st "data 2 x pipeline 2, stage 3 = one rank"
+run 4 2 2 8 1 t2p2.st "${gpipe[@]}"
+compare ref.st t2p2.st "tensor 2 x pipeline 2 (GPipe), stage 1 = one rank"
+run 8 2 2 4 2 d2t2p2.st
+compare ref.st d2t2p2.st "data 2 x tensor 2 x pipeline 2, stage 2 = one rank"
+run 8 1 8 8 1 p8.st
+compare ref.st p8.st "pipeline 8 (one block per stage), stage 1 = one rank"
+run 8 1 4 4 0 d2p4.st "${gpipe[@]}" --set strata.parallel.pipeline_layers='[1, 3, 3, 1]'
+compare ref.st d2p4.st "data 2 x pipeline 4 of 1, 3, 3 and 1 blocks (GPipe), stage 0 = one rank"
+# The optimizer state on NVMe and the parameters on the host, per stage (every rank its own swap file).
+run 4 1 2 4 3 off.st --set zero_optimization.offload_optimizer.device='"nvme"' \
+  --set zero_optimization.offload_optimizer.nvme_path='"nvme"' --set zero_optimization.offload_param.device='"cpu"'
+compare ref.st off.st "data 2 x pipeline 2, stage 3, state on NVMe, weights on host = one rank"
+
+# Activation checkpointing inside the stages and 2-sequence micro-batches.
+ckmodel='{"name": "pck", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 4, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 96, "checkpoint_activations": true}'
+common=(--log-level warn train --config "$config" --steps 4 --set strata.model="$ckmodel" --set gradient_clipping=0
+        --set train_micro_batch_size_per_gpu=2)
+run 1 1 1 4 0 ck.ref.st
+run 4 1 4 4 1 ck.p4.st
+compare ck.ref.st ck.p4.st "checkpointed LLaMA, 2-sequence micro-batches: pipeline 4 = one rank"
+
+# ---- 2. Against the formulas -----------------------------------------------------------------------
+if python3 - p4.json p4g.json <<'EOF'
+import json, sys
+ok = True
+for path, schedule in zip(sys.argv[1:3], ("1f1b", "gpipe")):
+    p = json.load(open(path))["pipeline"]
+    P, m = p["stages"], 8
+    boundary = 1 * 32 * 32 * 4  # one sequence of 32 tokens x d_model 32, fp32
+    for q, s in enumerate(p["per_stage"]):
+        neighbours = (q > 0) + (q < P - 1)
+        want_flight = m if schedule == "gpipe" else P - q
+        want_stash = 0 if q == 0 else want_flight
+        good = (s["sent_bytes_per_micro_batch"] == s["received_bytes_per_micro_batch"] == neighbours * boundary
+                == s["formula_sent_bytes_per_micro_batch"] and s["peak_in_flight"] == want_flight
+                and s["stash_slots"] == want_stash and (s["first_layer"], s["end_layer"]) == (2 * q, 2 * q + 2))
+        print(f"{schedule} stage {q}: blocks {s['first_layer']}..{s['end_layer'] - 1}, {s['peak_in_flight']} in flight "
+              f"(want {want_flight}), stash {s['stash_slots']}, sent {s['sent_bytes_per_micro_batch']:.0f} B per "
+              f"micro-batch (formula {neighbours * boundary})")
+        ok = ok and good
+    ok = ok and p["schedule"] == schedule and abs(p["ideal_bubble_fraction"] - 3 / 11) < 1e-12
+sys.exit(0 if ok else 1)
+EOF
+then echo "ok: boundary bytes equal the formula; 1F1B holds P - stage micro-batches, GPipe all 8"
+else echo "FAILED: pipeline figures"; fail=1; fi
+
+# ---- 3. Fast mode ----------------------------------------------------------------------------------
+common=(--log-level warn train --config "$config" --steps 12 --set strata.model="$model" --set strata.exact=false
+        --set train_micro_batch_size_per_gpu=2)
+for mode in bf16 clip; do
+  extra=(--set gradient_clipping=0 --set bf16.enabled=true)
+  [ "$mode" = clip ] && extra=(--set gradient_clipping=0.5)
+  run 1 1 1 4 1 $mode.p1.st "${extra[@]}" --summary-json $mode.p1.json
+  run 2 1 2 4 1 $mode.p2.st "${extra[@]}" --summary-json $mode.p2.json
+  if python3 - $mode.p1.json $mode.p2.json $mode <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+tol = 1e-2 if sys.argv[3] == "bf16" else 1e-4
+print(f"{sys.argv[3]}: loss {a['first_loss']:.5f} -> {a['last_loss']:.5f} (pipeline 1), "
+      f"{b['first_loss']:.5f} -> {b['last_loss']:.5f} (pipeline 2)")
+sys.exit(0 if abs(a["last_loss"] - b["last_loss"]) / a["last_loss"] < tol and b["last_loss"] < b["first_loss"] - 0.3 else 1)
+EOF
+  then echo "ok: $mode, pipeline 2 trains as pipeline 1"; else echo "FAILED: $mode losses"; fail=1; fi
+done
+
+# ---- 4. Bad input ----------------------------------------------------------------------------------
+refused() {  # description, expected text, ranks, arguments...
+  local what="$1" want="$2" np="$3"; shift 3
+  local launcher=()
+  [ "$np" -gt 1 ] && launcher=("${mpi[@]}" -np "$np")
+  if "${launcher[@]}" "$strata" "$@" > refused.txt 2>&1; then
+    echo "FAILED: $what was accepted"; fail=1
+  elif grep -qF -- "$want" refused.txt; then echo "ok: $what refused"
+  else cat refused.txt; echo "FAILED: $what: no '$want' in the message"; fail=1; fi
+}
+base=(train --config "$config" --steps 1 --set gradient_clipping=0)
+refused "a tied embedding across stages" "a tied embedding (the gpt2 arch ties its head to the embedding)" 2 \
+  "${base[@]}" --set strata.parallel.pipeline=2
+refused "pipeline_layers not summing to the layers" "strata.parallel.pipeline_layers = [3, 3] must give 2 stages" 2 \
+  "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set strata.parallel.pipeline_layers='[3, 3]'
+refused "a pipeline_layers entry of 0" "pipeline_layers: expected a list of positive layer counts" 1 \
+  "${base[@]}" --set strata.parallel.pipeline_layers='[0, 8]'
+refused "clipping in exact mode across stages" "gradient_clipping 1 in exact mode" 2 \
+  "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set gradient_clipping=1
+refused "checkpoints of a pipelined run" "checkpoints of a pipelined run" 2 \
+  "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set strata.checkpoint.dir='"ck"'
+refused "more stages than blocks" "each stage needs at least one layer" 2 \
+  "${base[@]}" --set strata.parallel.pipeline=2 --set strata.model='{"name": "tiny-llama", "n_layers": 1}'
+refused "estimate of a pipelined run" "planning pipeline stages (strata.parallel.pipeline > 1) is not built" 1 \
+  estimate --config "$config" --world 2 --set strata.model="$model" --set strata.parallel.pipeline=2 \
+  --set gradient_clipping=0
+exit $fail
