@@ -71,10 +71,26 @@ std::string checkpoint_dir_name(std::int64_t step);
 // "tensor_parallel": {"size", "slices"}. Such a checkpoint resumes with the same tensor ranks (any
 // number of data ranks) through load_checkpoint, or with other tensor ranks (none included)
 // through load_checkpoint_resliced.
+//
+// Pipeline parallelism (models/pipeline.h): a stage's engine holds some of its tensor rank's
+// groups; `stage_groups[g]` is the index of its group g among that tensor rank's `groups` groups
+// of the whole model. The checkpoint holds every stage's groups at those indices, so it is the
+// checkpoint an unpipelined run with the same tensor ranks writes: it resumes at any number of
+// stages (and data ranks) by the same indices, and across tensor ranks through the reslicer.
 struct CheckpointTensorParallel {
   int size = 1;
   int rank = 0;
   int slices = 1;
+  std::vector<std::size_t> stage_groups;  // empty: this rank holds all of its tensor rank's groups
+  std::size_t groups = 0;                 // with stage_groups: the tensor rank's groups in all
+
+  bool staged() const { return !stage_groups.empty(); }
+  // The checkpoint's index of this rank's group g, of `engine_groups` groups.
+  std::size_t index(std::size_t g, std::size_t engine_groups) const {
+    const std::size_t per_rank = staged() ? groups : engine_groups;
+    return static_cast<std::size_t>(rank) * per_rank + (staged() ? stage_groups[g] : g);
+  }
+  std::size_t groups_per_rank(std::size_t engine_groups) const { return staged() ? groups : engine_groups; }
 };
 
 struct CheckpointSaveOptions {

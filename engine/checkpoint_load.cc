@@ -41,15 +41,15 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
                               m.tensor_size, tensor.size, m.tensor_size));
   }
   const auto specs = engine.groups();
-  const std::size_t first = static_cast<std::size_t>(tensor.rank) * specs.size();  // engine/checkpoint.h
-  if (groups && m.groups.size() != specs.size() * static_cast<std::size_t>(tensor.size)) {
-    throw mismatch("groups", fmt::format("{} param groups", m.groups.size()),
-                   fmt::format("{}", specs.size() * static_cast<std::size_t>(tensor.size)));
+  const std::size_t all = tensor.groups_per_rank(specs.size()) * static_cast<std::size_t>(tensor.size);
+  if (groups && m.groups.size() != all) {
+    throw mismatch("groups", fmt::format("{} param groups", m.groups.size()), fmt::format("{}", all));
   }
   const std::string prefix = tensor.size > 1 ? fmt::format("tensor{}/", tensor.rank) : std::string();
   for (std::size_t g = 0; groups && g < specs.size(); ++g) {
-    const CheckpointGroup& G = m.groups[first + g];
-    const std::string where = fmt::format("groups[{}]", first + g);
+    const std::size_t i = tensor.index(g, specs.size());  // engine/checkpoint.h
+    const CheckpointGroup& G = m.groups[i];
+    const std::string where = fmt::format("groups[{}]", i);
     if (G.name != prefix + specs[g].name) throw mismatch(where + ".name", G.name, prefix + specs[g].name);
     if (G.tensors.size() != specs[g].tensors.size()) {
       throw mismatch(where + ".tensors", fmt::format("{} tensors", G.tensors.size()),
@@ -93,7 +93,9 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
   std::vector<std::string> changed;
   for (const auto& op : nlohmann::json::diff(m.config, config.raw)) {
     const std::string path = op.value("path", "");
-    const auto allowed = {"/strata/steps", "/strata/checkpoint", "/strata/metrics", "/strata/trace"};
+    // Pipeline stages leave the math alone (models/pipeline.h).
+    const auto allowed = {"/strata/steps", "/strata/checkpoint", "/strata/metrics", "/strata/trace",
+                          "/strata/parallel/pipeline", "/strata/parallel/schedule"};
     if (std::none_of(allowed.begin(), allowed.end(), [&](const char* p) { return path.rfind(p, 0) == 0; })) {
       changed.push_back(path);
     }
@@ -116,7 +118,8 @@ namespace {
 CheckpointManifest load(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
                         const std::string& model_name, const std::string& dir, const CheckpointTensorParallel& tensor,
                         const CheckpointReslicer* reslice) {
-  const std::size_t first = reslice != nullptr ? 0 : static_cast<std::size_t>(tensor.rank) * engine.groups().size();
+  const std::size_t n = engine.groups().size();
+  const auto index = [&](std::size_t g) { return reslice != nullptr ? g : tensor.index(g, n); };
   std::exception_ptr error;
   CheckpointManifest m;
   std::unique_ptr<CheckpointReader> reader;
@@ -134,7 +137,7 @@ CheckpointManifest load(ZeroEngine& engine, Communicator& world, const TrainConf
       std::set<std::string> verified;
       for (std::size_t g = 0; g < engine.groups().size(); ++g) {
         const StateRange r = engine.state_range(g);
-        for (const CheckpointFile* f : reader->files_covering(first + g, r.offset_elems, r.elems)) {
+        for (const CheckpointFile* f : reader->files_covering(index(g), r.offset_elems, r.elems)) {
           if (verified.insert(f->name).second) reader->verify_file(*f);
         }
       }
@@ -152,7 +155,7 @@ CheckpointManifest load(ZeroEngine& engine, Communicator& world, const TrainConf
     if (reslice != nullptr) {
       (*reslice)(*reader, g, a, ranges[g].offset_elems + begin, out);
     } else {
-      reader->read(first + g, a, ranges[g].offset_elems + begin, out);
+      reader->read(index(g), a, ranges[g].offset_elems + begin, out);
     }
   });
   engine.restore_counters(m.counters);

@@ -279,28 +279,39 @@ std::exception_ptr publish(const nlohmann::json& manifest, const SaveDirs& dirs,
   return nullptr;
 }
 
-// With tensor parallelism, rank 0 collects every rank's record of its tensor rank's param groups
-// (collective); tensor_groups_json then makes the manifest's groups of them on rank 0.
-nlohmann::json gather_tensor_groups(Communicator& world, ZeroEngine& engine, const CheckpointTensorParallel& tensor) {
+// Whether this run's ranks hold different groups (tensor ranks, pipeline stages): rank 0 then
+// gathers their groups for the manifest.
+bool split_groups(const CheckpointTensorParallel& tensor) { return tensor.size > 1 || tensor.staged(); }
+
+// With tensor or pipeline parallelism, rank 0 collects every rank's record of its param groups and
+// their checkpoint indices (collective); split_groups_json then makes the manifest's groups of them
+// on rank 0.
+nlohmann::json gather_split_groups(Communicator& world, ZeroEngine& engine, const CheckpointTensorParallel& tensor) {
+  const std::size_t n = engine.groups().size();
+  nlohmann::json index = nlohmann::json::array();
+  for (std::size_t g = 0; g < n; ++g) index.push_back(tensor.index(g, n));
+  const std::string prefix = tensor.size > 1 ? fmt::format("tensor{}/", tensor.rank) : std::string();
   const std::string record =
-      nlohmann::json{{"tensor_rank", tensor.rank},
-                     {"groups", groups_json(engine, fmt::format("tensor{}/", tensor.rank))}}
+      nlohmann::json{{"index", index}, {"count", tensor.groups_per_rank(n) * static_cast<std::size_t>(tensor.size)},
+                     {"groups", groups_json(engine, prefix)}}
           .dump();
   return gather_records(world, record);
 }
 
-// Every tensor rank's groups (each from the first rank of that tensor rank to report), in
-// tensor-rank order.
-nlohmann::json tensor_groups_json(const nlohmann::json& records, const CheckpointTensorParallel& tensor) {
-  std::vector<nlohmann::json> by_rank(static_cast<std::size_t>(tensor.size));
+// Every group at its index (engine/checkpoint.h), each from the first rank to report it.
+nlohmann::json split_groups_json(const nlohmann::json& records) {
+  STRATA_CHECK(!records.empty(), "no rank reported param groups");
+  std::vector<nlohmann::json> slots(records[0]["count"].get<std::size_t>());
   for (const auto& r : records) {
-    auto& slot = by_rank.at(r["tensor_rank"].get<std::size_t>());
-    if (slot.is_null()) slot = r["groups"];
+    for (std::size_t i = 0; i < r["index"].size(); ++i) {
+      auto& slot = slots.at(r["index"][i].get<std::size_t>());
+      if (slot.is_null()) slot = r["groups"][i];
+    }
   }
   nlohmann::json groups = nlohmann::json::array();
-  for (const auto& g : by_rank) {
-    STRATA_CHECK(!g.is_null(), "a tensor rank reported no param groups");
-    for (const auto& x : g) groups.push_back(x);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    STRATA_CHECK(!slots[i].is_null(), "no rank reported param group {} of {}", i, slots.size());
+    groups.push_back(slots[i]);
   }
   return groups;
 }
@@ -374,8 +385,8 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
       }
       if (!captured) writer->copy(engine);
       CheckpointFile file = writer->finish();
-      // With tensor parallelism, this tensor rank's groups follow the lower ranks' (engine/checkpoint.h).
-      for (CheckpointRange& r : file.ranges) r.group += static_cast<std::size_t>(options.tensor.rank) * engine.groups().size();
+      // With tensor or pipeline parallelism, the checkpoint's index of each group (engine/checkpoint.h).
+      for (CheckpointRange& r : file.ranges) r.group = options.tensor.index(r.group, engine.groups().size());
       record = file_record_json(file).dump();
     }
   } catch (const std::exception&) {
@@ -391,11 +402,11 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
 
   // 3. Rank 0 collects the records, writes the manifest and publishes the checkpoint.
   const nlohmann::json files = gather_records(world, record);
-  const nlohmann::json tensor_records =
-      options.tensor.size > 1 ? gather_tensor_groups(world, engine, options.tensor) : nullptr;
+  const nlohmann::json split_records =
+      split_groups(options.tensor) ? gather_split_groups(world, engine, options.tensor) : nullptr;
   if (rank == 0) {
     try {
-      const nlohmann::json groups = options.tensor.size > 1 ? tensor_groups_json(tensor_records, options.tensor) : nullptr;
+      const nlohmann::json groups = split_groups(options.tensor) ? split_groups_json(split_records) : nullptr;
       for (const auto& f : files) result.bytes += f["bytes"].get<std::uint64_t>();
       error = publish(manifest_json(engine, world, config, model_name, step, files, groups, options.tensor), dirs, name,
                       options, retention);

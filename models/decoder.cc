@@ -108,7 +108,9 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   ws->targets = static_cast<std::int32_t*>(cv.take(n * 4));
   // A pipeline stage's blocks only; a later stage's input is the caller's buffer (set per call).
   const std::int64_t l0 = ps.first_layer, l1 = ps.end_layer < 0 ? c.n_layers : ps.end_layer;
-  const bool head = ps.last();
+  // The head's buffers: on the last stage, and on the first when the embedding is tied across
+  // stages (Note [Tied embedding across stages] in models/pipeline.h).
+  const bool head = ps.last() || (ps.split() && ps.first() && c.arch == Architecture::Gpt2);
   ws->x.clear();
   for (std::int64_t l = l0; l <= l1; ++l) ws->x.push_back(l == l0 && !ps.first() ? nullptr : cv.take(n * C * e));
   ws->acts.clear();
@@ -181,7 +183,6 @@ Decoder::Decoder(ModelConfig config, DecoderOptions options)
                    (ps.size > 1 || (ps.first_layer == 0 && ps.end_layer == config_.n_layers)),
                "pipeline stage {} of {} over layers [{}, {}) of {}", ps.rank, ps.size, ps.first_layer, ps.end_layer,
                config_.n_layers);
-  check_pipeline(config_, ps.size, "the decoder's options");
   // The stage's groups: those of the logical groups on this stage (with tensor parallelism each
   // logical group's physical parts).
   std::vector<std::int64_t> bounds;
@@ -493,6 +494,12 @@ struct ModelPass {
   bool training;
   bool keep_all;  // every block keeps its activations (training without checkpointing)
   const PipelineStage& stage;  // its blocks [l0, l1); the embedding on the first stage, the head on the last
+  // Note [Tied embedding across stages] (models/pipeline.h): the last stage's copy of the tied
+  // embedding weights, and on the first stage, whether its backward recomputes the head's logits
+  // and their gradient (from ws.lnf_out, the last stage's) with this loss-gradient scale.
+  const void* tied_wte = nullptr;
+  bool recompute_tied_head = false;
+  float tied_grad_scale = 0;
   Stream* stream = ctx.stream;
   DType dt = c.dtype;
   std::int64_t n = batch * seq, C = c.d_model, V = c.vocab_size;
@@ -563,8 +570,9 @@ void ModelPass::run_head(float grad_scale) const {
   const GroupViews hw = provider.acquire_params(head, ParamPhase::Forward, stream);
   const bool tied = c.arch == Architecture::Gpt2;
   GroupViews ew;
-  if (tied) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
-  const void* head_w = tied ? ew[embedding_group::kWte] : hw[head_group::kLmHead];
+  const bool acquire_emb = tied && tied_wte == nullptr;
+  if (acquire_emb) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
+  const void* head_w = !tied ? hw[head_group::kLmHead] : acquire_emb ? ew[embedding_group::kWte] : tied_wte;
   void* x_final = ws.x.back();
   if (tied) {
     layernorm_forward(ctx, dt, x_final, hw[head_group::kNormW], hw[head_group::kNormB], ws.lnf_out, ws.lnf_mean,
@@ -601,7 +609,7 @@ void ModelPass::run_head(float grad_scale) const {
     }
     provider.grads_ready(head, stream);
   }
-  if (tied) provider.release_params(emb, stream);
+  if (acquire_emb) provider.release_params(emb, stream);
   provider.release_params(head, stream);
 }
 
@@ -621,6 +629,16 @@ void ModelPass::backward_blocks() const {
   if (!stage.first()) return;  // the input's gradient (ws.dres) goes to the previous stage
   const GroupViews w = provider.acquire_params(emb, ParamPhase::Backward, stream);
   const GroupViews g = provider.acquire_grads(emb, stream);
+  if (recompute_tied_head) {  // the same kernels on the same values as the last stage's: the same dlogits
+    const void* wte = w[embedding_group::kWte];
+    if (tp.sliced()) {
+      pass.logits(wte, sliced_head());
+      pass.cross_entropy(sliced_head(), true, tied_grad_scale);
+    } else {
+      linear_forward(ctx, dt, ws.lnf_out, C, wte, nullptr, ws.logits, V, batch, seq, C, V);
+      cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, ws.logits, n, V, V, tied_grad_scale);
+    }
+  }
   // Note [Tied embedding gradient order]: GPT-2's wte gets two contributions per sequence, from
   // the head (dlogits^T lnf_out; the logits buffer still holds dlogits) and from the lookup. They
   // are added sequence by sequence, head then lookup, so that any split into micro-batches adds
@@ -756,7 +774,7 @@ void Decoder::stage_forward(const DecoderRuntime& rt, ParamProvider& provider, c
 
 LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
                                 const std::int32_t* targets, std::int64_t batch, std::int64_t seq, float grad_scale,
-                                const void* x_in, void* grad) {
+                                const void* x_in, void* grad, const StageTied& tied) {
   check_stage_call(rt, "stage_backward");
   const PipelineStage& ps = options_.pipeline;
   const ModelConfig& c = config_;
@@ -764,22 +782,68 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
   const std::int64_t n = batch * seq;
   Workspace& ws = workspace(rt, batch, seq, /*training=*/true);
   Stream* stream = rt.ctx.stream;
+  const bool tied_split = tied_across_stages();
   if (ps.first()) copy_tokens(stream, ws.tokens, tokens, n);
-  if (ps.last()) copy_tokens(stream, ws.targets, targets, n);
+  if (ps.last() || (tied_split && ps.first())) copy_tokens(stream, ws.targets, targets, n);
   STRATA_CHECK(ps.first() == (x_in == nullptr) && grad != nullptr, "stage {} backward: input {}, gradient {}", ps.rank,
                x_in, grad);
+  STRATA_CHECK(!tied_split || (ps.first() ? tied.head_norm_in != nullptr
+                                          : !ps.last() || (tied.head_norm_out != nullptr && tied.wte != nullptr)),
+               "stage {} of a tied embedding across stages without its buffers", ps.rank);
   if (!ps.first()) ws.x.front() = const_cast<void*>(x_in);  // read only
   ws.dres = grad;
+  void* const own_lnf = ws.lnf_out;
+  if (tied_split && ps.first()) ws.lnf_out = const_cast<void*>(tied.head_norm_in);  // read only
   const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts}};
   ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
   const bool keep_all = options_.checkpointing == Checkpointing::Off;
-  const ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, keep_all, ps};
+  ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, keep_all, ps};
+  if (tied_split) {
+    m.tied_wte = ps.last() ? tied.wte : nullptr;
+    m.recompute_tied_head = ps.first();
+    m.tied_grad_scale = grad_scale;
+  }
   m.forward_blocks();
   if (ps.last()) m.run_head(grad_scale);
+  if (tied_split && ps.last()) {
+    stream->copy_d2d(tied.head_norm_out, ws.lnf_out, static_cast<std::size_t>(n * c.d_model) * dtype_bytes(c.dtype));
+  }
   m.backward_blocks();
   ws.dres = nullptr;
+  ws.lnf_out = own_lnf;
   if (!ps.first()) ws.x.front() = nullptr;
   return ps.last() ? sum_losses(stream, ws, targets, n) : LossSum{};
+}
+
+bool Decoder::tied_across_stages() const {
+  return options_.pipeline.split() && config_.arch == Architecture::Gpt2;
+}
+
+std::size_t Decoder::tied_embedding_elems() const {
+  const TensorParallel& tp = options_.tensor;
+  return static_cast<std::size_t>(vocab_rows(config_, tp.size, tp.rank).rows() * config_.d_model);
+}
+
+void Decoder::share_tied_embedding(const DecoderRuntime& rt, ParamProvider& provider, Stream* send_stream, void* copy) {
+  check_stage_call(rt, "share_tied_embedding");
+  const PipelineStage& ps = options_.pipeline;
+  STRATA_CHECK(tied_across_stages(), "share_tied_embedding without a tied embedding across stages");
+  Stream& compute = *rt.ctx.stream;
+  const std::size_t elems = tied_embedding_elems();
+  if (ps.last()) {
+    STRATA_CHECK(copy != nullptr, "the last stage needs a buffer for the tied embedding");
+    ps.comm->recv(copy, elems, config_.dtype, 0, compute);
+    return;
+  }
+  if (!ps.first()) return;
+  STRATA_CHECK(send_stream != nullptr, "the first stage needs a stream to send the tied embedding on");
+  ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
+  const GroupViews w = chain.top->acquire_params(layout_.embedding, ParamPhase::Forward, &compute);
+  auto ready = rt.device->create_event();
+  compute.record(*ready);
+  send_stream->wait(*ready);
+  ps.comm->send(w[embedding_group::kWte], elems, config_.dtype, ps.size - 1, *send_stream);
+  chain.top->release_params(layout_.embedding, send_stream);
 }
 
 LossSum accumulate_step_gradients(Decoder& decoder, const DecoderRuntime& rt, ParamProvider& provider,

@@ -73,6 +73,16 @@ struct LossSum {
   double mean() const { return tokens > 0 ? sum / static_cast<double>(tokens) : 0.0; }
 };
 
+// A tied embedding across pipeline stages (GPT-2, Note [Tied embedding across stages] in
+// models/pipeline.h): on the last stage the embedding weights' copy (`wte`) and where the final
+// norm's output goes (`head_norm_out`, [batch * seq, d_model]); on the first stage that output
+// (`head_norm_in`), from which it recomputes the head's logits and their gradient.
+struct StageTied {
+  const void* wte = nullptr;
+  void* head_norm_out = nullptr;
+  const void* head_norm_in = nullptr;
+};
+
 class Decoder {
  public:
   Decoder(ModelConfig config, DecoderOptions options);
@@ -101,9 +111,19 @@ class Decoder {
   // the head and the loss) and the gradient of its input on exit (not on the first stage, which ends
   // in the embedding). Gradients are added to the provider's as by forward_backward. Returns the
   // loss on the last stage (after waiting for the stream), zero elsewhere (without waiting).
+  // A tied embedding across stages needs `tied` (StageTied).
   LossSum stage_backward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
                          const std::int32_t* targets, std::int64_t batch, std::int64_t seq, float grad_scale,
-                         const void* x_in, void* grad);
+                         const void* x_in, void* grad, const StageTied& tied = {});
+  // Whether this is a stage of a pipeline that splits a tied embedding from its head.
+  bool tied_across_stages() const;
+  // Elements of this rank's slice of the tied embedding weights (the last stage's copy).
+  std::size_t tied_embedding_elems() const;
+  // The step's embedding weights to the last stage: the first stage sends them (on `send_stream`,
+  // after the compute stream's acquisition), the last receives them into `copy` on the compute
+  // stream; other stages do nothing (both pointers may be null there). Before the step's first
+  // backward.
+  void share_tied_embedding(const DecoderRuntime& rt, ParamProvider& provider, Stream* send_stream, void* copy);
 
   // Forward, loss and backward of one micro-batch of `batch` sequences of `seq` tokens (host int32
   // arrays [batch*seq]; a negative target is ignored). Gradients are added into the provider's

@@ -113,16 +113,6 @@ PipelineStage pipeline_stage(std::span<const std::int64_t> boundaries, int rank,
   return s;
 }
 
-void check_pipeline(const ModelConfig& model, int stages, const std::string& source) {
-  if (stages > 1 && model.arch == Architecture::Gpt2) {
-    throw ConfigError(fmt::format(
-        "{}: strata.parallel.pipeline = {} with model '{}': a tied embedding (the gpt2 arch ties its head to the "
-        "embedding) split across the first and last stage is not built yet; use a llama-arch model (untied head) or "
-        "set strata.parallel.pipeline to 1",
-        source, stages, model.name));
-  }
-}
-
 std::vector<PipelineOp> pipeline_schedule(PipelineSchedule schedule, int stages, int rank, int micro_batches) {
   STRATA_CHECK(stages >= 1 && rank >= 0 && rank < stages && micro_batches >= 1, "schedule of stage {} of {}, {} micro-batches",
                rank, stages, micro_batches);

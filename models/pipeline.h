@@ -28,10 +28,23 @@
 // ZeRO stages 0-3 and offload run on the data axis of every stage (each stage's engine holds its
 // groups only); the step's gradient norm is summed over the stages (ZeroEngine::set_pipeline_group).
 //
-// Not built yet: a tied embedding (GPT-2) split across the first and last stage (their gradient
-// contributions are interleaved per sequence, Note [Tied embedding gradient order]; the Megatron
-// way, two copies summed once per step, changes the single-rank order), checkpoints of a pipelined
-// run, planning it in estimate and simulate, keeping whole activations instead of recomputing.
+// Note [Tied embedding across stages]: GPT-2's head is the embedding's weight, and the single-rank
+// run adds that weight's two gradient contributions sequence by sequence, head then lookup (Note
+// [Tied embedding gradient order] in models/decoder.cc). Megatron keeps a copy on the last stage and
+// all-reduces the two copies' gradients once per step, which adds them in another order. Here the
+// first stage owns the weight (its engine holds the embedding group; the norm counts it once) and
+// sends it to the last stage at the start of each step (vocabulary x d_model values, the volume of
+// Megatron's all-reduce), which computes the logits and the loss with it. The last stage sends its
+// final norm's output of each micro-batch (a boundary's batch x seq x d_model values) back to the
+// first stage, whose backward recomputes the logits and their gradient from it (the same kernels
+// on the same values: the same bits) and adds the head's and the lookup's contributions in the
+// single-rank order. The price is one more head forward per micro-batch on the first stage.
+//
+// Checkpoints hold every stage's groups where an unpipelined run keeps them (engine/checkpoint.h),
+// so they resume across a change of stages.
+//
+// Not built yet: planning a pipelined run in estimate and simulate, keeping whole activations
+// instead of recomputing them.
 #pragma once
 
 #include <cstddef>
@@ -74,9 +87,6 @@ std::vector<std::int64_t> pipeline_boundaries(const ModelConfig& model, int stag
 std::vector<std::int64_t> pipeline_stage_params(const ModelConfig& model, std::span<const std::int64_t> boundaries);
 // Stage `rank` of `boundaries`.
 PipelineStage pipeline_stage(std::span<const std::int64_t> boundaries, int rank, Communicator* comm);
-// ConfigError naming `source` and the key when `model` cannot be split into `stages` stages by this
-// version (a tied embedding across stages).
-void check_pipeline(const ModelConfig& model, int stages, const std::string& source);
 
 // One unit of a stage's work: the forward or the backward of micro-batch `micro`.
 struct PipelineOp {

@@ -49,14 +49,27 @@ std::size_t boundary_elems_of(std::int64_t batch, std::int64_t seq, const ModelC
 }  // namespace
 
 std::size_t PipelineRunner::buffer_bytes(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches,
-                                         std::int64_t batch, std::int64_t seq, const ModelConfig& model) {
+                                         std::int64_t batch, std::int64_t seq, const ModelConfig& model,
+                                         std::size_t tied_elems) {
   if (!stage.split()) return 0;
   const std::size_t b = boundary_elems_of(batch, seq, model) * dtype_bytes(model.dtype);
   const auto stash = stage.first() ? 0
                                    : static_cast<std::size_t>(pipeline_in_flight(
                                          pipeline_schedule(schedule, stage.size, stage.rank, micro_batches)));
-  const std::size_t rings = (stage.last() ? 0 : 2) + 2;
-  return (stash + rings) * b;
+  std::size_t buffers = (stage.last() ? 0 : 2) + 2;
+  std::size_t tied = 0;
+  if (tied_elems > 0 && stage.first()) buffers += 1;
+  if (tied_elems > 0 && stage.last()) {
+    buffers += 2;
+    tied = tied_elems * dtype_bytes(model.dtype);
+  }
+  return (stash + buffers) * b + tied;
+}
+
+Stream& PipelineRunner::sender(int peer) {
+  std::unique_ptr<Stream>& s = senders_[peer];
+  if (!s) s = rt_.device->create_stream(fmt::format("pipeline sends to stage {}", peer));
+  return *s;
 }
 
 PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const PipelineStage& stage,
@@ -74,21 +87,24 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
   if (!stage_.first()) {
     const int slots = pipeline_in_flight(ops_);
     for (int i = 0; i < slots; ++i) stash_.push_back(device.allocate(boundary_bytes_, "pipeline stash"));
-    to_prev_ = device.create_stream("pipeline send to previous stage");
   }
-  if (!stage_.last()) {
-    out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage output");
-    to_next_ = device.create_stream("pipeline send to next stage");
-  }
+  if (!stage_.last()) out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage output");
   grad_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage gradient");
+  tied_ = decoder.tied_across_stages();
+  if (tied_ && stage_.first()) norm_in_ = device.allocate(boundary_bytes_, "pipeline tied head input");
+  if (tied_ && stage_.last()) {
+    tied_wte_ = device.allocate(decoder.tied_embedding_elems() * dtype_bytes(dtype_), "pipeline tied embedding");
+    norm_out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline tied head output");
+  }
   tokens_.assign(static_cast<std::size_t>(micro_batches), std::vector<std::int32_t>(static_cast<std::size_t>(batch * seq)));
   targets_ = tokens_;
 }
 
 PipelineRunner::~PipelineRunner() {
   // Nothing may still read or write the buffers: drain the streams (errors were reported by run_step).
-  for (Stream* s : {rt_.ctx.stream, to_next_.get(), to_prev_.get()}) {
-    if (s == nullptr) continue;
+  std::vector<Stream*> streams{rt_.ctx.stream};
+  for (auto& [peer, s] : senders_) streams.push_back(s.get());
+  for (Stream* s : streams) {
     try {
       s->synchronize();
     } catch (...) {  // NOLINT(bugprone-empty-catch): the step that failed has thrown already
@@ -97,7 +113,9 @@ PipelineRunner::~PipelineRunner() {
 }
 
 std::size_t PipelineRunner::buffer_bytes() const {
-  return (stash_.size() + (out_ ? out_->slots.size() : 0) + grad_->slots.size()) * boundary_bytes_;
+  const std::size_t buffers = stash_.size() + (out_ ? out_->slots.size() : 0) + grad_->slots.size() +
+                              (norm_out_ ? norm_out_->slots.size() : 0) + (norm_in_.empty() ? 0 : 1);
+  return buffers * boundary_bytes_ + tied_wte_.size_bytes();
 }
 
 void PipelineRunner::forward(ParamProvider& provider, int a) {
@@ -119,10 +137,11 @@ void PipelineRunner::forward(ParamProvider& provider, int a) {
   Ring::Slot& out = out_->take(compute);
   decoder_.stage_forward(rt_, provider, tokens_[static_cast<std::size_t>(a)].data(), batch_, seq_, x_in,
                          out.memory.data());
+  Stream& to_next = sender(stage_.rank + 1);
   compute.record(*out.ready);
-  to_next_->wait(*out.ready);
-  stage_.comm->send(out.memory.data(), boundary_elems_, dtype_, stage_.rank + 1, *to_next_);
-  to_next_->record(*out.sent);
+  to_next.wait(*out.ready);
+  stage_.comm->send(out.memory.data(), boundary_elems_, dtype_, stage_.rank + 1, to_next);
+  to_next.record(*out.sent);
   out.in_flight = true;
   stats_.sent_bytes += boundary_bytes_;
 }
@@ -136,18 +155,35 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
     stats_.received_bytes += boundary_bytes_;
   }
   const void* x_in = stage_.first() ? nullptr : stash_[static_cast<std::size_t>(stash_of_[i])].data();
+  StageTied tied;
+  Ring::Slot* norm_out = nullptr;
+  if (tied_ && stage_.first()) {  // after the gradient from stage 1: the last stage sends in that order
+    stage_.comm->recv(norm_in_.data(), boundary_elems_, dtype_, stage_.size - 1, compute);
+    stats_.received_bytes += boundary_bytes_;
+    tied.head_norm_in = norm_in_.data();
+  }
+  if (tied_ && stage_.last()) {
+    norm_out = &norm_out_->take(compute);
+    tied.wte = tied_wte_.data();
+    tied.head_norm_out = norm_out->memory.data();
+  }
   const LossSum loss = decoder_.stage_backward(rt_, provider, tokens_[i].data(), targets_[i].data(), batch_, seq_,
-                                               grad_scale, x_in, g.memory.data());
-  if (!stage_.first()) {
-    compute.record(*g.ready);
-    to_prev_->wait(*g.ready);
-    stage_.comm->send(g.memory.data(), boundary_elems_, dtype_, stage_.rank - 1, *to_prev_);
-    to_prev_->record(*g.sent);
-    g.in_flight = true;
+                                               grad_scale, x_in, g.memory.data(), tied);
+  const auto send = [&](Ring::Slot& slot, int peer) {
+    Stream& to = sender(peer);
+    compute.record(*slot.ready);
+    to.wait(*slot.ready);
+    stage_.comm->send(slot.memory.data(), boundary_elems_, dtype_, peer, to);
+    to.record(*slot.sent);
+    slot.in_flight = true;
     stats_.sent_bytes += boundary_bytes_;
+  };
+  if (!stage_.first()) {
+    send(g, stage_.rank - 1);
     free_slots_.push_back(stash_of_[i]);  // reused by a later receive on the compute stream
     stash_of_[i] = -1;
   }
+  if (norm_out != nullptr) send(*norm_out, 0);
   --live_;
   return loss;
 }
@@ -162,6 +198,13 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
   free_slots_.clear();
   for (int s = static_cast<int>(stash_.size()) - 1; s >= 0; --s) free_slots_.push_back(s);
   std::vector<LossSum> losses(m);
+  if (tied_) {  // Note [Tied embedding across stages]: this step's embedding weights to the last stage
+    decoder_.share_tied_embedding(rt_, provider, stage_.first() ? &sender(stage_.size - 1) : nullptr,
+                                  tied_wte_.data());
+    const std::uint64_t bytes = decoder_.tied_embedding_elems() * dtype_bytes(dtype_);
+    if (stage_.first()) stats_.sent_bytes += bytes;
+    if (stage_.last()) stats_.received_bytes += bytes;
+  }
   for (const PipelineOp& op : ops_) {
     if (op.forward) {
       forward(provider, op.micro);
@@ -173,9 +216,7 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
     // As a whole-model micro-batch does: the host does not run ahead of the stage's compute.
     rt_.ctx.stream->synchronize();
   }
-  for (Stream* s : {to_next_.get(), to_prev_.get()}) {
-    if (s != nullptr) s->synchronize();
-  }
+  for (auto& [peer, s] : senders_) s->synchronize();
   return losses;
 }
 

@@ -1,17 +1,19 @@
 // One pipeline stage's share of an optimizer step (models/pipeline.h): the stage's schedule of
 // forwards and backwards, the point-to-point sends and receives at its boundaries, and its stash.
 //
-// Everything runs on the decoder's compute stream except the sends, which go on a stream per
-// direction (to the next stage, to the previous one) after an event: a send completes only when the
-// peer receives, so a stage's compute never waits on its own sends, and each direction's sends
-// leave in the order the peer receives them (both follow the micro-batch order). Receives are on
-// the compute stream, right before the work that needs them. The stage's output and gradient
-// buffers are rings of two; a buffer is reused after the event of its previous send.
+// Everything runs on the decoder's compute stream except the sends, which go on a stream per peer
+// (the next stage, the previous one; with a tied embedding across stages also between the first
+// and the last) after an event: a send completes only when the peer receives, so a stage's compute
+// never waits on its own sends, and the sends to a peer leave in the order the peer receives them
+// (all follow the micro-batch order; two streams to one peer could interleave their messages).
+// Receives are on the compute stream, right before the work that needs them. The stage's output
+// and gradient buffers are rings of two; a buffer is reused after the event of its previous send.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -53,9 +55,11 @@ class PipelineRunner {
   std::size_t boundary_bytes() const { return boundary_bytes_; }
   std::size_t buffer_bytes() const;
   const PipelineStepStats& last_step() const { return stats_; }
-  // Device bytes the runner of this shape allocates (for the plan, before building it).
+  // Device bytes the runner of this shape allocates (for the plan, before building it);
+  // `tied_elems` is Decoder::tied_embedding_elems() for a tied embedding across stages, else 0.
   static std::size_t buffer_bytes(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches,
-                                  std::int64_t batch, std::int64_t seq, const ModelConfig& model);
+                                  std::int64_t batch, std::int64_t seq, const ModelConfig& model,
+                                  std::size_t tied_elems);
 
  private:
   struct Ring;
@@ -72,8 +76,15 @@ class PipelineRunner {
   std::vector<DeviceMemory> stash_;
   std::vector<int> stash_of_;   // micro-batch -> stash slot (-1: none)
   std::vector<int> free_slots_;
+  Stream& sender(int peer);  // the stream of every send to `peer`, in order (one per neighbour)
+
   std::unique_ptr<Ring> out_, grad_;
-  std::unique_ptr<Stream> to_next_, to_prev_;
+  std::map<int, std::unique_ptr<Stream>> senders_;
+  // A tied embedding across stages: the last stage's copy of the weights and its final norm's
+  // outputs (sent to the first stage), the first stage's receive buffer for them.
+  bool tied_ = false;
+  DeviceMemory tied_wte_, norm_in_;
+  std::unique_ptr<Ring> norm_out_;
   std::vector<std::vector<std::int32_t>> tokens_, targets_;
   PipelineStepStats stats_;
   int live_ = 0;

@@ -296,7 +296,8 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
   const std::uint64_t activation_bytes =
       decoder.activation_bytes(micro, seq, /*training=*/true) +
       models::PipelineRunner::buffer_bytes(stage, cfg.strata.parallel.schedule, cfg.gradient_accumulation_steps, micro,
-                                           seq, decoder.config());
+                                           seq, decoder.config(),
+                                           decoder.tied_across_stages() ? decoder.tied_embedding_elems() : 0);
   // Every rank plans with rank 0's view of host memory, so "auto" places the same chunks on every
   // rank and a refusal is the same everywhere.
   HostFacts host = measure_host(node_ranks, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);
@@ -533,9 +534,12 @@ void tensor_summary(TrainSummary& summary, const CollectiveCounts& counts, const
 }
 
 // The pipeline stages' figures (collective over the pipeline group; rank 0 keeps them).
-void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const models::ModelConfig& model,
+void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const models::Decoder& decoder,
                       const models::PipelineStage& stage, const models::PipelineRunner& runner,
                       const CollectiveCounts& counts, std::int64_t micro_batches) {
+  const models::ModelConfig& model = decoder.config();
+  const bool tied = decoder.tied_across_stages();
+  const std::size_t tied_bytes = tied ? decoder.tied_embedding_elems() * dtype_bytes(model.dtype) : 0;
   const std::vector<std::int64_t> b =
       models::pipeline_boundaries(model, stage.size, cfg.strata.parallel.pipeline_layers, cfg.source);
   const std::vector<std::int64_t> params = models::pipeline_stage_params(model, b);
@@ -561,9 +565,15 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
     f.peak_device_bytes = static_cast<std::uint64_t>(v[3]);
     f.sent_bytes = v[4];
     f.received_bytes = v[5];
-    const std::uint64_t boundary = runner.boundary_bytes();
+    const auto boundary = static_cast<double>(runner.boundary_bytes());
     const int neighbours = (q > 0 ? 1 : 0) + (q + 1 < stage.size ? 1 : 0);
-    f.formula_sent_bytes = f.formula_received_bytes = boundary * static_cast<std::uint64_t>(neighbours);
+    f.formula_sent_bytes = f.formula_received_bytes = boundary * neighbours;
+    if (tied) {
+      const double weights = static_cast<double>(tied_bytes) / cfg.gradient_accumulation_steps;
+      const bool first = q == 0, last = q + 1 == stage.size;
+      f.formula_sent_bytes += (first ? weights : 0) + (last ? boundary : 0);
+      f.formula_received_bytes += (first ? boundary : 0) + (last ? weights : 0);
+    }
     summary.stages.push_back(f);
   }
 }
@@ -685,9 +695,25 @@ TrainSummary run_training(const TrainOptions& options) {
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;
   checkpoints.capture = options.capture_checkpoints;
-  checkpoints.tensor = CheckpointTensorParallel{tp.size, tp.rank, tp.slices};
+  checkpoints.tensor.size = tp.size;
+  checkpoints.tensor.rank = tp.rank;
+  checkpoints.tensor.slices = tp.slices;
+  if (stage.split()) {  // a stage's groups sit at their places among the whole model's (engine/checkpoint.h)
+    checkpoints.tensor.stage_groups = stage_groups;
+    checkpoints.tensor.groups = decoder.layout().groups.size();
+  }
+  // The tensor layout of this stage's groups, for a reslicer (tensor parallelism: no tiles).
+  models::TensorParallelLayout stage_tp_layout = tp_layout;
+  if (tp.size > 1) {
+    stage_tp_layout.whole.clear();
+    stage_tp_layout.slices.clear();
+    for (std::size_t g : stage_groups) {
+      stage_tp_layout.whole.push_back(tp_layout.whole.at(g));
+      stage_tp_layout.slices.push_back(tp_layout.slices.at(g));
+    }
+  }
   checkpoints.make_reslicer = [&](const CheckpointManifest& saved) -> CheckpointReslicer {
-    auto reslicer = std::make_shared<TensorReslicer>(saved, model, groups, tp.size > 1 ? &tp_layout : nullptr);
+    auto reslicer = std::make_shared<TensorReslicer>(saved, model, groups, tp.size > 1 ? &stage_tp_layout : nullptr);
     return [reslicer](CheckpointReader& reader, std::size_t g, int a, std::size_t offset, std::span<float> out) {
       (*reslicer)(reader, g, a, offset, out);
     };
@@ -732,7 +758,7 @@ TrainSummary run_training(const TrainOptions& options) {
   tensor_summary(summary, *tensor_counts, models::tensor_parallel_traffic(model, tp, micro * seq, true, checkpointing),
                  tp.size, (summary.steps - first_step) * accumulation);
   if (pipeline) {
-    pipeline_summary(summary, cfg, model, stage, *pipeline, *pipeline_counts, (summary.steps - first_step) * accumulation);
+    pipeline_summary(summary, cfg, decoder, stage, *pipeline, *pipeline_counts, (summary.steps - first_step) * accumulation);
   }
   stream->synchronize();
   if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {

@@ -83,13 +83,16 @@ struct TrainSummary {
   // replica): its blocks and parameters, the most micro-batches in flight (GPipe: all of them;
   // 1F1B: P - stage), the device bytes of its stash and boundary buffers, its peak device memory,
   // and the bytes it sent and received per micro-batch (counted at the communicator) beside the
-  // formula (batch x seq x d_model values to each neighbouring stage and from it).
+  // formula: batch x seq x d_model values to each neighbouring stage and from it; with a tied
+  // embedding across stages (Note [Tied embedding across stages]) one more such boundary from the
+  // last stage to the first, and the embedding's vocabulary x d_model values from the first to the
+  // last once per step (a 1/A share of it per micro-batch).
   struct PipelineStageFigures {
     std::int64_t first_layer = 0, end_layer = 0, parameters = 0;
     int peak_in_flight = 0, stash_slots = 0;
     std::uint64_t buffer_bytes = 0, peak_device_bytes = 0;
     double sent_bytes = 0, received_bytes = 0;
-    std::uint64_t formula_sent_bytes = 0, formula_received_bytes = 0;
+    double formula_sent_bytes = 0, formula_received_bytes = 0;
   };
   int pipeline_stages = 1;
   std::string pipeline_schedule;
@@ -108,8 +111,8 @@ models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpoi
 // strata.parallel (engine/parallel_layout.h): the world must factor into data x tensor x pipeline
 // and the model's shape must split that way, before any work. Tensor parallelism runs with the
 // limits of models/tensor_parallel.h (no tiling beside it yet, no clipping in exact mode), pipeline
-// parallelism with those of models/pipeline.h (no tied embedding, no clipping in exact mode, no
-// checkpoints yet), each refused saying so. Throws ConfigError.
+// parallelism with those of models/pipeline.h (no clipping in exact mode), each refused saying so.
+// Throws ConfigError.
 ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world);
 
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.

@@ -16,7 +16,6 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
   models::check_parallel_shape(model, layout.tensor(), layout.pipeline(), cfg.source);
   const int P = layout.pipeline();
   if (P > 1) {
-    models::check_pipeline(model, P, cfg.source);
     models::pipeline_boundaries(model, P, cfg.strata.parallel.pipeline_layers, cfg.source);
     const auto refuse = [&](const std::string& what, const std::string& fix) {
       throw ConfigError(fmt::format("{}: {} with strata.parallel.pipeline = {} is not built yet; {}", cfg.source, what, P,
@@ -27,10 +26,6 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
       refuse(fmt::format("gradient_clipping {} in exact mode (a norm whose bits do not depend on P)",
                          cfg.gradient_clipping),
              "set gradient_clipping to 0 or strata.exact to false");
-    }
-    if (!cfg.strata.checkpoint.dir.empty()) {
-      refuse(fmt::format("strata.checkpoint.dir '{}' (checkpoints of a pipelined run)", cfg.strata.checkpoint.dir),
-             "drop strata.checkpoint.dir (and --resume) or set strata.parallel.pipeline to 1");
     }
   } else if (!cfg.strata.parallel.pipeline_layers.empty()) {
     models::pipeline_boundaries(model, 1, cfg.strata.parallel.pipeline_layers, cfg.source);

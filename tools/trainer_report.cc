@@ -261,11 +261,13 @@ void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& 
   for (std::size_t p = 0; p < summary.stages.size(); ++p) {
     const TrainSummary::PipelineStageFigures& f = summary.stages[p];
     spdlog::info("pipeline stage {} (blocks {}..{}, {:.3g}M parameters): at most {} micro-batches in flight, stash and "
-                 "boundary buffers {}, peak device memory {}; per micro-batch sent {} and received {} (formula {} each)",
+                 "boundary buffers {}, peak device memory {}; per micro-batch sent {} and received {} (formula {} and {})",
                  p, f.first_layer, f.end_layer - 1, static_cast<double>(f.parameters) / 1e6, f.peak_in_flight,
                  format_bytes(f.buffer_bytes), format_bytes(f.peak_device_bytes),
                  format_bytes(static_cast<std::uint64_t>(f.sent_bytes)),
-                 format_bytes(static_cast<std::uint64_t>(f.received_bytes)), format_bytes(f.formula_sent_bytes));
+                 format_bytes(static_cast<std::uint64_t>(f.received_bytes)),
+                 format_bytes(static_cast<std::uint64_t>(f.formula_sent_bytes)),
+                 format_bytes(static_cast<std::uint64_t>(f.formula_received_bytes)));
   }
   spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
                summary.first_loss, summary.last_loss, summary.tokens_per_second,

@@ -1,6 +1,7 @@
 // models/pipeline.h: the stages' block ranges (balanced by parameters, or given), the GPipe and 1F1B
 // schedules (every micro-batch's forward before its backward, backwards ascending, the in-flight
-// bound of each), the groups each stage holds, and the refusals. The stages' arithmetic is tested
+// bound of each), the groups each stage holds (a tied embedding with the first stage), and the
+// refusals. The stages' arithmetic is tested
 // end to end under mpirun (tests/tools/train_pipeline_parallel_test.sh).
 #include <gtest/gtest.h>
 
@@ -127,18 +128,26 @@ TEST(Pipeline, EachGroupBelongsToTheStageOfItsBlocks) {
   EXPECT_LT(stage1.activation_bytes(1, 32, true), Decoder(m, DecoderOptions{}).activation_bytes(1, 32, true));
 }
 
-TEST(Pipeline, ATiedEmbeddingAcrossStagesIsRefused) {
-  const ModelConfig gpt = model_config_by_name("tiny");
-  EXPECT_NO_THROW(check_pipeline(gpt, 1, "run.json"));
-  try {
-    check_pipeline(gpt, 2, "run.json");
-    FAIL() << "accepted";
-  } catch (const ConfigError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("run.json: strata.parallel.pipeline = 2 with model 'tiny': a tied embedding"), std::string::npos) << m;
-    EXPECT_NE(m.find("use a llama-arch model"), std::string::npos) << m;
+TEST(Pipeline, ATiedEmbeddingStaysWithTheFirstStage) {
+  // Note [Tied embedding across stages]: the first stage holds the embedding (and the head's
+  // buffers, to recompute the logits), the last stage the final norm only.
+  const ModelConfig gpt = model_config_by_name("tiny");  // 2 layers, vocabulary 256, d_model 32
+  const std::vector<std::int64_t> bounds{0, 1, 2};
+  std::vector<std::vector<std::string>> names(2);
+  for (int p = 0; p < 2; ++p) {
+    DecoderOptions opt;
+    opt.pipeline = pipeline_stage(bounds, p, nullptr);
+    const Decoder d(gpt, opt);
+    EXPECT_TRUE(d.tied_across_stages());
+    EXPECT_EQ(d.tied_embedding_elems(), 256u * 32u);
+    for (const auto& g : d.param_groups()) names[static_cast<std::size_t>(p)].push_back(g.name);
   }
-  EXPECT_NO_THROW(check_pipeline(llama(4, 256), 4, "run.json"));
+  EXPECT_EQ(names[0], (std::vector<std::string>{"embedding", "blocks.0"}));
+  EXPECT_EQ(names[1], (std::vector<std::string>{"blocks.1", "head"}));
+  EXPECT_FALSE(Decoder(gpt, DecoderOptions{}).tied_across_stages());
+  DecoderOptions untied;
+  untied.pipeline = pipeline_stage(bounds, 0, nullptr);
+  EXPECT_FALSE(Decoder(llama(2, 256), untied).tied_across_stages());
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (strata.parallel.pipeline, models/pipeline.h) end to end under mpirun.
 # 1. Exact mode, the master test: factorizations of 1, 2, 4 and 8 ranks into data x tensor x
-#    pipeline, both schedules, ZeRO stages 0-3, the optimizer state on NVMe, activation checkpointing
-#    and explicit stage sizes, write weights byte-identical to the single-rank run.
+#    pipeline, both schedules, ZeRO stages 0-3, the optimizer state on NVMe, activation checkpointing,
+#    explicit stage sizes and GPT-2's embedding tied across the first and last stage, write weights
+#    byte-identical to the single-rank run; so do checkpoints resumed across a change of stages,
+#    tensor and data ranks.
 # 2. What train reports against the formulas: bytes sent and received per micro-batch at each stage
-#    boundary (batch x seq x d_model values each way), the micro-batches in flight per stage (GPipe:
-#    all of them; 1F1B: P - stage) and the balanced split.
+#    boundary (batch x seq x d_model values each way, and the tied embedding's traffic), the
+#    micro-batches in flight per stage (GPipe: all of them; 1F1B: P - stage) and the balanced split.
 # 3. Fast mode (bf16, clipping): P = 2 follows P = 1.
 # 4. Bad input: one message naming the key, before any work.
 # Usage: train_pipeline_parallel_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
@@ -52,10 +54,54 @@ run 8 1 8 8 1 p8.st
 compare ref.st p8.st "pipeline 8 (one block per stage), stage 1 = one rank"
 run 8 1 4 4 0 d2p4.st "${gpipe[@]}" --set strata.parallel.pipeline_layers='[1, 3, 3, 1]'
 compare ref.st d2p4.st "data 2 x pipeline 4 of 1, 3, 3 and 1 blocks (GPipe), stage 0 = one rank"
+run 1 1 1 8 0 untiled.st --set strata.parallel.tensor_slices=1
+run 2 1 2 8 1 tiled.p2.st --set strata.parallel.tensor_slices=1 --set 'strata.tiling={"default": 4}' \
+  --set strata.device.memory='"512MiB"'
+compare untiled.st tiled.p2.st "pipeline 2 with every block tiled in 4 = one rank untiled"
 # The optimizer state on NVMe and the parameters on the host, per stage (every rank its own swap file).
 run 4 1 2 4 3 off.st --set zero_optimization.offload_optimizer.device='"nvme"' \
   --set zero_optimization.offload_optimizer.nvme_path='"nvme"' --set zero_optimization.offload_param.device='"cpu"'
 compare ref.st off.st "data 2 x pipeline 2, stage 3, state on NVMe, weights on host = one rank"
+
+# GPT-2: the head tied to the embedding across the first and last stage (Note [Tied embedding
+# across stages]): the built-in 2-block tiny model and a 4-block one.
+common=(--log-level warn train --config "$config" --set strata.steps=6 --set gradient_clipping=0
+        --set train_micro_batch_size_per_gpu=1 --set strata.parallel.tensor_slices=2)
+run 1 1 1 4 0 tiny.ref.st
+run 2 1 2 4 1 tiny.p2.st "${gpipe[@]}"
+compare tiny.ref.st tiny.p2.st "GPT-2 tiny (tied): pipeline 2 (GPipe), stage 1 = one rank"
+g4='{"name": "g4", "arch": "gpt2", "vocab_size": 256, "max_seq_len": 64, "n_layers": 4, "d_model": 32, "n_heads": 4, "ffn_hidden": 128}'
+common+=(--set strata.model="$g4")
+run 1 1 1 8 0 g4.ref.st
+run 4 1 4 8 3 g4.p4.st --summary-json g4p4.json
+compare g4.ref.st g4.p4.st "GPT-2 of 4 blocks (tied): pipeline 4, stage 3 = one rank"
+run 8 2 2 4 2 g4.d2t2p2.st
+compare g4.ref.st g4.d2t2p2.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pipeline 2, stage 2 = one rank"
+
+# Checkpoints of a pipelined run hold every stage's groups where an unpipelined run keeps them
+# (engine/checkpoint.h): 4 steps at pipeline 2 (the optimizer state on NVMe, captured during the
+# step) resume for 4 more at pipeline 1, at pipeline 4 and, resliced, at tensor 2; a checkpoint of
+# one rank resumes at data 2 x tensor 2 x pipeline 2; all equal 8 steps straight. `ckpt export` of a
+# pipelined checkpoint is the --save-weights file.
+common=(--log-level warn train --config "$config" --set strata.model="$model" --set gradient_clipping=0
+        --set train_micro_batch_size_per_gpu=1 --set strata.parallel.tensor_slices=2)
+run 1 1 1 8 0 ck.ref.st --steps 8
+run 2 1 2 8 1 ck.first.st --steps 4 --set strata.checkpoint.dir='"ck"' \
+  --set zero_optimization.offload_optimizer.device='"nvme"' --set zero_optimization.offload_optimizer.nvme_path='"nvme"'
+cp -r ck ckb; cp -r ck ckc
+run 1 1 1 8 0 ck.to1.st --steps 8 --set strata.checkpoint.dir='"ck"' --resume ck
+compare ck.ref.st ck.to1.st "checkpoint at pipeline 2 (NVMe), resumed at one rank = 8 steps straight"
+run 4 1 4 8 2 ck.to4.st --steps 8 --set strata.checkpoint.dir='"ckb"' --resume ckb
+compare ck.ref.st ck.to4.st "checkpoint at pipeline 2, resumed at pipeline 4 = 8 steps straight"
+run 2 2 1 8 1 ck.tot2.st --steps 8 --set strata.checkpoint.dir='"ckc"' --resume ckc
+compare ck.ref.st ck.tot2.st "checkpoint at pipeline 2, resumed at tensor 2 (resliced) = 8 steps straight"
+run 1 1 1 8 0 ck1.first.st --steps 4 --set strata.checkpoint.dir='"ck1"'
+run 8 2 2 4 2 ck1.to222.st --steps 8 --set strata.checkpoint.dir='"ck1"' --resume ck1
+compare ck.ref.st ck1.to222.st "checkpoint of one rank, resumed at data 2 x tensor 2 x pipeline 2 = 8 steps straight"
+"$strata" ckpt verify ck1 > verify.txt 2>&1 && echo "ok: ckpt verify of a pipelined checkpoint" ||
+  { cat verify.txt; echo "FAILED: ckpt verify"; fail=1; }
+"$strata" ckpt export ck1 ck1.exported.st > /dev/null
+compare ck1.to222.st ck1.exported.st "ckpt export of a data x tensor x pipeline checkpoint = --save-weights"
 
 # Activation checkpointing inside the stages and 2-sequence micro-batches.
 ckmodel='{"name": "pck", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 4, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 96, "checkpoint_activations": true}'
@@ -66,9 +112,20 @@ run 4 1 4 4 1 ck.p4.st
 compare ck.ref.st ck.p4.st "checkpointed LLaMA, 2-sequence micro-batches: pipeline 4 = one rank"
 
 # ---- 2. Against the formulas -----------------------------------------------------------------------
-if python3 - p4.json p4g.json <<'EOF'
+if python3 - p4.json p4g.json g4p4.json <<'EOF'
 import json, sys
 ok = True
+# The tied GPT-2 (vocabulary 256 x d_model 32, fp32; 8 micro-batches): the embedding to the last stage
+# once per step, the final norm's output back to the first stage per micro-batch.
+p = json.load(open(sys.argv[3]))["pipeline"]["per_stage"]
+boundary, weights = 32 * 32 * 4, 256 * 32 * 4 / 8
+want = [(boundary + weights, 2 * boundary), (2 * boundary, 2 * boundary), (2 * boundary, 2 * boundary),
+        (2 * boundary, boundary + weights)]
+for q, (s, (sent, received)) in enumerate(zip(p, want)):
+    print(f"tied stage {q}: sent {s['sent_bytes_per_micro_batch']:.0f} B, received {s['received_bytes_per_micro_batch']:.0f} B "
+          f"per micro-batch (formula {sent:.0f}, {received:.0f})")
+    ok = ok and s["sent_bytes_per_micro_batch"] == s["formula_sent_bytes_per_micro_batch"] == sent
+    ok = ok and s["received_bytes_per_micro_batch"] == s["formula_received_bytes_per_micro_batch"] == received
 for path, schedule in zip(sys.argv[1:3], ("1f1b", "gpipe")):
     p = json.load(open(path))["pipeline"]
     P, m = p["stages"], 8
@@ -120,16 +177,12 @@ refused() {  # description, expected text, ranks, arguments...
   else cat refused.txt; echo "FAILED: $what: no '$want' in the message"; fail=1; fi
 }
 base=(train --config "$config" --steps 1 --set gradient_clipping=0)
-refused "a tied embedding across stages" "a tied embedding (the gpt2 arch ties its head to the embedding)" 2 \
-  "${base[@]}" --set strata.parallel.pipeline=2
 refused "pipeline_layers not summing to the layers" "strata.parallel.pipeline_layers = [3, 3] must give 2 stages" 2 \
   "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set strata.parallel.pipeline_layers='[3, 3]'
 refused "a pipeline_layers entry of 0" "pipeline_layers: expected a list of positive layer counts" 1 \
   "${base[@]}" --set strata.parallel.pipeline_layers='[0, 8]'
 refused "clipping in exact mode across stages" "gradient_clipping 1 in exact mode" 2 \
   "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set gradient_clipping=1
-refused "checkpoints of a pipelined run" "checkpoints of a pipelined run" 2 \
-  "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set strata.checkpoint.dir='"ck"'
 refused "more stages than blocks" "each stage needs at least one layer" 2 \
   "${base[@]}" --set strata.parallel.pipeline=2 --set strata.model='{"name": "tiny-llama", "n_layers": 1}'
 refused "estimate of a pipelined run" "planning pipeline stages (strata.parallel.pipeline > 1) is not built" 1 \
