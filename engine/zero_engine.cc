@@ -184,6 +184,7 @@ void ZeroEngine::set_tensor_group(Communicator* group, std::vector<bool> replica
 // order as the whole gradient's).
 double ZeroEngine::global_sum_squares() {
   double split = 0.0, replicated = 0.0;  // with a tensor group: its ranks' slices, and what each holds whole
+  std::vector<double> ordered;           // every partial in model order (for the pipeline's sum)
   for (std::size_t g = 0; g < specs_.size(); ++g) {
     double& sum_squares = tensor_group_ != nullptr && replicated_groups_[g] ? replicated : split;
     const std::vector<double> partials = home_->block_partials(g);
@@ -199,9 +200,24 @@ double ZeroEngine::global_sum_squares() {
       }
     }
     for (double p : all) sum_squares += p;
+    ordered.insert(ordered.end(), all.begin(), all.end());
   }
   const double model = tensor_group_ == nullptr ? split : tensor_group_->all_reduce_host(split, ReduceOp::Sum) + replicated;
-  return pipeline_group_ == nullptr ? model : pipeline_group_->all_reduce_host(model, ReduceOp::Sum);
+  if (pipeline_group_ == nullptr) return model;
+  if (tensor_group_ != nullptr) return pipeline_group_->all_reduce_host(model, ReduceOp::Sum);
+  // The stages hold consecutive groups of the model: their partials, stage after stage, are the
+  // whole model's in model order, summed as a run without stages sums them (so clipping in exact
+  // mode gives the same bits for every P).
+  double total = 0.0;
+  for (int q = 0; q < pipeline_group_->world_size(); ++q) {
+    std::vector<double> part = q == pipeline_group_->rank() ? ordered : std::vector<double>();
+    std::uint64_t n = part.size();
+    pipeline_group_->broadcast_host_bytes(&n, sizeof n, q);
+    part.resize(n);
+    pipeline_group_->broadcast_host_bytes(part.data(), n * sizeof(double), q);
+    for (double p : part) total += p;
+  }
+  return total;
 }
 
 std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) {

@@ -130,8 +130,10 @@ class ZeroEngine final : public ParamProvider {
   // alike. Null: no tensor parallelism.
   void set_tensor_group(Communicator* group, std::vector<bool> replicated);
   // Pipeline parallelism (models/pipeline.h): `group` holds the other stages of this rank's model
-  // replica, each with its own groups; the step's gradient norm (after the tensor group's sum) is
-  // summed over them, so every stage clips and skips alike. Null: no pipeline.
+  // replica, each with consecutive groups of the model; the step's gradient norm is summed over
+  // them, so every stage clips and skips alike. Without a tensor group the stages' per-block
+  // partials are summed in model order, as without stages: the norm's bits do not depend on P.
+  // Null: no pipeline.
   void set_pipeline_group(Communicator* group) { pipeline_group_ = group; }
 
   // The working dtype of W and of the gradients the model writes.

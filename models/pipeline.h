@@ -21,9 +21,9 @@
 //
 // Exact mode: each stage's engine reduces its groups' gradients over the data axis exactly as
 // without stages (Note [Exact gradient sums]), and a stage's gradients are computed by the same
-// kernels on the same values, so every P and both schedules give the single-rank run's bits.
-// Clipping needs the norm summed over the stages, whose rounding depends on P: refused in exact mode
-// with P > 1, as for T > 1.
+// kernels on the same values, so every P and both schedules give the single-rank run's bits. The
+// gradient norm (clipping, fp16's skips) sums the stages' per-block partials in model order, as a
+// run without stages does (ZeroEngine::set_pipeline_group).
 //
 // ZeRO stages 0-3 and offload run on the data axis of every stage (each stage's engine holds its
 // groups only); the step's gradient norm is summed over the stages (ZeroEngine::set_pipeline_group).

@@ -110,9 +110,9 @@ models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpoi
 
 // strata.parallel (engine/parallel_layout.h): the world must factor into data x tensor x pipeline
 // and the model's shape must split that way, before any work. Tensor parallelism runs with the
-// limits of models/tensor_parallel.h (no tiling beside it yet, no clipping in exact mode), pipeline
-// parallelism with those of models/pipeline.h (no clipping in exact mode), each refused saying so.
-// Throws ConfigError.
+// limits of models/tensor_parallel.h (no tiling beside it yet, no clipping in exact mode), refused
+// saying so; pipeline parallelism (models/pipeline.h) needs only a split the model allows. Throws
+// ConfigError.
 ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world);
 
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.

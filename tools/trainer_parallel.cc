@@ -17,16 +17,6 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
   const int P = layout.pipeline();
   if (P > 1) {
     models::pipeline_boundaries(model, P, cfg.strata.parallel.pipeline_layers, cfg.source);
-    const auto refuse = [&](const std::string& what, const std::string& fix) {
-      throw ConfigError(fmt::format("{}: {} with strata.parallel.pipeline = {} is not built yet; {}", cfg.source, what, P,
-                                    fix));
-    };
-    if (cfg.gradient_clipping > 0 && cfg.strata.exact) {
-      // The norm sums the stages' partial norms, so its rounding depends on P (as on T, below).
-      refuse(fmt::format("gradient_clipping {} in exact mode (a norm whose bits do not depend on P)",
-                         cfg.gradient_clipping),
-             "set gradient_clipping to 0 or strata.exact to false");
-    }
   } else if (!cfg.strata.parallel.pipeline_layers.empty()) {
     models::pipeline_boundaries(model, 1, cfg.strata.parallel.pipeline_layers, cfg.source);
   }

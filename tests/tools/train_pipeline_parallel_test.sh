@@ -2,7 +2,7 @@
 # Pipeline parallelism (strata.parallel.pipeline, models/pipeline.h) end to end under mpirun.
 # 1. Exact mode, the master test: factorizations of 1, 2, 4 and 8 ranks into data x tensor x
 #    pipeline, both schedules, ZeRO stages 0-3, the optimizer state on NVMe, activation checkpointing,
-#    explicit stage sizes and GPT-2's embedding tied across the first and last stage, write weights
+#    explicit stage sizes, clipping, and GPT-2's embedding tied across the first and last stage, write weights
 #    byte-identical to the single-rank run; so do checkpoints resumed across a change of stages,
 #    tensor and data ranks.
 # 2. What train reports against the formulas: bytes sent and received per micro-batch at each stage
@@ -103,6 +103,17 @@ compare ck.ref.st ck1.to222.st "checkpoint of one rank, resumed at data 2 x tens
 "$strata" ckpt export ck1 ck1.exported.st > /dev/null
 compare ck1.to222.st ck1.exported.st "ckpt export of a data x tensor x pipeline checkpoint = --save-weights"
 
+# Clipping (at 0.1: every step clips): the stages' per-block partial norms are summed in model
+# order, so the clipped weights are the single-rank run's too.
+common=(--log-level warn train --config "$config" --set strata.steps=6 --set strata.model="$model"
+        --set gradient_clipping=0.1 --set train_micro_batch_size_per_gpu=1)
+run 1 1 1 8 0 clip.ref.st
+run 4 1 4 8 2 clip.p4.st
+compare clip.ref.st clip.p4.st "clipped: pipeline 4, stage 2 = one rank"
+run 8 1 2 2 3 clip.d4p2.st "${gpipe[@]}"
+compare clip.ref.st clip.d4p2.st "clipped: data 4 x pipeline 2 (GPipe), stage 3 = one rank"
+if cmp -s clip.ref.st ref.st; then echo "FAILED: clipping at 0.1 left the weights as without it"; fail=1; fi
+
 # Activation checkpointing inside the stages and 2-sequence micro-batches.
 ckmodel='{"name": "pck", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 4, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 96, "checkpoint_activations": true}'
 common=(--log-level warn train --config "$config" --steps 4 --set strata.model="$ckmodel" --set gradient_clipping=0
@@ -181,8 +192,9 @@ refused "pipeline_layers not summing to the layers" "strata.parallel.pipeline_la
   "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set strata.parallel.pipeline_layers='[3, 3]'
 refused "a pipeline_layers entry of 0" "pipeline_layers: expected a list of positive layer counts" 1 \
   "${base[@]}" --set strata.parallel.pipeline_layers='[0, 8]'
-refused "clipping in exact mode across stages" "gradient_clipping 1 in exact mode" 2 \
-  "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set gradient_clipping=1
+refused "clipping in exact mode with tensor and pipeline ranks" "gradient_clipping 1 in exact mode" 4 \
+  "${base[@]}" --set strata.model="$model" --set strata.parallel.pipeline=2 --set strata.parallel.tensor=2 \
+  --set gradient_clipping=1
 refused "more stages than blocks" "each stage needs at least one layer" 2 \
   "${base[@]}" --set strata.parallel.pipeline=2 --set strata.model='{"name": "tiny-llama", "n_layers": 1}'
 refused "estimate of a pipelined run" "planning pipeline stages (strata.parallel.pipeline > 1) is not built" 1 \
