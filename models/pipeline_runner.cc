@@ -96,6 +96,10 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
     tied_wte_ = device.allocate(decoder.tied_embedding_elems() * dtype_bytes(dtype_), "pipeline tied embedding");
     norm_out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline tied head output");
   }
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    op_start_.push_back(device.create_event());
+    op_end_.push_back(device.create_event());
+  }
   tokens_.assign(static_cast<std::size_t>(micro_batches), std::vector<std::int32_t>(static_cast<std::size_t>(batch * seq)));
   targets_ = tokens_;
 }
@@ -135,8 +139,11 @@ void PipelineRunner::forward(ParamProvider& provider, int a) {
   stats_.peak_in_flight = std::max(stats_.peak_in_flight, live_);
   if (stage_.last()) return;  // Note [Stage re-materialization]
   Ring::Slot& out = out_->take(compute);
+  compute.record(*op_start_[op_]);
   decoder_.stage_forward(rt_, provider, tokens_[static_cast<std::size_t>(a)].data(), batch_, seq_, x_in,
                          out.memory.data());
+  compute.record(*op_end_[op_]);
+  timed_[op_] = true;
   Stream& to_next = sender(stage_.rank + 1);
   compute.record(*out.ready);
   to_next.wait(*out.ready);
@@ -167,8 +174,11 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
     tied.wte = tied_wte_.data();
     tied.head_norm_out = norm_out->memory.data();
   }
+  compute.record(*op_start_[op_]);
   const LossSum loss = decoder_.stage_backward(rt_, provider, tokens_[i].data(), targets_[i].data(), batch_, seq_,
                                                grad_scale, x_in, g.memory.data(), tied);
+  compute.record(*op_end_[op_]);
+  timed_[op_] = true;
   const auto send = [&](Ring::Slot& slot, int peer) {
     Stream& to = sender(peer);
     compute.record(*slot.ready);
@@ -205,7 +215,9 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
     if (stage_.first()) stats_.sent_bytes += bytes;
     if (stage_.last()) stats_.received_bytes += bytes;
   }
-  for (const PipelineOp& op : ops_) {
+  timed_.assign(ops_.size(), false);
+  for (op_ = 0; op_ < ops_.size(); ++op_) {
+    const PipelineOp& op = ops_[op_];
     if (op.forward) {
       forward(provider, op.micro);
       continue;
@@ -217,6 +229,16 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
     rt_.ctx.stream->synchronize();
   }
   for (auto& [peer, s] : senders_) s->synchronize();
+  // Note [Measured bubble]: the events have all completed (the compute stream synchronized last).
+  Event* first = nullptr;
+  Event* last = nullptr;
+  for (std::size_t i = 0; i < ops_.size(); ++i) {
+    if (!timed_[i]) continue;
+    stats_.busy_ms += op_end_[i]->elapsed_ms_since(*op_start_[i]);
+    if (first == nullptr) first = op_start_[i].get();
+    last = op_end_[i].get();
+  }
+  if (first != nullptr) stats_.span_ms = last->elapsed_ms_since(*first);
   return losses;
 }
 

@@ -1,6 +1,11 @@
 // One pipeline stage's share of an optimizer step (models/pipeline.h): the stage's schedule of
 // forwards and backwards, the point-to-point sends and receives at its boundaries, and its stash.
 //
+// Note [Measured bubble]: events on the compute stream around each forward and backward (after the
+// receive it waits on, and after its last kernel) time the stage's work; whatever else the span of
+// the step holds is idle: the pipeline's bubble, and the host's work between micro-batches. It is
+// reported per stage beside the ideal (P - 1) / (A + P - 1), which assumes equal stages.
+//
 // Everything runs on the decoder's compute stream except the sends, which go on a stream per peer
 // (the next stage, the previous one; with a tied embedding across stages also between the first
 // and the last) after an event: a send completes only when the peer receives, so a stage's compute
@@ -28,6 +33,10 @@ struct PipelineStepStats {
   int peak_in_flight = 0;           // micro-batches whose forward ran and backward had not
   std::uint64_t sent_bytes = 0;     // to the neighbouring stages, this step
   std::uint64_t received_bytes = 0;
+  // From events on the compute stream (Note [Measured bubble]): the time its forwards and
+  // backwards ran (each from its input's arrival to its last kernel), and the span from the first
+  // one's start to the last one's end. 1 - busy / span is the stage's idle share of the step.
+  double busy_ms = 0, span_ms = 0;
 };
 
 class PipelineRunner {
@@ -86,8 +95,12 @@ class PipelineRunner {
   DeviceMemory tied_wte_, norm_in_;
   std::unique_ptr<Ring> norm_out_;
   std::vector<std::vector<std::int32_t>> tokens_, targets_;
+  // Each op's start and end on the compute stream (ops_ order; ops without compute have none).
+  std::vector<std::unique_ptr<Event>> op_start_, op_end_;
   PipelineStepStats stats_;
   int live_ = 0;
+  std::size_t op_ = 0;       // the op run_step is at
+  std::vector<bool> timed_;  // whether op i recorded its events this step
 };
 
 }  // namespace strata::models

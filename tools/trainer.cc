@@ -375,10 +375,12 @@ struct StepLoop {
   int accumulation;
   std::int64_t units;  // micro-batches per step over all ranks
   std::int64_t tokens_per_step;
+  std::int64_t first_step = 0;       // of this run (after a resume, the checkpoint's)
   std::vector<std::int32_t> inputs;   // one micro-batch
   std::vector<std::int32_t> targets;
   models::PipelineRunner* pipeline = nullptr;  // this rank's stage (P > 1)
   Communicator* pipeline_comm = nullptr;
+  double pipeline_busy_ms = 0, pipeline_span_ms = 0;  // over the steps after the run's first
 };
 
 // The micro-batches of step s through this rank's pipeline stage; returns the sum of their mean
@@ -394,6 +396,10 @@ double run_pipeline_micro_batches(StepLoop& l, std::int64_t s) {
       l.engine, fill, grad_seed, [&](int) { l.engine.begin_micro_batch(); }, [&](int) { l.engine.end_micro_batch(); });
   double loss_sum = 0;
   for (const models::LossSum& loss : losses) loss_sum += loss.mean();
+  if (s > l.first_step) {  // the first step warms up (allocations, the prefetch trace)
+    l.pipeline_busy_ms += l.pipeline->last_step().busy_ms;
+    l.pipeline_span_ms += l.pipeline->last_step().span_ms;
+  }
   const bool last = l.pipeline_comm->rank() + 1 == l.pipeline_comm->world_size();
   return l.pipeline_comm->all_reduce_host(last ? loss_sum : 0.0, ReduceOp::Sum);
 }
@@ -536,7 +542,7 @@ void tensor_summary(TrainSummary& summary, const CollectiveCounts& counts, const
 // The pipeline stages' figures (collective over the pipeline group; rank 0 keeps them).
 void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const models::Decoder& decoder,
                       const models::PipelineStage& stage, const models::PipelineRunner& runner,
-                      const CollectiveCounts& counts, std::int64_t micro_batches) {
+                      const CollectiveCounts& counts, std::int64_t micro_batches, double busy_ms, double span_ms) {
   const models::ModelConfig& model = decoder.config();
   const bool tied = decoder.tied_across_stages();
   const std::size_t tied_bytes = tied ? decoder.tied_embedding_elems() * dtype_bytes(model.dtype) : 0;
@@ -552,7 +558,8 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
     if (q == stage.rank) {
       v = {static_cast<double>(runner.last_step().peak_in_flight), static_cast<double>(runner.stash_slots()),
            static_cast<double>(runner.buffer_bytes()), static_cast<double>(summary.peak_device_bytes),
-           static_cast<double>(counts.send_bytes) / m, static_cast<double>(counts.recv_bytes) / m, 0};
+           static_cast<double>(counts.send_bytes) / m, static_cast<double>(counts.recv_bytes) / m,
+           span_ms > 0 ? 1.0 - busy_ms / span_ms : -1.0};
     }
     stage.comm->broadcast_host_bytes(v.data(), sizeof v, q);
     TrainSummary::PipelineStageFigures f;
@@ -565,6 +572,7 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
     f.peak_device_bytes = static_cast<std::uint64_t>(v[3]);
     f.sent_bytes = v[4];
     f.received_bytes = v[5];
+    f.measured_bubble = v[6];
     const auto boundary = static_cast<double>(runner.boundary_bytes());
     const int neighbours = (q > 0 ? 1 : 0) + (q + 1 < stage.size ? 1 : 0);
     f.formula_sent_bytes = f.formula_received_bytes = boundary * neighbours;
@@ -744,7 +752,7 @@ TrainSummary run_training(const TrainOptions& options) {
                 .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,
                 .rank = dcomm.rank(), .world = data_world, .micro = micro, .seq = seq, .seed = seed,
                 .accumulation = accumulation,
-                .units = units, .tokens_per_step = tokens_per_step,
+                .units = units, .tokens_per_step = tokens_per_step, .first_step = first_step,
                 .inputs = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .targets = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .pipeline = pipeline.get(), .pipeline_comm = pipeline_comm.get()};
@@ -758,7 +766,8 @@ TrainSummary run_training(const TrainOptions& options) {
   tensor_summary(summary, *tensor_counts, models::tensor_parallel_traffic(model, tp, micro * seq, true, checkpointing),
                  tp.size, (summary.steps - first_step) * accumulation);
   if (pipeline) {
-    pipeline_summary(summary, cfg, decoder, stage, *pipeline, *pipeline_counts, (summary.steps - first_step) * accumulation);
+    pipeline_summary(summary, cfg, decoder, stage, *pipeline, *pipeline_counts, (summary.steps - first_step) * accumulation,
+                     loop.pipeline_busy_ms, loop.pipeline_span_ms);
   }
   stream->synchronize();
   if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {

@@ -93,6 +93,9 @@ struct TrainSummary {
     std::uint64_t buffer_bytes = 0, peak_device_bytes = 0;
     double sent_bytes = 0, received_bytes = 0;
     double formula_sent_bytes = 0, formula_received_bytes = 0;
+    // The stage's idle share of its steps (after the first), from events on its compute stream
+    // (Note [Measured bubble] in models/pipeline_runner.h); -1 when not measured (one step).
+    double measured_bubble = -1;
   };
   int pipeline_stages = 1;
   std::string pipeline_schedule;

@@ -197,7 +197,8 @@ nlohmann::json pipeline_json(const TrainSummary& s) {
                       {"sent_bytes_per_micro_batch", f.sent_bytes},
                       {"received_bytes_per_micro_batch", f.received_bytes},
                       {"formula_sent_bytes_per_micro_batch", f.formula_sent_bytes},
-                      {"formula_received_bytes_per_micro_batch", f.formula_received_bytes}});
+                      {"formula_received_bytes_per_micro_batch", f.formula_received_bytes},
+                      {"measured_bubble_fraction", f.measured_bubble}});
   }
   return {{"stages", s.pipeline_stages},
           {"schedule", s.pipeline_schedule},
@@ -260,9 +261,12 @@ std::string describe_wear(const TrainSummary& s) {
 void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& device) {
   for (std::size_t p = 0; p < summary.stages.size(); ++p) {
     const TrainSummary::PipelineStageFigures& f = summary.stages[p];
-    spdlog::info("pipeline stage {} (blocks {}..{}, {:.3g}M parameters): at most {} micro-batches in flight, stash and "
-                 "boundary buffers {}, peak device memory {}; per micro-batch sent {} and received {} (formula {} and {})",
-                 p, f.first_layer, f.end_layer - 1, static_cast<double>(f.parameters) / 1e6, f.peak_in_flight,
+    spdlog::info("pipeline stage {} (blocks {}..{}, {:.3g}M parameters): idle {} of its steps (ideal bubble {:.1f}%); "
+                 "at most {} micro-batches in flight, stash and boundary buffers {}, peak device memory {}; per "
+                 "micro-batch sent {} and received {} (formula {} and {})",
+                 p, f.first_layer, f.end_layer - 1, static_cast<double>(f.parameters) / 1e6,
+                 f.measured_bubble < 0 ? std::string("not measured") : fmt::format("{:.1f}%", 100 * f.measured_bubble),
+                 100 * summary.pipeline_ideal_bubble, f.peak_in_flight,
                  format_bytes(f.buffer_bytes), format_bytes(f.peak_device_bytes),
                  format_bytes(static_cast<std::uint64_t>(f.sent_bytes)),
                  format_bytes(static_cast<std::uint64_t>(f.received_bytes)),
