@@ -3,6 +3,8 @@
 
 #include <cstring>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -742,6 +744,26 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
   return sum_losses(stream, ws, targets, n);
 }
 
+namespace {
+
+// Points workspace buffers at the caller's for one pipeline call and puts them back on the way out,
+// also when the call throws.
+class BorrowedBuffers {
+ public:
+  void lend(void*& slot, const void* buffer) {
+    saved_.emplace_back(&slot, slot);
+    slot = const_cast<void*>(buffer);  // read only where the caller's buffer is const
+  }
+  ~BorrowedBuffers() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) *it->first = it->second;
+  }
+
+ private:
+  std::vector<std::pair<void**, void*>> saved_;
+};
+
+}  // namespace
+
 void Decoder::check_stage_call(const DecoderRuntime& rt, const char* what) const {
   const TensorParallel& tp = options_.tensor;
   STRATA_CHECK(options_.pipeline.split() && rt.ctx.stream != nullptr && (tp.size == 1 || tp.comm != nullptr),
@@ -760,16 +782,14 @@ void Decoder::stage_forward(const DecoderRuntime& rt, ParamProvider& provider, c
   if (ps.first()) copy_tokens(stream, ws.tokens, tokens, batch * seq);
   STRATA_CHECK(ps.first() == (x_in == nullptr) && y_out != nullptr, "stage {} forward: input {}, output {}", ps.rank,
                x_in, y_out);
-  void* const own_out = ws.x.back();
-  if (!ps.first()) ws.x.front() = const_cast<void*>(x_in);  // read only
-  ws.x.back() = y_out;
+  BorrowedBuffers borrowed;
+  if (!ps.first()) borrowed.lend(ws.x.front(), x_in);
+  borrowed.lend(ws.x.back(), y_out);
   const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts}};
   ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
   // One set of block activations suffices: the backward recomputes them.
   const ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, false, ps};
   m.forward_blocks();
-  ws.x.back() = own_out;
-  if (!ps.first()) ws.x.front() = nullptr;
 }
 
 LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
@@ -790,10 +810,10 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
   STRATA_CHECK(!tied_split || (ps.first() ? tied.head_norm_in != nullptr
                                           : !ps.last() || (tied.head_norm_out != nullptr && tied.wte != nullptr)),
                "stage {} of a tied embedding across stages without its buffers", ps.rank);
-  if (!ps.first()) ws.x.front() = const_cast<void*>(x_in);  // read only
-  ws.dres = grad;
-  void* const own_lnf = ws.lnf_out;
-  if (tied_split && ps.first()) ws.lnf_out = const_cast<void*>(tied.head_norm_in);  // read only
+  BorrowedBuffers borrowed;
+  if (!ps.first()) borrowed.lend(ws.x.front(), x_in);
+  borrowed.lend(ws.dres, grad);
+  if (tied_split && ps.first()) borrowed.lend(ws.lnf_out, tied.head_norm_in);
   const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts}};
   ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
   const bool keep_all = options_.checkpointing == Checkpointing::Off;
@@ -809,9 +829,6 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
     stream->copy_d2d(tied.head_norm_out, ws.lnf_out, static_cast<std::size_t>(n * c.d_model) * dtype_bytes(c.dtype));
   }
   m.backward_blocks();
-  ws.dres = nullptr;
-  ws.lnf_out = own_lnf;
-  if (!ps.first()) ws.x.front() = nullptr;
   return ps.last() ? sum_losses(stream, ws, targets, n) : LossSum{};
 }
 
@@ -843,7 +860,12 @@ void Decoder::share_tied_embedding(const DecoderRuntime& rt, ParamProvider& prov
   compute.record(*ready);
   send_stream->wait(*ready);
   ps.comm->send(w[embedding_group::kWte], elems, config_.dtype, ps.size - 1, *send_stream);
-  chain.top->release_params(layout_.embedding, send_stream);
+  // The weights may stay gathered (stage 3) and be freed later after the compute stream only: the
+  // compute stream waits for the send before they are released there.
+  auto sent = rt.device->create_event();
+  send_stream->record(*sent);
+  compute.wait(*sent);
+  chain.top->release_params(layout_.embedding, &compute);
 }
 
 LossSum accumulate_step_gradients(Decoder& decoder, const DecoderRuntime& rt, ParamProvider& provider,

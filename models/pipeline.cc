@@ -62,8 +62,9 @@ std::vector<std::int64_t> pipeline_boundaries(const ModelConfig& model, int stag
     for (std::int64_t n : layers) b.push_back(b.back() + n);
     return b;
   }
-  // Contiguous split minimizing the largest stage, and among those the sum of the stages' squares
-  // (the most even one): best[p][l] is that pair for blocks 0..l-1 over stages 0..p-1.
+  // Contiguous split: first the smallest possible largest stage M (best[p][l]: the smallest
+  // largest stage of blocks 0..l-1 over stages 0..p-1), then among the splits with every stage at
+  // most M the one with the least sum of squares (even[p][l]). Ties: the earliest cut.
   const std::vector<ParamGroupSpec> groups = decoder_param_groups(model);
   const std::int64_t block = group_params(groups[block_group_index(0)]);
   const std::int64_t emb = group_params(groups[embedding_group_index()]);
@@ -72,24 +73,33 @@ std::vector<std::int64_t> pipeline_boundaries(const ModelConfig& model, int stag
   const auto cost = [&](std::size_t p, std::int64_t from, std::int64_t to) {
     return (to - from) * block + (p == 0 ? emb : 0) + (p + 1 == P ? head : 0);
   };
-  struct Best {
-    std::int64_t largest = std::numeric_limits<std::int64_t>::max();
-    double squares = 0;
-    bool operator<(const Best& o) const { return largest != o.largest ? largest < o.largest : squares < o.squares; }
-  };
+  constexpr std::int64_t kInf = std::numeric_limits<std::int64_t>::max();
   const auto n = static_cast<std::size_t>(L) + 1;
-  std::vector<std::vector<Best>> best(P + 1, std::vector<Best>(n));
-  std::vector<std::vector<std::int64_t>> cut(P + 1, std::vector<std::int64_t>(n, 0));
-  best[0][0] = Best{0, 0};
+  std::vector<std::vector<std::int64_t>> best(P + 1, std::vector<std::int64_t>(n, kInf));
+  best[0][0] = 0;
   for (std::size_t p = 1; p <= P; ++p) {
     for (std::int64_t l = static_cast<std::int64_t>(p); l <= L; ++l) {
       for (std::int64_t k = static_cast<std::int64_t>(p) - 1; k < l; ++k) {
-        const Best& prev = best[p - 1][static_cast<std::size_t>(k)];
-        if (prev.largest == std::numeric_limits<std::int64_t>::max()) continue;
+        const std::int64_t prev = best[p - 1][static_cast<std::size_t>(k)];
+        if (prev == kInf) continue;
+        best[p][static_cast<std::size_t>(l)] = std::min(best[p][static_cast<std::size_t>(l)], std::max(prev, cost(p - 1, k, l)));
+      }
+    }
+  }
+  const std::int64_t largest = best[P][static_cast<std::size_t>(L)];
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> even(P + 1, std::vector<double>(n, kNone));
+  std::vector<std::vector<std::int64_t>> cut(P + 1, std::vector<std::int64_t>(n, 0));
+  even[0][0] = 0;
+  for (std::size_t p = 1; p <= P; ++p) {
+    for (std::int64_t l = static_cast<std::int64_t>(p); l <= L; ++l) {
+      for (std::int64_t k = static_cast<std::int64_t>(p) - 1; k < l; ++k) {
+        const double prev = even[p - 1][static_cast<std::size_t>(k)];
         const std::int64_t c = cost(p - 1, k, l);
-        const Best v{std::max(prev.largest, c), prev.squares + static_cast<double>(c) * static_cast<double>(c)};
-        if (v < best[p][static_cast<std::size_t>(l)]) {  // ties: the earliest cut
-          best[p][static_cast<std::size_t>(l)] = v;
+        if (prev == kNone || c > largest) continue;
+        const double v = prev + static_cast<double>(c) * static_cast<double>(c);
+        if (v < even[p][static_cast<std::size_t>(l)]) {
+          even[p][static_cast<std::size_t>(l)] = v;
           cut[p][static_cast<std::size_t>(l)] = k;
         }
       }

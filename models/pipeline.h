@@ -4,7 +4,9 @@
 // blocks: the first stage also the embedding, the last the final norm and the head. A step's A
 // micro-batches flow through the stages: each stage's output, the residual stream of batch x seq x
 // d_model values, goes point to point to the next stage, and its gradient comes back the same way
-// (engine/communicator.h send/recv; MPI on sim, NCCL on cuda). The order of a stage's work is its
+// (engine/communicator.h send/recv; MPI on sim: the training engine does not run on cuda yet, and
+// over NCCL, which runs a communicator's operations in issue order, 1F1B needs each send grouped with
+// its matching receive or a communicator per direction first). The order of a stage's work is its
 // schedule (pipeline_schedule): GPipe runs every micro-batch's forward, then every backward; 1F1B
 // (PipeDream-Flush, Megatron's default) runs P - p - 1 forwards, then alternates one forward with one
 // backward, then drains the backwards, so stage p holds at most P - p micro-batches in flight
@@ -26,7 +28,7 @@
 // run without stages does (ZeroEngine::set_pipeline_group).
 //
 // ZeRO stages 0-3 and offload run on the data axis of every stage (each stage's engine holds its
-// groups only); the step's gradient norm is summed over the stages (ZeroEngine::set_pipeline_group).
+// groups only).
 //
 // Note [Tied embedding across stages]: GPT-2's head is the embedding's weight, and the single-rank
 // run adds that weight's two gradient contributions sequence by sequence, head then lookup (Note
@@ -79,8 +81,8 @@ struct PipelineStage {
 // The stages' block boundaries (P + 1 values, 0 first and the model's layers last): `layers` when
 // given (strata.parallel.pipeline_layers: P counts, each >= 1, summing to the layers), else the
 // contiguous split whose largest stage, by parameters (embedding on the first, head on the last),
-// is smallest, and among those the most even (least sum of squares). ConfigError naming `source`,
-// the key and the valid choices otherwise.
+// is smallest, and among those the most even (least sum of squares of the stages). ConfigError
+// naming `source`, the key and the valid choices otherwise.
 std::vector<std::int64_t> pipeline_boundaries(const ModelConfig& model, int stages, std::span<const std::int64_t> layers,
                                               const std::string& source);
 // Parameters of each stage under `boundaries` (what the balance minimizes; reported by train).

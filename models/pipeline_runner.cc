@@ -96,6 +96,7 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
     tied_wte_ = device.allocate(decoder.tied_embedding_elems() * dtype_bytes(dtype_), "pipeline tied embedding");
     norm_out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline tied head output");
   }
+  step_start_ = device.create_event();
   for (std::size_t i = 0; i < ops_.size(); ++i) {
     op_start_.push_back(device.create_event());
     op_end_.push_back(device.create_event());
@@ -208,6 +209,7 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
   free_slots_.clear();
   for (int s = static_cast<int>(stash_.size()) - 1; s >= 0; --s) free_slots_.push_back(s);
   std::vector<LossSum> losses(m);
+  rt_.ctx.stream->record(*step_start_);  // Note [Measured bubble]: the span starts with the step
   if (tied_) {  // Note [Tied embedding across stages]: this step's embedding weights to the last stage
     decoder_.share_tied_embedding(rt_, provider, stage_.first() ? &sender(stage_.size - 1) : nullptr,
                                   tied_wte_.data());
@@ -230,15 +232,13 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
   }
   for (auto& [peer, s] : senders_) s->synchronize();
   // Note [Measured bubble]: the events have all completed (the compute stream synchronized last).
-  Event* first = nullptr;
   Event* last = nullptr;
   for (std::size_t i = 0; i < ops_.size(); ++i) {
     if (!timed_[i]) continue;
     stats_.busy_ms += op_end_[i]->elapsed_ms_since(*op_start_[i]);
-    if (first == nullptr) first = op_start_[i].get();
     last = op_end_[i].get();
   }
-  if (first != nullptr) stats_.span_ms = last->elapsed_ms_since(*first);
+  if (last != nullptr) stats_.span_ms = last->elapsed_ms_since(*step_start_);
   return losses;
 }
 

@@ -747,7 +747,7 @@ TrainSummary run_training(const TrainOptions& options) {
   const std::int64_t units = static_cast<std::int64_t>(accumulation) * data_world;
   const std::int64_t tokens_per_step = units * micro * seq;
   StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step);
-  if (rank == 0) log_run_shape(cfg, model, groups.size(), layout, *device);
+  if (rank == 0) log_run_shape(cfg, model, decoder.layout().groups.size(), layout, *device);
   StepLoop loop{.cfg = cfg, .device = *device, .comm = dcomm, .engine = engine, .decoder = decoder, .rt = rt,
                 .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,
                 .rank = dcomm.rank(), .world = data_world, .micro = micro, .seq = seq, .seed = seed,

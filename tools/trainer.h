@@ -81,7 +81,7 @@ struct TrainSummary {
   std::uint64_t tp_formula_all_gather_calls = 0, tp_formula_all_gather_bytes = 0;
   // Pipeline parallelism (P > 1), per stage (gathered to rank 0 from the stages of its model
   // replica): its blocks and parameters, the most micro-batches in flight (GPipe: all of them;
-  // 1F1B: P - stage), the device bytes of its stash and boundary buffers, its peak device memory,
+  // 1F1B: min(A, P - stage)), the device bytes of its stash and boundary buffers, its peak device memory,
   // and the bytes it sent and received per micro-batch (counted at the communicator) beside the
   // formula: batch x seq x d_model values to each neighbouring stage and from it; with a tied
   // embedding across stages (Note [Tied embedding across stages]) one more such boundary from the

@@ -200,6 +200,7 @@ nlohmann::json pipeline_json(const TrainSummary& s) {
                       {"formula_received_bytes_per_micro_batch", f.formula_received_bytes},
                       {"measured_bubble_fraction", f.measured_bubble}});
   }
+  if (s.pipeline_stages <= 1) return nullptr;
   return {{"stages", s.pipeline_stages},
           {"schedule", s.pipeline_schedule},
           {"ideal_bubble_fraction", s.pipeline_ideal_bubble},
