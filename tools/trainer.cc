@@ -7,6 +7,8 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -392,8 +394,23 @@ double run_pipeline_micro_batches(StepLoop& l, std::int64_t s) {
     l.sampler.next(tokens, targets);
   };
   const float grad_seed = static_cast<float>(l.engine.loss_scale()) / static_cast<float>(l.micro * l.seq);
-  const std::vector<models::LossSum> losses = l.pipeline->run_step(
-      l.engine, fill, grad_seed, [&](int) { l.engine.begin_micro_batch(); }, [&](int) { l.engine.end_micro_batch(); });
+  std::vector<models::LossSum> losses;
+  try {
+    losses = l.pipeline->run_step(l.engine, fill, grad_seed, [&](int) { l.engine.begin_micro_batch(); },
+                                  [&](int) { l.engine.end_micro_batch(); });
+  } catch (const std::exception& e) {
+    // The other stages wait in receives for this stage's messages, and this rank's send streams
+    // may wait in sends to them: unwinding would wait on those streams forever. Say what failed
+    // (as main would) and end the process; mpirun then ends the job.
+    const bool bad_input = dynamic_cast<const Error*>(&e) != nullptr && dynamic_cast<const InternalError*>(&e) == nullptr;
+    spdlog::default_logger()->flush();
+    std::fprintf(stderr, "strata: %s: %s (pipeline stage %d of %d failed in step %lld: ending the job, whose other "
+                 "stages wait for its messages)\n",
+                 bad_input ? "error" : "internal error", e.what(), l.pipeline_comm->rank(),
+                 l.pipeline_comm->world_size(), static_cast<long long>(s + 1));
+    std::fflush(stderr);
+    std::_Exit(bad_input ? 1 : 2);
+  }
   double loss_sum = 0;
   for (const models::LossSum& loss : losses) loss_sum += loss.mean();
   if (s > l.first_step) {  // the first step warms up (allocations, the prefetch trace)
