@@ -45,8 +45,8 @@
 // Checkpoints hold every stage's groups where an unpipelined run keeps them (engine/checkpoint.h),
 // so they resume across a change of stages.
 //
-// Not built yet: planning a pipelined run in estimate and simulate, keeping whole activations
-// instead of recomputing them.
+// `strata estimate` plans every stage (tools/estimate_plan.cc). Not built yet: simulating a
+// pipelined step in `strata simulate`, keeping whole activations instead of recomputing them.
 #pragma once
 
 #include <cstddef>

@@ -15,6 +15,8 @@
 #include "models/decoder.h"
 #include "models/decoder_params.h"
 #include "models/model_config.h"
+#include "models/pipeline.h"
+#include "models/pipeline_runner.h"
 #include "models/tiling_plan.h"
 #include "tools/trainer.h"
 
@@ -31,6 +33,7 @@ struct Target {
   std::uint64_t drive_space = 0;  // all the machine's drives together; 0: not known
   int tensor = 1;                 // strata.parallel.tensor: the engine shards over world / tensor ranks
   int slices = 1;                 // strata.parallel.tensor_slices
+  int pipeline = 1;               // strata.parallel.pipeline: every stage is planned
 };
 
 Target target_of(const EstimateInputs& in);
@@ -39,13 +42,8 @@ Target target_of(const EstimateInputs& in);
 Target checked_target(const EstimateInputs& in, const models::ModelConfig& model) {
   Target t = target_of(in);
   const ParallelLayout layout = check_parallel_layout(in.config, model, t.world);
-  if (layout.pipeline() > 1) {
-    throw ConfigError(fmt::format("{}: {}: planning pipeline stages (strata.parallel.pipeline > 1) is not built into "
-                                  "estimate and simulate yet; plan with strata.parallel.pipeline = 1, or measure with "
-                                  "strata train",
-                                  in.config.source, layout.describe()));
-  }
   t.tensor = layout.tensor();
+  t.pipeline = layout.pipeline();
   t.slices = in.config.strata.parallel.slices();
   return t;
 }
@@ -127,6 +125,10 @@ DeepSpeedBeside deepspeed_beside(const TrainConfig& resolved, std::uint64_t para
   return d;
 }
 
+Estimate estimate_stage(const EstimateInputs& in, const Target& t, const models::ModelConfig& model, bool checkpointing,
+                        const models::TilingDecision& tiling, const models::TensorParallel& tp, int data_world,
+                        const models::PipelineStage& stage);
+
 Estimate estimate_model(const EstimateInputs& in, const Target& t, const models::ModelConfig& model, bool checkpointing) {
   const TrainConfig& cfg = in.config;
   Estimate e;
@@ -137,9 +139,19 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
   e.tensor_ranks = t.tensor;
   e.device_bytes = t.device_bytes;
   // With tensor parallelism the engine shards each slice over the data ranks, and the rank planned
-  // is the last tensor rank (the most vocabulary rows); tiling is not built beside it.
-  const int data_world = t.world / t.tensor;
+  // is the last tensor rank (the most vocabulary rows); tiling is not built beside it. With
+  // pipeline stages each stage is planned (its groups, activations and pipeline buffers), and the
+  // estimate is the first stage's (the rank train logs) unless another does not fit.
+  e.pipeline_stages = t.pipeline;
+  const int data_world = t.world / (t.tensor * t.pipeline);
   const models::TensorParallel tp{t.tensor, t.tensor - 1, t.slices, nullptr};
+  std::vector<std::int64_t> bounds;
+  try {
+    bounds = models::pipeline_boundaries(model, t.pipeline, cfg.strata.parallel.pipeline_layers, cfg.source);
+  } catch (const ConfigError& refusal) {  // a depth below the stages (largest_fitting_depth)
+    e.why_not = refusal.what();
+    return e;
+  }
   models::TilingDecision tiling;
   if (!tp.sliced()) {
     try {
@@ -150,22 +162,59 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
     }
   }
   e.tiling = tiling.describe();
+  if (t.pipeline > 1) {
+    Estimate first;
+    for (int p = 0; p < t.pipeline; ++p) {
+      const Estimate stage = estimate_stage(in, t, model, checkpointing, tiling, tp, data_world,
+                                            models::pipeline_stage(bounds, p, nullptr));
+      if (p == 0) first = stage;
+      e.stage_plan_lines.push_back(stage.fits || !stage.plan_line.empty() ? stage.plan_line : stage.why_not);
+      if (!stage.fits && first.fits) {
+        first.fits = false;
+        first.why_not = fmt::format("pipeline stage {}: {}", p, stage.why_not);
+      }
+    }
+    first.stage_plan_lines = std::move(e.stage_plan_lines);
+    return first;
+  }
+  return estimate_stage(in, t, model, checkpointing, tiling, tp, data_world, models::PipelineStage{});
+}
+
+// One rank's plan: the tensor rank `tp` of pipeline stage `stage` (the whole model when unsplit).
+Estimate estimate_stage(const EstimateInputs& in, const Target& t, const models::ModelConfig& model, bool checkpointing,
+                        const models::TilingDecision& tiling, const models::TensorParallel& tp, int data_world,
+                        const models::PipelineStage& stage) {
+  const TrainConfig& cfg = in.config;
+  Estimate e;
+  e.model = model.name;
+  e.n_layers = model.n_layers;
+  e.parameters = static_cast<std::uint64_t>(models::param_count(model));
+  e.world_size = t.world;
+  e.tensor_ranks = t.tensor;
+  e.pipeline_stages = t.pipeline;
+  e.device_bytes = t.device_bytes;
+  e.tiling = tiling.describe();
   const auto decoder_with = [&](models::Checkpointing mode) {
     models::DecoderOptions o(mode, tiling.spec);
     o.tensor = tp;
+    o.pipeline = stage;
     return models::Decoder(model, o);
   };
   const models::Decoder decoder =
       decoder_with(checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off);
   const std::vector<ParamGroupSpec> groups = decoder.param_groups();
   const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;
-  e.activations_checkpointed = decoder_with(models::Checkpointing::Blocks).activation_bytes(micro, seq, true);
-  e.activations_full = decoder_with(models::Checkpointing::Off).activation_bytes(micro, seq, true);
+  // A stage's stash and boundary buffers count as activations, as in the trainer's plan.
+  const std::uint64_t buffers = models::PipelineRunner::buffer_bytes(
+      stage, cfg.strata.parallel.schedule, cfg.gradient_accumulation_steps, micro, seq, model,
+      decoder.tied_across_stages() ? decoder.tied_embedding_elems() : 0);
+  e.activations_checkpointed = decoder_with(models::Checkpointing::Blocks).activation_bytes(micro, seq, true) + buffers;
+  e.activations_full = decoder_with(models::Checkpointing::Off).activation_bytes(micro, seq, true) + buffers;
   const std::uint64_t activations = checkpointing ? e.activations_checkpointed : e.activations_full;
 
   // DeepSpeed's estimators know no tensor parallelism: they see the whole model on every GPU.
   const std::uint64_t largest =
-      largest_tensor_elems(tp.size > 1 ? models::decoder_param_groups(model) : groups);
+      largest_tensor_elems(tp.size > 1 || stage.split() ? models::decoder_param_groups(model) : groups);
   e.deepspeed = deepspeed_beside(cfg, e.parameters, largest, t.world);
   e.resolved = cfg;
   try {
@@ -217,9 +266,11 @@ LargestFit largest_fitting_depth(const EstimateInputs& in, std::int64_t max_laye
     return estimate_model(in, t, model, checkpointing).fits;
   };
   LargestFit out;
-  if (!fits(1)) return out;
+  // Pipeline stages need a block each.
+  const std::int64_t least = std::max<std::int64_t>(1, t.pipeline);
+  if (!fits(least)) return out;
   // Double until a depth does not fit, then bisect: the bytes of every tier grow with the depth.
-  std::int64_t lo = 1, hi = 2;
+  std::int64_t lo = least, hi = 2 * least;
   while (hi <= max_layers && fits(hi)) {
     lo = hi;
     hi *= 2;
@@ -238,15 +289,17 @@ LargestFit largest_fitting_depth(const EstimateInputs& in, std::int64_t max_laye
 std::string describe_estimate(const Estimate& e, const LargestFit& largest) {
   const TierPlan& p = e.tiers;
   std::ostringstream o;
+  const int split = e.tensor_ranks * e.pipeline_stages;
   o << fmt::format("model {}: {:.3g} parameters ({} layers), world {}{}, {} per GPU\n", e.model,
                    static_cast<double>(e.parameters), e.n_layers, e.world_size,
-                   e.tensor_ranks > 1 ? fmt::format(" = data {} x tensor {}", e.world_size / e.tensor_ranks,
-                                                     e.tensor_ranks)
-                                      : std::string(),
+                   split > 1 ? fmt::format(" = data {} x tensor {} x pipeline {}", e.world_size / split, e.tensor_ranks,
+                                           e.pipeline_stages)
+                             : std::string(),
                    format_bytes(e.device_bytes));
   if (!e.tiling.empty()) o << "  " << e.tiling << "\n";
-  o << fmt::format("per rank:\n  HBM    {} of {}: optimizer state and gradient sums {}, resident weights {}, largest "
+  o << fmt::format("per rank{}:\n  HBM    {} of {}: optimizer state and gradient sums {}, resident weights {}, largest "
                    "group in use {} ('{}'), activations {} ({} with block checkpointing, {} without)\n",
+                   e.pipeline_stages > 1 ? " (pipeline stage 0; every stage's plan below)" : "",
                    format_bytes(p.device_total()), format_bytes(e.device_bytes), format_bytes(p.device_state),
                    format_bytes(p.device_weights), format_bytes(p.device_window), p.largest_group,
                    format_bytes(p.activations), format_bytes(e.activations_checkpointed),
@@ -262,6 +315,9 @@ std::string describe_estimate(const Estimate& e, const LargestFit& largest) {
                      e.nvme_checked ? "" : "; free space not checked (the machine file gives no drive capacity)");
   }
   for (const std::string& line : e.placement) o << "  " << line << "\n";
+  for (std::size_t q = 0; q < e.stage_plan_lines.size(); ++q) {
+    o << fmt::format("  pipeline stage {}: {}\n", q, e.stage_plan_lines[q]);
+  }
   o << (e.fits ? std::string("fits: yes\n") : "fits: no: " + e.why_not + "\n");
   o << fmt::format("largest model of this shape that fits: {} layers, {:.3g} parameters\n", largest.n_layers,
                    static_cast<double>(largest.parameters));
@@ -283,6 +339,8 @@ nlohmann::json estimate_to_json(const Estimate& e, const LargestFit& largest) {
       {"parameters", e.parameters},
       {"world_size", e.world_size},
       {"tensor_ranks", e.tensor_ranks},
+      {"pipeline_stages", e.pipeline_stages},
+      {"stage_plan_lines", e.stage_plan_lines},
       {"device_bytes", e.device_bytes},
       {"tiling", e.tiling},
       {"hbm", {{"total", p.device_total()}, {"optimizer_state", p.device_state}, {"resident_weights", p.device_weights},

@@ -44,6 +44,8 @@ struct Estimate {
   std::uint64_t parameters = 0;
   int world_size = 1;
   int tensor_ranks = 1;            // strata.parallel.tensor: per-rank figures are one tensor rank's slices
+  int pipeline_stages = 1;         // strata.parallel.pipeline: per-rank figures are the first stage's
+  std::vector<std::string> stage_plan_lines;  // with stages: each stage's plan line (or its refusal)
   std::uint64_t device_bytes = 0;  // per GPU
   TierPlan tiers;                  // rank 0's (every rank's state has the same size)
   TierCapacities capacity;

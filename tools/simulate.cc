@@ -109,6 +109,12 @@ int run_simulate(const SimulateOptions& o) {
   in.config = cfg;
   if (!measure) in.machine = machine.spec;
   const Estimate planned = estimate_run(in);
+  if (planned.pipeline_stages > 1) {
+    throw ConfigError(fmt::format("{}: strata.parallel.pipeline = {}: simulating pipeline stages (their schedule and "
+                                  "point-to-point traffic) is not built yet; simulate with strata.parallel.pipeline "
+                                  "= 1, plan with strata estimate, or measure with strata train",
+                                  cfg.source, planned.pipeline_stages));
+  }
   if (!planned.fits) throw ConfigError(fmt::format("{} on {}: {}", cfg.source, measure ? "this host" : o.machine, planned.why_not));
   const StepWorkload workload = make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
   if (measure) machine = measure_sim_machine(cfg, workload);

@@ -10,6 +10,7 @@
 #    micro-batches in flight per stage (GPipe: all of them; 1F1B: P - stage) and the balanced split.
 # 3. Fast mode (bf16, clipping): P = 2 follows P = 1.
 # 4. Bad input: one message naming the key, before any work.
+# 5. `strata estimate` of a pipelined run is train's plan, stage by stage.
 # Usage: train_pipeline_parallel_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
@@ -198,7 +199,22 @@ refused "clipping in exact mode with tensor and pipeline ranks" "gradient_clippi
   --set gradient_clipping=1
 refused "more stages than blocks" "each stage needs at least one layer" 2 \
   "${base[@]}" --set strata.parallel.pipeline=2 --set strata.model='{"name": "tiny-llama", "n_layers": 1}'
-refused "estimate of a pipelined run" "planning pipeline stages (strata.parallel.pipeline > 1) is not built" 1 \
-  estimate --config "$config" --world 2 --set strata.model="$model" --set strata.parallel.pipeline=2 \
-  --set gradient_clipping=0
+refused "simulate of a pipelined run" "simulating pipeline stages (their schedule and point-to-point traffic)" 1 \
+  simulate --config "$config" --machine "$(dirname "$config")/machines/h100x8-node.json" \
+  --set strata.model="$model" --set strata.parallel.pipeline=2 --set gradient_clipping=0
+
+# ---- 5. `strata estimate` plans every stage with train's own path --------------------------------
+# Its plan line is the first stage's, the one train logs on rank 0, byte for byte; every stage's
+# line is listed.
+plan=(--config "$config" --set strata.model="$model" --set strata.parallel.pipeline=2 --set gradient_clipping=0
+      --set zero_optimization.stage=1 --set gradient_accumulation_steps=8 --set train_micro_batch_size_per_gpu=1
+      --set strata.metrics='""')
+"$strata" estimate --json --world 4 "${plan[@]}" > pest.json
+est=$(python3 -c "import json; print(json.load(open('pest.json'))['plan_line'])")
+stages=$(python3 -c "import json; j = json.load(open('pest.json')); print(j['pipeline_stages'], len(j['stage_plan_lines']))")
+"${mpi[@]}" -np 4 "$strata" --log-level info train --steps 1 "${plan[@]}" > pdemo.log 2>&1 || { cat pdemo.log; fail=1; }
+trained=$(sed -n 's/.*\[rank 0\/4\] \[info\] \(tier plan per rank: .*\)$/\1/p' pdemo.log)
+if [ -n "$est" ] && [ "$est" = "$trained" ] && [ "$stages" = "2 2" ]; then
+  echo "ok: data 2 x pipeline 2: estimate's plan is train's, every stage planned"
+else echo "FAILED: data 2 x pipeline 2: estimate says '$est' ($stages), train logged '$trained'"; fail=1; fi
 exit $fail
