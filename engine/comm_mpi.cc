@@ -8,7 +8,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -160,8 +159,15 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast_host_bytes(void* data, std::size_t bytes, int root) override {
-    STRATA_CHECK(bytes <= static_cast<std::size_t>(INT_MAX), "host broadcast of {} bytes", bytes);
-    STRATA_MPI_CHECK(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, host_comm_));
+    // In pieces of 1 GiB: MPI counts are ints (a whole tensor gathered for --save-weights can be larger).
+    constexpr std::size_t kPieceBytes = std::size_t{1} << 30;
+    auto* p = static_cast<char*>(data);
+    std::size_t off = 0;
+    do {
+      const std::size_t n = std::min(kPieceBytes, bytes - off);
+      STRATA_MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(n), MPI_BYTE, root, host_comm_));
+      off += n;
+    } while (off < bytes);
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
