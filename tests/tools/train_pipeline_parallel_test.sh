@@ -79,6 +79,17 @@ compare g4.ref.st g4.p4.st "GPT-2 of 4 blocks (tied): pipeline 4, stage 3 = one 
 run 8 2 2 4 2 g4.d2t2p2.st
 compare g4.ref.st g4.d2t2p2.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pipeline 2, stage 2 = one rank"
 
+# Messages past MPI's eager limit (boundaries of 32 KiB, the tied embedding of 128 KiB), so every
+# send waits for its receive: the tied GPT-2 over 3 stages, both schedules, stage 3.
+g6='{"name": "g6", "arch": "gpt2", "vocab_size": 512, "max_seq_len": 64, "n_layers": 6, "d_model": 64, "n_heads": 4, "ffn_hidden": 256}'
+common=(--log-level warn train --config "$config" --set strata.steps=3 --set strata.model="$g6" --set gradient_clipping=0
+        --set train_micro_batch_size_per_gpu=2 --set strata.data.seq_len=64)
+run 1 1 1 8 0 g6.ref.st
+run 3 1 3 8 3 g6.p3.st
+compare g6.ref.st g6.p3.st "GPT-2 (tied), 32 KiB boundaries: pipeline 3 (1F1B), stage 3 = one rank"
+run 3 1 3 8 3 g6.p3g.st "${gpipe[@]}"
+compare g6.ref.st g6.p3g.st "GPT-2 (tied), 32 KiB boundaries: pipeline 3 (GPipe), stage 3 = one rank"
+
 # Checkpoints of a pipelined run hold every stage's groups where an unpipelined run keeps them
 # (engine/checkpoint.h): 4 steps at pipeline 2 (the optimizer state on NVMe, captured during the
 # step) resume for 4 more at pipeline 1, at pipeline 4 and, resliced, at tensor 2; a checkpoint of
