@@ -138,7 +138,7 @@ class Decoder {
   // Activation bytes this decoder allocates for a micro-batch of this shape.
   std::size_t activation_bytes(std::int64_t batch, std::int64_t seq, bool training) const;
 
-  // Activation buffers of one micro-batch shape (defined in decoder.cc; opaque to users).
+  // Activation buffers of one micro-batch shape (defined in models/decoder_pass.h; opaque to users).
   struct Workspace;
 
  private:

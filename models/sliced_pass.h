@@ -1,7 +1,7 @@
 // The decoders' passes in tensor-slice mode (DecoderOptions::tensor with slices > 1;
 // models/tensor_parallel.h): the column- and row-parallel stages of a block and the
 // vocabulary-parallel head and cross-entropy, each split sum taken in S fixed slices on the
-// deterministic tree (Note [Tensor slices]). models/decoder.cc calls these where the plain decoder
+// deterministic tree (Note [Tensor slices]). models/decoder_pass.h calls these where the plain decoder
 // runs its chunked linears (Note [Tile-invariant linear layers]); internal to models/.
 #pragma once
 

@@ -129,20 +129,26 @@ Estimate estimate_stage(const EstimateInputs& in, const Target& t, const models:
                         const models::TilingDecision& tiling, const models::TensorParallel& tp, int data_world,
                         const models::PipelineStage& stage);
 
-Estimate estimate_model(const EstimateInputs& in, const Target& t, const models::ModelConfig& model, bool checkpointing) {
-  const TrainConfig& cfg = in.config;
+// The figures of the model and the machine, before any plan.
+Estimate estimate_of(const Target& t, const models::ModelConfig& model) {
   Estimate e;
   e.model = model.name;
   e.n_layers = model.n_layers;
   e.parameters = static_cast<std::uint64_t>(models::param_count(model));
   e.world_size = t.world;
   e.tensor_ranks = t.tensor;
+  e.pipeline_stages = t.pipeline;
   e.device_bytes = t.device_bytes;
+  return e;
+}
+
+Estimate estimate_model(const EstimateInputs& in, const Target& t, const models::ModelConfig& model, bool checkpointing) {
+  const TrainConfig& cfg = in.config;
+  Estimate e = estimate_of(t, model);
   // With tensor parallelism the engine shards each slice over the data ranks, and the rank planned
   // is the last tensor rank (the most vocabulary rows); tiling is not built beside it. With
   // pipeline stages each stage is planned (its groups, activations and pipeline buffers), and the
   // estimate is the first stage's (the rank train logs) unless another does not fit.
-  e.pipeline_stages = t.pipeline;
   const int data_world = t.world / (t.tensor * t.pipeline);
   const models::TensorParallel tp{t.tensor, t.tensor - 1, t.slices, nullptr};
   std::vector<std::int64_t> bounds;
@@ -164,17 +170,18 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
   e.tiling = tiling.describe();
   if (t.pipeline > 1) {
     Estimate first;
+    std::vector<std::string> lines;
     for (int p = 0; p < t.pipeline; ++p) {
       const Estimate stage = estimate_stage(in, t, model, checkpointing, tiling, tp, data_world,
                                             models::pipeline_stage(bounds, p, nullptr));
       if (p == 0) first = stage;
-      e.stage_plan_lines.push_back(stage.fits || !stage.plan_line.empty() ? stage.plan_line : stage.why_not);
+      lines.push_back(stage.fits || !stage.plan_line.empty() ? stage.plan_line : stage.why_not);
       if (!stage.fits && first.fits) {
         first.fits = false;
         first.why_not = fmt::format("pipeline stage {}: {}", p, stage.why_not);
       }
     }
-    first.stage_plan_lines = std::move(e.stage_plan_lines);
+    first.stage_plan_lines = std::move(lines);
     return first;
   }
   return estimate_stage(in, t, model, checkpointing, tiling, tp, data_world, models::PipelineStage{});
@@ -185,14 +192,7 @@ Estimate estimate_stage(const EstimateInputs& in, const Target& t, const models:
                         const models::TilingDecision& tiling, const models::TensorParallel& tp, int data_world,
                         const models::PipelineStage& stage) {
   const TrainConfig& cfg = in.config;
-  Estimate e;
-  e.model = model.name;
-  e.n_layers = model.n_layers;
-  e.parameters = static_cast<std::uint64_t>(models::param_count(model));
-  e.world_size = t.world;
-  e.tensor_ranks = t.tensor;
-  e.pipeline_stages = t.pipeline;
-  e.device_bytes = t.device_bytes;
+  Estimate e = estimate_of(t, model);
   e.tiling = tiling.describe();
   const auto decoder_with = [&](models::Checkpointing mode) {
     models::DecoderOptions o(mode, tiling.spec);

@@ -540,69 +540,6 @@ void wear_summary(TrainSummary& summary, const TierPlan& plan, int world, double
   summary.wear = ssd_wear(bytes / steps * world, seconds / steps, summary.drives, drive_tbw);
 }
 
-// The tensor group's collectives per micro-batch, counted over the run, beside the formula's.
-void tensor_summary(TrainSummary& summary, const CollectiveCounts& counts, const models::TensorParallelTraffic& formula,
-                    int tensor_ranks, std::int64_t micro_batches) {
-  summary.tensor_ranks = tensor_ranks;
-  if (tensor_ranks == 1 || micro_batches <= 0) return;
-  const auto m = static_cast<double>(micro_batches);
-  summary.tp_all_reduce_calls = static_cast<double>(counts.all_reduce_calls) / m;
-  summary.tp_all_reduce_bytes = static_cast<double>(counts.all_reduce_bytes) / m;
-  summary.tp_all_gather_calls = static_cast<double>(counts.all_gather_calls) / m;
-  summary.tp_all_gather_bytes = static_cast<double>(counts.all_gather_bytes) / m;
-  summary.tp_formula_all_reduce_calls = formula.all_reduce_calls;
-  summary.tp_formula_all_reduce_bytes = formula.all_reduce_bytes;
-  summary.tp_formula_all_gather_calls = formula.all_gather_calls;
-  summary.tp_formula_all_gather_bytes = formula.all_gather_bytes;
-}
-
-// The pipeline stages' figures (collective over the pipeline group; rank 0 keeps them).
-void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const models::Decoder& decoder,
-                      const models::PipelineStage& stage, const models::PipelineRunner& runner,
-                      const CollectiveCounts& counts, std::int64_t micro_batches, double busy_ms, double span_ms) {
-  const models::ModelConfig& model = decoder.config();
-  const bool tied = decoder.tied_across_stages();
-  const std::size_t tied_bytes = tied ? decoder.tied_embedding_elems() * dtype_bytes(model.dtype) : 0;
-  const std::vector<std::int64_t> b =
-      models::pipeline_boundaries(model, stage.size, cfg.strata.parallel.pipeline_layers, cfg.source);
-  const std::vector<std::int64_t> params = models::pipeline_stage_params(model, b);
-  summary.pipeline_stages = stage.size;
-  summary.pipeline_schedule = std::string(models::pipeline_schedule_name(cfg.strata.parallel.schedule));
-  summary.pipeline_ideal_bubble = models::pipeline_bubble_fraction(stage.size, cfg.gradient_accumulation_steps);
-  const double m = static_cast<double>(std::max<std::int64_t>(1, micro_batches));
-  for (int q = 0; q < stage.size; ++q) {
-    std::array<double, 7> v{};
-    if (q == stage.rank) {
-      v = {static_cast<double>(runner.last_step().peak_in_flight), static_cast<double>(runner.stash_slots()),
-           static_cast<double>(runner.buffer_bytes()), static_cast<double>(summary.peak_device_bytes),
-           static_cast<double>(counts.send_bytes) / m, static_cast<double>(counts.recv_bytes) / m,
-           span_ms > 0 ? 1.0 - busy_ms / span_ms : -1.0};
-    }
-    stage.comm->broadcast_host_bytes(v.data(), sizeof v, q);
-    TrainSummary::PipelineStageFigures f;
-    f.first_layer = b[static_cast<std::size_t>(q)];
-    f.end_layer = b[static_cast<std::size_t>(q) + 1];
-    f.parameters = params[static_cast<std::size_t>(q)];
-    f.peak_in_flight = static_cast<int>(v[0]);
-    f.stash_slots = static_cast<int>(v[1]);
-    f.buffer_bytes = static_cast<std::uint64_t>(v[2]);
-    f.peak_device_bytes = static_cast<std::uint64_t>(v[3]);
-    f.sent_bytes = v[4];
-    f.received_bytes = v[5];
-    f.measured_bubble = v[6];
-    const auto boundary = static_cast<double>(runner.boundary_bytes());
-    const int neighbours = (q > 0 ? 1 : 0) + (q + 1 < stage.size ? 1 : 0);
-    f.formula_sent_bytes = f.formula_received_bytes = boundary * neighbours;
-    if (tied) {
-      const double weights = static_cast<double>(tied_bytes) / cfg.gradient_accumulation_steps;
-      const bool first = q == 0, last = q + 1 == stage.size;
-      f.formula_sent_bytes += (first ? weights : 0) + (last ? boundary : 0);
-      f.formula_received_bytes += (first ? boundary : 0) + (last ? weights : 0);
-    }
-    summary.stages.push_back(f);
-  }
-}
-
 void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& seconds, const TierPlan& plan,
                    const models::ModelConfig& model, Clock::time_point start, std::int64_t first_step) {
   summary.optimizer_chunk_updates = l.engine.chunk_updates();
@@ -642,28 +579,17 @@ TrainSummary run_training(const TrainOptions& options) {
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
   const ParallelLayout layout = check_parallel_layout(cfg, model, world);
   // Tensor parallelism (models/tensor_parallel.h): the decoder's collectives go over the tensor
-  // group, the engine's (ZeRO) over the data group of the ranks holding the same slices.
+  // group, the engine's (ZeRO) over the data group of the ranks holding the same slices; pipeline
+  // parallelism (models/pipeline.h): the stages pass activations over the pipeline group.
   const RankCoords coords = layout.coords(rank);
-  // Pipeline parallelism (models/pipeline.h): the stages pass activations over the pipeline group.
-  std::unique_ptr<Communicator> tensor_comm, data_comm, pipeline_comm;
-  const auto tensor_counts = std::make_shared<CollectiveCounts>();
-  const auto pipeline_counts = std::make_shared<CollectiveCounts>();
-  if (layout.tensor() > 1) {
-    tensor_comm = make_counting_communicator(
-        comm->split(coords.data * layout.pipeline() + coords.pipeline, coords.tensor), tensor_counts);
-  }
-  if (layout.pipeline() > 1) {
-    pipeline_comm = make_counting_communicator(
-        comm->split(coords.tensor + layout.tensor() * coords.data, coords.pipeline), pipeline_counts);
-  }
-  if (layout.tensor() > 1 || layout.pipeline() > 1) {
-    data_comm = comm->split(coords.tensor + layout.tensor() * coords.pipeline, coords.data);
-  }
-  Communicator& dcomm = data_comm ? *data_comm : *comm;
-  const models::TensorParallel tp{layout.tensor(), coords.tensor, cfg.strata.parallel.slices(), tensor_comm.get()};
+  const ParallelGroups parallel_groups = split_parallel_groups(*comm, layout, coords);
+  Communicator* tensor_comm = parallel_groups.tensor.get();
+  Communicator* pipeline_comm = parallel_groups.pipeline.get();
+  Communicator& dcomm = parallel_groups.data ? *parallel_groups.data : *comm;
+  const models::TensorParallel tp{layout.tensor(), coords.tensor, cfg.strata.parallel.slices(), tensor_comm};
   const std::vector<std::int64_t> stage_bounds =
       models::pipeline_boundaries(model, layout.pipeline(), cfg.strata.parallel.pipeline_layers, cfg.source);
-  const models::PipelineStage stage = models::pipeline_stage(stage_bounds, coords.pipeline, pipeline_comm.get());
+  const models::PipelineStage stage = models::pipeline_stage(stage_bounds, coords.pipeline, pipeline_comm);
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
   models::TilingDecision tiling_plan;
@@ -714,8 +640,8 @@ TrainSummary run_training(const TrainOptions& options) {
   ZeroEngine engine(cfg, *device, dcomm, groups, init, std::move(plan.run));
   std::vector<bool> replicated;
   for (std::size_t g : stage_groups) replicated.push_back(tp.size > 1 && tp_layout.replicated[g]);
-  engine.set_tensor_group(tensor_comm.get(), replicated);
-  engine.set_pipeline_group(pipeline_comm.get());
+  engine.set_tensor_group(tensor_comm, replicated);
+  engine.set_pipeline_group(pipeline_comm);
   init_file.reset();
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;
@@ -727,16 +653,9 @@ TrainSummary run_training(const TrainOptions& options) {
     checkpoints.tensor.stage_groups = stage_groups;
     checkpoints.tensor.groups = decoder.layout().groups.size();
   }
-  // The tensor layout of this stage's groups, for a reslicer (tensor parallelism: no tiles).
-  models::TensorParallelLayout stage_tp_layout = tp_layout;
-  if (tp.size > 1) {
-    stage_tp_layout.whole.clear();
-    stage_tp_layout.slices.clear();
-    for (std::size_t g : stage_groups) {
-      stage_tp_layout.whole.push_back(tp_layout.whole.at(g));
-      stage_tp_layout.slices.push_back(tp_layout.slices.at(g));
-    }
-  }
+  // With tensor parallelism a reslicer reads this stage's slices (without it, tiles by name).
+  const models::TensorParallelLayout stage_tp_layout =
+      tp.size > 1 ? stage_tensor_layout(tp_layout, stage_groups) : tp_layout;
   checkpoints.make_reslicer = [&](const CheckpointManifest& saved) -> CheckpointReslicer {
     auto reslicer = std::make_shared<TensorReslicer>(saved, model, groups, tp.size > 1 ? &stage_tp_layout : nullptr);
     return [reslicer](CheckpointReader& reader, std::size_t g, int a, std::size_t offset, std::span<float> out) {
@@ -772,7 +691,7 @@ TrainSummary run_training(const TrainOptions& options) {
                 .units = units, .tokens_per_step = tokens_per_step, .first_step = first_step,
                 .inputs = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .targets = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
-                .pipeline = pipeline.get(), .pipeline_comm = pipeline_comm.get()};
+                .pipeline = pipeline.get(), .pipeline_comm = pipeline_comm};
 
   TrainSummary summary;
   const auto start = Clock::now();
@@ -780,10 +699,10 @@ TrainSummary run_training(const TrainOptions& options) {
   reporter.finish();
   total_summary(summary, loop, seconds, plan.tiers, model, start, first_step);
   wear_summary(summary, plan.tiers, world, options.drive_tbw);
-  tensor_summary(summary, *tensor_counts, models::tensor_parallel_traffic(model, tp, micro * seq, true, checkpointing),
+  tensor_summary(summary, *parallel_groups.tensor_counts, models::tensor_parallel_traffic(model, tp, micro * seq, true, checkpointing),
                  tp.size, (summary.steps - first_step) * accumulation);
   if (pipeline) {
-    pipeline_summary(summary, cfg, decoder, stage, *pipeline, *pipeline_counts, (summary.steps - first_step) * accumulation,
+    pipeline_summary(summary, cfg, decoder, stage, *pipeline, *parallel_groups.pipeline_counts, (summary.steps - first_step) * accumulation,
                      loop.pipeline_busy_ms, loop.pipeline_span_ms);
   }
   stream->synchronize();

@@ -2,6 +2,10 @@
 // and the whole tensors gathered from the tensor and pipeline groups.
 #include "tools/trainer_parallel.h"
 
+#include <algorithm>
+#include <array>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -42,6 +46,32 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
            "set gradient_clipping to 0 or strata.exact to false");
   }
   return layout;
+}
+
+ParallelGroups split_parallel_groups(Communicator& world, const ParallelLayout& layout, const RankCoords& coords) {
+  ParallelGroups g;
+  const int T = layout.tensor(), P = layout.pipeline();
+  if (T > 1) {
+    g.tensor = make_counting_communicator(world.split(coords.data * P + coords.pipeline, coords.tensor), g.tensor_counts);
+  }
+  if (P > 1) {
+    g.pipeline = make_counting_communicator(world.split(coords.tensor + T * coords.data, coords.pipeline),
+                                            g.pipeline_counts);
+  }
+  if (T > 1 || P > 1) g.data = world.split(coords.tensor + T * coords.pipeline, coords.data);
+  return g;
+}
+
+models::TensorParallelLayout stage_tensor_layout(const models::TensorParallelLayout& layout,
+                                                 std::span<const std::size_t> stage_groups) {
+  models::TensorParallelLayout out = layout;
+  out.whole.clear();
+  out.slices.clear();
+  for (std::size_t g : stage_groups) {
+    out.whole.push_back(layout.whole.at(g));
+    out.slices.push_back(layout.slices.at(g));
+  }
+  return out;
 }
 
 std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& model, const models::TensorParallel& tp,
@@ -101,6 +131,69 @@ std::vector<std::vector<float>> gather_pipeline_stages(Communicator& pipe, std::
     for (auto& v : by_group[g]) out.push_back(std::move(v));
   }
   return out;
+}
+
+// The tensor group's collectives per micro-batch, counted over the run, beside the formula's.
+void tensor_summary(TrainSummary& summary, const CollectiveCounts& counts, const models::TensorParallelTraffic& formula,
+                    int tensor_ranks, std::int64_t micro_batches) {
+  summary.tensor_ranks = tensor_ranks;
+  if (tensor_ranks == 1 || micro_batches <= 0) return;
+  const auto m = static_cast<double>(micro_batches);
+  summary.tp_all_reduce_calls = static_cast<double>(counts.all_reduce_calls) / m;
+  summary.tp_all_reduce_bytes = static_cast<double>(counts.all_reduce_bytes) / m;
+  summary.tp_all_gather_calls = static_cast<double>(counts.all_gather_calls) / m;
+  summary.tp_all_gather_bytes = static_cast<double>(counts.all_gather_bytes) / m;
+  summary.tp_formula_all_reduce_calls = formula.all_reduce_calls;
+  summary.tp_formula_all_reduce_bytes = formula.all_reduce_bytes;
+  summary.tp_formula_all_gather_calls = formula.all_gather_calls;
+  summary.tp_formula_all_gather_bytes = formula.all_gather_bytes;
+}
+
+// The pipeline stages' figures (collective over the pipeline group; rank 0 keeps them).
+void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const models::Decoder& decoder,
+                      const models::PipelineStage& stage, const models::PipelineRunner& runner,
+                      const CollectiveCounts& counts, std::int64_t micro_batches, double busy_ms, double span_ms) {
+  const models::ModelConfig& model = decoder.config();
+  const bool tied = decoder.tied_across_stages();
+  const std::size_t tied_bytes = tied ? decoder.tied_embedding_elems() * dtype_bytes(model.dtype) : 0;
+  const std::vector<std::int64_t> b =
+      models::pipeline_boundaries(model, stage.size, cfg.strata.parallel.pipeline_layers, cfg.source);
+  const std::vector<std::int64_t> params = models::pipeline_stage_params(model, b);
+  summary.pipeline_stages = stage.size;
+  summary.pipeline_schedule = std::string(models::pipeline_schedule_name(cfg.strata.parallel.schedule));
+  summary.pipeline_ideal_bubble = models::pipeline_bubble_fraction(stage.size, cfg.gradient_accumulation_steps);
+  const double m = static_cast<double>(std::max<std::int64_t>(1, micro_batches));
+  for (int q = 0; q < stage.size; ++q) {
+    std::array<double, 7> v{};
+    if (q == stage.rank) {
+      v = {static_cast<double>(runner.last_step().peak_in_flight), static_cast<double>(runner.stash_slots()),
+           static_cast<double>(runner.buffer_bytes()), static_cast<double>(summary.peak_device_bytes),
+           static_cast<double>(counts.send_bytes) / m, static_cast<double>(counts.recv_bytes) / m,
+           span_ms > 0 ? 1.0 - busy_ms / span_ms : -1.0};
+    }
+    stage.comm->broadcast_host_bytes(v.data(), sizeof v, q);
+    TrainSummary::PipelineStageFigures f;
+    f.first_layer = b[static_cast<std::size_t>(q)];
+    f.end_layer = b[static_cast<std::size_t>(q) + 1];
+    f.parameters = params[static_cast<std::size_t>(q)];
+    f.peak_in_flight = static_cast<int>(v[0]);
+    f.stash_slots = static_cast<int>(v[1]);
+    f.buffer_bytes = static_cast<std::uint64_t>(v[2]);
+    f.peak_device_bytes = static_cast<std::uint64_t>(v[3]);
+    f.sent_bytes = v[4];
+    f.received_bytes = v[5];
+    f.measured_bubble = v[6];
+    const auto boundary = static_cast<double>(runner.boundary_bytes());
+    const int neighbours = (q > 0 ? 1 : 0) + (q + 1 < stage.size ? 1 : 0);
+    f.formula_sent_bytes = f.formula_received_bytes = boundary * neighbours;
+    if (tied) {
+      const double weights = static_cast<double>(tied_bytes) / cfg.gradient_accumulation_steps;
+      const bool first = q == 0, last = q + 1 == stage.size;
+      f.formula_sent_bytes += (first ? weights : 0) + (last ? boundary : 0);
+      f.formula_received_bytes += (first ? boundary : 0) + (last ? weights : 0);
+    }
+    summary.stages.push_back(f);
+  }
 }
 
 }  // namespace strata::tools

@@ -1,20 +1,26 @@
 // Tensor and pipeline parallelism in the trainer (tools/trainer.cc): the checks of strata.parallel
-// before any work (check_parallel_layout, declared in tools/trainer.h for estimate too) and the
-// whole tensors of a tensor- or pipeline-parallel run, for --save-weights.
+// before any work (check_parallel_layout, declared in tools/trainer.h for estimate too), the whole
+// tensors of a tensor- or pipeline-parallel run for --save-weights, and the tensor and pipeline
+// groups' figures in the run's summary.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "engine/communicator.h"
+#include "engine/config.h"
+#include "engine/parallel_layout.h"
 #include "engine/param_provider.h"
+#include "models/decoder.h"
 #include "models/model_config.h"
+#include "models/pipeline.h"
+#include "models/pipeline_runner.h"
 #include "models/tensor_parallel.h"
 
-namespace strata {
-class Communicator;
-}
-
 namespace strata::tools {
+
+struct TrainSummary;
 
 // Each whole tensor of `model` (the physical groups' order of models::tensor_parallel_layout) from
 // the tensor group's slices, `mine` being this rank's (collective over the group): rank r's slice
@@ -28,6 +34,33 @@ std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& 
 // Every group's tensors on every rank of the pipeline group, in `all_groups` order, from each
 // stage's: `mine` holds the tensors of this stage's groups `mine_groups` (ascending indices into
 // `all_groups`), tensor by tensor (collective over the group).
+// A rank's tensor, pipeline and data groups (engine/parallel_layout.h: tensor groups are
+// consecutive ranks, pipeline groups stride by T, data groups by T x P). The tensor and pipeline
+// communicators count their collectives (null where the axis has one rank); `data` is null when it
+// is the whole world.
+struct ParallelGroups {
+  std::unique_ptr<Communicator> tensor, pipeline, data;
+  std::shared_ptr<CollectiveCounts> tensor_counts = std::make_shared<CollectiveCounts>();
+  std::shared_ptr<CollectiveCounts> pipeline_counts = std::make_shared<CollectiveCounts>();
+};
+ParallelGroups split_parallel_groups(Communicator& world, const ParallelLayout& layout, const RankCoords& coords);
+
+// `layout` (the whole model's, T > 1: no tiles) narrowed to a pipeline stage's physical groups
+// `stage_groups`: the whole tensors and slices a reslicer reads (tools/checkpoint_tensors.h).
+models::TensorParallelLayout stage_tensor_layout(const models::TensorParallelLayout& layout,
+                                                 std::span<const std::size_t> stage_groups);
+
+// The tensor group's collectives per micro-batch over the run, counted at the communicator, beside
+// Megatron's count, into `summary` (T > 1).
+void tensor_summary(TrainSummary& summary, const CollectiveCounts& counts, const models::TensorParallelTraffic& formula,
+                    int tensor_ranks, std::int64_t micro_batches);
+// The pipeline stages' figures of the run (TrainSummary::PipelineStageFigures), gathered to rank 0
+// (collective over the pipeline group): this stage's from `runner`, its communicator's `counts` over
+// `micro_batches`, and its compute stream's busy and spanned milliseconds over the measured steps.
+void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const models::Decoder& decoder,
+                      const models::PipelineStage& stage, const models::PipelineRunner& runner,
+                      const CollectiveCounts& counts, std::int64_t micro_batches, double busy_ms, double span_ms);
+
 std::vector<std::vector<float>> gather_pipeline_stages(Communicator& pipe, std::span<const ParamGroupSpec> all_groups,
                                                        std::span<const std::size_t> mine_groups,
                                                        const std::vector<std::vector<float>>& mine);
