@@ -171,11 +171,11 @@ StepResult ZeroEngine::step(double lr) {
   return result;
 }
 
-void ZeroEngine::set_tensor_group(Communicator* group, std::vector<bool> replicated) {
-  STRATA_CHECK(group == nullptr || replicated.size() == specs_.size(), "{} replicated flags for {} groups",
-               replicated.size(), specs_.size());
+void ZeroEngine::set_tensor_group(Communicator* group, std::vector<TensorShare> shares) {
+  STRATA_CHECK(group == nullptr || shares.size() == specs_.size(), "{} tensor shares for {} groups", shares.size(),
+               specs_.size());
   tensor_group_ = group;
-  replicated_groups_ = std::move(replicated);
+  tensor_shares_ = std::move(shares);
 }
 
 // Global sum of squares: one partial per optimizer block, summed over all blocks in model order.
@@ -183,10 +183,11 @@ void ZeroEngine::set_tensor_group(Communicator* group, std::vector<bool> replica
 // (blocks never straddle shards, so the concatenation is the same list of partials in the same
 // order as the whole gradient's).
 double ZeroEngine::global_sum_squares() {
-  double split = 0.0, replicated = 0.0;  // with a tensor group: its ranks' slices, and what each holds whole
-  std::vector<double> ordered;           // every partial in model order (for the pipeline's sum)
+  double split = 0.0, replicated = 0.0, copies = 0.0;  // with a tensor group: slices, whole, counted elsewhere
+  std::vector<double> ordered;                         // every partial in model order (for the pipeline's sum)
   for (std::size_t g = 0; g < specs_.size(); ++g) {
-    double& sum_squares = tensor_group_ != nullptr && replicated_groups_[g] ? replicated : split;
+    const TensorShare share = tensor_group_ == nullptr ? TensorShare::Split : tensor_shares_[g];
+    double& sum_squares = share == TensorShare::Replicated ? replicated : share == TensorShare::Copy ? copies : split;
     const std::vector<double> partials = home_->block_partials(g);
     const int shards = plan_.groups[g].layout.shard_count();
     std::vector<double> all = partials;

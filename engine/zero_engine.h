@@ -124,11 +124,13 @@ class ZeroEngine final : public ParamProvider {
   // learning rate `lr`, and publishes the new working weights. Every rank must call it.
   StepResult step(double lr);
   // Tensor parallelism (models/tensor_parallel.h): `group` holds the ranks with the other slices of
-  // this rank's tensors, and replicated[g] says group g is held whole, alike, by each of them. The
-  // step's gradient norm is then the whole model's: the split groups' squares summed over the
-  // tensor group, the replicated groups' counted once; so every rank of the group clips and skips
-  // alike. Null: no tensor parallelism.
-  void set_tensor_group(Communicator* group, std::vector<bool> replicated);
+  // this rank's tensors, and shares[g] says how group g is held among them: a slice (Split), whole
+  // and alike on each (Replicated), or a copy another rank of the group counts (Copy: replicated KV
+  // heads). The step's gradient norm is then the whole model's: the split groups' squares summed
+  // over the tensor group, the replicated groups' counted once, copies not at all; so every rank of
+  // the group clips and skips alike. Null: no tensor parallelism.
+  enum class TensorShare : std::uint8_t { Split, Replicated, Copy };
+  void set_tensor_group(Communicator* group, std::vector<TensorShare> shares);
   // Pipeline parallelism (models/pipeline.h): `group` holds the other stages of this rank's model
   // replica, each with consecutive groups of the model; the step's gradient norm is summed over
   // them, so every stage clips and skips alike. Without a tensor group the stages' per-block
@@ -218,7 +220,7 @@ class ZeroEngine final : public ParamProvider {
   Communicator& world_;
   Communicator* tensor_group_ = nullptr;  // set_tensor_group
   Communicator* pipeline_group_ = nullptr;  // set_pipeline_group
-  std::vector<bool> replicated_groups_;
+  std::vector<TensorShare> tensor_shares_;
   std::unique_ptr<Communicator> shard_comm_;
   std::unique_ptr<Communicator> replica_comm_;
   ShardTopology topo_;

@@ -49,7 +49,8 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   // A tensor rank's activations are those of its heads, MLP columns and vocabulary rows.
   const std::size_t C = static_cast<std::size_t>(c.d_model), H = static_cast<std::size_t>(c.n_heads) / T;
   const std::size_t hd = static_cast<std::size_t>(c.head_dim());
-  const std::size_t qkv_w = (H + 2 * static_cast<std::size_t>(c.n_kv_heads) / T) * hd;
+  const std::size_t kv_heads = std::max<std::size_t>(1, static_cast<std::size_t>(c.n_kv_heads) / T);
+  const std::size_t qkv_w = (H + 2 * kv_heads) * hd;
   const std::size_t att_w = H * hd;
   const std::size_t F = static_cast<std::size_t>(c.ffn_hidden) / T;
   const std::size_t ff_in_w = c.arch == Architecture::Gpt2 ? F : 2 * F;
@@ -99,9 +100,14 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
     ws->dff_act = cv.take(n * F * e);
   }
   ws->parts.clear();
+  ws->kv_parts = ws->kv_all = nullptr;
   if (tp.sliced()) {
     const auto L = static_cast<std::size_t>(tp.local_slices());
     for (std::size_t l = 1; l < L; ++l) ws->parts.push_back(cv.take(n * C * e));
+    if (training && kv_pieces(c, tp.slices)) {  // Note [Replicated KV heads]
+      ws->kv_parts = cv.take(L * n * 2 * hd * e);
+      ws->kv_all = kv_replicas(c, tp.size) > 1 ? cv.take(T * n * 2 * hd * e) : nullptr;
+    }
     if (!head) return;
     ws->ce_max = static_cast<float*>(cv.take(n * 4));
     ws->ce_target = static_cast<float*>(cv.take(n * 4));

@@ -43,6 +43,9 @@ struct Decoder::Workspace {
   // Tensor slices (Note [Tensor slices]): partial sums 1..L-1 of one [rows, d_model] sum (partial 0
   // is the sum's destination), and the vocabulary-parallel cross-entropy's statistics.
   std::vector<void*> parts;
+  // Note [Replicated KV heads] (training, kv_pieces): the S/T slices' [rows, 2 head_dim] dK|dV
+  // partials, and the tensor group's subtrees gathered (T > K).
+  void *kv_parts = nullptr, *kv_all = nullptr;
   float *ce_max = nullptr, *ce_target = nullptr;
   double *ce_sums = nullptr, *ce_all = nullptr;
 };
@@ -277,6 +280,21 @@ struct BlockPass : SlicedPass {
                        Accumulate::Yes);
     }
     stage_backward(bp, BlockStage::AttnOut, a.att, att_w(), {{ws.dres, C}}, ws.datt, att_w(), Accumulate::No);
+    if (kv_pieces()) {  // Note [Replicated KV heads]: dK and dV summed over the slices, apart from dqkv
+      using namespace llama_block;
+      const std::int64_t hd = c.head_dim();
+      const KvGrads kv = attention_backward_pieces(attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse,
+                                                   ws.datt, ws.dqkv, ws.kv_parts, ws.kv_all);
+      rope(ctx, dt, ws.dqkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
+      for (std::int64_t g = 0; g < kv_heads(); ++g) {
+        rope(ctx, dt, at(kv.head0, g * kv.head_stride, dt), batch, seq, 1, hd, 2 * hd, c.rope_theta,
+             RopeDirection::Inverse);
+      }
+      column_backward(bp.w, bp.g, BlockStage::AttnIn, a.norm1, C, {ws.dqkv, qkv_w()}, ws.dln, &kv);
+      rmsnorm_backward(ctx, dt, ws.dln, x_in, bp.weight(kAttnNorm), a.rstd1, ws.dres, bp.grad(kAttnNorm), n, C,
+                       Accumulate::Yes);
+      return;
+    }
     attention_backward(ctx, dt, attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse, ws.datt, ws.dqkv,
                        k_of(ws.dqkv), v_of(ws.dqkv));
     if (c.arch == Architecture::Gpt2) {

@@ -25,22 +25,37 @@ SlicedPass::HeadShape SlicedPass::head_shape() const {
 
 std::vector<SlicedPass::ColumnLinear> SlicedPass::column_linears(BlockStage stage) const {
   const std::int64_t C = c.d_model, hd = c.head_dim(), T = tp.size;
+  std::vector<ColumnLinear> v;
   if (c.arch == Architecture::Gpt2) {
     using namespace gpt2_block;
-    if (stage == BlockStage::AttnIn) {
-      std::vector<ColumnLinear> v;  // q, k and v: the rank's rows of each third of attn.qkv
+    if (stage == BlockStage::AttnIn) {  // q, k and v: the rank's rows of each third of attn.qkv
       for (std::int64_t k = 0; k < 3; ++k) v.push_back({kQkvW, kQkvB, k * C / T, C, C, k * C / T});
-      return v;
+    } else {
+      v.push_back({kFcW, kFcB, 0, c.ffn_hidden, C, 0});
     }
-    return {{kFcW, kFcB, 0, c.ffn_hidden, C, 0}};
+  } else {
+    using namespace llama_block;
+    if (stage == BlockStage::AttnIn) {
+      v = {{kQ, kNoBias, 0, c.n_heads * hd, C, 0},
+           {kK, kNoBias, 0, c.n_kv_heads * hd, C, heads() * hd},
+           {kV, kNoBias, 0, c.n_kv_heads * hd, C, (heads() + kv_heads()) * hd}};
+    } else {
+      v = {{kGate, kNoBias, 0, c.ffn_hidden, C, 0}, {kUp, kNoBias, 0, c.ffn_hidden, C, ffn()}};
+    }
   }
-  using namespace llama_block;
-  if (stage == BlockStage::AttnIn) {
-    return {{kQ, kNoBias, 0, c.n_heads * hd, C, 0},
-            {kK, kNoBias, 0, c.n_kv_heads * hd, C, heads() * hd},
-            {kV, kNoBias, 0, c.n_kv_heads * hd, C, (heads() + kv_heads()) * hd}};
+  const int r = kv_replicas(c, tp.size);
+  for (ColumnLinear& lin : v) {
+    lin.held = rank_begin(lin.out);
+    lin.held_rows = lin.out / T;
+    const bool kv = c.arch == Architecture::Llama && stage == BlockStage::AttnIn && lin.weight != llama_block::kQ;
+    if (kv && r > 1) {  // Note [Replicated KV heads]: the whole KV head of the rank's queries
+      lin.held = tp.rank / r * hd;
+      lin.held_rows = hd;
+    }
+    lin.kv = kv && kv_pieces();
+    lin.kv_v = lin.kv && lin.weight == llama_block::kV;
   }
-  return {{kGate, kNoBias, 0, c.ffn_hidden, C, 0}, {kUp, kNoBias, 0, c.ffn_hidden, C, ffn()}};
+  return v;
 }
 
 SlicedPass::RowLinear SlicedPass::row_linear(BlockStage stage) const {
@@ -80,12 +95,11 @@ void SlicedPass::reduce_partials(void* dest, std::int64_t count) const {
 void SlicedPass::column_forward(const GroupViews& w, BlockStage stage, const void* x, std::int64_t ldx,
                                 StageIo y) const {
   const DType dt = c.dtype;
-  const std::int64_t per_rank = chunks / tp.size;
-  for (std::int64_t ch = tp.rank * per_rank; ch < (tp.rank + 1) * per_rank; ++ch) {
-    for (const ColumnLinear& lin : column_linears(stage)) {
+  for (const ColumnLinear& lin : column_linears(stage)) {
+    for (std::int64_t ch = lin.held * chunks / lin.out; ch < (lin.held + lin.held_rows) * chunks / lin.out; ++ch) {
       const RowRange r = chunk_rows(lin.out, chunks, ch);
       if (r.rows() == 0) continue;
-      const std::int64_t local = r.begin - rank_begin(lin.out);
+      const std::int64_t local = r.begin - lin.held;
       MatmulArgs a{dt, Trans::No, Trans::Yes, seq, r.rows(), lin.in, x, ldx, seq * ldx,
                    at(w[lin.weight], (lin.row0 + local) * lin.in, dt), lin.in, 0,
                    at(y.p, lin.col0 + local, dt), y.ld, seq * y.ld, batch};
@@ -96,12 +110,18 @@ void SlicedPass::column_forward(const GroupViews& w, BlockStage stage, const voi
 }
 
 // Column-parallel backward: dx (dense [rows, in]) is split over output rows: one partial per
-// slice (its chunks in ascending order, the linears interleaved chunk-major), then the tree.
+// slice (its chunks in ascending order, the linears interleaved chunk-major), then the tree. The
+// weight and bias gradients, one matmul per chunk of the rows the rank holds, follow.
 void SlicedPass::column_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x,
-                                 std::int64_t ldx, StageIo dy, void* dx) const {
+                                 std::int64_t ldx, StageIo dy, void* dx, const KvGrads* kv) const {
   const DType dt = c.dtype;
   const std::vector<ColumnLinear> lins = column_linears(stage);
-  const std::int64_t in = lins.front().in;
+  const std::int64_t in = lins.front().in, hd = c.head_dim();
+  const auto dy_of = [&](const ColumnLinear& lin, std::int64_t local) -> StageIo {
+    if (!lin.kv) return {at(dy.p, lin.col0 + local, dt), dy.ld};
+    STRATA_CHECK(kv != nullptr, "the KV heads' gradients are not given");
+    return {at(kv->head0, local / hd * kv->head_stride + (lin.kv_v ? hd : 0) + local % hd, dt), 2 * hd};
+  };
   const std::int64_t per_slice = chunks / tp.slices;
   for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
     void* p = part(dx, l);
@@ -111,25 +131,72 @@ void SlicedPass::column_backward(const GroupViews& w, const GroupViews& gw, Bloc
       for (const ColumnLinear& lin : lins) {
         const RowRange r = chunk_rows(lin.out, chunks, ch);
         if (r.rows() == 0) continue;
-        const std::int64_t row = lin.row0 + r.begin - rank_begin(lin.out);
-        const void* dyr = at(dy.p, lin.col0 + r.begin - rank_begin(lin.out), dt);
-        MatmulArgs d{dt, Trans::No, Trans::No, seq, in, r.rows(), dyr, dy.ld, seq * dy.ld,
-                     at(w[lin.weight], row * in, dt), in, 0, p, in, seq * in, batch};
+        const std::int64_t local = r.begin - lin.held;
+        const StageIo d_y = dy_of(lin, local);
+        MatmulArgs d{dt, Trans::No, Trans::No, seq, in, r.rows(), d_y.p, d_y.ld, seq * d_y.ld,
+                     at(w[lin.weight], (lin.row0 + local) * in, dt), in, 0, p, in, seq * in, batch};
         d.beta = started ? 1.0f : 0.0f;
         started = true;
         matmul(ctx, d);
-        MatmulArgs g{dt, Trans::Yes, Trans::No, r.rows(), in, seq, dyr, dy.ld, seq * dy.ld, x, ldx, seq * ldx,
-                     at(gw[lin.weight], row * in, dt), in, 0, batch};
-        g.beta = 1.0f;
-        matmul(ctx, g);
-        if (lin.bias != kNoBias) {
-          bias_grad(ctx, dt, dyr, batch * seq, r.rows(), dy.ld, at(gw[lin.bias], row, dt));
-        }
       }
     }
     if (!started) zero_rows(p, in, in);
   }
+  for (const ColumnLinear& lin : lins) {
+    for (std::int64_t ch = lin.held * chunks / lin.out; ch < (lin.held + lin.held_rows) * chunks / lin.out; ++ch) {
+      const RowRange r = chunk_rows(lin.out, chunks, ch);
+      if (r.rows() == 0) continue;
+      const std::int64_t local = r.begin - lin.held, row = lin.row0 + local;
+      const StageIo d_y = dy_of(lin, local);
+      MatmulArgs g{dt, Trans::Yes, Trans::No, r.rows(), in, seq, d_y.p, d_y.ld, seq * d_y.ld, x, ldx, seq * ldx,
+                   at(gw[lin.weight], row * in, dt), in, 0, batch};
+      g.beta = 1.0f;
+      matmul(ctx, g);
+      if (lin.bias != kNoBias) bias_grad(ctx, dt, d_y.p, batch * seq, r.rows(), d_y.ld, at(gw[lin.bias], row, dt));
+    }
+  }
   reduce_partials(dx, rows() * in);
+}
+
+SlicedPass::KvGrads SlicedPass::attention_backward_pieces(const AttentionShape& shape, const void* q, const void* k,
+                                                          const void* v, const void* out, const float* lse,
+                                                          const void* dout, void* dq, void* kv_parts,
+                                                          void* kv_all) const {
+  const DType dt = c.dtype;
+  const std::int64_t hd = c.head_dim(), L = tp.local_slices(), per_piece = c.n_heads / tp.slices;
+  const std::int64_t pieces_per_kv = L / kv_heads();  // this rank's slices of each of its KV heads
+  const std::int64_t piece = rows() * 2 * hd;
+  STRATA_CHECK(kv_pieces() && shape.q_heads == L * per_piece && shape.kv_heads == kv_heads(),
+               "attention in {} slices of {} heads for {} heads, {} KV heads", L, per_piece, shape.q_heads,
+               shape.kv_heads);
+  for (std::int64_t l = 0; l < L; ++l) {  // slice l: query heads [l per_piece, (l + 1) per_piece), all of one KV head
+    const std::int64_t h0 = l * per_piece, g = l / pieces_per_kv;
+    AttentionShape s = shape;
+    s.q_heads = per_piece;
+    s.kv_heads = 1;
+    s.lse_heads = shape.lse_heads_or_q();
+    s.dkv_row_stride = 2 * hd;
+    void* dkv = at(kv_parts, l * piece, dt);
+    attention_backward(ctx, dt, s, at(q, h0 * hd, dt), at(k, g * hd, dt), at(v, g * hd, dt), at(out, h0 * hd, dt),
+                       lse + h0 * shape.seq, at(dout, h0 * hd, dt), at(dq, h0 * hd, dt), dkv, at(dkv, hd, dt));
+  }
+  // Each KV head's slices on the pairwise tree (Note [Deterministic reduction]), into its first.
+  const auto tree = [&](void* base, std::int64_t first, std::int64_t n) {
+    for (std::int64_t stride = 1; stride < n; stride *= 2) {
+      for (std::int64_t i = 0; i + stride < n; i += 2 * stride) {
+        void* a = at(base, (first + i) * piece, dt);
+        residual_add(ctx, dt, a, at(base, (first + i + stride) * piece, dt), a, piece);
+      }
+    }
+  };
+  for (std::int64_t g = 0; g < kv_heads(); ++g) tree(kv_parts, g * pieces_per_kv, pieces_per_kv);
+  const int r = kv_replicas(c, tp.size);
+  if (r == 1) return {kv_parts, pieces_per_kv * piece};
+  // The KV head's other slices are on the other r - 1 ranks of it: their subtrees, on the rest of the tree.
+  tp.comm->all_gather(kv_parts, kv_all, static_cast<std::size_t>(piece), dt, *ctx.stream);
+  const std::int64_t first = tp.rank / r * r;
+  tree(kv_all, first, r);
+  return {at(kv_all, first * piece, dt), 0};
 }
 
 // Row-parallel forward: y (dense [rows, d_model]) is split over the input columns: one partial

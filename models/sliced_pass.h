@@ -5,6 +5,7 @@
 // runs its chunked linears (Note [Tile-invariant linear layers]); internal to models/.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -41,17 +42,28 @@ struct SlicedPass {
   const std::vector<void*>& parts;  // partial sums 1..L-1 of one [rows, d_model] sum
 
   std::int64_t rows() const { return batch * seq; }
-  // This tensor rank's heads, KV heads and MLP columns (all of them at T = 1).
+  // This tensor rank's heads, KV heads (one, shared, when T > K: Note [Replicated KV heads]) and
+  // MLP columns (all of them at T = 1).
   std::int64_t heads() const { return c.n_heads / tp.size; }
-  std::int64_t kv_heads() const { return c.n_kv_heads / tp.size; }
+  std::int64_t kv_heads() const { return std::max<std::int64_t>(1, c.n_kv_heads / tp.size); }
   std::int64_t ffn() const { return c.ffn_hidden / tp.size; }
+  // Note [Replicated KV heads]: the attention backward runs per slice with its own dK|dV partial.
+  bool kv_pieces() const { return tp.sliced() && models::kv_pieces(c, tp.slices); }
 
-  // A column-parallel linear of a stage: the whole linear has `out` rows of `in`; this rank's rows
-  // start at row `row0` of its tensor (and bias), and its output at column `col0` of the stage's
-  // output buffer.
+  // A column-parallel linear of a stage: the whole linear has `out` rows of `in`; this rank holds
+  // rows [held, held + held_rows) of them (whole KV heads where they are replicated), at row `row0`
+  // of its tensor (and bias), its output at column `col0` of the stage's output buffer. `kv`: the
+  // linear's output gradient is a KV head's dK (or, kv_v, dV) from KvGrads under kv_pieces.
   struct ColumnLinear {
     std::size_t weight, bias;
     std::int64_t row0, out, in, col0;
+    std::int64_t held = 0, held_rows = 0;
+    bool kv = false, kv_v = false;
+  };
+  // Where each local KV head's dK|dV ([rows, 2 head_dim], dK in the first head_dim columns) is.
+  struct KvGrads {
+    void* head0;
+    std::int64_t head_stride;  // elements from one local KV head to the next
   };
   // A row-parallel linear: d_model rows of K whole columns, this rank holding K / T of them.
   struct RowLinear {
@@ -83,7 +95,13 @@ struct SlicedPass {
   // output's buffer (ColumnLinear::col0); a column-parallel input gradient is dense [rows, d_model].
   void column_forward(const GroupViews& w, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const;
   void column_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x, std::int64_t ldx,
-                       StageIo dy, void* dx) const;
+                       StageIo dy, void* dx, const KvGrads* kv = nullptr) const;
+  // Note [Replicated KV heads]: the attention backward of this rank's heads (`shape`), slice by
+  // slice: dq into dq, the KV heads' dK|dV summed on the tree into the returned places (kv_parts,
+  // kv_all: the workspace's).
+  KvGrads attention_backward_pieces(const AttentionShape& shape, const void* q, const void* k, const void* v,
+                                    const void* out, const float* lse, const void* dout, void* dq, void* kv_parts,
+                                    void* kv_all) const;
   void row_forward(const GroupViews& w, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const;
   void row_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x, std::int64_t ldx,
                     StageIo dy, void* dx, std::int64_t lddx) const;

@@ -47,7 +47,10 @@ TensorSlice block_slice(const ModelConfig& c, std::size_t k, int T, int t) {
   switch (k) {
     case kQ: return rows(c.n_heads * hd, T, t);
     case kK:
-    case kV: return rows(c.n_kv_heads * hd, T, t);
+    case kV: {
+      const int r = kv_replicas(c, T);  // Note [Replicated KV heads]: the whole KV head of the rank's queries
+      return r == 1 ? rows(c.n_kv_heads * hd, T, t) : rows(c.n_kv_heads * hd, T / r, t / r);
+    }
     case kO: return columns(c.n_heads * hd, T, t);
     case kGate:
     case kUp: return rows(f, T, t);
@@ -104,29 +107,35 @@ void for_each_run(const ParamTensorSpec& whole, const TensorSlice& s, Fn&& fn) {
 
 void check_tensor_parallel(const ModelConfig& m, int size, int slices, std::int64_t chunks,
                            const std::string& source) {
-  if (m.n_heads % size != 0 || m.ffn_hidden % size != 0 || (m.n_kv_heads >= size && m.n_kv_heads % size != 0)) {
+  const bool kv_ok = m.n_kv_heads >= size ? m.n_kv_heads % size == 0 : size % m.n_kv_heads == 0;
+  if (m.n_heads % size != 0 || m.ffn_hidden % size != 0 || !kv_ok) {
     throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} does not split model '{}' evenly ({} attention heads, "
-                                  "{} KV heads, MLP width {}: each must divide by it)",
+                                  "{} KV heads, MLP width {}: each must divide by it, or KV heads fewer than the ranks "
+                                  "divide it)",
                                   source, size, m.name, m.n_heads, m.n_kv_heads, m.ffn_hidden));
-  }
-  if (m.n_kv_heads < size) {
-    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} is more than model '{}''s {} KV heads; replicating "
-                                  "KV heads across tensor ranks is not built yet: use at most {} tensor ranks",
-                                  source, size, m.name, m.n_kv_heads, m.n_kv_heads));
   }
   const std::int64_t smallest = std::min({m.n_heads * m.head_dim(), m.ffn_hidden, m.vocab_size});
   std::string valid;
   for (std::int64_t s = size; s <= chunks && s <= smallest; s *= 2) {
-    if (chunks % s == 0) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", s);
+    const bool ok = !kv_pieces(m, s) || (s % m.n_kv_heads == 0 && m.n_heads % s == 0);
+    if (chunks % s == 0 && ok) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", s);
   }
-  if (!power_of_two(slices) || slices % size != 0 || chunks % slices != 0 || slices > smallest) {
+  // Note [Replicated KV heads]: past the KV heads, a slice is a whole number of query heads of one KV head.
+  const bool heads_ok = !kv_pieces(m, slices) || (slices % m.n_kv_heads == 0 && m.n_heads % slices == 0);
+  if (!power_of_two(slices) || slices % size != 0 || chunks % slices != 0 || slices > smallest || !heads_ok) {
     throw ConfigError(fmt::format(
         "{}: strata.parallel.tensor_slices = {} cannot slice model '{}' with strata.parallel.tensor = {}: it must be a "
         "power of two, a multiple of the tensor ranks, divide strata.tiling.chunks ({}) and be at most {} (Note "
-        "[Tensor slices]); valid choices: {}",
-        source, slices, m.name, size, chunks, smallest, valid.empty() ? "none" : valid));
+        "[Tensor slices]); past the {} KV heads, a multiple of them dividing the {} attention heads (Note [Replicated "
+        "KV heads]); valid choices: {}",
+        source, slices, m.name, size, chunks, smallest, m.n_kv_heads, m.n_heads, valid.empty() ? "none" : valid));
   }
 }
+
+int kv_replicas(const ModelConfig& c, int size) {
+  return size > c.n_kv_heads ? size / static_cast<int>(c.n_kv_heads) : 1;
+}
+bool kv_pieces(const ModelConfig& c, int slices) { return slices > c.n_kv_heads && c.n_kv_heads < c.n_heads; }
 
 RowRange vocab_rows(const ModelConfig& c, int size, int rank) { return part_of(c.vocab_size, size, rank); }
 
@@ -152,39 +161,40 @@ TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int 
       L.logical[g].tensors[k].shape = sliced_shape(untiled[g].tensors[k].shape, s);
       cuts.push_back(std::move(s));
     }
-    // Physical groups: the split tensors, then the replicated ones (T = 1: the group as it is).
-    for (const bool replicated_part : {false, true}) {
+    // Physical groups: the split tensors, the KV heads' copies (Note [Replicated KV heads]), then
+    // the replicated tensors (T = 1: the group as it is).
+    const auto kind_of = [&](std::size_t k) {
+      if (size == 1) return 0;
+      if (cuts[k].kind == SliceKind::Whole) return 2;
+      const bool kv = c.arch == Architecture::Llama && g != embedding_group_index() && g != head_group_index(c) &&
+                      (k == llama_block::kK || k == llama_block::kV);
+      return kv && kv_replicas(c, size) > 1 ? 1 : 0;
+    };
+    std::vector<TensorLocation> ordered(untiled[g].tensors.size());
+    bool first_part = true;
+    for (const int kind : {0, 1, 2}) {
       ParamGroupSpec part{untiled[g].name, {}, untiled[g].grads_ready_calls};
       ParamGroupSpec whole_part = part;
       std::vector<TensorSlice> part_cuts;
       for (std::size_t k = 0; k < untiled[g].tensors.size(); ++k) {
-        const bool replicated = size > 1 && cuts[k].kind == SliceKind::Whole;
-        if (replicated != replicated_part) continue;
-        L.where[g].push_back({L.groups.size(), part.tensors.size()});
+        if (kind_of(k) != kind) continue;
+        ordered[k] = {L.groups.size(), part.tensors.size()};
         part.tensors.push_back(L.logical[g].tensors[k]);
         whole_part.tensors.push_back(untiled[g].tensors[k]);
         part_cuts.push_back(cuts[k]);
       }
       if (part.tensors.empty()) continue;
-      const bool both = replicated_part && L.groups.size() > 0 && L.groups.back().name == untiled[g].name;
-      if (both) {
-        part.name += ".replicated";
+      if (!first_part) {
+        part.name += kind == 1 ? ".kv" : ".replicated";
         whole_part.name = part.name;
       }
+      first_part = false;
       L.groups.push_back(std::move(part));
       L.whole.push_back(std::move(whole_part));
       L.slices.push_back(std::move(part_cuts));
-      L.replicated.push_back(replicated_part);
+      L.replicated.push_back(kind == 2);
+      L.copies.push_back(kind == 2 ? size : kind == 1 ? kv_replicas(c, size) : 1);
     }
-    // where[] was filled in physical order; put it back in the logical tensor order.
-    std::vector<TensorLocation> ordered(untiled[g].tensors.size());
-    std::size_t next_split = 0, next_rep = 0;
-    std::vector<std::size_t> split_k, rep_k;
-    for (std::size_t k = 0; k < untiled[g].tensors.size(); ++k) {
-      (size > 1 && cuts[k].kind == SliceKind::Whole ? rep_k : split_k).push_back(k);
-    }
-    for (std::size_t k : split_k) ordered[k] = L.where[g][next_split++];
-    for (std::size_t k : rep_k) ordered[k] = L.where[g][split_k.size() + next_rep++];
     L.where[g] = std::move(ordered);
   }
   return L;
@@ -248,6 +258,10 @@ TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const Tensor
   t.all_reduce_bytes = activations * activation + 2 * static_cast<std::uint64_t>(rows) * 4;
   t.all_gather_calls = 1;
   t.all_gather_bytes = static_cast<std::uint64_t>(rows * tp.local_slices()) * 8;
+  if (training && kv_replicas(c, tp.size) > 1) {
+    t.all_gather_calls += L;
+    t.all_gather_bytes += L * static_cast<std::uint64_t>(rows * 2 * c.head_dim()) * dtype_bytes(c.dtype);
+  }
   return t;
 }
 

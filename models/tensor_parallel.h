@@ -36,11 +36,26 @@
 // in double, and the target logits all-reduced (one value and zeros: exact). Each rank then writes
 // its own columns of the logits' gradient. Memory per rank is rows x V/T logits.
 //
+// Note [Replicated KV heads]: with fewer KV heads K than tensor ranks T (T a multiple of K), each
+// rank's query heads share one KV head, and the r = T / K ranks of a KV head each hold its k and v
+// rows whole (a physical group "<block>.kv" of its own) and compute its keys and values. Their
+// gradient sums over the KV head's query heads, which r ranks now hold, so for equal bits at every
+// T the sum is split the same way at every T: whenever S > K (kv_pieces), slice s of the S slices
+// is query heads [s H/S, (s+1) H/S), all of KV head s / (S/K); the attention backward runs once per
+// slice, each slice's dK and dV a partial of its own (running sums over its query heads, as the
+// whole kernel sums), added on the pairwise tree of the KV head's S/K slices: a rank adds its
+// slices' subtree, then (T > K) the tensor group all-gathers the subtrees (rows x 2 head_dim values
+// per rank) and each rank adds its KV head's r of them on the rest of the tree. Every copy thus
+// gets the same dK and dV, computes the whole KV head's weight gradient (its input gradient only
+// for the rows of its slices, so the column-parallel sum counts each row once) and stays equal to
+// the others through the update; the gradient norm counts the copy of the first rank of each KV
+// head (TensorParallelLayout::copies).
+//
 // Checkpoints hold every tensor rank's physical groups (engine/checkpoint.h); a resume with other
 // tensor ranks and `strata ckpt export` put the slices back together (tools/checkpoint_tensors.h).
 //
-// Not built yet: sequence parallelism, KV heads fewer than T (replicated KV), tiling beside tensor
-// parallelism, the cuda device (the vocabulary-parallel ops have CPU kernels only).
+// Not built yet: sequence parallelism, tiling beside tensor parallelism, the cuda device (the
+// vocabulary-parallel ops have CPU kernels only).
 #pragma once
 
 #include <cstddef>
@@ -71,10 +86,16 @@ struct TensorParallel {
 };
 
 // ConfigError naming `source`, the key and the valid choices when T or S cannot split `model`
-// (T must split heads, KV heads and the MLP width; S must be a power of two, a multiple of T,
-// dividing `chunks`, and at most the smallest dimension it splits).
+// (T must split heads and the MLP width, and split the KV heads or be a multiple of them; S must be
+// a power of two, a multiple of T, dividing `chunks`, and at most the smallest dimension it splits;
+// past the KV heads, a multiple of them dividing the heads).
 void check_tensor_parallel(const ModelConfig& model, int size, int slices, std::int64_t chunks,
                            const std::string& source);
+
+// Note [Replicated KV heads]: the tensor ranks holding each KV head (1 when T <= K), and whether S
+// slices split the KV heads' gradient sums (S > K, with grouped-query heads).
+int kv_replicas(const ModelConfig& model, int size);
+bool kv_pieces(const ModelConfig& model, int slices);
 
 // How a rank's tensor is cut from the whole tensor of the untiled model.
 enum class SliceKind { Whole, Rows, Columns };
@@ -100,6 +121,7 @@ struct TensorParallelLayout {
   std::vector<ParamGroupSpec> whole;                  // physical, with the whole tensors' shapes
   std::vector<std::vector<TensorSlice>> slices;       // [physical group][tensor]: cut from whole
   std::vector<bool> replicated;                       // [physical group]: every tensor whole on every rank
+  std::vector<int> copies;  // [physical group]: tensor ranks holding these values (1 split, T replicated, T/K KV heads)
   std::vector<std::vector<TensorLocation>> where;     // [logical group][tensor] -> physical
   bool split() const { return groups.size() != logical.size(); }
 };

@@ -127,6 +127,10 @@ class ProgramBuilder {
     // column-parallel input gradients backward.
     activations_all_reduce(fmt::format("{} {} (1 of 2)", verb, group(base).name));
     activations_all_reduce(fmt::format("{} {} (2 of 2)", verb, group(base).name));
+    if (pass == Pass::Backward && models::kv_replicas(model_, T_) > 1) {  // Note [Replicated KV heads]
+      tensor_collective(fmt::format("tensor all_gather {} KV head gradients", group(base).name),
+                        tokens_ * 2.0 * static_cast<double>(model_.head_dim() * dtype_bytes(model_.dtype)), 1);
+    }
     for (std::size_t t = base + 1; t < end; ++t) {
       act(SimAction::Acquire, t);
       compute(fmt::format("{} {}", verb, group(t).name), factor * forward_flops(t, false), ComputeClass::Block);

@@ -638,9 +638,9 @@ TrainSummary run_training(const TrainOptions& options) {
   models::TokenFile data = open_training_data(cfg, *comm, model);
 
   ZeroEngine engine(cfg, *device, dcomm, groups, init, std::move(plan.run));
-  std::vector<bool> replicated;
-  for (std::size_t g : stage_groups) replicated.push_back(tp.size > 1 && tp_layout.replicated[g]);
-  engine.set_tensor_group(tensor_comm, replicated);
+  std::vector<ZeroEngine::TensorShare> shares;
+  for (std::size_t g : stage_groups) shares.push_back(tensor_share(tp_layout, g, tp.rank));
+  engine.set_tensor_group(tensor_comm, shares);
   engine.set_pipeline_group(pipeline_comm);
   init_file.reset();
   TrainCheckpoints checkpoints(cfg, *comm, model.name);

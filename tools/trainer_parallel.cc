@@ -74,6 +74,15 @@ models::TensorParallelLayout stage_tensor_layout(const models::TensorParallelLay
   return out;
 }
 
+ZeroEngine::TensorShare tensor_share(const models::TensorParallelLayout& layout, std::size_t g, int rank) {
+  using Share = ZeroEngine::TensorShare;
+  if (!layout.split()) return Share::Split;  // T = 1 (its groups may be tiled: not the layout's)
+  const int copies = layout.copies.at(g);
+  if (layout.replicated.at(g)) return Share::Replicated;
+  if (copies == 1) return Share::Split;
+  return rank % copies == 0 ? Share::Split : Share::Copy;
+}
+
 std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& model, const models::TensorParallel& tp,
                                                      std::span<const std::size_t> groups,
                                                      const std::vector<std::vector<float>>& mine) {

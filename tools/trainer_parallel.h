@@ -12,6 +12,7 @@
 #include "engine/config.h"
 #include "engine/parallel_layout.h"
 #include "engine/param_provider.h"
+#include "engine/zero_engine.h"
 #include "models/decoder.h"
 #include "models/model_config.h"
 #include "models/pipeline.h"
@@ -49,6 +50,11 @@ ParallelGroups split_parallel_groups(Communicator& world, const ParallelLayout& 
 // `stage_groups`: the whole tensors and slices a reslicer reads (tools/checkpoint_tensors.h).
 models::TensorParallelLayout stage_tensor_layout(const models::TensorParallelLayout& layout,
                                                  std::span<const std::size_t> stage_groups);
+
+// How physical group g of `layout` is held by tensor rank `rank` among its tensor group, for the
+// gradient norm (ZeroEngine::set_tensor_group): replicated KV heads count on the first rank of
+// each KV head (Note [Replicated KV heads] in models/tensor_parallel.h).
+ZeroEngine::TensorShare tensor_share(const models::TensorParallelLayout& layout, std::size_t g, int rank);
 
 // The tensor group's collectives per micro-batch over the run, counted at the communicator, beside
 // Megatron's count, into `summary` (T > 1).

@@ -32,7 +32,13 @@ struct Layout {
   std::int64_t o_index(std::int64_t b, std::int64_t t, std::int64_t h) const {
     return (b * s.seq + t) * s.out_row_stride + h * s.head_dim;
   }
+  std::int64_t dkv_index(std::int64_t b, std::int64_t t, std::int64_t g) const {
+    return (b * s.seq + t) * s.dkv_stride() + g * s.head_dim;
+  }
   std::int64_t lse_index(std::int64_t b, std::int64_t h, std::int64_t t) const {
+    return (b * s.lse_heads_or_q() + h) * s.seq + t;
+  }
+  std::int64_t delta_index(std::int64_t b, std::int64_t h, std::int64_t t) const {  // the backward's own [b, h, t]
     return (b * s.q_heads + h) * s.seq + t;
   }
 };
@@ -157,7 +163,7 @@ void attention_backward(DType dtype, const AttentionShape& shape, const void* q,
           for (std::int64_t c = 0; c < d; ++c) {
             acc += load<T>(dout, L.o_index(b, t, h) + c) * load<T>(out, L.o_index(b, t, h) + c);
           }
-          delta[static_cast<std::size_t>(L.lse_index(b, h, t))] = acc;
+          delta[static_cast<std::size_t>(L.delta_index(b, h, t))] = acc;
         }
       }
     });
@@ -168,7 +174,7 @@ void attention_backward(DType dtype, const AttentionShape& shape, const void* q,
       tile_dot(tl.dout.data(), tl.vt.data(), rows, cols, d, tl.dp.data());
       for (std::int64_t i = 0; i < rows; ++i) {
         const float row_lse = lse[L.lse_index(b, h, i0 + i)];
-        const float row_delta = delta[static_cast<std::size_t>(L.lse_index(b, h, i0 + i))];
+        const float row_delta = delta[static_cast<std::size_t>(L.delta_index(b, h, i0 + i))];
         for (std::int64_t j = 0; j < cols; ++j) {
           const bool visible = j0 + j <= i0 + i;
           const float p = visible ? math::attention_prob(tl.s[static_cast<std::size_t>(i * kTile + j)], row_lse) : 0.0f;
@@ -219,7 +225,7 @@ void attention_backward(DType dtype, const AttentionShape& shape, const void* q,
           }
         }
         for (std::int64_t j = 0; j < cols; ++j) {
-          const std::int64_t base = L.kv_index(b, j0 + j, g);
+          const std::int64_t base = L.dkv_index(b, j0 + j, g);
           for (std::int64_t c = 0; c < d; ++c) {
             store<T>(dk, base + c, dk_acc[static_cast<std::size_t>(j * d + c)]);
             store<T>(dv, base + c, dv_acc[static_cast<std::size_t>(j * d + c)]);

@@ -22,10 +22,11 @@ inline constexpr int kRowsPerWarp = kTile / (kThreads / 32);
 
 // Index arithmetic of AttentionShape (ops.h), usable on the device.
 struct Layout {
-  std::int64_t seq, q_heads, kv_heads, head_dim, q_row_stride, kv_row_stride, out_row_stride;
+  std::int64_t seq, q_heads, kv_heads, head_dim, q_row_stride, kv_row_stride, out_row_stride, lse_heads, dkv_row_stride;
 
   static Layout of(const AttentionShape& s) {
-    return {s.seq, s.q_heads, s.kv_heads, s.head_dim, s.q_row_stride, s.kv_row_stride, s.out_row_stride};
+    return {s.seq,           s.q_heads,        s.kv_heads,          s.head_dim,    s.q_row_stride,
+            s.kv_row_stride, s.out_row_stride, s.lse_heads_or_q(), s.dkv_stride()};
   }
   __device__ std::int64_t q_index(std::int64_t b, std::int64_t t, std::int64_t h) const {
     return (b * seq + t) * q_row_stride + h * head_dim;
@@ -36,8 +37,11 @@ struct Layout {
   __device__ std::int64_t o_index(std::int64_t b, std::int64_t t, std::int64_t h) const {
     return (b * seq + t) * out_row_stride + h * head_dim;
   }
+  __device__ std::int64_t dkv_index(std::int64_t b, std::int64_t t, std::int64_t g) const {
+    return (b * seq + t) * dkv_row_stride + g * head_dim;
+  }
   __device__ std::int64_t lse_index(std::int64_t b, std::int64_t h, std::int64_t t) const {
-    return (b * q_heads + h) * seq + t;
+    return (b * lse_heads + h) * seq + t;
   }
 };
 

@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
   // Same (key, channel) ownership as the accumulation: no barrier needed before the write-out.
   for (int e = static_cast<int>(threadIdx.x); e < cols * d; e += kThreads) {
     const int j = e / d, c = e % d;
-    const std::int64_t base = lay.kv_index(b, j0 + j, g);
+    const std::int64_t base = lay.dkv_index(b, j0 + j, g);
     dk[base + c] = from_f32<T>(sdk[j * ld + c]);
     dv[base + c] = from_f32<T>(sdv[j * ld + c]);
   }

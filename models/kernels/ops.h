@@ -92,15 +92,21 @@ void swiglu_backward(const KernelContext& ctx, DType dtype, const void* gate_up,
 
 // Shape of causal multi-head attention with grouped-query heads (q_heads % kv_heads == 0).
 // Element (b, t, h, d) of q lives at q[(b*seq + t) * q_row_stride + h*head_dim + d]; k and v the same
-// with kv heads and their own row strides; out with out_row_stride. lse is fp32 [batch, q_heads, seq].
+// with kv heads and their own row strides; out with out_row_stride. lse is fp32 [batch, lse_heads, seq]
+// (lse_heads 0: q_heads), so a call over some heads of a larger attention passes the whole lse's
+// head count and lse advanced to its first head. The backward's dq is laid out as q and dk, dv as
+// k, v but at row stride dkv_row_stride (0: kv_row_stride).
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   std::int64_t q_row_stride = 0, kv_row_stride = 0, out_row_stride = 0;
+  std::int64_t lse_heads = 0, dkv_row_stride = 0;
+  std::int64_t lse_heads_or_q() const { return lse_heads == 0 ? q_heads : lse_heads; }
+  std::int64_t dkv_stride() const { return dkv_row_stride == 0 ? kv_row_stride : dkv_row_stride; }
 };
 void attention_forward(const KernelContext& ctx, DType dtype, const AttentionShape& shape, const void* q,
                        const void* k, const void* v, void* out, float* lse);
-// Recomputes the softmax tiles from q, k, v and lse (memory stays O(seq)); writes dq, dk, dv (same
-// layouts as q, k, v; they may be parts of one packed dqkv buffer).
+// Recomputes the softmax tiles from q, k, v and lse (memory stays O(seq)); writes dq, dk, dv (the
+// layouts of q, k, v, dk and dv at dkv_row_stride; they may be parts of one packed dqkv buffer).
 void attention_backward(const KernelContext& ctx, DType dtype, const AttentionShape& shape, const void* q,
                         const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
                         void* dk, void* dv);

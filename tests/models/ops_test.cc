@@ -435,6 +435,47 @@ TEST(OpDeterminism, BackwardKernelsGiveTheSameBitsForAnyThreadCount) {
   EXPECT_EQ(one, run(3));
 }
 
+TEST(OpDeterminism, AttentionBackwardOverSomeHeadsIsTheWholeCallBitForBit) {
+  // Note [Replicated KV heads]: the decoder runs the backward once per slice of query heads (one KV
+  // head's), with the whole lse (lse_heads) and dK|dV in a buffer of their own (dkv_row_stride).
+  const AttnCase c{2, 40, 4, 2, 8};
+  const std::int64_t hd = c.head_dim, stride = (c.q_heads + 2 * c.kv_heads) * hd, rows = c.batch * c.seq;
+  const std::int64_t odim = c.q_heads * hd, koff = odim, voff = odim + c.kv_heads * hd, group = c.q_heads / c.kv_heads;
+  const Vec qkv = random_vec(rows * stride, 42), dout = random_vec(rows * odim, 43);
+  Buf QKV = make_buf(qkv, DType::F32), O = make_buf(Vec(rows * odim), DType::F32), DO = make_buf(dout, DType::F32);
+  Buf D = make_buf(Vec(rows * stride), DType::F32), DQ = make_buf(Vec(rows * stride, 7.0), DType::F32);
+  std::vector<float> lse(static_cast<std::size_t>(c.batch * c.q_heads * c.seq));
+  auto* q = static_cast<float*>(QKV.data());
+  auto* d = static_cast<float*>(D.data());
+  const AttentionShape s{c.batch, c.seq, c.q_heads, c.kv_heads, hd, stride, stride, odim};
+  attention_forward(kInline, DType::F32, s, q, q + koff, q + voff, O.data(), lse.data());
+  attention_backward(kInline, DType::F32, s, q, q + koff, q + voff, O.data(), lse.data(), DO.data(), d, d + koff,
+                     d + voff);
+  const auto* o = static_cast<const float*>(O.data());
+  const auto* dout_p = static_cast<const float*>(DO.data());
+  auto* dq = static_cast<float*>(DQ.data());
+  for (std::int64_t g = 0; g < c.kv_heads; ++g) {
+    std::vector<float> dkv(static_cast<std::size_t>(rows * 2 * hd), 7.0f);
+    AttentionShape part = s;
+    part.q_heads = group;
+    part.kv_heads = 1;
+    part.lse_heads = c.q_heads;
+    part.dkv_row_stride = 2 * hd;
+    const std::int64_t h0 = g * group;
+    attention_backward(kInline, DType::F32, part, q + h0 * hd, q + koff + g * hd, q + voff + g * hd, o + h0 * hd,
+                       lse.data() + h0 * c.seq, dout_p + h0 * hd, dq + h0 * hd, dkv.data(), dkv.data() + hd);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t e = 0; e < hd; ++e) {
+        ASSERT_EQ(dkv[static_cast<std::size_t>(r * 2 * hd + e)], d[r * stride + koff + g * hd + e]) << "dK " << g;
+        ASSERT_EQ(dkv[static_cast<std::size_t>(r * 2 * hd + hd + e)], d[r * stride + voff + g * hd + e]) << "dV " << g;
+      }
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t e = 0; e < odim; ++e) ASSERT_EQ(dq[r * stride + e], d[r * stride + e]) << "dQ row " << r;
+  }
+}
+
 TEST(OpDeterminism, AccumulatingRowsInTwoCallsEqualsOneCall) {
   // The property that makes 4 micro-batches of 2 give the gradients of 1 of 8, bit for bit.
   const std::int64_t rows = 10, cols = 130;

@@ -31,7 +31,7 @@ TEST(TensorParallelLayout, SlicesOfEveryRankTileEachWholeTensorExactlyOnce) {
   ModelConfig odd = model_config_by_name("tiny");
   odd.vocab_size = 257;  // uneven vocabulary rows
   for (const ModelConfig& c : {odd, model_config_by_name("tiny-llama")}) {
-    for (int T : {1, 2}) {
+    for (int T : {1, 2, 4}) {  // tiny-llama at 4: its 2 KV heads each on 2 ranks (Note [Replicated KV heads])
       std::vector<TensorParallelLayout> ranks;
       for (int t = 0; t < T; ++t) ranks.push_back(tensor_parallel_layout(c, T, t));
       const std::vector<ParamGroupSpec>& whole = ranks[0].whole;  // physical groups, whole shapes
@@ -55,7 +55,9 @@ TEST(TensorParallelLayout, SlicesOfEveryRankTileEachWholeTensorExactlyOnce) {
             total += part.size();
           }
           const bool split = ranks[0].slices[g][k].kind != SliceKind::Whole;
-          EXPECT_EQ(total, split ? w.elems() : w.elems() * static_cast<std::size_t>(T)) << w.name;
+          EXPECT_EQ(total, w.elems() * static_cast<std::size_t>(ranks[0].copies[g])) << w.name;
+          const bool kv = ranks[0].groups[g].name.ends_with(".kv");
+          EXPECT_EQ(ranks[0].copies[g], !split ? T : kv ? T / static_cast<int>(c.n_kv_heads) : 1) << w.name;
           EXPECT_EQ(ranks[0].replicated[g], T > 1 && !split) << w.name << ": a group is all split or all replicated";
           EXPECT_EQ(rebuilt, values) << w.name << " at T = " << T;
         }
@@ -100,13 +102,50 @@ TEST(TensorParallelLayout, MegatronSplitOfGpt2Block) {
   EXPECT_EQ(L.groups.size(), 1 + 1 + 2 * 2 + 1u);  // embedding (2), 2 blocks (2 each), head (1)
 }
 
+TEST(TensorParallelLayout, ReplicatedKvHeadsAreWholeHeadsInAGroupOfTheirOwn) {
+  const ModelConfig c = model_config_by_name("tiny-llama");  // 4 heads, 2 KV heads, head_dim 8
+  const std::size_t b = block_group_index(0);
+  using namespace llama_block;
+  for (int t = 0; t < 4; ++t) {
+    const TensorParallelLayout L = tensor_parallel_layout(c, 4, t);
+    const TensorLocation k = L.where[b][kK], v = L.where[b][kV], q = L.where[b][kQ];
+    EXPECT_EQ(L.groups[k.group].name, "blocks.0.kv");
+    EXPECT_EQ(v.group, k.group);
+    EXPECT_EQ(L.copies[k.group], 2);
+    EXPECT_FALSE(L.replicated[k.group]);
+    EXPECT_EQ(L.copies[q.group], 1);
+    EXPECT_EQ(L.groups[q.group].name, "blocks.0");
+    EXPECT_EQ(L.slices[k.group][k.tensor].ranges, (std::vector<RowRange>{{t / 2 * 8, t / 2 * 8 + 8}}))
+        << "rank " << t << " holds its queries' KV head whole";
+    EXPECT_EQ(L.slices[q.group][q.tensor].ranges, (std::vector<RowRange>{{t * 8, t * 8 + 8}}));
+    EXPECT_EQ(L.groups[L.where[b][kAttnNorm].group].name, "blocks.0.replicated");
+  }
+  EXPECT_EQ(kv_replicas(c, 4), 2);
+  EXPECT_EQ(kv_replicas(c, 2), 1);
+  EXPECT_TRUE(kv_pieces(c, 4));
+  EXPECT_FALSE(kv_pieces(c, 2));
+  EXPECT_FALSE(kv_pieces(model_config_by_name("tiny"), 8)) << "no grouped-query heads, nothing to split";
+}
+
 TEST(TensorParallelLayout, RefusesWhatItCannotSplit) {
-  const ModelConfig llama = model_config_by_name("tiny-llama");  // 4 heads, 2 KV heads
+  ModelConfig kv3 = model_config_by_name("tiny-llama");
+  kv3.n_heads = 12;
+  kv3.n_kv_heads = 3;  // 4 ranks split the heads but neither split the KV heads nor hold them whole
+  kv3.d_model = 48;
   try {
-    check_tensor_parallel(llama, 4, 4, 16, "cfg.json");
-    FAIL() << "KV heads fewer than the tensor ranks were accepted";
+    check_tensor_parallel(kv3, 4, 4, 16, "cfg.json");
+    FAIL() << "4 tensor ranks over 3 KV heads were accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("at most 2 tensor ranks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("KV heads fewer than the ranks divide it"), std::string::npos) << e.what();
+  }
+  const ModelConfig llama = model_config_by_name("tiny-llama");  // 4 heads, 2 KV heads
+  EXPECT_NO_THROW(check_tensor_parallel(llama, 4, 4, 16, "cfg.json"));  // each KV head on 2 ranks
+  try {  // 8 slices past 2 KV heads would cut a query head in half
+    check_tensor_parallel(llama, 2, 8, 16, "cfg.json");
+    FAIL() << "8 slices of 4 heads were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("Replicated KV heads"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("valid choices: 2, 4"), std::string::npos) << e.what();
   }
   const ModelConfig tiny = model_config_by_name("tiny");
   for (int slices : {3, 6, 1, 32}) {  // not a power of two; not a multiple of T = 2; more than the chunks

@@ -35,9 +35,14 @@ expect_error "a layout that does not divide the world" "valid choices for 1 rank
 expect_error "gradient clipping beside tensor parallelism in exact mode" \
   "gradient_clipping 1 in exact mode (a norm whose bits do not depend on T) with strata.parallel.tensor = 2" \
   "$strata" estimate --config "$config" --world 2 --set strata.parallel.tensor=2
-expect_error "KV heads fewer than the tensor ranks" "replicating KV heads across tensor ranks is not built yet" \
+expect_error "tensor slices that cut a query head (past the KV heads)" \
+  "past the 2 KV heads, a multiple of them dividing the 4 attention heads (Note [Replicated KV heads]); valid choices: 2, 4" \
+  "$strata" estimate --config "$config" --world 2 --set strata.parallel.tensor=2 --set gradient_clipping=0 \
+  --set strata.model='"tiny-llama"' --set strata.parallel.tensor_slices=8
+expect_error "tensor ranks that neither split the KV heads nor are a multiple of them" \
+  "or KV heads fewer than the ranks divide it" \
   "$strata" estimate --config "$config" --world 4 --set strata.parallel.tensor=4 --set gradient_clipping=0 \
-  --set strata.model='"tiny-llama"'
+  --set strata.model='{"name": "kv3", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 2, "d_model": 48, "n_heads": 12, "n_kv_heads": 3, "ffn_hidden": 64}'
 expect_error "tensor slices that do not nest" "strata.parallel.tensor_slices = 3 cannot slice model 'tiny'" \
   "$strata" train --config "$config" --steps 1 --set strata.parallel.tensor_slices=3
 expect_error "tiling beside tensor slices" "strata.tiling beside tensor parallelism" \

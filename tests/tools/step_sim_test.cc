@@ -216,43 +216,54 @@ TEST(StepSim, TraceIsChromeJsonWithTheEnginesStreams) {
 // compute is its slices', and with only the GPU link finite the step is the link time of those
 // collectives plus the data-parallel ones.
 TEST(StepSim, TensorParallelCollectivesAreMegatronsCount) {
-  TrainConfig cfg = load_train_config(config_path("tiny.json"), {"gradient_clipping=0", "strata.parallel.tensor=2"});
-  const StepWorkload one = make_step_workload(load_train_config(config_path("tiny.json"), {"gradient_clipping=0"}), 1,
-                                              std::uint64_t{64} << 20);
-  const StepWorkload w = make_step_workload(cfg, 2, std::uint64_t{64} << 20);
-  EXPECT_EQ(w.tensor_ranks, 2);
-  EXPECT_EQ(w.plan.topo.world_size, 1);  // the data ranks
-  EXPECT_EQ(w.tokens_per_step, one.tokens_per_step);
-  bool checkpointing = false;
-  const models::ModelConfig model = training_model_config(cfg, &checkpointing);
-  const models::TensorParallelTraffic want = models::tensor_parallel_traffic(
-      model, models::TensorParallel{2, 1, 2, nullptr}, cfg.micro_batch_size * cfg.strata.data.seq_len, true,
-      checkpointing);
-  double reduce_bytes = 0, gather_bytes = 0, flops = 0, flops_one = 0;
-  int reduces = 0, gathers = 0;
-  for (const SimAction& a : w.micro_batch) {
-    if (a.kind == SimAction::Compute) flops += a.flops;
-    if (a.kind != SimAction::TensorCollective) continue;
-    (a.passes == 2 ? reduce_bytes : gather_bytes) += a.bytes;
-    ++(a.passes == 2 ? reduces : gathers);
-  }
-  for (const SimAction& a : one.micro_batch) flops_one += a.kind == SimAction::Compute ? a.flops : 0;
-  EXPECT_EQ(reduces, static_cast<int>(want.all_reduce_calls));
-  EXPECT_EQ(gathers, static_cast<int>(want.all_gather_calls));
-  EXPECT_DOUBLE_EQ(reduce_bytes, static_cast<double>(want.all_reduce_bytes));
-  EXPECT_DOUBLE_EQ(gather_bytes, static_cast<double>(want.all_gather_bytes));
-  EXPECT_GT(flops, 0.45 * flops_one);  // each rank's slices: about half (norms are not matmuls)
-  EXPECT_LT(flops, 0.55 * flops_one);
+  // tiny at T = 2; tiny-llama at T = 4, its 2 KV heads each on 2 ranks (Note [Replicated KV heads]:
+  // one more all-gather per block backward).
+  for (const auto& [name, T] : {std::pair<std::string, int>{"tiny", 2}, {"tiny-llama", 4}}) {
+    SCOPED_TRACE(name);
+    const std::string model_set = "strata.model=\"" + name + "\"";
+    TrainConfig cfg = load_train_config(config_path("tiny.json"), {"gradient_clipping=0", model_set,
+                                                                   "strata.parallel.tensor=" + std::to_string(T)});
+    const StepWorkload one = make_step_workload(
+        load_train_config(config_path("tiny.json"), {"gradient_clipping=0", model_set}), 1, std::uint64_t{64} << 20);
+    const StepWorkload w = make_step_workload(cfg, T, std::uint64_t{64} << 20);
+    EXPECT_EQ(w.tensor_ranks, T);
+    EXPECT_EQ(w.plan.topo.world_size, 1);  // the data ranks
+    EXPECT_EQ(w.tokens_per_step, one.tokens_per_step);
+    bool checkpointing = false;
+    const models::ModelConfig model = training_model_config(cfg, &checkpointing);
+    const models::TensorParallelTraffic want = models::tensor_parallel_traffic(
+        model, models::TensorParallel{T, T - 1, T, nullptr}, cfg.micro_batch_size * cfg.strata.data.seq_len, true,
+        checkpointing);
+    double reduce_bytes = 0, gather_bytes = 0, flops = 0, flops_one = 0;
+    int reduces = 0, gathers = 0;
+    for (const SimAction& a : w.micro_batch) {
+      if (a.kind == SimAction::Compute) flops += a.flops;
+      if (a.kind != SimAction::TensorCollective) continue;
+      (a.passes == 2 ? reduce_bytes : gather_bytes) += a.bytes;
+      ++(a.passes == 2 ? reduces : gathers);
+    }
+    for (const SimAction& a : one.micro_batch) flops_one += a.kind == SimAction::Compute ? a.flops : 0;
+    EXPECT_EQ(reduces, static_cast<int>(want.all_reduce_calls));
+    EXPECT_EQ(gathers, static_cast<int>(want.all_gather_calls));
+    EXPECT_EQ(gathers, T == 4 ? 1 + model.n_layers : 1);
+    EXPECT_DOUBLE_EQ(reduce_bytes, static_cast<double>(want.all_reduce_bytes));
+    EXPECT_DOUBLE_EQ(gather_bytes, static_cast<double>(want.all_gather_bytes));
+    if (T == 2) {
+      EXPECT_GT(flops, 0.45 * flops_one);  // each rank's slices: about half (norms are not matmuls)
+      EXPECT_LT(flops, 0.55 * flops_one);
+    }
 
-  SimMachine m = instant_machine();
-  m.spec.gpus.count = 2;
-  m.spec.gpus.link_gbps = 1;  // 1e9 bytes/s: the only finite figure
-  const SimResult r = simulate_step(w, m);
-  // Every collective of the step goes over the link: the tensor group's on the compute stream
-  // (a ring over 2 ranks moves half the buffer per pass) and none of the data axis (1 data rank).
-  const double tensor_seconds = w.micro_batches * (reduce_bytes * 2 + gather_bytes) * 0.5 / 1e9;
-  EXPECT_NEAR(queue(r, SimQueue::Collective), tensor_seconds, 1e-12);
-  EXPECT_NEAR(r.step_seconds, tensor_seconds, 1e-12);
+    SimMachine m = instant_machine();
+    m.spec.gpus.count = T;
+    m.spec.gpus.link_gbps = 1;  // 1e9 bytes/s: the only finite figure
+    const SimResult r = simulate_step(w, m);
+    // Every collective of the step goes over the link: the tensor group's on the compute stream
+    // (a ring over T ranks moves (T - 1) / T of the buffer per pass) and none of the data axis.
+    const double share = (T - 1.0) / T;
+    const double tensor_seconds = w.micro_batches * (reduce_bytes * 2 + gather_bytes) * share / 1e9;
+    EXPECT_NEAR(queue(r, SimQueue::Collective), tensor_seconds, 1e-12);
+    EXPECT_NEAR(r.step_seconds, tensor_seconds, 1e-12);
+  }
 }
 
 }  // namespace

@@ -3,8 +3,9 @@
 # 1. Exact mode, the master test: every factorization of 1, 2, 4 and 8 ranks into data x tensor,
 #    over ZeRO stages 0-3 and optimizer/parameter offload, writes weights byte-identical to the
 #    single-rank run with the same strata.parallel.tensor_slices (Note [Tensor slices]); for the
-#    GPT-2 and the LLaMA-style (grouped-query) tiny models, and an 8-head GPT-2 for 8 tensor ranks;
-#    and across a checkpoint and a resume at other data ranks.
+#    GPT-2 and the LLaMA-style (grouped-query) tiny models, an 8-head GPT-2 for 8 tensor ranks and a
+#    LLaMA with 2 KV heads at 2, 4 and 8 (replicated KV heads); and across a checkpoint and a resume
+#    at other data and tensor ranks.
 # 2. Fast mode: T = 2 trains to the loss of T = 1 within rounding (fp32 with and without gradient
 #    clipping, bf16, fp16); the tensor
 #    group's collectives counted at the communicator equal Megatron's count for the tiny model's
@@ -40,10 +41,9 @@ for model in tiny tiny-llama; do
     run 4 2 2 "$stage" "$model.d2t2s$stage.st"
     compare "$model.ref.st" "$model.d2t2s$stage.st" "$model: data 2 x tensor 2, stage $stage = one rank"
   done
-  if [ "$model" = tiny ]; then
-    run 4 4 4 2 "$model.d1t4.st"
-    compare "$model.ref.st" "$model.d1t4.st" "$model: tensor 4, stage 2 = one rank"
-  fi
+  # tiny-llama's 2 KV heads at tensor 4: each KV head on 2 ranks (Note [Replicated KV heads]).
+  run 4 4 4 2 "$model.d1t4.st"
+  compare "$model.ref.st" "$model.d1t4.st" "$model: tensor 4, stage 2 = one rank"
   # The optimizer state on NVMe and the parameters on the host, sharded over the data axis of each
   # tensor slice (every rank its own swap file).
   run 4 2 2 3 "$model.d2t2off.st" --set zero_optimization.offload_optimizer.device='"nvme"' \
@@ -78,6 +78,27 @@ compare tp8.ref.st tp8.d8t1.st "8-head model: data 8, stage 1 = one rank"
 compare tp8.ref.st tp8.d4t2.st "8-head model: data 4 x tensor 2, stage 2 = one rank"
 compare tp8.ref.st tp8.d2t4.st "8-head model: data 2 x tensor 4, stage 1 = one rank"
 compare tp8.ref.st tp8.d1t8.st "8-head model: tensor 8, stage 0 = one rank"
+
+# Replicated KV heads on 8 ranks (Note [Replicated KV heads]): a LLaMA of 8 heads and 2 KV heads, 8
+# slices; at tensor 8 each KV head is on 4 ranks, at tensor 4 on 2, at tensor 2 split. A copy that
+# drifted from the others would change its ranks' attention, and so every weight after it.
+kv8='{"name": "kv8", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 2, "d_model": 64, "n_heads": 8, "n_kv_heads": 2, "ffn_hidden": 128}'
+common=(--log-level warn train --config "$config" --set strata.steps=6 --set strata.model="$kv8" --set gradient_clipping=0
+        --set train_micro_batch_size_per_gpu=1 --set strata.parallel.tensor_slices=8)
+run 1 1 8 0 kv8.ref.st
+run 8 8 8 0 kv8.d1t8.st
+run 8 4 4 3 kv8.d2t4.st
+run 8 2 2 1 kv8.d4t2.st --set zero_optimization.offload_optimizer.device='"nvme"' \
+  --set zero_optimization.offload_optimizer.nvme_path='"nvme"'
+compare kv8.ref.st kv8.d1t8.st "2 KV heads at tensor 8 (each on 4 ranks) = one rank"
+compare kv8.ref.st kv8.d2t4.st "2 KV heads at data 2 x tensor 4 (each on 2 ranks), stage 3 = one rank"
+compare kv8.ref.st kv8.d4t2.st "2 KV heads at data 4 x tensor 2, stage 1, state on NVMe = one rank"
+# A checkpoint at tensor 8 (the KV heads' copies in it) resumed at tensor 2, and exported.
+run 8 8 8 0 kv8.first.st --set strata.steps=3 --set strata.checkpoint.dir='"kvck"'
+run 8 2 2 2 kv8.resumed.st --set strata.checkpoint.dir='"kvck"' --resume kvck
+compare kv8.ref.st kv8.resumed.st "checkpoint at tensor 8 (replicated KV heads), resumed at data 4 x tensor 2 = 6 steps straight"
+"$strata" ckpt export kvck kv8.exported.st > /dev/null
+compare kv8.resumed.st kv8.exported.st "ckpt export of a checkpoint with replicated KV heads = --save-weights"
 
 # Checkpoints of a tensor-parallel run (engine/checkpoint.h): 4 steps at data 1 x tensor 2 with the
 # optimizer state on NVMe (the step captures each chunk into the checkpoint), resumed for 4 more at
@@ -150,6 +171,35 @@ sys.exit(0 if ok and 0.5 < ratio < 0.6 else 1)
 EOF
 then echo "ok: fast mode, tensor 2 trains to tensor 1's loss; collectives and model state as the formulas say"
 else echo "FAILED: fast mode losses, collectives or model state"; fail=1; fi
+# Replicated KV heads in fast mode: tiny-llama's 2 KV heads at tensor 4. The gradient norm counts each
+# KV head once (not again for its copy on the other rank), so clipping follows tensor 1; the tensor
+# group's collectives add one all-gather per block backward of rows x 2 head_dim values.
+for t in 1 4; do
+  launcher=(); [ "$t" -gt 1 ] && launcher=("${mpi[@]}" -np "$t")
+  "${launcher[@]}" "$strata" --log-level warn train --config "$config" --steps 12 --set strata.model='"tiny-llama"' \
+    --set strata.exact=false --set gradient_clipping=1 --set train_micro_batch_size_per_gpu=2 \
+    --set gradient_accumulation_steps=2 --set strata.parallel.tensor=$t --set strata.metrics="\"kvclip.t$t.jsonl\"" \
+    --summary-json kvclip.t$t.json
+done
+if python3 - kvclip.t1.jsonl kvclip.t4.jsonl kvclip.t4.json <<'EOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
+a = [r for r in a if "grad_norm" in r]; b = [r for r in b if "grad_norm" in r]
+first = abs(a[0]["grad_norm"] - b[0]["grad_norm"]) / a[0]["grad_norm"]
+last = abs(a[-1]["loss"] - b[-1]["loss"]) / a[-1]["loss"]
+print(f"replicated KV heads, clipped: grad norm {a[0]['grad_norm']:.7f} / {b[0]['grad_norm']:.7f} at step 1, loss "
+      f"{a[-1]['loss']:.6f} / {b[-1]['loss']:.6f} at step {len(a)} (tensor 1 / tensor 4)")
+# tiny-llama: 2 layers, d_model 32, 4 heads of 8, fp32; 2 sequences of 32 tokens; S = T = 4 slices.
+rows, layers, hd, e = 2 * 32, 2, 8, 4
+want = {"all_gather_calls": 1 + layers, "all_gather_bytes": rows * 1 * 8 + layers * rows * 2 * hd * e}
+got = json.load(open(sys.argv[3]))["tensor_parallel"]["per_micro_batch"]
+print(f"all-gathers per micro-batch: {got['all_gather_calls']:.0f} of {got['all_gather_bytes']:.0f} B (formula {want})")
+ok = all(got[k] == v for k, v in want.items())
+sys.exit(0 if ok and a[0]["grad_norm"] > 0.5 and first < 1e-5 and last < 1e-3 and len(a) == len(b) == 12 else 1)
+EOF
+then echo "ok: replicated KV heads: the norm counts each KV head once; all-gathers as the formula says"
+else echo "FAILED: replicated KV heads in fast mode"; fail=1; fi
+
 # 3. `strata estimate` plans a tensor-parallel run with train's own planning path: its tier line is
 #    the one train logs, for the built-in demo config (bf16, stage 3, everything on NVMe) at data 2 x
 #    tensor 2.
