@@ -133,6 +133,11 @@ struct ParallelConfig {
   // Layers per pipeline stage, first stage first (P counts summing to the model's layers); empty:
   // balanced by parameters (models/pipeline.h).
   std::vector<std::int64_t> pipeline_layers;
+  // A pipeline stage keeps only its input of each micro-batch in flight and recomputes its forward
+  // in backward (Note [Stage re-materialization] in models/pipeline.h); false: it keeps what the
+  // model keeps without stages (every block's activations, or with checkpoint_activations each
+  // block's input) for each micro-batch in flight, and runs each forward once.
+  bool stage_recompute = false;
 };
 
 struct StrataConfig {

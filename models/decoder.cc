@@ -64,23 +64,44 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   const bool head = ps.last() || (ps.split() && ps.first() && c.arch == Architecture::Gpt2);
   ws->x.clear();
   for (std::int64_t l = l0; l <= l1; ++l) ws->x.push_back(l == l0 && !ps.first() ? nullptr : cv.take(n * C * e));
-  ws->acts.clear();
-  const std::int64_t sets = keep_all_blocks ? l1 - l0 : 1;
-  for (std::int64_t l = 0; l < sets; ++l) {
-    Decoder::Workspace::BlockActs a{};
-    a.norm1 = cv.take(n * C * e);
-    a.qkv = cv.take(n * qkv_w * e);
-    a.att = cv.take(n * att_w * e);
-    a.x_mid = cv.take(n * C * e);
-    a.norm2 = cv.take(n * C * e);
-    a.ff_in = cv.take(n * ff_in_w * e);
-    a.ff_act = cv.take(n * F * e);
-    a.mean1 = static_cast<float*>(cv.take(n * 4));
-    a.rstd1 = static_cast<float*>(cv.take(n * 4));
-    a.mean2 = static_cast<float*>(cv.take(n * 4));
-    a.rstd2 = static_cast<float*>(cv.take(n * 4));
-    a.lse = static_cast<float*>(cv.take(n * H * 4));
-    ws->acts.push_back(a);
+  const auto carve_acts = [&](std::int64_t count) {
+    std::vector<Decoder::Workspace::BlockActs> acts;
+    for (std::int64_t l = 0; l < count; ++l) {
+      Decoder::Workspace::BlockActs a{};
+      a.norm1 = cv.take(n * C * e);
+      a.qkv = cv.take(n * qkv_w * e);
+      a.att = cv.take(n * att_w * e);
+      a.x_mid = cv.take(n * C * e);
+      a.norm2 = cv.take(n * C * e);
+      a.ff_in = cv.take(n * ff_in_w * e);
+      a.ff_act = cv.take(n * F * e);
+      a.mean1 = static_cast<float*>(cv.take(n * 4));
+      a.rstd1 = static_cast<float*>(cv.take(n * 4));
+      a.mean2 = static_cast<float*>(cv.take(n * 4));
+      a.rstd2 = static_cast<float*>(cv.take(n * 4));
+      a.lse = static_cast<float*>(cv.take(n * H * 4));
+      acts.push_back(a);
+    }
+    return acts;
+  };
+  ws->acts = carve_acts(keep_all_blocks ? l1 - l0 : 1);
+  // Note [Stage activations]: set 0 is the workspace's own; each other set has its own block inputs
+  // (and, without checkpointing, activations); the stage's input and output stay per call.
+  ws->set_x.clear();
+  ws->set_acts.clear();
+  const int sets = training && ps.split() ? ps.activation_sets : 0;
+  for (int k = 0; k < sets; ++k) {
+    if (k == 0) {
+      ws->set_x.push_back(ws->x);
+      ws->set_acts.push_back(ws->acts);
+      continue;
+    }
+    std::vector<void*> x = ws->x;
+    for (std::int64_t l = l0; l < l1; ++l) {
+      if (l > l0 || ps.first()) x[static_cast<std::size_t>(l - l0)] = cv.take(n * C * e);
+    }
+    ws->set_x.push_back(std::move(x));
+    ws->set_acts.push_back(keep_all_blocks ? carve_acts(l1 - l0) : ws->acts);
   }
   ws->tmp = cv.take(n * C * e);
   if (head) {

@@ -99,22 +99,24 @@ class Decoder {
   // param_groups()[i] is layout().groups[stage_groups()[i]] (the identity without a pipeline).
   const std::vector<std::size_t>& stage_groups() const { return stage_groups_; }
 
-  // Pipeline stages (options.pipeline, Note [Stage re-materialization] in models/pipeline.h). The
-  // stage's input and output are [batch * seq, d_model] values of the model's dtype on the device.
-  // Forward of the stage's blocks: from the tokens (first stage) or `x_in`, into `y_out`; the last
-  // stage does nothing here (its forward runs in its backward). Enqueued on rt.ctx.stream; `tokens`
-  // must stay valid until that work has run.
+  // Pipeline stages (options.pipeline, Notes [Stage activations] and [Stage re-materialization] in
+  // models/pipeline.h). The stage's input and output are [batch * seq, d_model] values of the
+  // model's dtype on the device. Forward of the stage's blocks: from the tokens (first stage) or
+  // `x_in`, into `y_out`, keeping its activations in set `set` (< activation_sets; ignored without
+  // sets); the last stage does nothing here (its forward runs in its backward). Enqueued on
+  // rt.ctx.stream; `tokens` must stay valid until that work has run.
   void stage_forward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens, std::int64_t batch,
-                     std::int64_t seq, const void* x_in, void* y_out);
-  // The stage's forward recomputed from `x_in` (the tokens on the first stage), then its backward:
-  // `grad` holds the gradient of the stage's output on entry (ignored on the last stage, which runs
-  // the head and the loss) and the gradient of its input on exit (not on the first stage, which ends
-  // in the embedding). Gradients are added to the provider's as by forward_backward. Returns the
-  // loss on the last stage (after waiting for the stream), zero elsewhere (without waiting).
-  // A tied embedding across stages needs `tied` (StageTied).
+                     std::int64_t seq, const void* x_in, void* y_out, int set = 0);
+  // The stage's backward, from the activations of set `set` that the micro-batch's forward kept
+  // (without sets: its forward recomputed from `x_in`, the tokens on the first stage): `grad` holds
+  // the gradient of the stage's output on entry (ignored on the last stage, which runs the head and
+  // the loss) and the gradient of its input on exit (not on the first stage, which ends in the
+  // embedding). Gradients are added to the provider's as by forward_backward. Returns the loss on
+  // the last stage (after waiting for the stream), zero elsewhere (without waiting). A tied
+  // embedding across stages needs `tied` (StageTied).
   LossSum stage_backward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
                          const std::int32_t* targets, std::int64_t batch, std::int64_t seq, float grad_scale,
-                         const void* x_in, void* grad, const StageTied& tied = {});
+                         const void* x_in, void* grad, const StageTied& tied = {}, int set = 0);
   // Whether this is a stage of a pipeline that splits a tied embedding from its head.
   bool tied_across_stages() const;
   // Elements of this rank's slice of the tied embedding weights (the last stage's copy).

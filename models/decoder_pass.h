@@ -36,6 +36,12 @@ struct Decoder::Workspace {
   std::size_t bytes = 0;
   std::vector<void*> x;  // residual stream at each block input, and the final one
   std::vector<BlockActs> acts;
+  // Note [Stage activations] (models/pipeline.h): a pipeline stage's sets of block inputs and
+  // activations, one per micro-batch in flight, swapped into x and acts for its calls. A set's
+  // input (on stages after the first) and output are the caller's buffers; with checkpointing its
+  // acts are the one shared set.
+  std::vector<std::vector<void*>> set_x;
+  std::vector<std::vector<BlockActs>> set_acts;
   std::int32_t *tokens = nullptr, *targets = nullptr;
   void *tmp = nullptr, *lnf_out = nullptr, *logits = nullptr;
   float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;

@@ -13,6 +13,30 @@ using namespace decoder_detail;
 
 namespace {
 
+// Swaps activation set `set` (Note [Stage activations]) into the workspace for one pipeline call and
+// back on the way out, also when the call throws; nothing without sets.
+class ActivationSet {
+ public:
+  ActivationSet(Decoder::Workspace& ws, int set) : ws_(ws), set_(static_cast<std::size_t>(set)) {
+    if (ws_.set_x.empty()) return;
+    STRATA_CHECK(set >= 0 && set_ < ws_.set_x.size(), "activation set {} of {}", set, ws_.set_x.size());
+    swap();
+  }
+  ~ActivationSet() {
+    if (!ws_.set_x.empty()) swap();
+  }
+  ActivationSet(const ActivationSet&) = delete;
+  ActivationSet& operator=(const ActivationSet&) = delete;
+
+ private:
+  void swap() {
+    std::swap(ws_.x, ws_.set_x[set_]);
+    std::swap(ws_.acts, ws_.set_acts[set_]);
+  }
+  Decoder::Workspace& ws_;
+  std::size_t set_;
+};
+
 // Points workspace buffers at the caller's for one pipeline call and puts them back on the way out,
 // also when the call throws.
 class BorrowedBuffers {
@@ -38,10 +62,10 @@ void Decoder::check_stage_call(const DecoderRuntime& rt, const char* what) const
 }
 
 void Decoder::stage_forward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
-                            std::int64_t batch, std::int64_t seq, const void* x_in, void* y_out) {
+                            std::int64_t batch, std::int64_t seq, const void* x_in, void* y_out, int set) {
   check_stage_call(rt, "stage_forward");
   const PipelineStage& ps = options_.pipeline;
-  if (ps.last()) return;  // Note [Stage re-materialization]: its forward runs in its backward
+  if (ps.last()) return;  // its forward runs in its backward
   const ModelConfig& c = config_;
   if (ps.first()) check_tokens(c, tokens, tokens, batch, seq);
   Workspace& ws = workspace(rt, batch, seq, /*training=*/true);
@@ -49,19 +73,22 @@ void Decoder::stage_forward(const DecoderRuntime& rt, ParamProvider& provider, c
   if (ps.first()) copy_tokens(stream, ws.tokens, tokens, batch * seq);
   STRATA_CHECK(ps.first() == (x_in == nullptr) && y_out != nullptr, "stage {} forward: input {}, output {}", ps.rank,
                x_in, y_out);
+  const ActivationSet in_set(ws, set);
   BorrowedBuffers borrowed;
   if (!ps.first()) borrowed.lend(ws.x.front(), x_in);
   borrowed.lend(ws.x.back(), y_out);
   const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts}};
   ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
-  // One set of block activations suffices: the backward recomputes them.
-  const ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, false, ps};
+  // Note [Stage activations]: the set keeps what the backward reads; re-materialized, one set of
+  // block activations suffices (the backward recomputes them).
+  const bool keep_all = !ws.set_x.empty() && options_.checkpointing == Checkpointing::Off;
+  const ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, keep_all, ps};
   m.forward_blocks();
 }
 
 LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens,
                                 const std::int32_t* targets, std::int64_t batch, std::int64_t seq, float grad_scale,
-                                const void* x_in, void* grad, const StageTied& tied) {
+                                const void* x_in, void* grad, const StageTied& tied, int set) {
   check_stage_call(rt, "stage_backward");
   const PipelineStage& ps = options_.pipeline;
   const ModelConfig& c = config_;
@@ -77,6 +104,7 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
   STRATA_CHECK(!tied_split || (ps.first() ? tied.head_norm_in != nullptr
                                           : !ps.last() || (tied.head_norm_out != nullptr && tied.wte != nullptr)),
                "stage {} of a tied embedding across stages without its buffers", ps.rank);
+  const ActivationSet in_set(ws, set);
   BorrowedBuffers borrowed;
   if (!ps.first()) borrowed.lend(ws.x.front(), x_in);
   borrowed.lend(ws.dres, grad);
@@ -90,7 +118,9 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
     m.recompute_tied_head = ps.first();
     m.tied_grad_scale = grad_scale;
   }
-  m.forward_blocks();
+  // Note [Stage activations]: the micro-batch's forward kept its set (the last stage keeps none: its
+  // forward runs here); re-materialized, the forward runs again from x_in.
+  if (ws.set_x.empty()) m.forward_blocks();
   if (ps.last()) m.run_head(grad_scale);
   if (tied_split && ps.last()) {
     stream->copy_d2d(tied.head_norm_out, ws.lnf_out, static_cast<std::size_t>(n * c.d_model) * dtype_bytes(c.dtype));

@@ -123,6 +123,18 @@ PipelineStage pipeline_stage(std::span<const std::int64_t> boundaries, int rank,
   return s;
 }
 
+PipelineStage training_pipeline_stage(std::span<const std::int64_t> boundaries, int rank, Communicator* comm,
+                                      const ParallelConfig& parallel, int micro_batches) {
+  PipelineStage s = pipeline_stage(boundaries, rank, comm);
+  s.activation_sets = pipeline_activation_sets(s, parallel.schedule, micro_batches, parallel.stage_recompute);
+  return s;
+}
+
+int pipeline_activation_sets(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches, bool recompute) {
+  if (!stage.split() || stage.last() || recompute) return 0;
+  return pipeline_in_flight(pipeline_schedule(schedule, stage.size, stage.rank, micro_batches));
+}
+
 std::vector<PipelineOp> pipeline_schedule(PipelineSchedule schedule, int stages, int rank, int micro_batches) {
   STRATA_CHECK(stages >= 1 && rank >= 0 && rank < stages && micro_batches >= 1, "schedule of stage {} of {}, {} micro-batches",
                rank, stages, micro_batches);

@@ -13,13 +13,20 @@
 // instead of A. Both run the backwards in ascending micro-batch order, so each stage's engine sees
 // the same micro-batches in the same order as a run without stages.
 //
-// Note [Stage re-materialization]: a stage keeps only its input of each micro-batch in flight (its
-// stash; the first stage keeps nothing, the tokens are its input), and the backward of a micro-batch
-// recomputes the stage's forward from it, as GPipe does. Recompute is deterministic, so the
-// gradients are bit for bit those of the plain backward; the stash is the activation memory that
-// differs between the schedules (A inputs under GPipe, at most P - p under 1F1B), and inside a stage
-// strata.model.checkpoint_activations applies as usual. The last stage computes its forward only
-// within its backward (nothing needs it earlier), so it recomputes nothing.
+// Note [Stage activations]: a stage keeps, for each micro-batch in flight, what the model keeps
+// without stages: every block's activations, or with strata.model.checkpoint_activations each
+// block's input (the backward then recomputes one block at a time, as usual). The decoder holds
+// one such set per micro-batch in flight (PipelineStage::activation_sets: A under GPipe, at most
+// P - p under 1F1B); a stage's forward fills the micro-batch's set and its backward reads it, so
+// every forward runs once. The last stage computes its forward only within its backward (nothing
+// needs it earlier) and keeps no sets. The input of each micro-batch in flight is the runner's
+// stash (the first stage's is the tokens).
+//
+// Note [Stage re-materialization] (strata.parallel.stage_recompute): a stage keeps only its input
+// of each micro-batch in flight, and the backward of a micro-batch recomputes the stage's forward
+// from it, as GPipe does: one more forward per micro-batch on every stage but the last, for
+// activation memory of one micro-batch. Recompute is deterministic, so both ways give the bits of
+// the plain backward.
 //
 // Exact mode: each stage's engine reduces its groups' gradients over the data axis exactly as
 // without stages (Note [Exact gradient sums]), and a stage's gradients are computed by the same
@@ -46,7 +53,7 @@
 // so they resume across a change of stages.
 //
 // `strata estimate` plans every stage (tools/estimate_plan.cc). Not built yet: simulating a
-// pipelined step in `strata simulate`, keeping whole activations instead of recomputing them.
+// pipelined step in `strata simulate`, interleaved (virtual) stages.
 #pragma once
 
 #include <cstddef>
@@ -72,6 +79,9 @@ struct PipelineStage {
   std::int64_t first_layer = 0;
   std::int64_t end_layer = -1;   // one past the stage's last block; -1: every block (P = 1)
   Communicator* comm = nullptr;  // the pipeline group; null when P = 1
+  // Note [Stage activations]: sets of block activations the decoder keeps, one per micro-batch in
+  // flight (pipeline_activation_sets); 0: Note [Stage re-materialization].
+  int activation_sets = 0;
 
   bool split() const { return size > 1; }
   bool first() const { return rank == 0; }
@@ -89,6 +99,14 @@ std::vector<std::int64_t> pipeline_boundaries(const ModelConfig& model, int stag
 std::vector<std::int64_t> pipeline_stage_params(const ModelConfig& model, std::span<const std::int64_t> boundaries);
 // Stage `rank` of `boundaries`.
 PipelineStage pipeline_stage(std::span<const std::int64_t> boundaries, int rank, Communicator* comm);
+// Note [Stage activations]: the activation sets `stage` keeps under `schedule` with `micro_batches`
+// per step: its micro-batches in flight, or 0 with `recompute` (strata.parallel.stage_recompute),
+// on the last stage (its forward runs inside its backward) and without stages.
+int pipeline_activation_sets(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches, bool recompute);
+// Stage `rank` of `boundaries` as training runs it under `parallel` with `micro_batches` per step
+// (its activation sets: what train and estimate plan alike).
+PipelineStage training_pipeline_stage(std::span<const std::int64_t> boundaries, int rank, Communicator* comm,
+                                      const ParallelConfig& parallel, int micro_batches);
 
 // One unit of a stage's work: the forward or the backward of micro-batch `micro`.
 struct PipelineOp {

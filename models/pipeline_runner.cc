@@ -84,9 +84,11 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
   boundary_bytes_ = boundary_elems_ * dtype_bytes(dtype_);
   ops_ = pipeline_schedule(schedule, stage_.size, stage_.rank, micro_batches);
   Device& device = *rt_.device;
+  // A slot per micro-batch in flight: its input (the stash, after the first stage) and the
+  // decoder's activation set of the same index (Note [Stage activations]).
+  slots_ = pipeline_in_flight(ops_);
   if (!stage_.first()) {
-    const int slots = pipeline_in_flight(ops_);
-    for (int i = 0; i < slots; ++i) stash_.push_back(device.allocate(boundary_bytes_, "pipeline stash"));
+    for (int i = 0; i < slots_; ++i) stash_.push_back(device.allocate(boundary_bytes_, "pipeline stash"));
   }
   if (!stage_.last()) out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage output");
   grad_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage gradient");
@@ -126,11 +128,11 @@ std::size_t PipelineRunner::buffer_bytes() const {
 void PipelineRunner::forward(ParamProvider& provider, int a) {
   Stream& compute = *rt_.ctx.stream;
   const void* x_in = nullptr;
+  STRATA_CHECK(!free_slots_.empty(), "pipeline stage {}: no slot for micro-batch {}", stage_.rank, a);
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  stash_of_[static_cast<std::size_t>(a)] = slot;
   if (!stage_.first()) {
-    STRATA_CHECK(!free_slots_.empty(), "pipeline stage {}: no stash slot for micro-batch {}", stage_.rank, a);
-    const int slot = free_slots_.back();
-    free_slots_.pop_back();
-    stash_of_[static_cast<std::size_t>(a)] = slot;
     void* buf = stash_[static_cast<std::size_t>(slot)].data();
     stage_.comm->recv(buf, boundary_elems_, dtype_, stage_.rank - 1, compute);
     stats_.received_bytes += boundary_bytes_;
@@ -138,11 +140,11 @@ void PipelineRunner::forward(ParamProvider& provider, int a) {
   }
   ++live_;
   stats_.peak_in_flight = std::max(stats_.peak_in_flight, live_);
-  if (stage_.last()) return;  // Note [Stage re-materialization]
+  if (stage_.last()) return;  // its forward runs in its backward
   Ring::Slot& out = out_->take(compute);
   compute.record(*op_start_[op_]);
   decoder_.stage_forward(rt_, provider, tokens_[static_cast<std::size_t>(a)].data(), batch_, seq_, x_in,
-                         out.memory.data());
+                         out.memory.data(), slot);
   compute.record(*op_end_[op_]);
   timed_[op_] = true;
   Stream& to_next = sender(stage_.rank + 1);
@@ -162,7 +164,9 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
     stage_.comm->recv(g.memory.data(), boundary_elems_, dtype_, stage_.rank + 1, compute);
     stats_.received_bytes += boundary_bytes_;
   }
-  const void* x_in = stage_.first() ? nullptr : stash_[static_cast<std::size_t>(stash_of_[i])].data();
+  const int slot = stash_of_[i];
+  STRATA_CHECK(slot >= 0, "pipeline stage {}: backward of micro-batch {} before its forward", stage_.rank, a);
+  const void* x_in = stage_.first() ? nullptr : stash_[static_cast<std::size_t>(slot)].data();
   StageTied tied;
   Ring::Slot* norm_out = nullptr;
   if (tied_ && stage_.first()) {  // after the gradient from stage 1: the last stage sends in that order
@@ -177,7 +181,7 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
   }
   compute.record(*op_start_[op_]);
   const LossSum loss = decoder_.stage_backward(rt_, provider, tokens_[i].data(), targets_[i].data(), batch_, seq_,
-                                               grad_scale, x_in, g.memory.data(), tied);
+                                               grad_scale, x_in, g.memory.data(), tied, slot);
   compute.record(*op_end_[op_]);
   timed_[op_] = true;
   const auto send = [&](Ring::Slot& slot, int peer) {
@@ -189,11 +193,9 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
     slot.in_flight = true;
     stats_.sent_bytes += boundary_bytes_;
   };
-  if (!stage_.first()) {
-    send(g, stage_.rank - 1);
-    free_slots_.push_back(stash_of_[i]);  // reused by a later receive on the compute stream
-    stash_of_[i] = -1;
-  }
+  if (!stage_.first()) send(g, stage_.rank - 1);
+  free_slots_.push_back(slot);  // reused by a later forward on the compute stream
+  stash_of_[i] = -1;
   if (norm_out != nullptr) send(*norm_out, 0);
   --live_;
   return loss;
@@ -207,7 +209,7 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
   live_ = 0;
   stash_of_.assign(m, -1);
   free_slots_.clear();
-  for (int s = static_cast<int>(stash_.size()) - 1; s >= 0; --s) free_slots_.push_back(s);
+  for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
   std::vector<LossSum> losses(m);
   rt_.ctx.stream->record(*step_start_);  // Note [Measured bubble]: the span starts with the step
   if (tied_) {  // Note [Tied embedding across stages]: this step's embedding weights to the last stage

@@ -84,8 +84,9 @@ class PipelineRunner {
   DType dtype_;
   std::size_t boundary_elems_ = 0, boundary_bytes_ = 0;
   std::vector<PipelineOp> ops_;
+  int slots_ = 0;  // micro-batches in flight at most
   std::vector<DeviceMemory> stash_;
-  std::vector<int> stash_of_;   // micro-batch -> stash slot (-1: none)
+  std::vector<int> stash_of_;   // micro-batch -> slot (-1: none)
   std::vector<int> free_slots_;
   Stream& sender(int peer);  // the stream of every send to `peer`, in order (one per neighbour)
 

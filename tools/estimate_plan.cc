@@ -173,7 +173,8 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
     std::vector<std::string> lines;
     for (int p = 0; p < t.pipeline; ++p) {
       const Estimate stage = estimate_stage(in, t, model, checkpointing, tiling, tp, data_world,
-                                            models::pipeline_stage(bounds, p, nullptr));
+                                            models::training_pipeline_stage(bounds, p, nullptr, cfg.strata.parallel,
+                                                                            cfg.gradient_accumulation_steps));
       if (p == 0) first = stage;
       lines.push_back(stage.fits || !stage.plan_line.empty() ? stage.plan_line : stage.why_not);
       if (!stage.fits && first.fits) {

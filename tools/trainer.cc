@@ -589,7 +589,8 @@ TrainSummary run_training(const TrainOptions& options) {
   const models::TensorParallel tp{layout.tensor(), coords.tensor, cfg.strata.parallel.slices(), tensor_comm};
   const std::vector<std::int64_t> stage_bounds =
       models::pipeline_boundaries(model, layout.pipeline(), cfg.strata.parallel.pipeline_layers, cfg.source);
-  const models::PipelineStage stage = models::pipeline_stage(stage_bounds, coords.pipeline, pipeline_comm);
+  const models::PipelineStage stage = models::training_pipeline_stage(
+      stage_bounds, coords.pipeline, pipeline_comm, cfg.strata.parallel, cfg.gradient_accumulation_steps);
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
   models::TilingDecision tiling_plan;

@@ -91,6 +91,10 @@ struct TrainSummary {
     std::int64_t first_layer = 0, end_layer = 0, parameters = 0;
     int peak_in_flight = 0, stash_slots = 0;
     std::uint64_t buffer_bytes = 0, peak_device_bytes = 0;
+    // Note [Stage activations]: the activation sets the stage keeps (one per micro-batch in flight;
+    // 0 on the last stage and with strata.parallel.stage_recompute) and its activation workspace.
+    int activation_sets = 0;
+    std::uint64_t activation_bytes = 0;
     double sent_bytes = 0, received_bytes = 0;
     double formula_sent_bytes = 0, formula_received_bytes = 0;
     // The stage's idle share of its steps (after the first), from events on its compute stream

@@ -173,12 +173,13 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
   summary.pipeline_ideal_bubble = models::pipeline_bubble_fraction(stage.size, cfg.gradient_accumulation_steps);
   const double m = static_cast<double>(std::max<std::int64_t>(1, micro_batches));
   for (int q = 0; q < stage.size; ++q) {
-    std::array<double, 7> v{};
+    std::array<double, 9> v{};
     if (q == stage.rank) {
       v = {static_cast<double>(runner.last_step().peak_in_flight), static_cast<double>(runner.stash_slots()),
            static_cast<double>(runner.buffer_bytes()), static_cast<double>(summary.peak_device_bytes),
            static_cast<double>(counts.send_bytes) / m, static_cast<double>(counts.recv_bytes) / m,
-           span_ms > 0 ? 1.0 - busy_ms / span_ms : -1.0};
+           span_ms > 0 ? 1.0 - busy_ms / span_ms : -1.0, static_cast<double>(stage.activation_sets),
+           static_cast<double>(decoder.activation_bytes(cfg.micro_batch_size, cfg.strata.data.seq_len, true))};
     }
     stage.comm->broadcast_host_bytes(v.data(), sizeof v, q);
     TrainSummary::PipelineStageFigures f;
@@ -192,6 +193,8 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
     f.sent_bytes = v[4];
     f.received_bytes = v[5];
     f.measured_bubble = v[6];
+    f.activation_sets = static_cast<int>(v[7]);
+    f.activation_bytes = static_cast<std::uint64_t>(v[8]);
     const auto boundary = static_cast<double>(runner.boundary_bytes());
     const int neighbours = (q > 0 ? 1 : 0) + (q + 1 < stage.size ? 1 : 0);
     f.formula_sent_bytes = f.formula_received_bytes = boundary * neighbours;

@@ -192,6 +192,8 @@ nlohmann::json pipeline_json(const TrainSummary& s) {
                       {"parameters", f.parameters},
                       {"peak_in_flight", f.peak_in_flight},
                       {"stash_slots", f.stash_slots},
+                      {"activation_sets", f.activation_sets},
+                      {"activation_bytes", f.activation_bytes},
                       {"buffer_bytes", f.buffer_bytes},
                       {"peak_device_bytes", f.peak_device_bytes},
                       {"sent_bytes_per_micro_batch", f.sent_bytes},
@@ -263,12 +265,12 @@ void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& 
   for (std::size_t p = 0; p < summary.stages.size(); ++p) {
     const TrainSummary::PipelineStageFigures& f = summary.stages[p];
     spdlog::info("pipeline stage {} (blocks {}..{}, {:.3g}M parameters): idle {} of its steps (ideal bubble {:.1f}%); "
-                 "at most {} micro-batches in flight, stash and boundary buffers {}, peak device memory {}; per "
-                 "micro-batch sent {} and received {} (formula {} and {})",
+                 "at most {} micro-batches in flight, {} activation sets in {}, stash and boundary buffers {}, peak "
+                 "device memory {}; per micro-batch sent {} and received {} (formula {} and {})",
                  p, f.first_layer, f.end_layer - 1, static_cast<double>(f.parameters) / 1e6,
                  f.measured_bubble < 0 ? std::string("not measured") : fmt::format("{:.1f}%", 100 * f.measured_bubble),
-                 100 * summary.pipeline_ideal_bubble, f.peak_in_flight,
-                 format_bytes(f.buffer_bytes), format_bytes(f.peak_device_bytes),
+                 100 * summary.pipeline_ideal_bubble, f.peak_in_flight, f.activation_sets,
+                 format_bytes(f.activation_bytes), format_bytes(f.buffer_bytes), format_bytes(f.peak_device_bytes),
                  format_bytes(static_cast<std::uint64_t>(f.sent_bytes)),
                  format_bytes(static_cast<std::uint64_t>(f.received_bytes)),
                  format_bytes(static_cast<std::uint64_t>(f.formula_sent_bytes)),

@@ -2,12 +2,13 @@
 # Pipeline parallelism (strata.parallel.pipeline, models/pipeline.h) end to end under mpirun.
 # 1. Exact mode, the master test: factorizations of 1, 2, 4 and 8 ranks into data x tensor x
 #    pipeline, both schedules, ZeRO stages 0-3, the optimizer state on NVMe, activation checkpointing,
-#    explicit stage sizes, clipping, and GPT-2's embedding tied across the first and last stage, write weights
+#    explicit stage sizes, clipping, re-materialized stages, and GPT-2's embedding tied across the first and last stage, write weights
 #    byte-identical to the single-rank run; so do checkpoints resumed across a change of stages,
 #    tensor and data ranks.
 # 2. What train reports against the formulas: bytes sent and received per micro-batch at each stage
 #    boundary (batch x seq x d_model values each way, and the tied embedding's traffic), the
-#    micro-batches in flight per stage (GPipe: all of them; 1F1B: P - stage) and the balanced split.
+#    micro-batches in flight and activation sets kept per stage (GPipe: all of them; 1F1B: P -
+#    stage; re-materialized stages keep none) and the balanced split.
 # 3. Fast mode (bf16, clipping): P = 2 follows P = 1.
 # 4. Bad input: one message naming the key, before any work.
 # 5. `strata estimate` of a pipelined run is train's plan, stage by stage.
@@ -45,6 +46,12 @@ run 4 1 4 8 2 p4.st --summary-json p4.json
 compare ref.st p4.st "pipeline 4 (1F1B), stage 2 = one rank"
 run 4 1 4 8 2 p4g.st "${gpipe[@]}" --summary-json p4g.json
 compare ref.st p4g.st "pipeline 4 (GPipe), stage 2 = one rank"
+# Note [Stage re-materialization]: each stage keeps only its inputs and recomputes its forward.
+remat=(--set strata.parallel.stage_recompute=true)
+run 4 1 4 8 2 p4r.st "${remat[@]}" --summary-json p4r.json
+compare ref.st p4r.st "pipeline 4 (1F1B), stages re-materialized, stage 2 = one rank"
+run 4 1 4 8 1 p4gr.st "${gpipe[@]}" "${remat[@]}"
+compare ref.st p4gr.st "pipeline 4 (GPipe), stages re-materialized, stage 1 = one rank"
 run 4 1 2 4 3 d2p2.st
 compare ref.st d2p2.st "data 2 x pipeline 2, stage 3 = one rank"
 run 4 2 2 8 1 t2p2.st "${gpipe[@]}"
@@ -76,6 +83,8 @@ common+=(--set strata.model="$g4")
 run 1 1 1 8 0 g4.ref.st
 run 4 1 4 8 3 g4.p4.st --summary-json g4p4.json
 compare g4.ref.st g4.p4.st "GPT-2 of 4 blocks (tied): pipeline 4, stage 3 = one rank"
+run 4 1 4 8 3 g4.p4r.st --set strata.parallel.stage_recompute=true
+compare g4.ref.st g4.p4r.st "GPT-2 of 4 blocks (tied): pipeline 4, stages re-materialized, stage 3 = one rank"
 run 8 2 2 4 2 g4.d2t2p2.st
 compare g4.ref.st g4.d2t2p2.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pipeline 2, stage 2 = one rank"
 
@@ -133,11 +142,31 @@ common=(--log-level warn train --config "$config" --steps 4 --set strata.model="
 run 1 1 1 4 0 ck.ref.st
 run 4 1 4 4 1 ck.p4.st
 compare ck.ref.st ck.p4.st "checkpointed LLaMA, 2-sequence micro-batches: pipeline 4 = one rank"
+run 4 1 4 4 1 ck.p4r.st --set strata.parallel.stage_recompute=true
+compare ck.ref.st ck.p4r.st "checkpointed LLaMA, 2-sequence micro-batches: pipeline 4, stages re-materialized = one rank"
 
 # ---- 2. Against the formulas -----------------------------------------------------------------------
-if python3 - p4.json p4g.json g4p4.json <<'EOF'
+if python3 - p4.json p4g.json g4p4.json p4r.json <<'EOF'
 import json, sys
 ok = True
+# Note [Stage activations]: every stage but the last keeps one activation set per micro-batch in
+# flight (1F1B: P - stage, GPipe: all 8), so a stage's activations under GPipe exceed 1F1B's by
+# (8 - (P - stage)) sets, a set being the same size on the middle stages (2 blocks each, input and
+# output passed in); re-materialized stages keep none.
+one, gp, remat = (json.load(open(p))["pipeline"]["per_stage"] for p in (sys.argv[1], sys.argv[2], sys.argv[4]))
+set_bytes = []
+for q in range(4):
+    sets = (0 if q == 3 else 4 - q, 0 if q == 3 else 8)
+    got = (one[q]["activation_sets"], gp[q]["activation_sets"], remat[q]["activation_sets"])
+    extra = gp[q]["activation_bytes"] - one[q]["activation_bytes"]
+    per_set = extra / (sets[1] - sets[0]) if q < 3 else 0
+    set_bytes.append(per_set)
+    print(f"stage {q}: activation sets 1F1B {got[0]}, GPipe {got[1]}, re-materialized {got[2]} (want {sets[0]}, "
+          f"{sets[1]}, 0); activations {one[q]['activation_bytes']} / {gp[q]['activation_bytes']} / "
+          f"{remat[q]['activation_bytes']} B")
+    ok = ok and got == (sets[0], sets[1], 0)
+    ok = ok and (extra > 0 if q < 3 else extra == 0) and remat[q]["activation_bytes"] <= one[q]["activation_bytes"]
+ok = ok and set_bytes[1] == set_bytes[2] > 0 and set_bytes[0] > set_bytes[1]  # the first also keeps its embedding output
 # The tied GPT-2 (vocabulary 256 x d_model 32, fp32; 8 micro-batches): the embedding to the last stage
 # once per step, the final norm's output back to the first stage per micro-batch.
 p = json.load(open(sys.argv[3]))["pipeline"]["per_stage"]
@@ -168,7 +197,7 @@ for path, schedule in zip(sys.argv[1:3], ("1f1b", "gpipe")):
     ok = ok and p["schedule"] == schedule and abs(p["ideal_bubble_fraction"] - 3 / 11) < 1e-12
 sys.exit(0 if ok else 1)
 EOF
-then echo "ok: boundary bytes equal the formula; 1F1B holds P - stage micro-batches, GPipe all 8"
+then echo "ok: boundary bytes equal the formula; 1F1B holds P - stage micro-batches (and activation sets), GPipe all 8"
 else echo "FAILED: pipeline figures"; fail=1; fi
 
 # ---- 3. Fast mode ----------------------------------------------------------------------------------
