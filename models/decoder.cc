@@ -89,7 +89,7 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   // (and, without checkpointing, activations); the stage's input and output stay per call.
   ws->set_x.clear();
   ws->set_acts.clear();
-  const int sets = training && ps.split() ? ps.activation_sets : 0;
+  const int sets = training && ps.split() && !ps.last() ? ps.activation_sets : 0;
   for (int k = 0; k < sets; ++k) {
     if (k == 0) {
       ws->set_x.push_back(ws->x);

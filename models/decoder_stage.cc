@@ -1,5 +1,6 @@
 // The pipeline stages' entry points of the decoder (models/decoder.h, models/pipeline.h): a stage's
-// forward, its re-materialized backward, and the tied embedding across the first and last stage.
+// forward into an activation set, its backward from it (or re-materialized), and the tied embedding
+// across the first and last stage.
 #include <utility>
 #include <vector>
 

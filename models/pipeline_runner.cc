@@ -87,6 +87,9 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
   // A slot per micro-batch in flight: its input (the stash, after the first stage) and the
   // decoder's activation set of the same index (Note [Stage activations]).
   slots_ = pipeline_in_flight(ops_);
+  STRATA_CHECK(stage_.activation_sets == 0 || (stage_.activation_sets == slots_ && !stage_.last()),
+               "pipeline stage {}: {} activation sets for {} micro-batches in flight", stage_.rank,
+               stage_.activation_sets, slots_);
   if (!stage_.first()) {
     for (int i = 0; i < slots_; ++i) stash_.push_back(device.allocate(boundary_bytes_, "pipeline stash"));
   }

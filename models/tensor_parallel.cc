@@ -117,17 +117,17 @@ void check_tensor_parallel(const ModelConfig& m, int size, int slices, std::int6
   const std::int64_t smallest = std::min({m.n_heads * m.head_dim(), m.ffn_hidden, m.vocab_size});
   std::string valid;
   for (std::int64_t s = size; s <= chunks && s <= smallest; s *= 2) {
-    const bool ok = !kv_pieces(m, s) || (s % m.n_kv_heads == 0 && m.n_heads % s == 0);
+    const bool ok = size <= m.n_kv_heads || kv_pieces(m, s);
     if (chunks % s == 0 && ok) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", s);
   }
-  // Note [Replicated KV heads]: past the KV heads, a slice is a whole number of query heads of one KV head.
-  const bool heads_ok = !kv_pieces(m, slices) || (slices % m.n_kv_heads == 0 && m.n_heads % slices == 0);
+  // Note [Replicated KV heads]: with KV heads on several ranks, a slice is whole query heads of one KV head.
+  const bool heads_ok = size <= m.n_kv_heads || kv_pieces(m, slices);
   if (!power_of_two(slices) || slices % size != 0 || chunks % slices != 0 || slices > smallest || !heads_ok) {
     throw ConfigError(fmt::format(
         "{}: strata.parallel.tensor_slices = {} cannot slice model '{}' with strata.parallel.tensor = {}: it must be a "
         "power of two, a multiple of the tensor ranks, divide strata.tiling.chunks ({}) and be at most {} (Note "
-        "[Tensor slices]); past the {} KV heads, a multiple of them dividing the {} attention heads (Note [Replicated "
-        "KV heads]); valid choices: {}",
+        "[Tensor slices]); with more tensor ranks than the {} KV heads, a multiple of them dividing the {} attention "
+        "heads (Note [Replicated KV heads]); valid choices: {}",
         source, slices, m.name, size, chunks, smallest, m.n_kv_heads, m.n_heads, valid.empty() ? "none" : valid));
   }
 }
@@ -135,7 +135,9 @@ void check_tensor_parallel(const ModelConfig& m, int size, int slices, std::int6
 int kv_replicas(const ModelConfig& c, int size) {
   return size > c.n_kv_heads ? size / static_cast<int>(c.n_kv_heads) : 1;
 }
-bool kv_pieces(const ModelConfig& c, int slices) { return slices > c.n_kv_heads && c.n_kv_heads < c.n_heads; }
+bool kv_pieces(const ModelConfig& c, int slices) {
+  return slices > c.n_kv_heads && c.n_kv_heads < c.n_heads && slices % c.n_kv_heads == 0 && c.n_heads % slices == 0;
+}
 
 RowRange vocab_rows(const ModelConfig& c, int size, int rank) { return part_of(c.vocab_size, size, rank); }
 

@@ -49,7 +49,11 @@
 // gets the same dK and dV, computes the whole KV head's weight gradient (its input gradient only
 // for the rows of its slices, so the column-parallel sum counts each row once) and stays equal to
 // the others through the update; the gradient norm counts the copy of the first rank of each KV
-// head (TensorParallelLayout::copies).
+// head (TensorParallelLayout::copies). Slices of whole query heads of one KV head need S a multiple
+// of K dividing the heads; other S keep the whole kernel (and refuse T > K). The all-gather moves
+// every rank's subtree though each rank adds only its KV head's r (a group per KV head would move
+// T / r times less). In bf16 and fp16 each slice's dK and dV are rounded before the tree adds them,
+// as every split sum of Note [Tensor slices] is.
 //
 // Checkpoints hold every tensor rank's physical groups (engine/checkpoint.h); a resume with other
 // tensor ranks and `strata ckpt export` put the slices back together (tools/checkpoint_tensors.h).
@@ -93,7 +97,8 @@ void check_tensor_parallel(const ModelConfig& model, int size, int slices, std::
                            const std::string& source);
 
 // Note [Replicated KV heads]: the tensor ranks holding each KV head (1 when T <= K), and whether S
-// slices split the KV heads' gradient sums (S > K, with grouped-query heads).
+// slices split the KV heads' gradient sums (S > K with grouped-query heads, S a multiple of K
+// dividing the heads).
 int kv_replicas(const ModelConfig& model, int size);
 bool kv_pieces(const ModelConfig& model, int slices);
 

@@ -138,9 +138,12 @@ std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, co
   return path;
 }
 
+// Only world rank 0 writes: the whole tensors travel to it alone (data rank 0's tensor groups
+// assemble them on tensor rank 0, whose pipeline groups bring them to stage 0), and no other rank
+// holds more than one tensor beyond its own slices.
 void save_weights(const std::string& out, const models::ModelConfig& model, ZeroEngine& engine,
                   const models::Decoder& decoder, const models::TensorParallel& tp, const models::PipelineStage& stage,
-                  int rank) {
+                  int rank, int data_rank) {
   std::vector<std::vector<float>> values;
   const auto local = engine.groups();
   for (std::size_t g = 0; g < local.size(); ++g) {
@@ -148,11 +151,13 @@ void save_weights(const std::string& out, const models::ModelConfig& model, Zero
   }
   // The whole model's groups (with tensor parallelism, at their whole tensors' shapes).
   std::vector<ParamGroupSpec> all = decoder.layout().groups;
+  if (data_rank != 0) return;  // its replicas of the tensors never reach rank 0
   if (tp.size > 1) {
-    values = gather_tensor_slices(model, tp, decoder.stage_groups(), values);
+    values = gather_tensor_slices(model, tp, decoder.stage_groups(), values, tp.rank == 0);
     all = models::tensor_parallel_layout(model, tp.size, tp.rank).whole;
+    if (tp.rank != 0) return;
   }
-  if (stage.split()) values = gather_pipeline_stages(*stage.comm, all, decoder.stage_groups(), values);
+  if (stage.split()) values = gather_pipeline_stages(*stage.comm, all, decoder.stage_groups(), values, stage.rank == 0);
   std::span<const ParamGroupSpec> groups = all;
   if (rank != 0) return;
   // Tiles are put back together: a tiled run writes the same file as an untiled one.
@@ -708,7 +713,7 @@ TrainSummary run_training(const TrainOptions& options) {
   }
   stream->synchronize();
   if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {
-    save_weights(options.save_weights, model, engine, decoder, tp, stage, rank);
+    save_weights(options.save_weights, model, engine, decoder, tp, stage, rank, coords.data);
   }
   if (run_device.recorder) {
     const std::string path =

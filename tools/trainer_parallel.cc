@@ -85,7 +85,7 @@ ZeroEngine::TensorShare tensor_share(const models::TensorParallelLayout& layout,
 
 std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& model, const models::TensorParallel& tp,
                                                      std::span<const std::size_t> groups,
-                                                     const std::vector<std::vector<float>>& mine) {
+                                                     const std::vector<std::vector<float>>& mine, bool keep) {
   std::vector<models::TensorParallelLayout> layouts;
   for (int r = 0; r < tp.size; ++r) layouts.push_back(models::tensor_parallel_layout(model, tp.size, r));
   std::vector<std::vector<float>> whole;
@@ -93,13 +93,13 @@ std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& 
   for (std::size_t g : groups) {
     for (std::size_t k = 0; k < layouts[0].whole[g].tensors.size(); ++k, ++i) {
       const ParamTensorSpec& spec = layouts[0].whole[g].tensors[k];
-      std::vector<float> values(spec.elems());
+      std::vector<float> values(keep ? spec.elems() : 0);
       for (int r = 0; r < tp.size; ++r) {
         std::vector<float> part = r == tp.rank ? mine[i] : std::vector<float>(layouts[static_cast<std::size_t>(r)].groups[g].tensors[k].elems());
         tp.comm->broadcast_host_bytes(part.data(), part.size() * sizeof(float), r);
-        models::place_slice(spec, layouts[static_cast<std::size_t>(r)].slices[g][k], part, values);
+        if (keep) models::place_slice(spec, layouts[static_cast<std::size_t>(r)].slices[g][k], part, values);
       }
-      whole.push_back(std::move(values));
+      if (keep) whole.push_back(std::move(values));
     }
   }
   return whole;
@@ -111,7 +111,7 @@ namespace strata::tools {
 
 std::vector<std::vector<float>> gather_pipeline_stages(Communicator& pipe, std::span<const ParamGroupSpec> all_groups,
                                                        std::span<const std::size_t> mine_groups,
-                                                       const std::vector<std::vector<float>>& mine) {
+                                                       const std::vector<std::vector<float>>& mine, bool keep) {
   std::vector<std::vector<std::vector<float>>> by_group(all_groups.size());
   for (int q = 0; q < pipe.world_size(); ++q) {
     std::vector<std::uint64_t> held;
@@ -128,12 +128,13 @@ std::vector<std::vector<float>> gather_pipeline_stages(Communicator& pipe, std::
         STRATA_CHECK(values.size() == spec.elems(), "tensor '{}': {} values for {}", spec.name, values.size(),
                      spec.elems());
         pipe.broadcast_host_bytes(values.data(), values.size() * sizeof(float), q);
-        by_group[g].push_back(std::move(values));
+        if (keep) by_group[g].push_back(std::move(values));
         ++i;
       }
     }
   }
   std::vector<std::vector<float>> out;
+  if (!keep) return out;
   for (std::size_t g = 0; g < by_group.size(); ++g) {
     STRATA_CHECK(by_group[g].size() == all_groups[g].tensors.size(), "group '{}' is held by no pipeline stage",
                  all_groups[g].name);

@@ -27,14 +27,12 @@ struct TrainSummary;
 // the tensor group's slices, `mine` being this rank's (collective over the group): rank r's slice
 // of every tensor is broadcast from r and put in its place.
 // `groups` are the physical groups this rank holds (a pipeline stage's; every group without one),
-// and the result covers those groups only.
+// and the result covers those groups only. Without `keep` the rank only sends its slices (and
+// receives the others' into one tensor's buffer) and returns nothing.
 std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& model, const models::TensorParallel& tp,
                                                      std::span<const std::size_t> groups,
-                                                     const std::vector<std::vector<float>>& mine);
+                                                     const std::vector<std::vector<float>>& mine, bool keep);
 
-// Every group's tensors on every rank of the pipeline group, in `all_groups` order, from each
-// stage's: `mine` holds the tensors of this stage's groups `mine_groups` (ascending indices into
-// `all_groups`), tensor by tensor (collective over the group).
 // A rank's tensor, pipeline and data groups (engine/parallel_layout.h: tensor groups are
 // consecutive ranks, pipeline groups stride by T, data groups by T x P). The tensor and pipeline
 // communicators count their collectives (null where the axis has one rank); `data` is null when it
@@ -67,8 +65,12 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
                       const models::PipelineStage& stage, const models::PipelineRunner& runner,
                       const CollectiveCounts& counts, std::int64_t micro_batches, double busy_ms, double span_ms);
 
+// Every group's tensors, in `all_groups` order, from each stage's: `mine` holds the tensors of this
+// stage's groups `mine_groups` (ascending indices into `all_groups`), tensor by tensor (collective
+// over the pipeline group). Only a rank with `keep` keeps them; the others send theirs and return
+// nothing.
 std::vector<std::vector<float>> gather_pipeline_stages(Communicator& pipe, std::span<const ParamGroupSpec> all_groups,
                                                        std::span<const std::size_t> mine_groups,
-                                                       const std::vector<std::vector<float>>& mine);
+                                                       const std::vector<std::vector<float>>& mine, bool keep);
 
 }  // namespace strata::tools

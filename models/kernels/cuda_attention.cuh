@@ -74,6 +74,8 @@ inline int tile_count(std::int64_t seq) { return static_cast<int>((seq + kTile -
 inline void check_shape(const AttentionShape& s) {
   STRATA_CHECK(s.kv_heads > 0 && s.q_heads % s.kv_heads == 0, "attention: q_heads must be a multiple of kv_heads");
   STRATA_CHECK(s.head_dim > 0 && s.head_dim <= 1024, "attention: head_dim must be in 1..1024");
+  STRATA_CHECK(s.lse_heads_or_q() >= s.q_heads && s.dkv_stride() >= s.kv_heads * s.head_dim,
+               "attention: lse_heads below q_heads or a dK/dV row stride below the KV heads' width");
   STRATA_CHECK(s.batch <= 65535 && s.q_heads <= 65535, "attention: batch and q_heads must be at most 65535 on CUDA");
   STRATA_CHECK((s.seq + kTile - 1) / kTile <= 0x7fffffff, "attention: sequence too long for one CUDA grid");
 }

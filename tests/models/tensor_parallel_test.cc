@@ -124,6 +124,7 @@ TEST(TensorParallelLayout, ReplicatedKvHeadsAreWholeHeadsInAGroupOfTheirOwn) {
   EXPECT_EQ(kv_replicas(c, 2), 1);
   EXPECT_TRUE(kv_pieces(c, 4));
   EXPECT_FALSE(kv_pieces(c, 2));
+  EXPECT_FALSE(kv_pieces(c, 8)) << "8 slices of 4 query heads: not whole heads";
   EXPECT_FALSE(kv_pieces(model_config_by_name("tiny"), 8)) << "no grouped-query heads, nothing to split";
 }
 
@@ -140,12 +141,13 @@ TEST(TensorParallelLayout, RefusesWhatItCannotSplit) {
   }
   const ModelConfig llama = model_config_by_name("tiny-llama");  // 4 heads, 2 KV heads
   EXPECT_NO_THROW(check_tensor_parallel(llama, 4, 4, 16, "cfg.json"));  // each KV head on 2 ranks
-  try {  // 8 slices past 2 KV heads would cut a query head in half
-    check_tensor_parallel(llama, 2, 8, 16, "cfg.json");
-    FAIL() << "8 slices of 4 heads were accepted";
+  EXPECT_NO_THROW(check_tensor_parallel(llama, 2, 8, 16, "cfg.json"));  // T <= K: the whole kernel per KV head
+  try {  // KV heads on 2 ranks, but 8 slices would cut a query head in half
+    check_tensor_parallel(llama, 4, 8, 16, "cfg.json");
+    FAIL() << "8 slices of 4 heads with replicated KV heads were accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("Replicated KV heads"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("valid choices: 2, 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("valid choices: 4"), std::string::npos) << e.what();
   }
   const ModelConfig tiny = model_config_by_name("tiny");
   for (int slices : {3, 6, 1, 32}) {  // not a power of two; not a multiple of T = 2; more than the chunks

@@ -35,9 +35,9 @@ expect_error "a layout that does not divide the world" "valid choices for 1 rank
 expect_error "gradient clipping beside tensor parallelism in exact mode" \
   "gradient_clipping 1 in exact mode (a norm whose bits do not depend on T) with strata.parallel.tensor = 2" \
   "$strata" estimate --config "$config" --world 2 --set strata.parallel.tensor=2
-expect_error "tensor slices that cut a query head (past the KV heads)" \
-  "past the 2 KV heads, a multiple of them dividing the 4 attention heads (Note [Replicated KV heads]); valid choices: 2, 4" \
-  "$strata" estimate --config "$config" --world 2 --set strata.parallel.tensor=2 --set gradient_clipping=0 \
+expect_error "tensor slices that cut a query head (KV heads on several ranks)" \
+  "with more tensor ranks than the 2 KV heads, a multiple of them dividing the 4 attention heads (Note [Replicated KV heads]); valid choices: 4" \
+  "$strata" estimate --config "$config" --world 4 --set strata.parallel.tensor=4 --set gradient_clipping=0 \
   --set strata.model='"tiny-llama"' --set strata.parallel.tensor_slices=8
 expect_error "tensor ranks that neither split the KV heads nor are a multiple of them" \
   "or KV heads fewer than the ranks divide it" \
