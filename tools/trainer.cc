@@ -366,7 +366,8 @@ void log_run_shape(const TrainConfig& cfg, const models::ModelConfig& model, std
 struct StepLoop {
   const TrainConfig& cfg;
   Device& device;
-  Communicator& comm;
+  Communicator& comm;        // the data axis
+  Communicator& world_comm;  // every rank of the job
   ZeroEngine& engine;
   models::Decoder& decoder;
   models::DecoderRuntime& rt;
@@ -399,23 +400,8 @@ double run_pipeline_micro_batches(StepLoop& l, std::int64_t s) {
     l.sampler.next(tokens, targets);
   };
   const float grad_seed = static_cast<float>(l.engine.loss_scale()) / static_cast<float>(l.micro * l.seq);
-  std::vector<models::LossSum> losses;
-  try {
-    losses = l.pipeline->run_step(l.engine, fill, grad_seed, [&](int) { l.engine.begin_micro_batch(); },
-                                  [&](int) { l.engine.end_micro_batch(); });
-  } catch (const std::exception& e) {
-    // The other stages wait in receives for this stage's messages, and this rank's send streams
-    // may wait in sends to them: unwinding would wait on those streams forever. Say what failed
-    // (as main would) and end the process; mpirun then ends the job.
-    const bool bad_input = dynamic_cast<const Error*>(&e) != nullptr && dynamic_cast<const InternalError*>(&e) == nullptr;
-    spdlog::default_logger()->flush();
-    std::fprintf(stderr, "strata: %s: %s (pipeline stage %d of %d failed in step %lld: ending the job, whose other "
-                 "stages wait for its messages)\n",
-                 bad_input ? "error" : "internal error", e.what(), l.pipeline_comm->rank(),
-                 l.pipeline_comm->world_size(), static_cast<long long>(s + 1));
-    std::fflush(stderr);
-    std::_Exit(bad_input ? 1 : 2);
-  }
+  const std::vector<models::LossSum> losses = l.pipeline->run_step(
+      l.engine, fill, grad_seed, [&](int) { l.engine.begin_micro_batch(); }, [&](int) { l.engine.end_micro_batch(); });
   double loss_sum = 0;
   for (const models::LossSum& loss : losses) loss_sum += loss.mean();
   if (s > l.first_step) {  // the first step warms up (allocations, the prefetch trace)
@@ -504,12 +490,33 @@ void check_skipped_steps(const TrainConfig& cfg, const StepFigures& f, std::int6
       cfg.source, s + 1, skipped, f.result.grad_norm, f.loss, scale, cfg.strata.max_skipped_steps));
 }
 
+// A rank that fails inside a step of a job of several ranks ends the job: the other ranks wait for
+// its part of a collective or its pipeline messages, and unwinding here would wait on streams whose
+// work waits for them (the engine's reductions, a pipeline stage's sends). Say what failed (as main
+// would) and end the process; mpirun then ends the job. The last checkpoint stays as it was.
+[[noreturn]] void end_job_after_failure(const std::exception& e, const Communicator& comm, std::int64_t s) {
+  const bool bad_input = dynamic_cast<const Error*>(&e) != nullptr && dynamic_cast<const InternalError*>(&e) == nullptr;
+  spdlog::default_logger()->flush();
+  std::fprintf(stderr, "strata: %s: %s (rank %d of %d failed in step %lld: ending the job, whose other ranks wait for "
+               "its messages)\n",
+               bad_input ? "error" : "internal error", e.what(), comm.rank(), comm.world_size(),
+               static_cast<long long>(s + 1));
+  std::fflush(stderr);
+  std::_Exit(bad_input ? 1 : 2);
+}
+
 // The steps from first_step on, until the last or a stop signal; fills `summary` step by step.
 LoopSeconds run_steps(StepLoop& l, std::int64_t first_step, TrainSummary& summary) {
   LoopSeconds total;
   std::int64_t skipped_in_a_row = 0;
   for (std::int64_t s = first_step; s < l.cfg.strata.steps; ++s) {
-    const StepFigures f = run_step(l, s);
+    StepFigures f;
+    try {
+      f = run_step(l, s);
+    } catch (const std::exception& e) {
+      if (l.world_comm.world_size() > 1) end_job_after_failure(e, l.world_comm, s);
+      throw;
+    }
     total.steps += f.seconds;
     total.exposed += f.exposed;
     record_step(summary, f, s, first_step, l.engine);
@@ -690,7 +697,7 @@ TrainSummary run_training(const TrainOptions& options) {
   const std::int64_t tokens_per_step = units * micro * seq;
   StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step);
   if (rank == 0) log_run_shape(cfg, model, decoder.layout().groups.size(), layout, *device);
-  StepLoop loop{.cfg = cfg, .device = *device, .comm = dcomm, .engine = engine, .decoder = decoder, .rt = rt,
+  StepLoop loop{.cfg = cfg, .device = *device, .comm = dcomm, .world_comm = *comm, .engine = engine, .decoder = decoder, .rt = rt,
                 .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,
                 .rank = dcomm.rank(), .world = data_world, .micro = micro, .seq = seq, .seed = seed,
                 .accumulation = accumulation,
