@@ -20,6 +20,7 @@ namespace {
 constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 60;
 // strata.device: the slowest modeled link (10 MB/s) and the longest modeled latency per copy (0.1 s).
 constexpr double kMinModeledGbps = 0.01;
+constexpr double kMinModeledTflops = 1e-3;  // 1 GFLOP/s
 constexpr double kMaxModeledLatencyUs = 1e5;
 
 // DeepSpeed keys Strata accepts with DeepSpeed's type and range but without effect: the value is
@@ -266,6 +267,12 @@ StrataConfig parse_strata(ConfigReader r) {
     get_gbps("h2d_gbps", &s.device.h2d_gbps);
     get_gbps("d2h_gbps", &s.device.d2h_gbps);
     d.get_double("latency_us", &s.device.latency_us, 0.0, kMaxModeledLatencyUs);
+    d.get_double("compute_tflops", &s.device.compute_tflops, 0.0, 1e6);
+    if (s.device.compute_tflops > 0 && s.device.compute_tflops < kMinModeledTflops) {
+      d.fail("compute_tflops", fmt::format("{} TFLOPS is too slow to model a device (a step would not finish); use at "
+                                           "least {} TFLOPS, or 0 for the host's speed",
+                                           s.device.compute_tflops, kMinModeledTflops));
+    }
     d.finish();
   }
   {

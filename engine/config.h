@@ -87,6 +87,9 @@ struct DeviceConfig {
   double h2d_gbps = 0;            // sim: modeled link; 0 = memcpy speed
   double d2h_gbps = 0;
   double latency_us = 0;
+  // sim: the modeled compute rate of the model's matmuls and attention (Note [Modeled compute] in
+  // models/kernels/ops.h), 1e12 FLOP/s; 0 = the host's speed.
+  double compute_tflops = 0;
 };
 
 struct CheckpointConfig {

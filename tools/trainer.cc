@@ -682,6 +682,7 @@ TrainSummary run_training(const TrainOptions& options) {
   models::DecoderRuntime rt;
   rt.ctx.kind = DeviceKind::Sim;
   rt.ctx.stream = stream.get();
+  rt.ctx.modeled_flops_per_s = cfg.strata.device.compute_tflops * 1e12;  // Note [Modeled compute]
   rt.device = device;
 
   models::BatchSampler sampler(data, micro, seq, seed);

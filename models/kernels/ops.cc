@@ -9,6 +9,8 @@
 // cuda context with a DeviceError that says so.
 #include "models/kernels/ops.h"
 
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "core/error.h"
@@ -59,11 +61,18 @@ cuda::Launch cuda_launch(const KernelContext& ctx, const char* op, UsesCublas us
 
 template <typename HostFn, typename CudaFn>
 void launch(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device,
-            [[maybe_unused]] UsesCublas uses_cublas = UsesCublas::No) {
+            [[maybe_unused]] UsesCublas uses_cublas = UsesCublas::No, double flops = 0) {
   switch (ctx.kind) {
     case DeviceKind::Sim:
       if (ctx.stream == nullptr) {
         host();
+      } else if (ctx.modeled_flops_per_s > 0 && flops > 0) {  // Note [Modeled compute]
+        const auto modeled = std::chrono::duration<double>(flops / ctx.modeled_flops_per_s);
+        ctx.stream->launch_host([fn = std::forward<HostFn>(host), modeled] {
+          const auto done = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(modeled);
+          fn();
+          std::this_thread::sleep_until(done);
+        });
       } else {
         ctx.stream->launch_host(std::function<void()>(std::forward<HostFn>(host)));
       }
@@ -82,11 +91,20 @@ void launch(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_unu
   STRATA_CHECK(false, "unknown device kind for op {}", op);
 }
 
+// b h s^2 d: a causal attention's products of s x s x d (half the square, 2 FLOPs per multiply-add).
+double attention_flops_unit(const AttentionShape& s) {
+  return static_cast<double>(s.batch) * static_cast<double>(s.q_heads) * static_cast<double>(s.seq) *
+         static_cast<double>(s.seq) * static_cast<double>(s.head_dim);
+}
+
 }  // namespace
 
 void matmul(const KernelContext& ctx, const MatmulArgs& args) {
+  const double flops = 2.0 * static_cast<double>(args.m) * static_cast<double>(args.n) * static_cast<double>(args.k) *
+                       static_cast<double>(args.batch);
   launch(
-      ctx, "matmul", [args] { cpu::matmul(args); }, [args](const auto& L) { cuda::matmul(L, args); }, UsesCublas::Yes);
+      ctx, "matmul", [args] { cpu::matmul(args); }, [args](const auto& L) { cuda::matmul(L, args); }, UsesCublas::Yes,
+      flops);
 }
 
 void bias_grad(const KernelContext& ctx, DType dtype, const void* dout, std::int64_t rows, std::int64_t cols,
@@ -165,7 +183,8 @@ void attention_forward(const KernelContext& ctx, DType dtype, const AttentionSha
                        const void* v, void* out, float* lse) {
   launch(
       ctx, "attention_forward", [=] { cpu::attention_forward(dtype, shape, q, k, v, out, lse); },
-      [=](const auto& L) { cuda::attention_forward(L, dtype, shape, q, k, v, out, lse); });
+      [=](const auto& L) { cuda::attention_forward(L, dtype, shape, q, k, v, out, lse); }, UsesCublas::No,
+      2 * attention_flops_unit(shape));
 }
 
 void attention_backward(const KernelContext& ctx, DType dtype, const AttentionShape& shape, const void* q,
@@ -173,7 +192,8 @@ void attention_backward(const KernelContext& ctx, DType dtype, const AttentionSh
                         void* dk, void* dv) {
   launch(
       ctx, "attention_backward", [=] { cpu::attention_backward(dtype, shape, q, k, v, out, lse, dout, dq, dk, dv); },
-      [=](const auto& L) { cuda::attention_backward(L, dtype, shape, q, k, v, out, lse, dout, dq, dk, dv); });
+      [=](const auto& L) { cuda::attention_backward(L, dtype, shape, q, k, v, out, lse, dout, dq, dk, dv); },
+      UsesCublas::No, 5 * attention_flops_unit(shape));
 }
 
 void rope(const KernelContext& ctx, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,

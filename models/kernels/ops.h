@@ -30,10 +30,18 @@ namespace strata::models {
 
 class CublasHandles;  // models/kernels/cuda_kernels.h
 
+// Note [Modeled compute]: on a sim stream with modeled_flops_per_s > 0, a matmul or attention op
+// takes at least its FLOPs (2 m n k per matmul item; causal attention 2 b h s^2 d forward, 5 b h
+// s^2 d backward) at that rate: its kernel runs as usual, then the stream's worker sleeps out the
+// rest, leaving the host's cores to other work. The other ops run at the host's speed (their FLOPs
+// are not the step's). So P ranks on a machine of fewer cores each compute like a device of that
+// rate, as far as the host keeps up (strata.device.compute_tflops; a pipeline's bubble is then
+// measurable on a small host). Results are unchanged: only time is added.
 struct KernelContext {
   DeviceKind kind = DeviceKind::Sim;
   Stream* stream = nullptr;         // null: run inline on the calling thread over host memory
   CublasHandles* cublas = nullptr;  // cuda: the handle bound to `stream` (matmul)
+  double modeled_flops_per_s = 0;   // sim streams: Note [Modeled compute]; 0: the host's speed
 };
 
 enum class Trans { No, Yes };
