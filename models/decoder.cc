@@ -86,10 +86,11 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   };
   ws->acts = carve_acts(keep_all_blocks ? l1 - l0 : 1);
   // Note [Stage activations]: set 0 is the workspace's own; each other set has its own block inputs
-  // (and, without checkpointing, activations); the stage's input and output stay per call.
+  // (and, without checkpointing, activations), and on the last stage its blocks' output; the stage's
+  // input (after the first stage) and output (before the last) stay per call.
   ws->set_x.clear();
   ws->set_acts.clear();
-  const int sets = training && ps.split() && !ps.last() ? ps.activation_sets : 0;
+  const int sets = training && ps.split() ? ps.activation_sets : 0;
   for (int k = 0; k < sets; ++k) {
     if (k == 0) {
       ws->set_x.push_back(ws->x);
@@ -100,6 +101,7 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
     for (std::int64_t l = l0; l < l1; ++l) {
       if (l > l0 || ps.first()) x[static_cast<std::size_t>(l - l0)] = cv.take(n * C * e);
     }
+    if (ps.last()) x.back() = cv.take(n * C * e);  // the head's input, read in the backward
     ws->set_x.push_back(std::move(x));
     ws->set_acts.push_back(keep_all_blocks ? carve_acts(l1 - l0) : ws->acts);
   }

@@ -102,9 +102,10 @@ class Decoder {
   // Pipeline stages (options.pipeline, Notes [Stage activations] and [Stage re-materialization] in
   // models/pipeline.h). The stage's input and output are [batch * seq, d_model] values of the
   // model's dtype on the device. Forward of the stage's blocks: from the tokens (first stage) or
-  // `x_in`, into `y_out`, keeping its activations in set `set` (< activation_sets; ignored without
-  // sets); the last stage does nothing here (its forward runs in its backward). Enqueued on
-  // rt.ctx.stream; `tokens` must stay valid until that work has run.
+  // `x_in`, into `y_out` (null on the last stage, whose blocks' output stays in the set for the
+  // head), keeping its activations in set `set` (< activation_sets); without sets the last stage
+  // does nothing here (its forward runs in its backward). Enqueued on rt.ctx.stream; `tokens` must
+  // stay valid until that work has run.
   void stage_forward(const DecoderRuntime& rt, ParamProvider& provider, const std::int32_t* tokens, std::int64_t batch,
                      std::int64_t seq, const void* x_in, void* y_out, int set = 0);
   // The stage's backward, from the activations of set `set` that the micro-batch's forward kept

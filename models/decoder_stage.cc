@@ -66,18 +66,18 @@ void Decoder::stage_forward(const DecoderRuntime& rt, ParamProvider& provider, c
                             std::int64_t batch, std::int64_t seq, const void* x_in, void* y_out, int set) {
   check_stage_call(rt, "stage_forward");
   const PipelineStage& ps = options_.pipeline;
-  if (ps.last()) return;  // its forward runs in its backward
+  if (ps.last() && ps.activation_sets == 0) return;  // its forward runs in its backward
   const ModelConfig& c = config_;
   if (ps.first()) check_tokens(c, tokens, tokens, batch, seq);
   Workspace& ws = workspace(rt, batch, seq, /*training=*/true);
   Stream* stream = rt.ctx.stream;
   if (ps.first()) copy_tokens(stream, ws.tokens, tokens, batch * seq);
-  STRATA_CHECK(ps.first() == (x_in == nullptr) && y_out != nullptr, "stage {} forward: input {}, output {}", ps.rank,
-               x_in, y_out);
+  STRATA_CHECK(ps.first() == (x_in == nullptr) && ps.last() == (y_out == nullptr), "stage {} forward: input {}, output {}",
+               ps.rank, x_in, y_out);
   const ActivationSet in_set(ws, set);
   BorrowedBuffers borrowed;
   if (!ps.first()) borrowed.lend(ws.x.front(), x_in);
-  borrowed.lend(ws.x.back(), y_out);
+  if (!ps.last()) borrowed.lend(ws.x.back(), y_out);  // the last stage's stays in its set for the head
   const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts}};
   ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
   // Note [Stage activations]: the set keeps what the backward reads; re-materialized, one set of

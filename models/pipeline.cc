@@ -131,7 +131,7 @@ PipelineStage training_pipeline_stage(std::span<const std::int64_t> boundaries, 
 }
 
 int pipeline_activation_sets(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches, bool recompute) {
-  if (!stage.split() || stage.last() || recompute) return 0;
+  if (!stage.split() || recompute) return 0;
   return pipeline_in_flight(pipeline_schedule(schedule, stage.size, stage.rank, micro_batches));
 }
 

@@ -18,15 +18,16 @@
 // block's input (the backward then recomputes one block at a time, as usual). The decoder holds
 // one such set per micro-batch in flight (PipelineStage::activation_sets: A under GPipe, at most
 // P - p under 1F1B); a stage's forward fills the micro-batch's set and its backward reads it, so
-// every forward runs once. The last stage computes its forward only within its backward (nothing
-// needs it earlier) and keeps no sets. The input of each micro-batch in flight is the runner's
-// stash (the first stage's is the tokens).
+// every forward runs once. The last stage's forward runs its blocks (its set also keeps their
+// output), its backward the head, the loss and their backward, then the blocks'. The input of each
+// micro-batch in flight is the runner's stash (the first stage's is the tokens).
 //
 // Note [Stage re-materialization] (strata.parallel.stage_recompute): a stage keeps only its input
 // of each micro-batch in flight, and the backward of a micro-batch recomputes the stage's forward
 // from it, as GPipe does: one more forward per micro-batch on every stage but the last, for
 // activation memory of one micro-batch. Recompute is deterministic, so both ways give the bits of
-// the plain backward.
+// the plain backward. The last stage then computes its forward only within its backward (nothing
+// needs it earlier).
 //
 // Exact mode: each stage's engine reduces its groups' gradients over the data axis exactly as
 // without stages (Note [Exact gradient sums]), and a stage's gradients are computed by the same
@@ -100,8 +101,8 @@ std::vector<std::int64_t> pipeline_stage_params(const ModelConfig& model, std::s
 // Stage `rank` of `boundaries`.
 PipelineStage pipeline_stage(std::span<const std::int64_t> boundaries, int rank, Communicator* comm);
 // Note [Stage activations]: the activation sets `stage` keeps under `schedule` with `micro_batches`
-// per step: its micro-batches in flight, or 0 with `recompute` (strata.parallel.stage_recompute),
-// on the last stage (its forward runs inside its backward) and without stages.
+// per step: its micro-batches in flight, or 0 with `recompute` (strata.parallel.stage_recompute)
+// and without stages.
 int pipeline_activation_sets(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches, bool recompute);
 // Stage `rank` of `boundaries` as training runs it under `parallel` with `micro_batches` per step
 // (its activation sets: what train and estimate plan alike).

@@ -87,7 +87,7 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
   // A slot per micro-batch in flight: its input (the stash, after the first stage) and the
   // decoder's activation set of the same index (Note [Stage activations]).
   slots_ = pipeline_in_flight(ops_);
-  STRATA_CHECK(stage_.activation_sets == 0 || (stage_.activation_sets == slots_ && !stage_.last()),
+  STRATA_CHECK(stage_.activation_sets == 0 || stage_.activation_sets == slots_,
                "pipeline stage {}: {} activation sets for {} micro-batches in flight", stage_.rank,
                stage_.activation_sets, slots_);
   if (!stage_.first()) {
@@ -143,7 +143,15 @@ void PipelineRunner::forward(ParamProvider& provider, int a) {
   }
   ++live_;
   stats_.peak_in_flight = std::max(stats_.peak_in_flight, live_);
-  if (stage_.last()) return;  // its forward runs in its backward
+  if (stage_.last()) {  // Note [Stage activations]: its blocks' forward into the set (re-materialized: nothing)
+    if (stage_.activation_sets == 0) return;
+    compute.record(*op_start_[op_]);
+    decoder_.stage_forward(rt_, provider, tokens_[static_cast<std::size_t>(a)].data(), batch_, seq_, x_in, nullptr,
+                           slot);
+    compute.record(*op_end_[op_]);
+    timed_[op_] = true;
+    return;
+  }
   Ring::Slot& out = out_->take(compute);
   compute.record(*op_start_[op_]);
   decoder_.stage_forward(rt_, provider, tokens_[static_cast<std::size_t>(a)].data(), batch_, seq_, x_in,
@@ -244,6 +252,8 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
     last = op_end_[i].get();
   }
   if (last != nullptr) stats_.span_ms = last->elapsed_ms_since(*step_start_);
+  // The pipeline's span: the stage that ends last (the first, draining the backwards) ends the step.
+  stats_.span_ms = stage_.comm->all_reduce_host(stats_.span_ms, ReduceOp::Max);
   return losses;
 }
 

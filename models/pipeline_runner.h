@@ -2,11 +2,12 @@
 // forwards and backwards, the point-to-point sends and receives at its boundaries, and its stash.
 //
 // Note [Measured bubble]: events on the compute stream around each forward and backward (after the
-// receive it waits on, and after its last kernel) time the stage's work; whatever else the step's
-// span holds (from an event at the step's start, when every stage leaves the previous step's host
-// collectives together, to its last kernel) is idle: the pipeline's fill and drain, and the host's
-// work between micro-batches. It is reported per stage beside the ideal (P - 1) / (A + P - 1), which
-// assumes equal stages.
+// receive it waits on, and after its last kernel) time the stage's work; whatever else the
+// pipeline's span holds is the stage's idle time: the pipeline's fill and drain, and the host's work
+// between micro-batches. The span is the longest of the stages' (each from an event at its step's
+// start, when every stage leaves the previous step's host collectives together, to its last
+// kernel): a stage that finishes early waits for the others at the step's end. It is reported per
+// stage beside the ideal (P - 1) / (A + P - 1), which assumes equal stages.
 //
 // Everything runs on the decoder's compute stream except the sends, which go on a stream per peer
 // (the next stage, the previous one; with a tied embedding across stages also between the first
@@ -36,8 +37,9 @@ struct PipelineStepStats {
   std::uint64_t sent_bytes = 0;     // to the neighbouring stages, this step
   std::uint64_t received_bytes = 0;
   // From events on the compute stream (Note [Measured bubble]): the time its forwards and
-  // backwards ran (each from its input's arrival to its last kernel), and the span from the step's
-  // start to the last one's end. 1 - busy / span is the stage's idle share of the step.
+  // backwards ran (each from its input's arrival to its last kernel), and the pipeline's span (the
+  // longest stage's, from the step's start to its last op's end). 1 - busy / span is the stage's
+  // idle share of the step.
   double busy_ms = 0, span_ms = 0;
 };
 

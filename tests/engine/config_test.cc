@@ -136,6 +136,10 @@ TEST(Config, AbsurdValuesAreRefusedWithTheAcceptedForms) {
       << "0 (unmodeled) and the slowest modeled link are accepted";
   EXPECT_NE(error_of(json::parse(R"({"strata": {"device": {"latency_us": 6e7}}})")).find("strata.device.latency_us"),
             std::string::npos);
+  const std::string crawl = error_of(json::parse(R"({"strata": {"device": {"compute_tflops": 1e-6}}})"));
+  EXPECT_NE(crawl.find("strata.device.compute_tflops"), std::string::npos) << crawl;
+  EXPECT_NE(crawl.find("at least 0.001 TFLOPS"), std::string::npos) << crawl;
+  EXPECT_EQ(error_of(json::parse(R"({"strata": {"device": {"compute_tflops": 0.001}}})")), "");
 }
 
 // strata.max_skipped_steps: "auto" leaves fp16's dynamic loss scaler room to back off from its

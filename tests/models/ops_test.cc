@@ -5,8 +5,10 @@
 
 #include <tbb/task_arena.h>
 
+#include <chrono>
 #include <cmath>
 
+#include "core/device/device.h"
 #include "models/kernels/ops.h"
 #include "models/kernels/op_math.h"
 #include "tests/models/op_test_util.h"
@@ -474,6 +476,47 @@ TEST(OpDeterminism, AttentionBackwardOverSomeHeadsIsTheWholeCallBitForBit) {
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t e = 0; e < odim; ++e) ASSERT_EQ(dq[r * stride + e], d[r * stride + e]) << "dQ row " << r;
   }
+}
+
+TEST(OpModeledCompute, MatmulAndAttentionTakeTheirFlopsAtTheRateAndKeepTheirBits) {
+  // Note [Modeled compute]: on a sim stream, each op lasts at least its FLOPs at the modeled rate;
+  // the results are the inline run's, bit for bit.
+  const std::int64_t m = 48, n = 40, k = 32;
+  const Vec a = random_vec(m * k, 51), b = random_vec(k * n, 52);
+  const AttnCase c{1, 40, 2, 1, 8};
+  const std::int64_t stride = (c.q_heads + 2 * c.kv_heads) * c.head_dim, rows = c.batch * c.seq;
+  const std::int64_t odim = c.q_heads * c.head_dim;
+  const Vec qkv = random_vec(rows * stride, 53);
+  const double rate = 1e7;  // FLOP/s
+  const double matmul_flops = 2.0 * m * n * k;
+  const double attention_flops = 2.0 * c.batch * c.q_heads * c.seq * c.seq * c.head_dim;
+  auto run = [&](const KernelContext& ctx, Stream* stream) {
+    Buf A = make_buf(a, DType::F32), B = make_buf(b, DType::F32), C = make_buf(Vec(m * n), DType::F32);
+    Buf QKV = make_buf(qkv, DType::F32), O = make_buf(Vec(rows * odim), DType::F32);
+    std::vector<float> lse(static_cast<std::size_t>(c.q_heads * c.seq));
+    const auto t0 = std::chrono::steady_clock::now();
+    matmul(ctx, MatmulArgs{DType::F32, Trans::No, Trans::No, m, n, k, A.data(), k, 0, B.data(), n, 0, C.data(), n, 0, 1});
+    auto* q = static_cast<float*>(QKV.data());
+    attention_forward(ctx, DType::F32, {c.batch, c.seq, c.q_heads, c.kv_heads, c.head_dim, stride, stride, odim}, q,
+                      q + odim, q + odim + c.head_dim, O.data(), lse.data());
+    if (stream != nullptr) stream->synchronize();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<std::uint8_t> bits = C.bytes;
+    bits.insert(bits.end(), O.bytes.begin(), O.bytes.end());
+    return std::pair{bits, seconds};
+  };
+  const auto [want, inline_seconds] = run(kInline, nullptr);
+  SimDeviceOptions opts;
+  opts.capacity_bytes = 1 << 20;
+  auto dev = make_sim_device(opts);
+  auto stream = dev->create_stream("compute");
+  KernelContext paced{DeviceKind::Sim, stream.get(), nullptr};
+  paced.modeled_flops_per_s = rate;
+  const auto [got, paced_seconds] = run(paced, stream.get());
+  EXPECT_EQ(got, want);
+  EXPECT_GE(paced_seconds, (matmul_flops + attention_flops) / rate)
+      << "a matmul of " << matmul_flops << " and an attention of " << attention_flops << " FLOPs at " << rate
+      << " FLOP/s (inline: " << inline_seconds << " s)";
 }
 
 TEST(OpDeterminism, AccumulatingRowsInTwoCallsEqualsOneCall) {

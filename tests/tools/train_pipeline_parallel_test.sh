@@ -149,24 +149,25 @@ compare ck.ref.st ck.p4r.st "checkpointed LLaMA, 2-sequence micro-batches: pipel
 if python3 - p4.json p4g.json g4p4.json p4r.json <<'EOF'
 import json, sys
 ok = True
-# Note [Stage activations]: every stage but the last keeps one activation set per micro-batch in
-# flight (1F1B: P - stage, GPipe: all 8), so a stage's activations under GPipe exceed 1F1B's by
-# (8 - (P - stage)) sets, a set being the same size on the middle stages (2 blocks each, input and
-# output passed in); re-materialized stages keep none.
+# Note [Stage activations]: every stage keeps one activation set per micro-batch in flight (1F1B:
+# P - stage, GPipe: all 8), so a stage's activations under GPipe exceed 1F1B's by (8 - (P - stage))
+# sets, a set being the same size on the middle stages (2 blocks each, input and output passed in)
+# and larger on the first (its embedding output) and the last (its blocks' output, for the head);
+# re-materialized stages keep none.
 one, gp, remat = (json.load(open(p))["pipeline"]["per_stage"] for p in (sys.argv[1], sys.argv[2], sys.argv[4]))
 set_bytes = []
 for q in range(4):
-    sets = (0 if q == 3 else 4 - q, 0 if q == 3 else 8)
+    sets = (4 - q, 8)
     got = (one[q]["activation_sets"], gp[q]["activation_sets"], remat[q]["activation_sets"])
     extra = gp[q]["activation_bytes"] - one[q]["activation_bytes"]
-    per_set = extra / (sets[1] - sets[0]) if q < 3 else 0
+    per_set = extra / (sets[1] - sets[0])
     set_bytes.append(per_set)
     print(f"stage {q}: activation sets 1F1B {got[0]}, GPipe {got[1]}, re-materialized {got[2]} (want {sets[0]}, "
           f"{sets[1]}, 0); activations {one[q]['activation_bytes']} / {gp[q]['activation_bytes']} / "
           f"{remat[q]['activation_bytes']} B")
     ok = ok and got == (sets[0], sets[1], 0)
-    ok = ok and (extra > 0 if q < 3 else extra == 0) and remat[q]["activation_bytes"] <= one[q]["activation_bytes"]
-ok = ok and set_bytes[1] == set_bytes[2] > 0 and set_bytes[0] > set_bytes[1]  # the first also keeps its embedding output
+    ok = ok and extra > 0 and remat[q]["activation_bytes"] <= one[q]["activation_bytes"]
+ok = ok and set_bytes[1] == set_bytes[2] > 0 and set_bytes[0] == set_bytes[3] > set_bytes[1]
 # The tied GPT-2 (vocabulary 256 x d_model 32, fp32; 8 micro-batches): the embedding to the last stage
 # once per step, the final norm's output back to the first stage per micro-batch.
 p = json.load(open(sys.argv[3]))["pipeline"]["per_stage"]
