@@ -119,8 +119,9 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
     m.recompute_tied_head = ps.first();
     m.tied_grad_scale = grad_scale;
   }
-  // Note [Stage activations]: the micro-batch's forward kept its set (the last stage keeps none: its
-  // forward runs here); re-materialized, the forward runs again from x_in.
+  // Note [Stage activations]: the micro-batch's forward kept its set (on the last stage also its
+  // blocks' output, the head's input); re-materialized, the forward runs again from x_in (on the
+  // last stage, for the first time).
   if (ws.set_x.empty()) m.forward_blocks();
   if (ps.last()) m.run_head(grad_scale);
   if (tied_split && ps.last()) {

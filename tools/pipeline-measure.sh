@@ -10,10 +10,21 @@
 #           pipeline's step beside the ideal (P - 1) / (A + P - 1), and the worst gap.
 # Every run's weights are compared with the one-rank run's (exact mode): a difference is reported.
 # Usage: pipeline-measure.sh STRATA_BINARY WORKDIR MPIEXEC [memory|bubble|all]
+# WORKDIR is created, or emptied when an earlier run of this script made it.
 set -euo pipefail
-strata="$(realpath "$1")"; work="$2"; mpiexec="$3"; which="${4:-all}"
+usage="usage: pipeline-measure.sh STRATA_BINARY WORKDIR MPIEXEC [memory|bubble|all]"
+[ $# -ge 3 ] || { echo "$usage" >&2; exit 1; }
+strata="$(realpath "$1")"; work="$2"; which="${4:-all}"
+mpiexec="$(command -v "$3")" || { echo "pipeline-measure.sh: MPIEXEC '$3' is not a command" >&2; exit 1; }
+case "$which" in memory|bubble|all) ;; *) echo "$usage" >&2; exit 1 ;; esac
 tiny="$(realpath "$(dirname "$0")/../configs/tiny.json")"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
+if [ -e "$work" ]; then
+  if [ ! -e "$work/.pipeline-measure" ] && [ -n "$(ls -A "$work")" ]; then
+    echo "pipeline-measure.sh: $work is not empty and not an earlier run's directory; give a new one" >&2; exit 1
+  fi
+  rm -rf "$work"
+fi
+mkdir -p "$work"; cd "$work"; touch .pipeline-measure
 model='{"name": "m8", "arch": "llama", "vocab_size": 256, "max_seq_len": 128, "n_layers": 8, "d_model": 256, "n_heads": 8, "n_kv_heads": 4, "ffn_hidden": 512}'
 mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
 run() {  # name, stages, args...
