@@ -33,6 +33,7 @@
 #include "optim/cpu_exec.h"
 #include "optim/optimizer.h"
 #include "tools/bench_disk.h"
+#include "tools/compute_device.h"
 #include "tools/trainer.h"
 
 namespace strata::tools {
@@ -57,7 +58,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Forward+backward of one step's micro-batches with all parameters resident on a roomy sim device.
+// Forward+backward of one step's micro-batches with all parameters resident: on a roomy sim device,
+// or on the GPU the config's strata.device.kind resolves to (whole, uncapped).
 double measure_compute(const TrainConfig& cfg, int reps) {
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
@@ -70,30 +72,62 @@ double measure_compute(const TrainConfig& cfg, int reps) {
   for (const auto& g : groups) bytes += g.bytes() + 256 * g.tensors.size();
   SimDeviceOptions o;
   o.capacity_bytes = 2 * bytes + decoder.activation_bytes(micro, seq, true) + (64u << 20);
-  auto device = make_sim_device(o);
-  auto stream = device->create_stream("compute");
+  auto device = open_compute_device(cfg.strata.device.kind, 0, o, {cfg.source});
+  ComputeStream cs(*device, "compute");
+  Stream* stream = &cs.stream();
   models::ResidentParamProvider params(groups, device.get());
-  params.init_gpt2_style(cfg.strata.seed, model.n_layers, stream.get());
-  const models::DecoderRuntime rt{{DeviceKind::Sim, stream.get(), nullptr}, device.get()};
+  params.init_gpt2_style(cfg.strata.seed, model.n_layers, stream);
+  const models::DecoderRuntime rt{cs.context(), device.get()};
   std::mt19937 rng(1);
   std::vector<std::int32_t> in(static_cast<std::size_t>(micro * seq)), tg(in.size());
   for (auto& t : in) t = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(model.vocab_size));
   for (auto& t : tg) t = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(model.vocab_size));
   std::vector<double> times;
   for (int r = 0; r <= reps; ++r) {  // the first is a warm-up
-    params.zero_grads(stream.get());
+    params.zero_grads(stream);
+    stream->synchronize();
     const auto t0 = Clock::now();
     for (int a = 0; a < cfg.gradient_accumulation_steps; ++a) {
       decoder.forward_backward(rt, params, in.data(), tg.data(), micro, seq, 1.0f / static_cast<float>(in.size()));
     }
+    stream->synchronize();
     if (r > 0) times.push_back(since(t0));
   }
   return median(times);
 }
 
-// The step's host<->device bytes: memcpy speed on the sim device, or its modeled link.
+// The step's host<->device bytes over a GPU's link: pinned host memory, 64 MiB copies, half each way
+// (the step's copies go both ways; the link is full duplex, but one stream serializes them).
+double measure_gpu_copies(const TrainConfig& cfg, std::uint64_t bytes) {
+  auto device = open_compute_device(DeviceChoice::Cuda, 0, SimDeviceOptions{}, {cfg.source});
+  auto stream = device->create_stream("copies");
+  const std::size_t piece = std::min<std::uint64_t>(bytes, 64u << 20);
+  HostBufferOptions ho;
+  ho.pinner = device.get();
+  HostBuffer host = HostBuffer::allocate(piece, ho);
+  std::memset(host.data(), 1, piece);
+  DeviceMemory dev = device->allocate(piece, "bench.copies");
+  std::vector<double> times;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    std::uint64_t done = 0;
+    for (int dir = 0; done < bytes; dir ^= 1) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(piece, bytes - done));
+      if (dir == 0) stream->copy_h2d(dev.data(), host.data(), n);
+      else stream->copy_d2h(host.data(), dev.data(), n);
+      done += n;
+    }
+    stream->synchronize();
+    times.push_back(since(t0));
+  }
+  return median(times);
+}
+
+// The step's host<->device bytes: memcpy speed on the sim device, or its modeled link; on a GPU, its
+// link.
 double measure_copies(const TrainConfig& cfg, std::uint64_t bytes) {
   if (bytes == 0) return 0;
+  if (resolve_device_kind(cfg.strata.device.kind, {cfg.source}) == DeviceKind::Cuda) return measure_gpu_copies(cfg, bytes);
   const double gbps = std::max(cfg.strata.device.h2d_gbps, cfg.strata.device.d2h_gbps);
   if (gbps > 0) return static_cast<double>(bytes) / (gbps * 1e9);
   const std::size_t piece = std::min<std::uint64_t>(bytes, 64u << 20);
@@ -178,6 +212,9 @@ int run_bench_step(const BenchStepOptions& o) {
   };
   const Queue& slowest = *std::max_element(queues.begin(), queues.end(), [](const Queue& a, const Queue& b) { return a.seconds < b.seconds; });
   const double ratio = slowest.seconds > 0 ? step / slowest.seconds : 0;
+  bool checkpointing = false;
+  const double flops_per_token = models::train_flops_per_token(training_model_config(cfg, &checkpointing), cfg.strata.data.seq_len);
+  const double tokens_per_s = step > 0 ? static_cast<double>(s.tokens_per_step) / step : 0;
   const double params_per_byte = static_cast<double>(s.parameters) / static_cast<double>(s.device_capacity_bytes);
   // SSD wear at the measured step time: one drive per NVMe directory (engine/machine.h, ssd_wear).
   const SsdWear wear = ssd_wear(static_cast<double>(nvme_written), step, static_cast<int>(nvme_dirs.size()), o.drive_tbw);
@@ -188,6 +225,12 @@ int run_bench_step(const BenchStepOptions& o) {
                         {"slowest_queue", slowest.name},
                         {"ratio_to_slowest", ratio},
                         {"parameters", s.parameters},
+                        {"device", s.device_name},
+                        {"tokens_per_step", s.tokens_per_step},
+                        {"tokens_per_s", tokens_per_s},
+                        {"train_flops_per_token", flops_per_token},
+                        {"model_tflops", tokens_per_s * flops_per_token / 1e12},
+                        {"peak_device_bytes", s.peak_device_bytes},
                         {"device_capacity_bytes", s.device_capacity_bytes},
                         {"params_per_device_byte", params_per_byte},
                         {"model_state_bytes", s.model_state_bytes},
@@ -206,6 +249,9 @@ int run_bench_step(const BenchStepOptions& o) {
               static_cast<double>(s.parameters) / 1e6, format_bytes(s.model_state_bytes).c_str(),
               format_bytes(s.device_capacity_bytes).c_str(),
               static_cast<double>(s.model_state_bytes) / static_cast<double>(s.device_capacity_bytes));
+  std::printf("on %s: %.1f tokens/s, %.2f model TFLOP/s (%.3g training FLOP/token), peak device memory %s\n",
+              s.device_name.c_str(), tokens_per_s, tokens_per_s * flops_per_token / 1e12, flops_per_token,
+              format_bytes(s.peak_device_bytes).c_str());
   std::printf("per step: nvme read %s, written %s; host<->device %s; %llu of %llu optimizer chunks overlapped backward\n",
               format_bytes(nvme_read).c_str(), format_bytes(nvme_written).c_str(), format_bytes(copies).c_str(),
               static_cast<unsigned long long>(s.overlapped_chunk_updates),

@@ -1,6 +1,7 @@
 // `strata eval`: mean cross-entropy (and perplexity) of given weights on given token data, walking
 // the data in consecutive windows of --seq-len tokens from the start (targets shifted by one), so the
-// figure depends on no seed. Runs the model on the sim device with all weights resident.
+// figure depends on no seed. Runs the model with all weights resident on the device --device picks
+// (auto: a GPU when one is usable, else the sim device).
 #include "tools/commands.h"
 
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "models/resident_provider.h"
 #include "models/token_data.h"
 #include "models/weights_io.h"
+#include "tools/compute_device.h"
 
 namespace strata::tools {
 
@@ -36,6 +38,7 @@ struct EvalOptions {
   std::int64_t batch_size = 4;
   bool flat_u32 = false;
   bool json = false;
+  std::string device = "auto";  // sim | cuda | auto
 };
 
 // The machine's memory in bytes (0 when unknown).
@@ -48,6 +51,7 @@ std::uint64_t physical_memory_bytes() {
 int run_eval(EvalOptions o) {
   using namespace strata::models;
   const ModelConfig config = model_config_by_name(o.model);
+  const DeviceChoice choice = parse_device_flag(o.device);
   if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
   if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
     throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, config.max_seq_len, config.name));
@@ -75,7 +79,8 @@ int run_eval(EvalOptions o) {
   dev_opts.capacity_bytes = 2 * param_bytes + activation_bytes + (64u << 20);
   dev_opts.capacity_knob = "strata eval --batch-size and --seq-len";
   const std::uint64_t host_bytes = physical_memory_bytes();
-  if (host_bytes > 0 && dev_opts.capacity_bytes > host_bytes) {
+  const DeviceKind kind = resolve_device_kind(choice, {"strata eval", "--device"});
+  if (kind == DeviceKind::Sim && host_bytes > 0 && dev_opts.capacity_bytes > host_bytes) {
     // Every byte of one batch's activations is written, so a device larger than the machine's
     // memory would fail mid-run; say which flag to lower instead.
     const std::uint64_t per_window = std::max<std::uint64_t>(1, activation_bytes / static_cast<std::uint64_t>(batch_windows));
@@ -86,11 +91,18 @@ int run_eval(EvalOptions o) {
                                   o.batch_size, o.seq_len, format_bytes(dev_opts.capacity_bytes), config.name,
                                   format_bytes(activation_bytes), format_bytes(host_bytes), fit));
   }
-  auto device = make_sim_device(dev_opts);
-  auto stream = device->create_stream("compute");
+  auto device = open_compute_device(choice, 0, dev_opts, {"strata eval", "--device"});
+  if (device->kind() == DeviceKind::Cuda && dev_opts.capacity_bytes > device->capacity_bytes()) {
+    throw ConfigError(fmt::format("--batch-size {} with --seq-len {} needs {} of device memory for model '{}' ({} of "
+                                  "activations), more than the {} free on {}; lower --batch-size",
+                                  o.batch_size, o.seq_len, format_bytes(dev_opts.capacity_bytes), config.name,
+                                  format_bytes(activation_bytes), format_bytes(device->capacity_bytes()),
+                                  device->name()));
+  }
+  ComputeStream cs(*device, "compute");
   ResidentParamProvider params(groups, device.get());
-  const WeightNaming naming = load_weights(o.weights, config, params, stream.get());
-  const DecoderRuntime rt{{DeviceKind::Sim, stream.get(), nullptr}, device.get()};
+  const WeightNaming naming = load_weights(o.weights, config, params, &cs.stream());
+  const DecoderRuntime rt{cs.context(), device.get()};
 
   LossSum total;
   std::vector<std::int32_t> in(static_cast<std::size_t>(batch_windows * o.seq_len)), tg(in.size());
@@ -131,6 +143,7 @@ void register_eval(CLI::App& app, CommandTable& table) {
   cmd->add_option("--batch-size", opts->batch_size, "windows per forward pass (default 4)");
   cmd->add_flag("--flat-u32", opts->flat_u32, "a headerless token file holds uint32 tokens (default uint16)");
   cmd->add_flag("--json", opts->json, "print one JSON object");
+  cmd->add_option("--device", opts->device, "sim, cuda or auto (a GPU when one is usable; default auto)");
   table[cmd] = [opts]() { return run_eval(*opts); };
 }
 

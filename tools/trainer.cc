@@ -45,6 +45,7 @@
 #include "models/token_data.h"
 #include "models/weights_io.h"
 #include "tools/checkpoint_tensors.h"
+#include "tools/compute_device.h"
 #include "tools/demo_config.h"  // generated from configs/demo.json (tools/CMakeLists.txt)
 #include "tools/output_file.h"
 #include "tools/trainer_parallel.h"
@@ -57,17 +58,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
   const DeviceConfig& d = cfg.strata.device;
-  if (d.kind == DeviceChoice::Cuda) {
-    throw ConfigError(fmt::format("{}: strata.device.kind is \"cuda\", but the training engine of this version runs "
-                                  "on the sim device only; set strata.device.kind=sim",
-                                  cfg.source));
-  }
   SimDeviceOptions o;
   o.capacity_bytes = d.memory_bytes > 0 ? d.memory_bytes : std::size_t{1} << 30;
   o.h2d_gbps = d.h2d_gbps;
   o.d2h_gbps = d.d2h_gbps;
   o.latency_us = d.latency_us;
-  return make_sim_device(o);
+  return open_compute_device(d.kind, d.memory_bytes, o, {cfg.source});
 }
 
 }  // namespace
@@ -561,6 +557,8 @@ void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& 
   summary.model_state_bytes = plan.model_state;
   summary.parameters = static_cast<std::uint64_t>(models::param_count(model));
   summary.device_capacity_bytes = l.device.capacity_bytes();
+  summary.device_name = l.device.name();
+  summary.tokens_per_step = l.tokens_per_step;
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   const std::int64_t steps_run = std::max<std::int64_t>(0, summary.steps - first_step);
   summary.tokens_per_second = elapsed > 0 ? static_cast<double>(l.tokens_per_step * steps_run) / elapsed : 0;
@@ -678,11 +676,10 @@ TrainSummary run_training(const TrainOptions& options) {
   checkpoints.claim_directory(!options.resume.empty());
   const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
 
-  auto stream = device->create_stream("compute");
+  ComputeStream compute(*device, "compute", cfg.strata.device.compute_tflops * 1e12);  // Note [Modeled compute]
+  Stream* stream = &compute.stream();
   models::DecoderRuntime rt;
-  rt.ctx.kind = DeviceKind::Sim;
-  rt.ctx.stream = stream.get();
-  rt.ctx.modeled_flops_per_s = cfg.strata.device.compute_tflops * 1e12;  // Note [Modeled compute]
+  rt.ctx = compute.context();
   rt.device = device;
 
   models::BatchSampler sampler(data, micro, seq, seed);

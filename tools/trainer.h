@@ -63,6 +63,8 @@ struct TrainSummary {
   std::uint64_t pinned_bytes = 0;    // fixed staging pools
   std::uint64_t model_state_bytes = 0;      // weights, master, moments, gradients of the whole model
   std::uint64_t device_capacity_bytes = 0;  // per rank
+  std::string device_name;                  // "sim:0", "cuda:0 (NVIDIA H100 80GB HBM3)"
+  std::int64_t tokens_per_step = 0;         // of all data-parallel ranks
   int stopped_by_signal = 0;  // SIGTERM/SIGINT ended the run after a final checkpoint (0: it ran to the end)
   std::uint64_t parameters = 0;
   // Per step (rank 0): wall seconds, NVMe bytes read and written, host<->device bytes of offloaded state.

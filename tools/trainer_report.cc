@@ -229,6 +229,7 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
                         {"step_call_fraction", s.step_call_fraction},
                         {"model_state_bytes", s.model_state_bytes},
                         {"device_capacity_bytes", s.device_capacity_bytes},
+                        {"device", s.device_name},
                         {"nvme_bytes_written_per_step", s.wear.bytes_per_step},
                         {"nvme_tb_written_per_day", s.wear.tb_per_day},
                         {"nvme_drives", s.drives},

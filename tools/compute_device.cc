@@ -1,0 +1,101 @@
+// The device a command computes on (tools/compute_device.h).
+#include "tools/compute_device.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "models/kernels/cuda_kernels.h"
+
+namespace strata::tools {
+namespace {
+
+// This process's rank among the ranks on its node, from the launcher's environment (0 alone).
+int local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    if (end != nullptr && *end == '\0' && r >= 0 && r < (1L << 20)) return static_cast<int>(r);
+  }
+  return 0;
+}
+
+}  // namespace
+
+DeviceChoice parse_device_flag(const std::string& value) {
+  if (value == "sim") return DeviceChoice::Sim;
+  if (value == "cuda") return DeviceChoice::Cuda;
+  if (value == "auto") return DeviceChoice::Auto;
+  throw ConfigError(fmt::format("--device '{}' is not one of sim, cuda, auto", value));
+}
+
+DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& source, std::string* why_not_cuda) {
+  if (choice == DeviceChoice::Sim) return DeviceKind::Sim;
+  std::string why;
+  const bool usable = !list_cuda_devices(&why).empty();
+  if (why_not_cuda != nullptr) *why_not_cuda = usable ? std::string{} : why;
+  if (usable) return DeviceKind::Cuda;
+  if (choice == DeviceChoice::Cuda) {
+    throw ConfigError(fmt::format("{}: {} is \"cuda\", but no cuda device is usable here ({}); set {} to \"sim\", "
+                                  "or to \"auto\" to take a GPU when there is one",
+                                  source.where, source.knob, why, source.knob));
+  }
+  return DeviceKind::Sim;
+}
+
+std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t cuda_cap_bytes,
+                                            const SimDeviceOptions& sim, const DeviceChoiceSource& source) {
+  std::string why;
+  const DeviceKind kind = resolve_device_kind(choice, source, &why);
+  if (kind == DeviceKind::Sim) {
+    if (choice == DeviceChoice::Auto) {
+      spdlog::info("{} auto: the sim device ({}; no cuda device is usable: {})",
+                   source.knob, format_bytes(sim.capacity_bytes), why);
+    }
+    return make_sim_device(sim);
+  }
+  const std::vector<CudaDeviceInfo> gpus = list_cuda_devices();
+  CudaDeviceOptions o;
+  o.ordinal = gpus[static_cast<std::size_t>(local_rank()) % gpus.size()].ordinal;
+  o.memory_limit_bytes = cuda_cap_bytes;
+  std::unique_ptr<Device> device;
+  try {
+    device = make_cuda_device(o);
+  } catch (const ConfigError& e) {  // a cap over the GPU's memory: name the config too
+    throw ConfigError(fmt::format("{}: {}", source.where, e.what()));
+  }
+  if (choice == DeviceChoice::Auto) {
+    spdlog::info("{} auto: {} ({} usable{})", source.knob, device->name(), format_bytes(device->capacity_bytes()),
+                 cuda_cap_bytes > 0 ? ", capped by strata.device.memory" : "");
+  }
+  return device;
+}
+
+ComputeStream::ComputeStream(Device& device, const std::string& name, double modeled_flops_per_s)
+    : stream_(device.create_stream(name)) {
+  ctx_.kind = device.kind();
+  ctx_.stream = stream_.get();
+  if (ctx_.kind == DeviceKind::Cuda) {
+    cublas_ = std::make_unique<models::CublasHandles>(device, *stream_);
+    ctx_.cublas = cublas_.get();
+  } else {
+    ctx_.modeled_flops_per_s = modeled_flops_per_s;
+  }
+}
+
+ComputeStream::~ComputeStream() {
+  // Work still queued may use the handle's workspace: finish it before the handle goes.
+  try {
+    if (stream_) stream_->synchronize();
+  } catch (const std::exception& e) {
+    spdlog::error("compute stream '{}' failed while finishing: {}", stream_->name(), e.what());
+  }
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,59 @@
+// The device a command computes on, and its compute stream: strata.device.kind = sim | cuda | auto
+// (cuda when one is usable, else sim, saying which). Shared by train, eval, bench model and bench
+// step, so all four choose alike and refuse alike.
+//
+// On cuda the compute stream carries the cuBLAS handle the model's matmuls need
+// (models::CublasHandles, bound to that stream); on sim it has none and the op set runs its CPU
+// kernels on the stream's worker.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/device/device.h"
+#include "engine/config.h"
+#include "models/kernels/ops.h"
+
+namespace strata::tools {
+
+// A command's --device flag: "sim", "cuda" or "auto"; anything else is a ConfigError naming it.
+DeviceChoice parse_device_flag(const std::string& value);
+
+// Where a device choice came from, for messages: the config file (or command) and the key or flag.
+struct DeviceChoiceSource {
+  std::string where;                        // "configs/tiny.json (with --set)", "strata bench model"
+  std::string knob = "strata.device.kind";  // or "--device"
+};
+
+// Which backend a choice resolves to on this machine. `why_not_cuda` gets the reason no cuda device
+// is usable (empty when one is). Cuda with no usable device is a ConfigError naming the source and
+// the knob, before any work starts.
+DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& source,
+                               std::string* why_not_cuda = nullptr);
+
+// Opens the device `choice` resolves to. On cuda: the GPU of this process's local rank (the local
+// rank modulo the GPUs, from mpirun's or the launcher's environment), capped at `cuda_cap_bytes`
+// (0: all its free memory; a cap over the GPU's memory is a ConfigError). On sim: `sim` as given.
+// With auto, logs which one it chose and why.
+std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t cuda_cap_bytes,
+                                            const SimDeviceOptions& sim, const DeviceChoiceSource& source);
+
+// A device's compute stream and the kernel context the op set is called with on it.
+class ComputeStream {
+ public:
+  // modeled_flops_per_s: Note [Modeled compute] (models/kernels/ops.h), sim only; ignored on cuda.
+  ComputeStream(Device& device, const std::string& name, double modeled_flops_per_s = 0);
+  ~ComputeStream();
+  ComputeStream(const ComputeStream&) = delete;
+  ComputeStream& operator=(const ComputeStream&) = delete;
+
+  Stream& stream() { return *stream_; }
+  const models::KernelContext& context() const { return ctx_; }
+
+ private:
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<models::CublasHandles> cublas_;  // cuda only
+  models::KernelContext ctx_;
+};
+
+}  // namespace strata::tools
