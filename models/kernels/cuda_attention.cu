@@ -10,6 +10,10 @@
 //
 // Shared per-element math (also called by cpu_attention.cc): math::online_softmax_rescale,
 // math::shifted_exp, math::online_softmax_lse (op_math.h); to_f32 / from_f32 (core/dtype.h).
+//
+// bf16 and fp16 at head_dim 64 or 128 with 16-byte aligned rows take the tensor-core kernels of
+// cuda_attention_tc.cu instead (attention::tc_supported); this kernel serves fp32 (exact mode) and
+// every other shape.
 #include <cmath>
 
 #include "models/kernels/cuda_attention.cuh"
@@ -108,6 +112,10 @@ void attention_forward(const Launch& L, DType dtype, const AttentionShape& shape
   if (shape.batch <= 0 || shape.seq <= 0 || shape.q_heads <= 0) return;
   const StreamScope scope(L);
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  if (attention::tc_supported(dtype, shape, {q, k, v, out})) {
+    attention::tc_forward(scope.stream, dtype, shape, q, k, v, out, lse, scale);
+    return;
+  }
   const std::size_t shared_bytes = forward_shared_bytes(shape.head_dim);
   const dim3 grid(static_cast<unsigned>(attention::tile_count(shape.seq)), static_cast<unsigned>(shape.q_heads),
                   static_cast<unsigned>(shape.batch));

@@ -9,6 +9,7 @@
 // row stride of head_dim + 1, so the 32 lanes reading 32 different key rows hit 32 different banks.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 
 #include "core/error.h"
@@ -94,5 +95,15 @@ void reserve_shared(Kernel* kernel, std::size_t bytes, std::int64_t head_dim, co
   }
   STRATA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
+
+// The tensor-core path (cuda_attention_tc.cu): bf16 or fp16 elements, head_dim 64 or 128, and every
+// row of q, k, v, out, dout and dq/dk/dv starting 16-byte aligned (row strides multiples of 8
+// elements, the given pointers 16-byte aligned). Other calls take the scalar kernels.
+bool tc_supported(DType dtype, const AttentionShape& s, std::initializer_list<const void*> pointers);
+void tc_forward(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k, const void* v,
+                void* out, float* lse, float scale);
+void tc_backward(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,
+                 const void* v, const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                 float scale);
 
 }  // namespace strata::models::cuda::attention

@@ -203,6 +203,10 @@ void attention_backward(const Launch& L, DType dtype, const AttentionShape& shap
   if (shape.batch <= 0 || shape.seq <= 0 || shape.q_heads <= 0) return;
   const StreamScope scope(L);
   const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  if (attention::tc_supported(dtype, shape, {q, k, v, out, dout, dq, dk, dv})) {
+    attention::tc_backward(scope.stream, dtype, shape, q, k, v, out, lse, dout, dq, dk, dv, scale);
+    return;
+  }
   const unsigned tiles = static_cast<unsigned>(attention::tile_count(shape.seq));
   const dim3 dkdv_grid(tiles, static_cast<unsigned>(shape.kv_heads), static_cast<unsigned>(shape.batch));
   const dim3 dq_grid(tiles, static_cast<unsigned>(shape.q_heads), static_cast<unsigned>(shape.batch));

@@ -26,7 +26,8 @@
 namespace strata::models::cuda {
 namespace {
 
-constexpr int kColumnThreads = 128;
+constexpr int kColumnThreads = 64;  // fewer columns per block: more blocks over the SMs
+constexpr int kColumnLoads = 16;    // rows loaded ahead of the in-order sum
 
 // C[item, r, c] = (beta == 0 ? 0 : beta * C) + (bias ? bias[c] : 0) over `items` Cs at stride_c.
 template <typename T>
@@ -42,14 +43,24 @@ __global__ void bias_prep_kernel(T* c, std::int64_t ldc, std::int64_t stride_c, 
   }
 }
 
-// One thread per column: dbias[c] += sum_r dout[r, c] in row order (the CPU kernel's order).
+// One thread per column: dbias[c] += sum_r dout[r, c] in row order (the CPU kernel's order: calls
+// over consecutive rows add up to one call over all of them, bit for bit). The sum is serial, so its
+// speed is the loads in flight: they are issued kColumnLoads rows at a time, then added in order.
 template <typename T>
 __global__ void bias_grad_kernel(const T* __restrict__ dout, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                                  T* __restrict__ dbias) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float acc = to_f32(dbias[c]);
-  for (std::int64_t r = 0; r < rows; ++r) acc += to_f32(dout[r * ld + c]);
+  std::int64_t r = 0;
+  for (; r + kColumnLoads <= rows; r += kColumnLoads) {
+    float v[kColumnLoads];
+#pragma unroll
+    for (int u = 0; u < kColumnLoads; ++u) v[u] = to_f32(dout[(r + u) * ld + c]);
+#pragma unroll
+    for (int u = 0; u < kColumnLoads; ++u) acc += v[u];
+  }
+  for (; r < rows; ++r) acc += to_f32(dout[r * ld + c]);
   dbias[c] = from_f32<T>(acc);
 }
 

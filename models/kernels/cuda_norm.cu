@@ -19,7 +19,8 @@ namespace strata::models::cuda {
 namespace {
 
 // Threads per column-reduction block.
-constexpr int kColumnThreads = 128;
+constexpr int kColumnThreads = 64;  // fewer columns per block: more blocks over the SMs
+constexpr int kColumnLoads = 16;    // rows loaded ahead of the in-order sums
 
 template <typename T>
 __global__ void layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
@@ -81,7 +82,22 @@ __global__ void layernorm_backward_params_kernel(const T* __restrict__ dout, con
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float dw = to_f32(dweight[c]), db = to_f32(dbias[c]);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  std::int64_t r = 0;
+  for (; r + kColumnLoads <= rows; r += kColumnLoads) {  // loads ahead, sums in row order
+    float xv[kColumnLoads], dv[kColumnLoads];
+#pragma unroll
+    for (int u = 0; u < kColumnLoads; ++u) {
+      xv[u] = to_f32(x[(r + u) * cols + c]);
+      dv[u] = to_f32(dout[(r + u) * cols + c]);
+    }
+#pragma unroll
+    for (int u = 0; u < kColumnLoads; ++u) {
+      const float xhat = math::layernorm_xhat(xv[u], mean[r + u], rstd[r + u]);
+      dw += dv[u] * xhat;
+      db += dv[u];
+    }
+  }
+  for (; r < rows; ++r) {
     const float xhat = math::layernorm_xhat(to_f32(x[r * cols + c]), mean[r], rstd[r]);
     const float d = to_f32(dout[r * cols + c]);
     dw += d * xhat;
@@ -136,7 +152,18 @@ __global__ void rmsnorm_backward_weight_kernel(const T* __restrict__ dout, const
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float dw = to_f32(dweight[c]);
-  for (std::int64_t r = 0; r < rows; ++r) {
+  std::int64_t r = 0;
+  for (; r + kColumnLoads <= rows; r += kColumnLoads) {  // loads ahead, sums in row order
+    float xv[kColumnLoads], dv[kColumnLoads];
+#pragma unroll
+    for (int u = 0; u < kColumnLoads; ++u) {
+      xv[u] = to_f32(x[(r + u) * cols + c]);
+      dv[u] = to_f32(dout[(r + u) * cols + c]);
+    }
+#pragma unroll
+    for (int u = 0; u < kColumnLoads; ++u) dw += math::rmsnorm_dweight_term(dv[u], xv[u], rstd[r + u]);
+  }
+  for (; r < rows; ++r) {
     dw += math::rmsnorm_dweight_term(to_f32(dout[r * cols + c]), to_f32(x[r * cols + c]), rstd[r]);
   }
   dweight[c] = from_f32<T>(dw);

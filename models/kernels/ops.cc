@@ -9,6 +9,7 @@
 // cuda context with a DeviceError that says so.
 #include "models/kernels/ops.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -60,8 +61,28 @@ cuda::Launch cuda_launch(const KernelContext& ctx, const char* op, UsesCublas us
 #endif
 
 template <typename HostFn, typename CudaFn>
-void launch(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device,
-            [[maybe_unused]] UsesCublas uses_cublas = UsesCublas::No, double flops = 0) {
+void launch_op(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device,
+               [[maybe_unused]] UsesCublas uses_cublas, double flops);
+
+// Every op goes through here: with a profile (and a stream), bracketed by two events.
+template <typename HostFn, typename CudaFn>
+void launch(const KernelContext& ctx, const char* op, HostFn&& host, CudaFn&& device,
+            UsesCublas uses_cublas = UsesCublas::No, double flops = 0) {
+  if (ctx.profile == nullptr || ctx.stream == nullptr) {
+    launch_op(ctx, op, std::forward<HostFn>(host), std::forward<CudaFn>(device), uses_cublas, flops);
+    return;
+  }
+  Device& dev = ctx.stream->device();
+  auto start = dev.create_event(), end = dev.create_event();
+  ctx.stream->record(*start);
+  launch_op(ctx, op, std::forward<HostFn>(host), std::forward<CudaFn>(device), uses_cublas, flops);
+  ctx.stream->record(*end);
+  ctx.profile->add(op, std::move(start), std::move(end));
+}
+
+template <typename HostFn, typename CudaFn>
+void launch_op(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device,
+               [[maybe_unused]] UsesCublas uses_cublas, double flops) {
   switch (ctx.kind) {
     case DeviceKind::Sim:
       if (ctx.stream == nullptr) {
@@ -98,6 +119,26 @@ double attention_flops_unit(const AttentionShape& s) {
 }
 
 }  // namespace
+
+void OpProfile::add(const char* op, std::unique_ptr<Event> start, std::unique_ptr<Event> end) {
+  pending_.push_back(Pending{op, std::move(start), std::move(end)});
+}
+
+std::vector<OpProfile::Row> OpProfile::report() {
+  for (Pending& p : pending_) {
+    p.end->synchronize();
+    const double ms = p.end->elapsed_ms_since(*p.start);
+    auto row = std::find_if(rows_.begin(), rows_.end(), [&](const Row& r) { return r.op == p.op; });
+    if (row == rows_.end()) row = rows_.insert(rows_.end(), Row{p.op, 0, 0});
+    row->calls += 1;
+    row->ms += ms;
+  }
+  pending_.clear();
+  std::vector<Row> out = std::move(rows_);
+  rows_.clear();
+  std::sort(out.begin(), out.end(), [](const Row& a, const Row& b) { return a.ms > b.ms; });
+  return out;
+}
 
 void matmul(const KernelContext& ctx, const MatmulArgs& args) {
   const double flops = 2.0 * static_cast<double>(args.m) * static_cast<double>(args.n) * static_cast<double>(args.k) *

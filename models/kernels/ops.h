@@ -9,7 +9,7 @@
 //  * cuda device: the op launches the kernels of models/kernels/cuda_kernels.h (cuBLAS for matmul)
 //    on the stream's cudaStream_t; matmul needs one CublasHandles bound to that stream. The
 //    per-element math they share with the CPU path is in models/kernels/op_math.h (STRATA_HD).
-//    Compiled in CI; not yet run on a GPU.
+//    Checked against the CPU kernels on a GPU by tests/models/ops_cuda_test.cc (label gpu).
 //  * stream == nullptr: the CPU kernel runs inline on the calling thread over host memory. This is
 //    the plain in-memory reference run that docs/DESIGN.md compares the sim device against.
 //
@@ -22,6 +22,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "core/device/device.h"
 #include "core/dtype.h"
@@ -37,11 +40,37 @@ class CublasHandles;  // models/kernels/cuda_kernels.h
 // are not the step's). So P ranks on a machine of fewer cores each compute like a device of that
 // rate, as far as the host keeps up (strata.device.compute_tflops; a pipeline's bubble is then
 // measurable on a small host). Results are unchanged: only time is added.
+class OpProfile;  // below
+
 struct KernelContext {
   DeviceKind kind = DeviceKind::Sim;
   Stream* stream = nullptr;         // null: run inline on the calling thread over host memory
   CublasHandles* cublas = nullptr;  // cuda: the handle bound to `stream` (matmul)
   double modeled_flops_per_s = 0;   // sim streams: Note [Modeled compute]; 0: the host's speed
+  OpProfile* profile = nullptr;     // with a stream: each op's time between events (strata bench model --profile)
+};
+
+// Device time per op name: every op enqueued with a KernelContext carrying this profile is
+// bracketed by two events on its stream, and report() sums their elapsed times per op. A
+// benchmark's tool (it adds two event records per op), never on in training.
+class OpProfile {
+ public:
+  struct Row {
+    std::string op;
+    std::int64_t calls = 0;
+    double ms = 0;
+  };
+  void add(const char* op, std::unique_ptr<Event> start, std::unique_ptr<Event> end);
+  // Synchronizes the recorded events and returns the rows, most time first; clears the records.
+  std::vector<Row> report();
+
+ private:
+  struct Pending {
+    const char* op;
+    std::unique_ptr<Event> start, end;
+  };
+  std::vector<Pending> pending_;
+  std::vector<Row> rows_;
 };
 
 enum class Trans { No, Yes };
