@@ -2,7 +2,8 @@
 // on rank 0 and broadcast over MPI; each collective is enqueued on the Stream's cudaStream_t.
 // In deterministic order, reduce_scatter is an exchange (grouped ncclSend/ncclRecv) followed by
 // the tree-reduction kernel, so the sum is taken in the same order as on the sim device.
-// Compiled in CI; no GPU has run it yet (README, "How the CUDA path is verified").
+// Run at world 1 on an H200 (tests/tools/train_cuda_test.sh under mpirun -np 1); not at world > 1,
+// for want of a machine with two GPUs (README, "How the CUDA path is verified").
 #include <mpi.h>
 #include <nccl.h>
 

@@ -22,8 +22,8 @@
 // element math (core/dtype.h, optim/optim_math.h), so finite results have the same bits; only the
 // payload of a NaN may differ (a GPU writes the canonical NaN).
 //
-// Compiled in CI with nvcc (warnings as errors); the CUDA paths have not yet run on a GPU here
-// (tests/engine/device_ops_cuda_test.cc runs them where one is usable).
+// Compiled in CI with nvcc (warnings as errors); tests/engine/device_ops_cuda_test.cc (label gpu)
+// runs the CUDA paths where a GPU is usable (all passed on an H200, README).
 #pragma once
 
 #include <cstddef>

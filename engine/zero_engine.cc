@@ -53,11 +53,6 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
       specs_(std::move(groups)),
       optimizer_(make_optimizer(config.optimizer)),
       scaler_(make_scaler(config)) {
-  if (device.kind() != DeviceKind::Sim) {
-    throw DeviceError(fmt::format("the ZeRO engine of this version runs on the sim device; {} is not wired yet "
-                                  "(set strata.device.kind=sim)",
-                                  device.name()));
-  }
   STRATA_CHECK(plan_.groups.size() == specs_.size() && plan_.topo.rank == world.rank() &&
                    plan_.topo.world_size == world.world_size(),
                "run plan of {} groups for rank {} of {}, engine of {} groups on rank {} of {}", plan_.groups.size(),

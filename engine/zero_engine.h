@@ -30,8 +30,8 @@
 //
 // The optimizer (optim/) runs where the state lives: device-resident state is updated by device
 // ops (engine/device_ops.h: the CPU kernels on the sim device, whose memory is host memory); state
-// on a tier by the CPU optimizer. This version of the engine runs on the sim device; on the cuda
-// device it refuses with a clear message (the kernels it needs exist, the wiring is not written).
+// on a tier by the CPU optimizer. On the cuda device the same device ops launch their CUDA kernels
+// on the engine's streams (tests/tools/train_cuda_test.sh checks it against sim).
 //
 // The engine is the orchestration of four parts (engine/engine_context.h lists them): the working
 // weights (engine/working_weights.h), the parameter fetcher (trace, prefetch, gather, release;

@@ -42,6 +42,7 @@ struct BenchModelOptions {
   bool json = false;
   std::string device = "auto";  // sim | cuda | auto
   std::string dtype = "f32";    // f32 | bf16 | f16
+  bool profile = false;         // one more step with every op timed between events
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -145,6 +146,21 @@ int run_bench_model(BenchModelOptions o) {
   stream->synchronize();
   const double elapsed = seconds_since(t0);
   const std::size_t peak_bytes = device->memory_stats().peak_allocated_bytes;
+  // One more step, each op between two events on the stream: where the step's device time goes.
+  std::vector<OpProfile::Row> ops;
+  double profiled_s = 0;
+  if (o.profile) {
+    OpProfile profile;
+    DecoderRuntime prt = rt;
+    prt.ctx.profile = &profile;
+    params.zero_grads(stream);
+    stream->synchronize();
+    const auto p0 = std::chrono::steady_clock::now();
+    decoder.forward_backward(prt, params, in.data(), tg.data(), o.batch, o.seq_len, scale);
+    stream->synchronize();
+    profiled_s = seconds_since(p0);
+    ops = profile.report();
+  }
   const double tokens_per_s = static_cast<double>(o.steps * o.batch * o.seq_len) / elapsed;
   const double flops_per_token = train_flops_per_token(config, o.seq_len);
   const double model_gflops = tokens_per_s * flops_per_token / 1e9;
@@ -175,6 +191,10 @@ int run_bench_model(BenchModelOptions o) {
                         {"gemm_shape", {gemm_m, config.ffn_hidden, config.d_model}},
                         {"sgemm_gflops", sgemm_gflops},
                         {"ratio_to_sgemm", ratio}};
+    if (o.profile) {
+      j["profile_step_seconds"] = profiled_s;
+      for (const OpProfile::Row& r : ops) j["profile_ops"].push_back({{"op", r.op}, {"calls", r.calls}, {"ms", r.ms}});
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("model %s (%.1fM params, %s), batch %lld x seq %lld, %d steps%s on %s\n", config.name.c_str(),
@@ -187,6 +207,16 @@ int run_bench_model(BenchModelOptions o) {
     std::printf("%s yardstick (m=%lld n=%lld k=%lld, same run): %.2f GFLOP/s; model/%s = %.2f\n", yardstick,
                 static_cast<long long>(gemm_m), static_cast<long long>(config.ffn_hidden),
                 static_cast<long long>(config.d_model), sgemm_gflops, yardstick, ratio);
+    if (o.profile) {
+      double total = 0;
+      for (const OpProfile::Row& r : ops) total += r.ms;
+      std::printf("profiled step: %.3f s wall, %.3f s inside ops (the rest: host work and waits between them)\n",
+                  profiled_s, total / 1e3);
+      for (const OpProfile::Row& r : ops) {
+        std::printf("  %-28s %6lld calls %10.3f ms %5.1f%%\n", r.op.c_str(), static_cast<long long>(r.calls), r.ms,
+                    total > 0 ? 100 * r.ms / total : 0.0);
+      }
+    }
   }
   return 0;
 }
@@ -276,6 +306,7 @@ void register_bench_model(CLI::App& bench, CommandTable& table) {
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->add_option("--device", opts->device, "sim, cuda or auto (cuda when one is usable; default auto)");
   cmd->add_option("--dtype", opts->dtype, "weights and activations: f32 (default), bf16 or f16");
+  cmd->add_flag("--profile", opts->profile, "one more step with each op timed between events: device time per op");
   table[cmd] = [opts]() { return run_bench_model(*opts); };
 
   auto a = std::make_shared<BenchAttentionOptions>();

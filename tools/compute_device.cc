@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <vector>
 
 #include "core/error.h"
@@ -14,16 +15,22 @@
 namespace strata::tools {
 namespace {
 
-// This process's rank among the ranks on its node, from the launcher's environment (0 alone).
-int local_rank() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+// The first of the launcher's variables that holds a whole number in [0, 2^20), else `fallback`.
+int launcher_number(std::initializer_list<const char*> names, int fallback) {
+  for (const char* name : names) {
     const char* v = std::getenv(name);
     if (v == nullptr || *v == '\0') continue;
     char* end = nullptr;
     const long r = std::strtol(v, &end, 10);
     if (end != nullptr && *end == '\0' && r >= 0 && r < (1L << 20)) return static_cast<int>(r);
   }
-  return 0;
+  return fallback;
+}
+
+// This process's rank among the ranks on its node, and how many there are (0 and 1 alone).
+int local_rank() { return launcher_number({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}, 0); }
+int local_size() {
+  return launcher_number({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE"}, 1);
 }
 
 }  // namespace
@@ -61,6 +68,12 @@ std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t c
     return make_sim_device(sim);
   }
   const std::vector<CudaDeviceInfo> gpus = list_cuda_devices();
+  if (local_size() > static_cast<int>(gpus.size())) {
+    throw ConfigError(fmt::format("{}: {} ranks on this node but {} GPU(s): each rank needs a GPU of its own on cuda "
+                                  "(NCCL cannot put two ranks of one communicator on one GPU); start at most {} "
+                                  "rank(s) per node, or set {} to \"sim\"",
+                                  source.where, local_size(), gpus.size(), gpus.size(), source.knob));
+  }
   CudaDeviceOptions o;
   o.ordinal = gpus[static_cast<std::size_t>(local_rank()) % gpus.size()].ordinal;
   o.memory_limit_bytes = cuda_cap_bytes;

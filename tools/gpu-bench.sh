@@ -25,13 +25,13 @@ for m in ${models[@]}; do
     gpt2-1.5b) shape=(--layers 48 --d-model 1600 --heads 25) ;;
     *) echo "gpu-bench.sh: unknown model $m"; exit 1 ;;
   esac
-  timeout 300 "$strata" --log-level warn bench model --device cuda --dtype bf16 --model "$m" --batch 4 --seq-len 1024 \
-    --checkpointing --steps 5 --warmup 2 --json >"$out/$m.bench_model.json" 2>"$out/$m.bench_model.err"
+  timeout 200 "$strata" --log-level warn bench model --device cuda --dtype bf16 --model "$m" --batch 4 --seq-len 1024 \
+    --checkpointing --steps 5 --warmup 2 --profile --json >"$out/$m.bench_model.json" 2>"$out/$m.bench_model.err"
   echo "strata bench model $m: rc $? $(cat "$out/$m.bench_model.json")"; tail -3 "$out/$m.bench_model.err"
-  timeout 400 "$strata" --log-level warn bench step --config "$here/../configs/gpu/$m.json" --steps 4 --warmup 2 --json \
+  timeout 240 "$strata" --log-level warn bench step --config "$here/../configs/gpu/$m.json" --steps 4 --warmup 2 --json \
     >"$out/$m.bench_step.json" 2>"$out/$m.bench_step.err"
   echo "strata bench step $m: rc $? $(cat "$out/$m.bench_step.json")"; tail -3 "$out/$m.bench_step.err"
-  timeout 300 python3 "$here/torch_gpt2_step.py" "${shape[@]}" >"$out/$m.torch.json" 2>"$out/$m.torch.err"
+  timeout 200 python3 "$here/torch_gpt2_step.py" "${shape[@]}" >"$out/$m.torch.json" 2>"$out/$m.torch.err"
   echo "torch $m: rc $? $(cat "$out/$m.torch.json")"; tail -3 "$out/$m.torch.err"
   python3 - "$out/$m.bench_step.json" "$out/$m.torch.json" "$m" <<'PY' || true
 import json, sys

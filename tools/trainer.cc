@@ -58,6 +58,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
   const DeviceConfig& d = cfg.strata.device;
+  const ParallelConfig& par = cfg.strata.parallel;
+  if ((par.tensor > 1 || par.pipeline > 1) && resolve_device_kind(d.kind, {cfg.source}) == DeviceKind::Cuda) {
+    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} and pipeline = {} on a cuda device: tensor and "
+                                  "pipeline parallelism run on the sim device only in this version (the "
+                                  "vocabulary-parallel ops have no CUDA kernels, and pipeline sends need grouped "
+                                  "NCCL calls); set strata.device.kind to \"sim\", or tensor and pipeline to 1",
+                                  cfg.source, par.tensor, par.pipeline));
+  }
   SimDeviceOptions o;
   o.capacity_bytes = d.memory_bytes > 0 ? d.memory_bytes : std::size_t{1} << 30;
   o.h2d_gbps = d.h2d_gbps;
@@ -332,17 +340,17 @@ models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm,
 
 // Rank 0's line about the model, the stage and the batch shape, before the first step.
 void log_run_shape(const TrainConfig& cfg, const models::ModelConfig& model, std::size_t n_groups,
-                   const ParallelLayout& layout, const Device& device) {
+                   const ParallelLayout& layout, const Device& device, const std::string& collectives) {
   const int world = layout.data();
   const std::int64_t micro = cfg.micro_batch_size;
   const std::int64_t seq = cfg.strata.data.seq_len;
   const int accumulation = cfg.gradient_accumulation_steps;
   const bool split = layout.tensor() > 1 || layout.pipeline() > 1;
   spdlog::info("model {} ({} arch): {:.2f}M parameters, {} groups; stage {}, {}, {} x {} x {} sequences of {} "
-               "tokens per step; device {} capped at {}",
+               "tokens per step; device {} capped at {}; collectives {}",
                model.name, models::architecture_name(model.arch), static_cast<double>(models::param_count(model)) / 1e6,
                n_groups, cfg.zero.stage, split ? layout.describe() : fmt::format("world {}", layout.world()), micro,
-               accumulation, world, seq, device.name(), format_bytes(device.capacity_bytes()));
+               accumulation, world, seq, device.name(), format_bytes(device.capacity_bytes()), collectives);
   if (layout.pipeline() > 1) {
     const std::vector<std::int64_t> b =
         models::pipeline_boundaries(model, layout.pipeline(), cfg.strata.parallel.pipeline_layers, cfg.source);
@@ -694,7 +702,7 @@ TrainSummary run_training(const TrainOptions& options) {
   const std::int64_t units = static_cast<std::int64_t>(accumulation) * data_world;
   const std::int64_t tokens_per_step = units * micro * seq;
   StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step);
-  if (rank == 0) log_run_shape(cfg, model, decoder.layout().groups.size(), layout, *device);
+  if (rank == 0) log_run_shape(cfg, model, decoder.layout().groups.size(), layout, *device, comm->backend());
   StepLoop loop{.cfg = cfg, .device = *device, .comm = dcomm, .world_comm = *comm, .engine = engine, .decoder = decoder, .rt = rt,
                 .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,
                 .rank = dcomm.rank(), .world = data_world, .micro = micro, .seq = seq, .seed = seed,

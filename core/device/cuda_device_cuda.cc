@@ -1,10 +1,10 @@
 // The `cuda` backend of the Device abstraction (contract in core/device/device.h) over the CUDA
 // runtime: non-blocking cudaStreams, cudaEvents, cudaMemcpyAsync / cudaMemsetAsync, host functions
-// through cudaLaunchHostFunc, the Device itself and opening it. Device memory (a stream-ordered
-// pool of Strata's own under Strata's own capacity accounting) and page-locking through
-// cudaHostRegister are the shared state's, in core/device/cuda_state_cuda.cc. No GPU is available
-// where Strata is developed, so this file is verified by compilation (warnings as errors) and by
-// review; the per-element math its kernels run is shared with the host and tested there.
+// on a thread of each stream's own (Note [Host functions on cuda]), the Device itself and opening
+// it. Device memory (a stream-ordered pool of Strata's own under Strata's own capacity accounting)
+// and page-locking through cudaHostRegister are the shared state's, in
+// core/device/cuda_state_cuda.cc. CI has no GPU: the gpu-labelled tests run this file on one
+// (README, "How the CUDA path is verified"; the host-function thread has not run on a GPU yet).
 //
 // Note [Cuda lifetimes]: as on sim, the Device owns a shared CudaState (pool, allocation table,
 // pin registry, and every stream and event it handed out); DeviceMemory, Stream and Event hold it
@@ -13,10 +13,15 @@
 // allocation, and destroys the pool, streams and events — so a Stream/Event/DeviceMemory that
 // outlives its Device finds the state expired, throws DeviceError when used, and does nothing
 // when destroyed.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <thread>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -76,26 +81,140 @@ class StreamFailure {
   std::optional<std::string> message_;
 };
 
-// A launch_host function on its way through cudaLaunchHostFunc; owned by the trampoline once the
-// launch succeeded.
-struct HostTask {
-  std::function<void()> fn;
-  std::shared_ptr<StreamFailure> failure;
-};
+// Note [Host functions on cuda]: a launch_host function may itself call CUDA (the engine's offload
+// worker pins staging memory, records and destroys events, enqueues copies), which the callbacks
+// of cudaLaunchHostFunc must never do. So each stream runs its host functions on a thread of its
+// own (HostWorker, started by the first launch_host):
+//  * launch_host records an event `before` on the stream (the work the function must follow),
+//    queues (before, fn, ticket n) for the thread, and enqueues cuStreamWaitValue32(counter >= n)
+//    on the stream, so the stream's later work waits for the function;
+//  * the thread waits for `before`, runs fn (skipped once the stream has failed, as on sim), and
+//    stores n into the counter, a word of mapped pinned host memory the GPU polls.
+// Functions run one at a time in enqueue order, and no CUDA callback thread ever blocks, so host
+// functions of different streams cannot deadlock through CUDA's callback thread. A host function
+// must still not wait for later work of its own stream (it would wait forever, as on sim).
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
-// Runs on a CUDA runtime thread; must not call CUDA. Once the stream has failed, later host work
-// is skipped (it may depend on what failed), as on sim.
-void CUDART_CB run_host_task(void* data) noexcept {
-  std::unique_ptr<HostTask> task(static_cast<HostTask*>(data));
-  if (task->failure->failed()) return;
-  try {
-    task->fn();
-  } catch (const std::exception& e) {
-    task->failure->set(e.what());
-  } catch (...) {
-    task->failure->set("a host function threw an exception that is not a std::exception");
-  }
+WaitValue32Fn wait_value32() {
+  static const WaitValue32Fn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault,
+                                                             &status);
+    if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
+      (void)cudaGetLastError();
+      throw DeviceError(fmt::format("the CUDA driver has no cuStreamWaitValue32 ({}), which Strata's cuda streams "
+                                    "need to order host functions; update the NVIDIA driver",
+                                    err != cudaSuccess ? cuda_text(err) : std::string("symbol not found")));
+    }
+    return reinterpret_cast<WaitValue32Fn>(p);
+  }();
+  return fn;
 }
+
+class HostWorker {
+ public:
+  HostWorker(int ordinal, std::string label, std::shared_ptr<StreamFailure> failure)
+      : ordinal_(ordinal), label_(std::move(label)), failure_(std::move(failure)) {
+    wait_ = wait_value32();
+    ScopedDevice on(ordinal_);
+    void* host = nullptr;
+    STRATA_CUDA_CHECK(cudaHostAlloc(&host, sizeof(std::uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+    counter_ = static_cast<std::uint32_t*>(host);
+    __atomic_store_n(counter_, 0u, __ATOMIC_RELEASE);
+    void* dev = nullptr;
+    STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+    counter_dev_ = reinterpret_cast<CUdeviceptr>(dev);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~HostWorker() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // runs what is queued first: the stream waits for every ticket it was given
+    ScopedDevice on(ordinal_, std::nothrow);
+    if (cudaFreeHost(counter_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  HostWorker(const HostWorker&) = delete;
+  HostWorker& operator=(const HostWorker&) = delete;
+
+  // Called with the stream's device current.
+  void enqueue(cudaStream_t stream, std::function<void()> fn) {
+    cudaEvent_t before = nullptr;
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
+    if (const cudaError_t err = cudaEventRecord(before, stream); err != cudaSuccess) {
+      (void)cudaEventDestroy(before);
+      STRATA_CUDA_CHECK(err);
+    }
+    std::uint32_t ticket = 0;
+    {
+      std::lock_guard lock(mutex_);
+      ticket = ++next_ticket_;
+      tasks_.push_back(Task{before, std::move(fn), ticket});
+    }
+    cv_.notify_one();
+    const CUresult r = wait_(reinterpret_cast<CUstream>(stream), counter_dev_, ticket, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) {
+      // The task still runs and sets its ticket; only the stream's ordering after it is lost.
+      throw DeviceError(fmt::format("{}: cuStreamWaitValue32 failed (CUresult {}); the stream cannot wait for its "
+                                    "host function",
+                                    label_, static_cast<int>(r)));
+    }
+  }
+
+ private:
+  struct Task {
+    cudaEvent_t before;
+    std::function<void()> fn;
+    std::uint32_t ticket;
+  };
+
+  void run() {
+    (void)cudaSetDevice(ordinal_);
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;  // stop_ with nothing left
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      const cudaError_t waited = cudaEventSynchronize(task.before);
+      (void)cudaEventDestroy(task.before);
+      if (waited != cudaSuccess) {
+        (void)cudaGetLastError();
+        failure_->set(fmt::format("waiting for the work before a host function: {}", cuda_text(waited)));
+      }
+      if (!failure_->failed()) {
+        try {
+          task.fn();
+        } catch (const std::exception& e) {
+          failure_->set(e.what());
+        } catch (...) {
+          failure_->set("a host function threw an exception that is not a std::exception");
+        }
+      }
+      task.fn = nullptr;  // what it captured goes before the stream moves on
+      __atomic_store_n(counter_, task.ticket, __ATOMIC_RELEASE);
+    }
+  }
+
+  const int ordinal_;
+  const std::string label_;
+  const std::shared_ptr<StreamFailure> failure_;
+  WaitValue32Fn wait_ = nullptr;
+  std::uint32_t* counter_ = nullptr;
+  CUdeviceptr counter_dev_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  std::uint32_t next_ticket_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 class CudaEvent final : public Event {
  public:
@@ -175,6 +294,7 @@ class CudaStream final : public Stream {
   CudaStream(const std::shared_ptr<CudaState>& state, Device* device, std::string name, cudaStream_t stream)
       : state_(state), device_(device), device_name_(state->name), name_(std::move(name)), stream_(stream) {}
   ~CudaStream() override {
+    host_worker_.reset();  // runs the queued host functions the stream waits for
     if (auto state = state_.lock()) state->destroy_stream(stream_);
   }
   CudaStream(const CudaStream&) = delete;
@@ -206,10 +326,9 @@ class CudaStream final : public Stream {
   void launch_host(std::function<void()> fn) override {
     auto state = enter("launch_host");
     if (!fn) throw DeviceError(fmt::format("{}: launch_host got an empty function", stream_label()));
-    auto task = std::make_unique<HostTask>(HostTask{std::move(fn), failure_});
     ScopedDevice on(state->ordinal);
-    STRATA_CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_task, task.get()));
-    task.release();  // the trampoline owns it now
+    if (!host_worker_) host_worker_ = std::make_unique<HostWorker>(state->ordinal, stream_label(), failure_);
+    host_worker_->enqueue(stream_, std::move(fn));  // Note [Host functions on cuda]
   }
 
   void release_after(DeviceMemory memory) override {
@@ -280,6 +399,7 @@ class CudaStream final : public Stream {
   const std::string name_;
   const cudaStream_t stream_;
   const std::shared_ptr<StreamFailure> failure_ = std::make_shared<StreamFailure>();
+  std::unique_ptr<HostWorker> host_worker_;  // the first launch_host starts it
 };
 
 class CudaDevice final : public Device {

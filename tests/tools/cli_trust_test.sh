@@ -93,6 +93,24 @@ if [ -w /dev/full ]; then
   check "a failed metrics write fails the run naming the path (exit $rc)" \
     "[ $rc -eq 1 ] && echo \"\$out\" | grep -q \"strata.metrics: writing .* to '/dev/full' failed\""
 fi
+# The device choice (issue 15): a bad --device names the flag; where no GPU is usable, cuda is
+# refused naming the key or flag and the fix (on a GPU machine train_cuda_cli checks cuda instead).
+expect_error "a bad --device names the flag and the choices" "--device 'gpu' is not one of sim, cuda, auto" \
+  "$strata" bench model --model tiny --steps 1 --device gpu
+if ! "$strata" --log-level warn bench model --model tiny --steps 1 --warmup 0 --device cuda >/dev/null 2>&1; then
+  no_gpu() {  # name, expected text (fixed string, may hold quotes), command...
+    local name="$1" text="$2"; shift 2
+    local out rc=0
+    out=$("$@" 2>&1) || rc=$?
+    if [ $rc -eq 1 ] && grep -qF -- "$text" <<<"$out"; then echo "ok: $name"
+    else echo "FAILED: $name (exit $rc)"; echo "$out" | tail -3; fail=1; fi
+  }
+  no_gpu "cuda without a usable GPU names the config key and the fix" \
+    'strata.device.kind is "cuda", but no cuda device is usable here' \
+    "$strata" train --config "$config" --steps 1 --set strata.device.kind='"cuda"'
+  no_gpu "cuda without a usable GPU names the flag and the fix" 'set --device to "sim"' \
+    "$strata" bench model --model tiny --steps 1 --device cuda
+fi
 expect_error "--save-weights into a missing directory is refused before training" "directory '$work/nope' does not exist" \
   "$strata" train --config "$config" --steps 2 --save-weights "$work/nope/w.safetensors"
 exit $fail

@@ -7,23 +7,31 @@
 #     models), and in bf16 within 0.05 nats (bf16 rounds activations and weights to 8 bits of
 #     mantissa: one rounding flipped by a different order moves an element by 2^-8 relative);
 #  2. exact mode on cuda is deterministic: two runs write the same weight bits;
-#  3. exact mode on cuda: ZeRO stages 0-3 and every split of the 8 sequences of a step into
-#     micro-batches x accumulation write the same bits (as on sim);
+#  3. exact mode on cuda: ZeRO stages 0-3 write the same bits (as on sim). Splits of a step over
+#     ranks x accumulation (train_exact_test.sh on sim) need two or more GPUs: two ranks cannot share
+#     one GPU under NCCL, and at one rank no two accumulation counts make the same step (a
+#     micro-batch's rows are summed as one run in the bias and norm gradients, so micro-batch size x
+#     accumulation splits differ in rounding on sim too);
 #  4. offload of the optimizer state (cpu, nvme) and of the parameters (cpu), tiling and
 #     activation checkpointing on cuda keep those bits;
 #  5. a checkpoint taken at step 4 on cuda and resumed gives the straight run's bits at step 8;
 #  6. bf16 and fp16 (loss scaler) train on cuda: finite losses that fall;
-#  7. bad input: a device cap over the GPU's memory is refused with a message naming the key.
-# Usage: train_cuda_test.sh STRATA_BINARY CONFIG WORKDIR
+#  7. under mpirun at world 1 the run takes the NCCL communicator (every collective of ZeRO-3 through
+#     NCCL) and gives the local run's bits;
+#  8. bad input: a device cap over the GPU's memory is refused with a message naming the key.
+# Usage: train_cuda_test.sh STRATA_BINARY CONFIG WORKDIR [MPIEXEC]
+# STRATA_CUDA_TEST_KIND=sim runs the same checks with the sim device in cuda's place (a dry run of
+# this script where there is no GPU; items 7 and 8 need a GPU and are left out).
 set -uo pipefail
-strata="$1"; config="$2"; work="$3"
+strata="$1"; config="$2"; work="$3"; mpiexec="${4:-}"
+kind="${STRATA_CUDA_TEST_KIND:-cuda}"
 rm -rf "$work"; mkdir -p "$work"; cd "$work" || exit 1
 fail=0
 ok() { echo "ok: $1"; }
 bad() { echo "FAILED: $1"; fail=1; }
 
 # Is a cuda device usable? strata's own answer (no GPU, no driver, a build without CUDA: skip).
-if ! probe=$("$strata" --log-level warn train --config "$config" --steps 1 --set strata.device.kind='"cuda"' 2>&1); then
+if ! probe=$(timeout 120 "$strata" --log-level warn train --config "$config" --steps 1 --set strata.device.kind="\"$kind\"" 2>&1); then
   if grep -q -e "no cuda device is usable" -e "has no CUDA backend" <<<"$probe"; then
     echo "skipped: no usable cuda device: $(grep -o -e 'no cuda device is usable.*' -e 'has no CUDA backend.*' <<<"$probe" | head -1)"
     exit 77
@@ -33,7 +41,7 @@ fi
 
 run() {  # output-prefix, extra args...: trains, writes OUT.safetensors and OUT.jsonl
   local out="$1"; shift
-  if ! "$strata" --log-level warn train --config "$config" --save-weights "$out.safetensors" \
+  if ! timeout 300 "$strata" --log-level warn train --config "$config" --save-weights "$out.safetensors" \
       --set strata.metrics="\"$PWD/$out.jsonl\"" "$@" >"$out.log" 2>&1; then
     tail -20 "$out.log"; bad "run $out ($*) failed"; return 1
   fi
@@ -64,10 +72,11 @@ sys.exit(0 if good else 1)
 EOF
 }
 
-cuda=(--set strata.device.kind='"cuda"')
+cuda=(--set strata.device.kind="\"$kind\"")
 sim=(--set strata.device.kind='"sim"')
 for model in tiny tiny-llama; do
-  m=(--set strata.model="\"$model\"" --steps 20)
+  mm=(--set strata.model="\"$model\"")
+  m=("${mm[@]}" --steps 20)
   # 1. cuda against sim, not exact (the fast paths), fp32 and bf16.
   run "$model.sim.f32" "${m[@]}" "${sim[@]}" --set strata.exact=false
   run "$model.cuda.f32" "${m[@]}" "${cuda[@]}" --set strata.exact=false
@@ -88,35 +97,47 @@ for model in tiny tiny-llama; do
     run "$model.x.s$s.1x8" "${e[@]}" --set zero_optimization.stage=$s --set train_micro_batch_size_per_gpu=1 --set gradient_accumulation_steps=8
     same "$model.x.s0.1x8" "$model.x.s$s.1x8" "$model exact on cuda: stage $s = stage 0"
   done
-  for split in 2x4 4x2 8x1; do
-    run "$model.x.s3.$split" "${e[@]}" --set zero_optimization.stage=3 --set train_micro_batch_size_per_gpu="${split%x*}" \
-      --set gradient_accumulation_steps="${split#*x}"
-    same "$model.x.s0.1x8" "$model.x.s3.$split" "$model exact on cuda: micro-batch x accumulation $split = 1x8"
-  done
-  # 4. offload, tiling, activation checkpointing.
-  base=("${e[@]}" --set zero_optimization.stage=3 --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=4)
+  # 4. offload, tiling, activation checkpointing, against the plain run of the same 2 x 4 split at
+  #    stage 3.
+  s2x4=(--set zero_optimization.stage=3 --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=4)
+  base=("${e[@]}" "${s2x4[@]}")
+  ref="$model.x.s3.2x4"
+  run "$ref" "${base[@]}"
   run "$model.x.opt_cpu" "${base[@]}" --set zero_optimization.offload_optimizer.device='"cpu"'
-  same "$model.x.s0.1x8" "$model.x.opt_cpu" "$model exact on cuda: optimizer state on the host"
+  same "$ref" "$model.x.opt_cpu" "$model exact on cuda: optimizer state on the host"
   run "$model.x.opt_nvme" "${base[@]}" --set zero_optimization.offload_optimizer.device='"nvme"' \
     --set zero_optimization.offload_optimizer.nvme_path="\"$PWD/nvme.$model\""
-  same "$model.x.s0.1x8" "$model.x.opt_nvme" "$model exact on cuda: optimizer state on NVMe"
+  same "$ref" "$model.x.opt_nvme" "$model exact on cuda: optimizer state on NVMe"
   run "$model.x.param_cpu" "${base[@]}" --set zero_optimization.offload_optimizer.device='"cpu"' \
     --set zero_optimization.offload_param.device='"cpu"'
-  same "$model.x.s0.1x8" "$model.x.param_cpu" "$model exact on cuda: parameters and optimizer state on the host"
+  same "$ref" "$model.x.param_cpu" "$model exact on cuda: parameters and optimizer state on the host"
   run "$model.x.tiled" "${base[@]}" --set 'strata.tiling={"default": 2}'
-  same "$model.x.s0.1x8" "$model.x.tiled" "$model exact on cuda: blocks tiled in 2"
+  same "$ref" "$model.x.tiled" "$model exact on cuda: blocks tiled in 2"
   run "$model.x.ckpt" "${base[@]}" --set "strata.model={\"name\": \"$model\", \"checkpoint_activations\": true}"
-  same "$model.x.s0.1x8" "$model.x.ckpt" "$model exact on cuda: activation checkpointing"
+  same "$ref" "$model.x.ckpt" "$model exact on cuda: activation checkpointing"
   # 5. checkpoint at step 4, resume to 8 = straight 8.
-  r=("${base[@]}" --set strata.checkpoint.dir="\"$PWD/ckpt.$model\"" --set strata.checkpoint.interval_steps=4)
-  run "$model.x.straight8" "${base[@]}" --steps 8
+  b8=("${mm[@]}" "${cuda[@]}" --set strata.exact=true "${s2x4[@]}")
+  r=("${b8[@]}" --set strata.checkpoint.dir="\"$PWD/ckpt.$model\"" --set strata.checkpoint.interval_steps=4)
+  run "$model.x.straight8" "${b8[@]}" --steps 8
   run "$model.x.first4" "${r[@]}" --steps 4
   run "$model.x.resumed8" "${r[@]}" --steps 8 --resume "$PWD/ckpt.$model"
   same "$model.x.straight8" "$model.x.resumed8" "$model exact on cuda: resumed at step 4 = straight 8 steps"
 done
 
-# 7. A cap larger than the GPU.
-if out=$("$strata" --log-level warn train --config "$config" --steps 1 "${cuda[@]}" --set strata.device.memory='"100TiB"' 2>&1); then
+# 7. NCCL at world 1.
+if [ -n "$mpiexec" ] && [ "$kind" = cuda ]; then
+  if timeout 300 "$mpiexec" --allow-run-as-root -np 1 "$strata" --log-level info train --config "$config" --save-weights nccl.safetensors \
+      --set strata.model='"tiny"' --steps 20 "${cuda[@]}" --set strata.exact=true --set zero_optimization.stage=3 \
+      --set train_micro_batch_size_per_gpu=1 --set gradient_accumulation_steps=8 >nccl.log 2>&1; then
+    if grep -q "nccl" nccl.log; then ok "mpirun -np 1 on cuda uses the NCCL communicator"
+    else bad "mpirun -np 1 on cuda: the log does not name the nccl communicator"; fi
+    same tiny.x.s0.1x8 nccl "tiny exact on cuda: ZeRO-3 through NCCL at world 1 = the local run"
+  else tail -20 nccl.log; bad "mpirun -np 1 on cuda failed"; fi
+fi
+
+# 8. A cap larger than the GPU.
+if [ "$kind" != cuda ]; then exit $fail; fi
+if out=$(timeout 120 "$strata" --log-level warn train --config "$config" --steps 1 "${cuda[@]}" --set strata.device.memory='"100TiB"' 2>&1); then
   bad "a 100 TiB device cap was accepted"
 elif grep -q "strata.device.memory" <<<"$out"; then ok "a cap over the GPU's memory is refused: $(tail -1 <<<"$out")"
 else echo "$out" | tail -3; bad "a cap over the GPU's memory: the message does not name strata.device.memory"; fi
