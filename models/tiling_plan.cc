@@ -20,8 +20,13 @@ std::string TilingDecision::describe() const {
   return fmt::format("tiling (layer:attn/mlp tiles, {} chunks): {}", spec.chunks, counts);
 }
 
+std::int64_t linear_chunks(const TrainConfig& cfg, const TilingSpec& spec, DeviceKind device) {
+  if (cfg.strata.tiling.is_object() && cfg.strata.tiling.contains("chunks")) return spec.chunks;
+  return cfg.strata.exact || spec.tiled() || device != DeviceKind::Cuda ? kDefaultTileChunks : 1;
+}
+
 TilingDecision plan_tiling(const TrainConfig& cfg, const ModelConfig& model, bool checkpointing, int world_size,
-                           std::uint64_t device_bytes) {
+                           std::uint64_t device_bytes, DeviceKind device) {
   TilingDecision d;
   d.n_layers = model.n_layers;
   d.spec = parse_tiling(cfg.strata.tiling, model);
@@ -39,6 +44,7 @@ TilingDecision plan_tiling(const TrainConfig& cfg, const ModelConfig& model, boo
     const std::uint64_t left = device_bytes > fixed ? device_bytes - fixed : 0;
     d.spec = resolve_auto_tiles(d.spec, model, left / 3);
   }
+  d.spec.chunks = linear_chunks(cfg, d.spec, device);
   return d;
 }
 

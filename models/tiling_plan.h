@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/device/device.h"
 #include "engine/config.h"
 #include "models/model_config.h"
 #include "models/tiling.h"
@@ -24,7 +25,17 @@ struct TilingDecision {
   std::string describe() const;
 };
 
+// Note [Linear chunks by default]: the block linears run in `strata.tiling.chunks` pieces when the
+// config sets it; else in kDefaultTileChunks, so that tiled and untiled runs give the same bits
+// (Note [Tile-invariant linear layers]) — except on a cuda device outside exact mode with nothing
+// tiled, where they run whole (one chunk): 16 chunks made GPT-2 1.5B's forward+backward 12,294 GEMM
+// calls on an H200 (docs/MEASUREMENTS.md, "On the GPU"). There a run that is tiled (by the config
+// or automatically) rounds differently from the untiled one; exact runs and every sim run keep the
+// promise. Untiled, the chunk count changes only how dx = dy W is summed, not the parameter layout,
+// so checkpoints move freely between the two.
+std::int64_t linear_chunks(const TrainConfig& config, const TilingSpec& spec, DeviceKind device);
+
 TilingDecision plan_tiling(const TrainConfig& config, const ModelConfig& model, bool checkpointing, int world_size,
-                           std::uint64_t device_bytes);
+                           std::uint64_t device_bytes, DeviceKind device = DeviceKind::Sim);
 
 }  // namespace strata::models

@@ -25,6 +25,7 @@
 #include "models/decoder.h"
 #include "models/kernels/ops.h"
 #include "models/resident_provider.h"
+#include "models/tiling.h"
 #include "tools/compute_device.h"
 #include "tools/yardsticks.h"
 
@@ -115,7 +116,11 @@ int run_bench_model(BenchModelOptions o) {
     throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, config.max_seq_len, config.name));
   }
   if (o.batch < 1 || o.steps < 1 || o.warmup < 0) throw ConfigError("--batch and --steps must be >= 1, --warmup >= 0");
-  Decoder decoder(config, {o.checkpointing ? Checkpointing::Blocks : Checkpointing::Off});
+  // The block linears as an untiled run outside exact mode has them (Note [Linear chunks by
+  // default]): whole on cuda, in chunks on sim.
+  TilingSpec untiled;
+  if (resolve_device_kind(choice, {"strata bench model", "--device"}) == DeviceKind::Cuda) untiled.chunks = 1;
+  Decoder decoder(config, {o.checkpointing ? Checkpointing::Blocks : Checkpointing::Off, untiled});
   const auto groups = decoder.param_groups();
   std::size_t param_bytes = 0;
   for (const auto& g : groups) param_bytes += g.bytes() + 256 * g.tensors.size();

@@ -30,6 +30,7 @@
 #include "engine/run_plan.h"
 #include "models/decoder.h"
 #include "models/resident_provider.h"
+#include "models/tiling_plan.h"
 #include "optim/cpu_exec.h"
 #include "optim/optimizer.h"
 #include "tools/bench_disk.h"
@@ -65,6 +66,8 @@ double measure_compute(const TrainConfig& cfg, int reps) {
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
   models::DecoderOptions dopt;
   dopt.checkpointing = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
+  dopt.tiling.chunks = models::linear_chunks(cfg, dopt.tiling, resolve_device_kind(cfg.strata.device.kind, {cfg.source}));
+  // ^ the untiled run's (Note [Linear chunks by default])
   models::Decoder decoder(model, dopt);
   const auto groups = decoder.param_groups();
   const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;

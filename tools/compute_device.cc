@@ -68,6 +68,11 @@ std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t c
     return make_sim_device(sim);
   }
   const std::vector<CudaDeviceInfo> gpus = list_cuda_devices();
+  if (choice == DeviceChoice::Auto && local_size() > static_cast<int>(gpus.size())) {
+    spdlog::info("{} auto: the sim device ({} ranks on this node but {} GPU(s); each rank needs a GPU of its own)",
+                 source.knob, local_size(), gpus.size());
+    return make_sim_device(sim);
+  }
   if (local_size() > static_cast<int>(gpus.size())) {
     throw ConfigError(fmt::format("{}: {} ranks on this node but {} GPU(s): each rank needs a GPU of its own on cuda "
                                   "(NCCL cannot put two ranks of one communicator on one GPU); start at most {} "
@@ -90,12 +95,19 @@ std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t c
   return device;
 }
 
+std::size_t compute_stream_reserve_bytes(const Device& device) {
+  if (device.kind() != DeviceKind::Cuda) return 0;
+  const std::size_t capacity = device.capacity_bytes();
+  if (capacity >= (std::size_t{2} << 30)) return models::CublasHandles::kDefaultWorkspaceBytes;
+  return capacity / 64 / 256 * 256;  // a small workspace (or none): cuBLAS picks kernels that fit it
+}
+
 ComputeStream::ComputeStream(Device& device, const std::string& name, double modeled_flops_per_s)
     : stream_(device.create_stream(name)) {
   ctx_.kind = device.kind();
   ctx_.stream = stream_.get();
   if (ctx_.kind == DeviceKind::Cuda) {
-    cublas_ = std::make_unique<models::CublasHandles>(device, *stream_);
+    cublas_ = std::make_unique<models::CublasHandles>(device, *stream_, compute_stream_reserve_bytes(device));
     ctx_.cublas = cublas_.get();
   } else {
     ctx_.modeled_flops_per_s = modeled_flops_per_s;

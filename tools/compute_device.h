@@ -38,6 +38,11 @@ DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& so
 std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t cuda_cap_bytes,
                                             const SimDeviceOptions& sim, const DeviceChoiceSource& source);
 
+// Device memory a ComputeStream takes on `device` beyond what the run plans: the cuBLAS workspace
+// on cuda (32 MiB, or capacity / 64 on a device capped under 2 GiB, in 256-byte units), 0 on sim.
+// Planners subtract it from the capacity they fill.
+std::size_t compute_stream_reserve_bytes(const Device& device);
+
 // A device's compute stream and the kernel context the op set is called with on it.
 class ComputeStream {
  public:

@@ -59,7 +59,12 @@ using Clock = std::chrono::steady_clock;
 std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
   const DeviceConfig& d = cfg.strata.device;
   const ParallelConfig& par = cfg.strata.parallel;
-  if ((par.tensor > 1 || par.pipeline > 1) && resolve_device_kind(d.kind, {cfg.source}) == DeviceKind::Cuda) {
+  DeviceChoice choice = d.kind;
+  if (choice == DeviceChoice::Auto && (par.tensor > 1 || par.pipeline > 1)) {
+    spdlog::info("strata.device.kind auto: the sim device (tensor and pipeline parallelism run on sim only)");
+    choice = DeviceChoice::Sim;
+  }
+  if ((par.tensor > 1 || par.pipeline > 1) && resolve_device_kind(choice, {cfg.source}) == DeviceKind::Cuda) {
     throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} and pipeline = {} on a cuda device: tensor and "
                                   "pipeline parallelism run on the sim device only in this version (the "
                                   "vocabulary-parallel ops have no CUDA kernels, and pipeline sends need grouped "
@@ -71,7 +76,7 @@ std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
   o.h2d_gbps = d.h2d_gbps;
   o.d2h_gbps = d.d2h_gbps;
   o.latency_us = d.latency_us;
-  return open_compute_device(d.kind, d.memory_bytes, o, {cfg.source});
+  return open_compute_device(choice, d.memory_bytes, o, {cfg.source});
 }
 
 }  // namespace
@@ -279,8 +284,8 @@ std::unique_ptr<Communicator> make_run_communicator(const TrainConfig& cfg, Devi
 
 // Memory-centric tiling (models/tiling_plan.h), decided before the engine's plan.
 models::TilingDecision decide_tiling(const TrainConfig& cfg, const models::ModelConfig& model, bool checkpointing,
-                                     int world, int rank, std::size_t device_bytes) {
-  models::TilingDecision tiling_plan = models::plan_tiling(cfg, model, checkpointing, world, device_bytes);
+                                     int world, int rank, std::size_t device_bytes, DeviceKind device) {
+  models::TilingDecision tiling_plan = models::plan_tiling(cfg, model, checkpointing, world, device_bytes, device);
   if (rank == 0 && tiling_plan.automatic) {
     spdlog::info("the largest param group does not fit the device: tiling the blocks automatically");
   }
@@ -299,7 +304,7 @@ struct CheckedPlan {
 // `stage` is the rank's pipeline stage: its stash and boundary buffers count as activations.
 CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std::vector<ParamGroupSpec>& groups,
                      const models::PipelineStage& stage, Communicator& comm, Communicator& world_comm,
-                     const Device& device) {
+                     const Device& device, std::uint64_t device_bytes) {
   const int world = comm.world_size();
   const int node_ranks = world_comm.world_size();
   const bool reports = world_comm.rank() == 0;
@@ -313,12 +318,12 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
   // rank and a refusal is the same everywhere.
   HostFacts host = measure_host(node_ranks, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);
   world_comm.broadcast_host_bytes(&host.mem_available, sizeof host.mem_available, 0);
-  Placement placed = resolve_placement(cfg, groups, world, activation_bytes, device.capacity_bytes(), host);
+  Placement placed = resolve_placement(cfg, groups, world, activation_bytes, device_bytes, host);
   cfg = std::move(placed.config);
   RunPlan run_plan = make_run_plan(cfg, groups, world, comm.rank());
   TierPlan plan = plan_tiers(run_plan, node_ranks, activation_bytes);
   plan.placement = std::move(placed.why);
-  const TierCapacities capacity = measure_capacities(plan, device.capacity_bytes(), node_ranks);
+  const TierCapacities capacity = measure_capacities(plan, device_bytes, node_ranks);
   if (reports) spdlog::info("{}", describe_plan(plan, capacity));
   check_plan_fits(plan, capacity, cfg.source);
   return CheckedPlan{std::move(run_plan), plan};
@@ -611,8 +616,10 @@ TrainSummary run_training(const TrainOptions& options) {
       stage_bounds, coords.pipeline, pipeline_comm, cfg.strata.parallel, cfg.gradient_accumulation_steps);
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::int64_t micro = cfg.micro_batch_size;
+  // What the plan may fill: the device less the compute stream's cuBLAS workspace (cuda).
+  const std::uint64_t device_bytes = device->capacity_bytes() - compute_stream_reserve_bytes(*device);
   models::TilingDecision tiling_plan;
-  if (!tp.sliced()) tiling_plan = decide_tiling(cfg, model, checkpointing, world, rank, device->capacity_bytes());
+  if (!tp.sliced()) tiling_plan = decide_tiling(cfg, model, checkpointing, world, rank, device_bytes, device->kind());
   models::DecoderOptions dopt(checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off, tiling_plan.spec);
   dopt.tensor = tp;
   dopt.pipeline = stage;
@@ -643,7 +650,7 @@ TrainSummary run_training(const TrainOptions& options) {
   std::optional<CheckedPlan> planned;
   std::exception_ptr plan_error;
   try {
-    planned.emplace(plan_run(cfg, decoder, groups, stage, dcomm, *comm, *device));
+    planned.emplace(plan_run(cfg, decoder, groups, stage, dcomm, *comm, *device, device_bytes));
   } catch (const Error&) {
     plan_error = std::current_exception();
   }

@@ -18,7 +18,8 @@
 #  6. bf16 and fp16 (loss scaler) train on cuda: finite losses that fall;
 #  7. under mpirun at world 1 the run takes the NCCL communicator (every collective of ZeRO-3 through
 #     NCCL) and gives the local run's bits;
-#  8. bad input: a device cap over the GPU's memory is refused with a message naming the key.
+#  8. bad input: a device cap over the GPU's memory, and (on a one-GPU machine) two ranks on the
+#     one GPU, are refused with a message naming the key or the cause.
 # Usage: train_cuda_test.sh STRATA_BINARY CONFIG WORKDIR [MPIEXEC]
 # STRATA_CUDA_TEST_KIND=sim runs the same checks with the sim device in cuda's place (a dry run of
 # this script where there is no GPU; items 7 and 8 need a GPU and are left out).
@@ -133,6 +134,15 @@ if [ -n "$mpiexec" ] && [ "$kind" = cuda ]; then
     else bad "mpirun -np 1 on cuda: the log does not name the nccl communicator"; fi
     same tiny.x.s0.1x8 nccl "tiny exact on cuda: ZeRO-3 through NCCL at world 1 = the local run"
   else tail -20 nccl.log; bad "mpirun -np 1 on cuda failed"; fi
+fi
+
+# 7b. More ranks on the node than GPUs: refused before any work, naming the cause.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -n "$mpiexec" ] && [ "$kind" = cuda ] && [ "${gpus:-0}" = 1 ]; then
+  out=$(timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$strata" --log-level warn train --config "$config" \
+    --steps 1 "${cuda[@]}" 2>&1) && rc=0 || rc=$?
+  if [ "$rc" -ne 0 ] && grep -q "2 ranks on this node but 1 GPU(s)" <<<"$out"; then ok "two ranks on one GPU are refused"
+  else echo "$out" | tail -3; bad "two ranks on one GPU: exit $rc without the message"; fi
 fi
 
 # 8. A cap larger than the GPU.
