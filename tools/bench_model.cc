@@ -129,6 +129,12 @@ int run_bench_model(BenchModelOptions o) {
   dev_opts.capacity_knob = "strata bench model --batch and --seq-len";
   auto device = open_compute_device(choice, 0, dev_opts, {"strata bench model", "--device"});
   const bool cuda = device->kind() == DeviceKind::Cuda;
+  if (cuda && dev_opts.capacity_bytes > device->capacity_bytes()) {
+    throw ConfigError(fmt::format("strata bench model: model '{}' with --batch {} and --seq-len {} needs about {} of "
+                                  "device memory, more than the {} free on {}; lower --batch or --seq-len",
+                                  config.name, o.batch, o.seq_len, format_bytes(dev_opts.capacity_bytes),
+                                  format_bytes(device->capacity_bytes()), device->name()));
+  }
   ComputeStream cs(*device, "compute");
   Stream* stream = &cs.stream();
   ResidentParamProvider params(groups, device.get());

@@ -66,8 +66,10 @@ double measure_compute(const TrainConfig& cfg, int reps) {
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
   models::DecoderOptions dopt;
   dopt.checkpointing = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
-  dopt.tiling.chunks = models::linear_chunks(cfg, dopt.tiling, resolve_device_kind(cfg.strata.device.kind, {cfg.source}));
-  // ^ the untiled run's (Note [Linear chunks by default])
+  // The untiled run's linear chunks (Note [Linear chunks by default]): the config's, else the rule's.
+  models::TilingSpec untiled;
+  untiled.chunks = models::parse_tiling(cfg.strata.tiling, model).chunks;
+  dopt.tiling.chunks = models::linear_chunks(cfg, untiled, resolve_device_kind(cfg.strata.device.kind, {cfg.source}));
   models::Decoder decoder(model, dopt);
   const auto groups = decoder.param_groups();
   const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;

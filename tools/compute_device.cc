@@ -27,10 +27,17 @@ int launcher_number(std::initializer_list<const char*> names, int fallback) {
   return fallback;
 }
 
-// This process's rank among the ranks on its node, and how many there are (0 and 1 alone).
+// This process's rank among the ranks on its node, and how many there are (0 and 1 alone), as the
+// launcher sets them for the processes it starts.
 int local_rank() { return launcher_number({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}, 0); }
-int local_size() {
-  return launcher_number({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE"}, 1);
+int local_size() { return launcher_number({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"}, 1); }
+
+// More ranks on the node than GPUs this process can see. With CUDA_VISIBLE_DEVICES set, a launcher
+// may give each rank a GPU of its own that only it sees: nothing can be told, so nothing is refused.
+bool ranks_share_gpus(std::size_t gpus) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible != nullptr && *visible != '\0') return false;
+  return local_size() > static_cast<int>(gpus);
 }
 
 }  // namespace
@@ -45,15 +52,32 @@ DeviceChoice parse_device_flag(const std::string& value) {
 DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& source, std::string* why_not_cuda) {
   if (choice == DeviceChoice::Sim) return DeviceKind::Sim;
   std::string why;
-  const bool usable = !list_cuda_devices(&why).empty();
-  if (why_not_cuda != nullptr) *why_not_cuda = usable ? std::string{} : why;
-  if (usable) return DeviceKind::Cuda;
-  if (choice == DeviceChoice::Cuda) {
-    throw ConfigError(fmt::format("{}: {} is \"cuda\", but no cuda device is usable here ({}); set {} to \"sim\", "
-                                  "or to \"auto\" to take a GPU when there is one",
-                                  source.where, source.knob, why, source.knob));
+  const std::vector<CudaDeviceInfo> gpus = list_cuda_devices(&why);
+  if (gpus.empty()) {
+    if (choice == DeviceChoice::Cuda) {
+      throw ConfigError(fmt::format("{}: {} is \"cuda\", but no cuda device is usable here ({}); set {} to \"sim\", "
+                                    "or to \"auto\" to take a GPU when there is one",
+                                    source.where, source.knob, why, source.knob));
+    }
+    if (why_not_cuda != nullptr) *why_not_cuda = why;
+    return DeviceKind::Sim;
   }
-  return DeviceKind::Sim;
+  if (ranks_share_gpus(gpus.size())) {
+    if (choice == DeviceChoice::Cuda) {
+      throw ConfigError(fmt::format("{}: {} ranks on this node but {} GPU(s): each rank needs a GPU of its own on cuda "
+                                    "(NCCL cannot put two ranks of one communicator on one GPU); start at most {} "
+                                    "rank(s) per node, give each rank its GPU with CUDA_VISIBLE_DEVICES, or set {} "
+                                    "to \"sim\"",
+                                    source.where, local_size(), gpus.size(), gpus.size(), source.knob));
+    }
+    if (why_not_cuda != nullptr) {
+      *why_not_cuda = fmt::format("{} ranks on this node but {} GPU(s); each rank needs a GPU of its own", local_size(),
+                                  gpus.size());
+    }
+    return DeviceKind::Sim;
+  }
+  if (why_not_cuda != nullptr) why_not_cuda->clear();
+  return DeviceKind::Cuda;
 }
 
 std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t cuda_cap_bytes,
@@ -62,23 +86,12 @@ std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t c
   const DeviceKind kind = resolve_device_kind(choice, source, &why);
   if (kind == DeviceKind::Sim) {
     if (choice == DeviceChoice::Auto) {
-      spdlog::info("{} auto: the sim device ({}; no cuda device is usable: {})",
-                   source.knob, format_bytes(sim.capacity_bytes), why);
+      spdlog::info("{} auto: the sim device ({}; no cuda device for this rank: {})", source.knob,
+                   format_bytes(sim.capacity_bytes), why);
     }
     return make_sim_device(sim);
   }
   const std::vector<CudaDeviceInfo> gpus = list_cuda_devices();
-  if (choice == DeviceChoice::Auto && local_size() > static_cast<int>(gpus.size())) {
-    spdlog::info("{} auto: the sim device ({} ranks on this node but {} GPU(s); each rank needs a GPU of its own)",
-                 source.knob, local_size(), gpus.size());
-    return make_sim_device(sim);
-  }
-  if (local_size() > static_cast<int>(gpus.size())) {
-    throw ConfigError(fmt::format("{}: {} ranks on this node but {} GPU(s): each rank needs a GPU of its own on cuda "
-                                  "(NCCL cannot put two ranks of one communicator on one GPU); start at most {} "
-                                  "rank(s) per node, or set {} to \"sim\"",
-                                  source.where, local_size(), gpus.size(), gpus.size(), source.knob));
-  }
   CudaDeviceOptions o;
   o.ordinal = gpus[static_cast<std::size_t>(local_rank()) % gpus.size()].ordinal;
   o.memory_limit_bytes = cuda_cap_bytes;

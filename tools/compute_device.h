@@ -25,16 +25,18 @@ struct DeviceChoiceSource {
   std::string knob = "strata.device.kind";  // or "--device"
 };
 
-// Which backend a choice resolves to on this machine. `why_not_cuda` gets the reason no cuda device
-// is usable (empty when one is). Cuda with no usable device is a ConfigError naming the source and
-// the knob, before any work starts.
+// Which backend a choice resolves to for this process (open_compute_device opens that one). Auto:
+// cuda when a GPU is usable and the node's ranks do not outnumber its GPUs, else sim, with the
+// reason in `why_not_cuda` (empty for cuda). Cuda where no GPU is usable, or with more ranks on the
+// node than GPUs (unless CUDA_VISIBLE_DEVICES hands GPUs out per rank), is a ConfigError naming the
+// source and the knob, before any work starts.
 DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& source,
                                std::string* why_not_cuda = nullptr);
 
 // Opens the device `choice` resolves to. On cuda: the GPU of this process's local rank (the local
-// rank modulo the GPUs, from mpirun's or the launcher's environment), capped at `cuda_cap_bytes`
-// (0: all its free memory; a cap over the GPU's memory is a ConfigError). On sim: `sim` as given.
-// With auto, logs which one it chose and why.
+// rank modulo the visible GPUs, from mpirun's or the launcher's environment), capped at
+// `cuda_cap_bytes` (0: all its free memory; a cap over the GPU's memory is a ConfigError). On sim:
+// `sim` as given. With auto, logs which one it chose and why.
 std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t cuda_cap_bytes,
                                             const SimDeviceOptions& sim, const DeviceChoiceSource& source);
 

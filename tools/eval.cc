@@ -79,7 +79,7 @@ int run_eval(EvalOptions o) {
   dev_opts.capacity_bytes = 2 * param_bytes + activation_bytes + (64u << 20);
   dev_opts.capacity_knob = "strata eval --batch-size and --seq-len";
   const std::uint64_t host_bytes = physical_memory_bytes();
-  const DeviceKind kind = resolve_device_kind(choice, {"strata eval", "--device"});
+  const DeviceKind kind = resolve_device_kind(choice, {"strata eval", "--device"});  // open_compute_device's
   if (kind == DeviceKind::Sim && host_bytes > 0 && dev_opts.capacity_bytes > host_bytes) {
     // Every byte of one batch's activations is written, so a device larger than the machine's
     // memory would fail mid-run; say which flag to lower instead.

@@ -9,7 +9,8 @@
 # layers x d_model x seq; no causal halving, no recompute). Usage: gpu-bench.sh STRATA_BINARY OUTDIR [MODELS...]
 set -uo pipefail
 strata="$1"; out="$2"; shift 2
-models=("${@:-gpt2-124m gpt2-1.5b}")
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(gpt2-124m gpt2-1.5b)
 here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$out"
 # The attention op alone beside cuBLAS (bf16, causal, 16 heads x batch 4 at seq 1024; fewer at longer).
@@ -19,7 +20,7 @@ for hd in 64 128; do
       --heads 16 --head-dim $hd --reps 5 --json 2>&1 | tee -a "$out/attention.jsonl"
   done
 done
-for m in ${models[@]}; do
+for m in "${models[@]}"; do
   case "$m" in
     gpt2-124m) shape=(--layers 12 --d-model 768 --heads 12) ;;
     gpt2-1.5b) shape=(--layers 48 --d-model 1600 --heads 25) ;;

@@ -18,9 +18,14 @@ stamp "ctest -L gpu"
 ctest --test-dir "$b" -L gpu --output-on-failure -j4 --timeout 600 >"$out/ctest-gpu.log" 2>&1
 echo "ctest -L gpu: rc $?"; grep -E "tests passed|Failed|\*\*\*|Not Run|Skipped" "$out/ctest-gpu.log" | head -40
 grep -E "^(ok|FAILED|skipped):" "$out/ctest-gpu.log" | head -80
+# The op tests' margins (worst error over its bound per comparison; 1 = at the bound): the closest.
+timeout 300 "$b/tests/models/models_cuda_test" >"$out/models_cuda_test.log" 2>&1
+echo "models_cuda_test: rc $?"
+grep "margin" "$out/models_cuda_test.log" | awk -F'worst err/bound ' '{split($2, a, " "); print a[1], $0}' | sort -g |
+  tail -5 | cut -c1-160
 if [[ " $* " != *" --no-sanitizer "* ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    for t in models_cuda_test engine_cuda_test; do
+    for t in models_cuda_test engine_cuda_test core_cuda_test; do
       exe=$(find "$b" -name "$t" -type f -perm -u+x | head -1)
       [ -n "$exe" ] || continue
       stamp "compute-sanitizer --tool $tool $t"

@@ -280,6 +280,7 @@ void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& 
   spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
                summary.first_loss, summary.last_loss, summary.tokens_per_second,
                format_bytes(summary.peak_device_bytes), format_bytes(device.capacity_bytes()));
+  spdlog::debug("{}", format_memory_report(device.name(), device.memory_stats()));  // peak per tag
   if (summary.tensor_ranks > 1) {
     const TrainSummary& s = summary;
     spdlog::info("tensor group of {}: per micro-batch {:.0f} all-reduces of {} and {:.0f} all-gather of {} per rank "

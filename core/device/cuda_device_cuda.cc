@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -91,8 +92,15 @@ class StreamFailure {
 //  * the thread waits for `before`, runs fn (skipped once the stream has failed, as on sim), and
 //    stores n into the counter, a word of mapped pinned host memory the GPU polls.
 // Functions run one at a time in enqueue order, and no CUDA callback thread ever blocks, so host
-// functions of different streams cannot deadlock through CUDA's callback thread. A host function
-// must still not wait for later work of its own stream (it would wait forever, as on sim).
+// functions of different streams cannot deadlock through CUDA's callback thread. While a function
+// runs its stream is blocked, so a function must not wait for later work of its own stream (as on
+// sim), nor for the whole device (cudaDeviceSynchronize; and any CUDA call that synchronizes the
+// device implicitly). CUDA_DEVICE_MAX_CONNECTIONS is raised to 32 before the first context (unless
+// set), so that a blocked stream does not share a hardware queue with the streams its function
+// waits for. Unlike sim, copies and kernels queued after a failed host function still run; the
+// stream's error is raised by its next enqueue or synchronize. Needs CUDA 12.5 or later
+// (cudaGetDriverEntryPointByVersion). Not yet run on a GPU (README, "How the CUDA path is
+// verified").
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 WaitValue32Fn wait_value32() {
@@ -122,11 +130,18 @@ class HostWorker {
     STRATA_CUDA_CHECK(cudaHostAlloc(&host, sizeof(std::uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
     counter_ = static_cast<std::uint32_t*>(host);
     __atomic_store_n(counter_, 0u, __ATOMIC_RELEASE);
-    void* dev = nullptr;
-    STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
-    counter_dev_ = reinterpret_cast<CUdeviceptr>(dev);
-    thread_ = std::thread([this] { run(); });
+    try {
+      void* dev = nullptr;
+      STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+      counter_dev_ = reinterpret_cast<CUdeviceptr>(dev);
+      thread_ = std::thread([this] { run(); });
+    } catch (...) {
+      (void)cudaFreeHost(counter_);
+      throw;
+    }
   }
+  // The stream must have run its work already (~CudaStream synchronizes it first): the GPU may not
+  // poll the counter once it is freed.
   ~HostWorker() {
     {
       std::lock_guard lock(mutex_);
@@ -140,27 +155,38 @@ class HostWorker {
   HostWorker(const HostWorker&) = delete;
   HostWorker& operator=(const HostWorker&) = delete;
 
-  // Called with the stream's device current.
+  // Called with the stream's device current. The event, the ticket and the wait go on the stream
+  // as one unit (enqueue_mutex_), so the stream's waits come in ticket order even when several
+  // threads enqueue on one stream.
   void enqueue(cudaStream_t stream, std::function<void()> fn) {
+    std::lock_guard order(enqueue_mutex_);
     cudaEvent_t before = nullptr;
-    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
+    // Blocking sync: the thread sleeps while the stream's earlier work runs instead of spinning a core.
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming | cudaEventBlockingSync));
     if (const cudaError_t err = cudaEventRecord(before, stream); err != cudaSuccess) {
       (void)cudaEventDestroy(before);
       STRATA_CUDA_CHECK(err);
     }
     std::uint32_t ticket = 0;
-    {
+    try {
       std::lock_guard lock(mutex_);
-      ticket = ++next_ticket_;
+      ticket = next_ticket_ + 1;
       tasks_.push_back(Task{before, std::move(fn), ticket});
+      next_ticket_ = ticket;
+    } catch (...) {
+      (void)cudaEventDestroy(before);
+      throw;
     }
     cv_.notify_one();
     const CUresult r = wait_(reinterpret_cast<CUstream>(stream), counter_dev_, ticket, CU_STREAM_WAIT_VALUE_GEQ);
     if (r != CUDA_SUCCESS) {
-      // The task still runs and sets its ticket; only the stream's ordering after it is lost.
-      throw DeviceError(fmt::format("{}: cuStreamWaitValue32 failed (CUresult {}); the stream cannot wait for its "
-                                    "host function",
-                                    label_, static_cast<int>(r)));
+      // The task still runs and sets its ticket, but the stream's later work is no longer ordered
+      // after it: the stream has failed.
+      const std::string what = fmt::format("{}: cuStreamWaitValue32 failed (CUresult {}); the stream cannot wait for "
+                                           "its host function",
+                                           label_, static_cast<int>(r));
+      failure_->set(what);
+      throw DeviceError(what);
     }
   }
 
@@ -208,6 +234,7 @@ class HostWorker {
   WaitValue32Fn wait_ = nullptr;
   std::uint32_t* counter_ = nullptr;
   CUdeviceptr counter_dev_ = 0;
+  std::mutex enqueue_mutex_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Task> tasks_;
@@ -294,8 +321,15 @@ class CudaStream final : public Stream {
   CudaStream(const std::shared_ptr<CudaState>& state, Device* device, std::string name, cudaStream_t stream)
       : state_(state), device_(device), device_name_(state->name), name_(std::move(name)), stream_(stream) {}
   ~CudaStream() override {
-    host_worker_.reset();  // runs the queued host functions the stream waits for
-    if (auto state = state_.lock()) state->destroy_stream(stream_);
+    auto state = state_.lock();
+    if (host_worker_ && state) {
+      // The stream's last waits read the worker's counter: let them pass before it is freed (the
+      // worker keeps running the queued host functions meanwhile).
+      ScopedDevice on(state->ordinal, std::nothrow);
+      if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
+    }
+    host_worker_.reset();
+    if (state) state->destroy_stream(stream_);
   }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
@@ -327,8 +361,13 @@ class CudaStream final : public Stream {
     auto state = enter("launch_host");
     if (!fn) throw DeviceError(fmt::format("{}: launch_host got an empty function", stream_label()));
     ScopedDevice on(state->ordinal);
-    if (!host_worker_) host_worker_ = std::make_unique<HostWorker>(state->ordinal, stream_label(), failure_);
-    host_worker_->enqueue(stream_, std::move(fn));  // Note [Host functions on cuda]
+    HostWorker* worker = nullptr;
+    {
+      std::lock_guard lock(host_worker_mutex_);
+      if (!host_worker_) host_worker_ = std::make_unique<HostWorker>(state->ordinal, stream_label(), failure_);
+      worker = host_worker_.get();
+    }
+    worker->enqueue(stream_, std::move(fn));  // Note [Host functions on cuda]
   }
 
   void release_after(DeviceMemory memory) override {
@@ -399,6 +438,7 @@ class CudaStream final : public Stream {
   const std::string name_;
   const cudaStream_t stream_;
   const std::shared_ptr<StreamFailure> failure_ = std::make_shared<StreamFailure>();
+  std::mutex host_worker_mutex_;
   std::unique_ptr<HostWorker> host_worker_;  // the first launch_host starts it
 };
 
@@ -450,7 +490,15 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
+namespace {
+// Note [Host functions on cuda]: more hardware queues than CUDA's default 8, so that a stream
+// blocked on its host function does not hold up other streams queued behind it. Read when a
+// context is created: set before the first CUDA call, unless the user set it.
+void raise_device_connections() { ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); }
+}  // namespace
+
 std::vector<CudaDeviceInfo> list_cuda_devices(std::string* why) {
+  raise_device_connections();
   std::vector<CudaDeviceInfo> out;
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
@@ -477,6 +525,7 @@ std::vector<CudaDeviceInfo> list_cuda_devices(std::string* why) {
 }
 
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options) {
+  raise_device_connections();
   std::string why;
   const std::vector<CudaDeviceInfo> devices = list_cuda_devices(&why);
   const auto info = std::find_if(devices.begin(), devices.end(),

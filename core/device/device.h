@@ -120,8 +120,10 @@ class Stream {
   virtual void copy_d2d(void* dst_device, const void* src_device, std::size_t bytes) = 0;
   virtual void memset(void* dst_device, int value, std::size_t bytes) = 0;
 
-  // Runs `fn` on a host thread in stream order (cudaLaunchHostFunc on cuda: `fn` must not call
-  // CUDA; on sim it is how CPU kernels run). An exception from `fn` becomes the stream's error.
+  // Runs `fn` on a host thread in stream order: the stream's worker on sim (how CPU kernels run), a
+  // thread of the stream's own on cuda (Note [Host functions on cuda]: `fn` may call CUDA, but must
+  // not wait for later work of its own stream or for the whole device). An exception from `fn`
+  // becomes the stream's error.
   virtual void launch_host(std::function<void()> fn) = 0;
 
   // Frees `memory` once all work enqueued so far on this stream has run (cudaFreeAsync).

@@ -2,17 +2,20 @@
 //
 // Row statistics: one block per row; each thread sums a strided slice of the row in order and
 // block_sum (cuda_common.cuh) combines the slices in a fixed tree, so a row's result is the same
-// every run. Weight and bias gradients are reductions across rows: one thread per column walks
-// every row in order with a running fp32 sum that starts from the existing gradient, exactly the
-// order of the CPU kernel (cpu_norm.cc), so accumulating over several calls equals one call and
-// no atomics are needed. The column kernel runs after the row kernel, as on the CPU.
+// every run. Weight and bias gradients are reductions across rows. In fp32 (exact mode's precision)
+// one thread per column walks every row in order with a running fp32 sum that starts from the
+// existing gradient, exactly the order of the CPU kernel (cpu_norm.cc), so accumulating over
+// several calls equals one call; in bf16/fp16 32 warps split the rows and their partials are added
+// in warp order (fixed, not the CPU's). No atomics. The column kernel runs after the row kernel,
+// as on the CPU.
 //
 // Shared per-element math (also called by cpu_norm.cc): math::norm_rstd, math::layernorm_apply,
 // math::layernorm_xhat, math::layernorm_dx, math::rmsnorm_apply, math::rmsnorm_xhat,
 // math::rmsnorm_dot_term, math::rmsnorm_dx, math::rmsnorm_dweight_term (op_math.h); to_f32 /
 // from_f32 for every load and store (core/dtype.h).
-#include "models/kernels/cuda_common.cuh"
+#include <type_traits>
 
+#include "models/kernels/cuda_common.cuh"
 #include "models/kernels/op_math.h"
 
 namespace strata::models::cuda {
@@ -169,6 +172,68 @@ __global__ void rmsnorm_backward_weight_kernel(const T* __restrict__ dout, const
   dweight[c] = from_f32<T>(dw);
 }
 
+// bf16/fp16 (never exact mode, which is fp32 only): the parameter gradients as cuda_matmul.cu's
+// split bias gradient takes its sums: 32 columns per block, warp w summing rows w, w + kSplitWarps,
+// ... of its lane's column, the warps' partials then added in warp order. A fixed order (the same
+// bits every run), not the serial row order fp32 keeps for exact mode.
+constexpr int kSplitWarps = 32;
+
+template <typename T>
+__global__ void __launch_bounds__(kSplitWarps * 32)
+    layernorm_backward_params_split_kernel(const T* __restrict__ dout, const T* __restrict__ x,
+                                           const float* __restrict__ mean, const float* __restrict__ rstd,
+                                           T* __restrict__ dweight, T* __restrict__ dbias, std::int64_t rows,
+                                           std::int64_t cols) {
+  __shared__ float pw[kSplitWarps][32], pb[kSplitWarps][32];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
+  float dw = 0.0f, db = 0.0f;
+  if (c < cols) {
+#pragma unroll 4
+    for (std::int64_t r = warp; r < rows; r += kSplitWarps) {
+      const float d = to_f32(dout[r * cols + c]);
+      dw += d * math::layernorm_xhat(to_f32(x[r * cols + c]), mean[r], rstd[r]);
+      db += d;
+    }
+  }
+  pw[warp][lane] = dw;
+  pb[warp][lane] = db;
+  __syncthreads();
+  if (warp != 0 || c >= cols) return;
+  float tw = 0.0f, tb = 0.0f;
+  for (int w = 0; w < kSplitWarps; ++w) {
+    tw += pw[w][lane];
+    tb += pb[w][lane];
+  }
+  dweight[c] = from_f32<T>(to_f32(dweight[c]) + tw);
+  dbias[c] = from_f32<T>(to_f32(dbias[c]) + tb);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSplitWarps * 32)
+    rmsnorm_backward_weight_split_kernel(const T* __restrict__ dout, const T* __restrict__ x,
+                                         const float* __restrict__ rstd, T* __restrict__ dweight, std::int64_t rows,
+                                         std::int64_t cols) {
+  __shared__ float pw[kSplitWarps][32];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
+  float dw = 0.0f;
+  if (c < cols) {
+#pragma unroll 4
+    for (std::int64_t r = warp; r < rows; r += kSplitWarps) {
+      dw += math::rmsnorm_dweight_term(to_f32(dout[r * cols + c]), to_f32(x[r * cols + c]), rstd[r]);
+    }
+  }
+  pw[warp][lane] = dw;
+  __syncthreads();
+  if (warp != 0 || c >= cols) return;
+  float tw = 0.0f;
+  for (int w = 0; w < kSplitWarps; ++w) tw += pw[w][lane];
+  dweight[c] = from_f32<T>(to_f32(dweight[c]) + tw);
+}
+
+unsigned split_blocks(std::int64_t cols) { return static_cast<unsigned>((cols + 31) / 32); }
+
 unsigned column_blocks(std::int64_t cols) {
   return static_cast<unsigned>((cols + kColumnThreads - 1) / kColumnThreads);
 }
@@ -205,9 +270,15 @@ void layernorm_backward(const Launch& L, DType dtype, const void* dout, const vo
         static_cast<const T*>(dout), static_cast<const T*>(x), static_cast<const T*>(weight), mean, rstd,
         static_cast<T*>(dx), cols, accumulate_dx == Accumulate::Yes);
     check_launch();
-    layernorm_backward_params_kernel<T><<<column_blocks(cols), kColumnThreads, 0, scope.stream>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(x), mean, rstd, static_cast<T*>(dweight),
-        static_cast<T*>(dbias), rows, cols);
+    if constexpr (std::is_same_v<T, float>) {
+      layernorm_backward_params_kernel<T><<<column_blocks(cols), kColumnThreads, 0, scope.stream>>>(
+          static_cast<const T*>(dout), static_cast<const T*>(x), mean, rstd, static_cast<T*>(dweight),
+          static_cast<T*>(dbias), rows, cols);
+    } else {
+      layernorm_backward_params_split_kernel<T><<<split_blocks(cols), kSplitWarps * 32, 0, scope.stream>>>(
+          static_cast<const T*>(dout), static_cast<const T*>(x), mean, rstd, static_cast<T*>(dweight),
+          static_cast<T*>(dbias), rows, cols);
+    }
     check_launch();
   });
 }
@@ -237,8 +308,13 @@ void rmsnorm_backward(const Launch& L, DType dtype, const void* dout, const void
         static_cast<const T*>(dout), static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
         static_cast<T*>(dx), cols, accumulate_dx == Accumulate::Yes);
     check_launch();
-    rmsnorm_backward_weight_kernel<T><<<column_blocks(cols), kColumnThreads, 0, scope.stream>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(x), rstd, static_cast<T*>(dweight), rows, cols);
+    if constexpr (std::is_same_v<T, float>) {
+      rmsnorm_backward_weight_kernel<T><<<column_blocks(cols), kColumnThreads, 0, scope.stream>>>(
+          static_cast<const T*>(dout), static_cast<const T*>(x), rstd, static_cast<T*>(dweight), rows, cols);
+    } else {
+      rmsnorm_backward_weight_split_kernel<T><<<split_blocks(cols), kSplitWarps * 32, 0, scope.stream>>>(
+          static_cast<const T*>(dout), static_cast<const T*>(x), rstd, static_cast<T*>(dweight), rows, cols);
+    }
     check_launch();
   });
 }

@@ -130,7 +130,7 @@ if [ -n "$mpiexec" ] && [ "$kind" = cuda ]; then
   if timeout 300 "$mpiexec" --allow-run-as-root -np 1 "$strata" --log-level info train --config "$config" --save-weights nccl.safetensors \
       --set strata.model='"tiny"' --steps 20 "${cuda[@]}" --set strata.exact=true --set zero_optimization.stage=3 \
       --set train_micro_batch_size_per_gpu=1 --set gradient_accumulation_steps=8 >nccl.log 2>&1; then
-    if grep -q "nccl" nccl.log; then ok "mpirun -np 1 on cuda uses the NCCL communicator"
+    if grep -q "collectives nccl" nccl.log; then ok "mpirun -np 1 on cuda uses the NCCL communicator"
     else bad "mpirun -np 1 on cuda: the log does not name the nccl communicator"; fi
     same tiny.x.s0.1x8 nccl "tiny exact on cuda: ZeRO-3 through NCCL at world 1 = the local run"
   else tail -20 nccl.log; bad "mpirun -np 1 on cuda failed"; fi
