@@ -7,9 +7,10 @@
 
 namespace strata {
 namespace {
+// Why there are no devices (list_cuda_devices): callers add their own advice about the choice.
 constexpr const char* kNoCuda =
     "this build of Strata has no CUDA backend (configure with -DSTRATA_CUDA=ON and the CUDA toolkit installed "
-    "to build it, or use the sim device: strata.device.kind = \"sim\")";
+    "to build it)";
 }  // namespace
 
 std::vector<CudaDeviceInfo> list_cuda_devices(std::string* why) {
@@ -18,7 +19,8 @@ std::vector<CudaDeviceInfo> list_cuda_devices(std::string* why) {
 }
 
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options) {
-  throw DeviceError(fmt::format("cannot open cuda:{}: {}", options.ordinal, kNoCuda));
+  throw DeviceError(fmt::format("cannot open cuda:{}: {}, or use the sim device: strata.device.kind = \"sim\"",
+                                options.ordinal, kNoCuda));
 }
 
 }  // namespace strata
