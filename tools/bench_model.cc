@@ -100,10 +100,9 @@ double measure_device_gemm_tflops(Device& device, ComputeStream& cs, DType dtype
 }
 
 DType parse_dtype_flag(const std::string& s) {
-  if (s == "f32" || s == "fp32") return DType::F32;
-  if (s == "bf16") return DType::BF16;
-  if (s == "f16" || s == "fp16") return DType::F16;
-  throw ConfigError(fmt::format("--dtype '{}' is not one of f32, bf16, f16", s));
+  DType t = DType::F32;
+  if (!parse_dtype(s, &t)) throw ConfigError(fmt::format("--dtype '{}' is not known; use fp32, bf16 or fp16", s));
+  return t;
 }
 
 int run_bench_model(BenchModelOptions o) {

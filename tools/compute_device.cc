@@ -108,6 +108,33 @@ std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t c
   return device;
 }
 
+DeviceChoice training_device_choice(const TrainConfig& cfg) {
+  const ParallelConfig& par = cfg.strata.parallel;
+  const bool split = par.tensor > 1 || par.pipeline > 1;
+  if (cfg.strata.device.kind == DeviceChoice::Auto && split) {
+    spdlog::info("strata.device.kind auto: the sim device (tensor and pipeline parallelism run on sim only)");
+    return DeviceChoice::Sim;
+  }
+  if (split && resolve_device_kind(cfg.strata.device.kind, {cfg.source}) == DeviceKind::Cuda) {
+    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} and pipeline = {} on a cuda device: tensor and "
+                                  "pipeline parallelism run on the sim device only in this version (the "
+                                  "vocabulary-parallel ops have no CUDA kernels, and pipeline sends need grouped "
+                                  "NCCL calls); set strata.device.kind to \"sim\", or tensor and pipeline to 1",
+                                  cfg.source, par.tensor, par.pipeline));
+  }
+  return cfg.strata.device.kind;
+}
+
+std::unique_ptr<Device> open_training_device(const TrainConfig& cfg) {
+  const DeviceConfig& d = cfg.strata.device;
+  SimDeviceOptions o;
+  o.capacity_bytes = d.memory_bytes > 0 ? d.memory_bytes : std::size_t{1} << 30;
+  o.h2d_gbps = d.h2d_gbps;
+  o.d2h_gbps = d.d2h_gbps;
+  o.latency_us = d.latency_us;
+  return open_compute_device(training_device_choice(cfg), d.memory_bytes, o, {cfg.source});
+}
+
 std::size_t compute_stream_reserve_bytes(const Device& device) {
   if (device.kind() != DeviceKind::Cuda) return 0;
   const std::size_t capacity = device.capacity_bytes();

@@ -40,6 +40,15 @@ DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& so
 std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t cuda_cap_bytes,
                                             const SimDeviceOptions& sim, const DeviceChoiceSource& source);
 
+// A training config's device choice: strata.device.kind, except that auto takes the sim device
+// for tensor or pipeline parallelism (sim only in this version, saying so), and cuda with them is
+// a ConfigError naming the keys. Every command that computes a config's steps chooses through it.
+DeviceChoice training_device_choice(const TrainConfig& cfg);
+
+// The device of a training run: training_device_choice opened with the config's strata.device
+// (sim: its capacity, default 1 GiB, and modeled link; cuda: strata.device.memory as the cap).
+std::unique_ptr<Device> open_training_device(const TrainConfig& cfg);
+
 // Device memory a ComputeStream takes on `device` beyond what the run plans: the cuBLAS workspace
 // on cuda (32 MiB, or capacity / 64 on a device capped under 2 GiB, in 256-byte units), 0 on sim.
 // Planners subtract it from the capacity they fill.

@@ -56,29 +56,6 @@ namespace strata::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-std::unique_ptr<Device> make_device(const TrainConfig& cfg) {
-  const DeviceConfig& d = cfg.strata.device;
-  const ParallelConfig& par = cfg.strata.parallel;
-  DeviceChoice choice = d.kind;
-  if (choice == DeviceChoice::Auto && (par.tensor > 1 || par.pipeline > 1)) {
-    spdlog::info("strata.device.kind auto: the sim device (tensor and pipeline parallelism run on sim only)");
-    choice = DeviceChoice::Sim;
-  }
-  if ((par.tensor > 1 || par.pipeline > 1) && resolve_device_kind(choice, {cfg.source}) == DeviceKind::Cuda) {
-    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} and pipeline = {} on a cuda device: tensor and "
-                                  "pipeline parallelism run on the sim device only in this version (the "
-                                  "vocabulary-parallel ops have no CUDA kernels, and pipeline sends need grouped "
-                                  "NCCL calls); set strata.device.kind to \"sim\", or tensor and pipeline to 1",
-                                  cfg.source, par.tensor, par.pipeline));
-  }
-  SimDeviceOptions o;
-  o.capacity_bytes = d.memory_bytes > 0 ? d.memory_bytes : std::size_t{1} << 30;
-  o.h2d_gbps = d.h2d_gbps;
-  o.d2h_gbps = d.d2h_gbps;
-  o.latency_us = d.latency_us;
-  return open_compute_device(choice, d.memory_bytes, o, {cfg.source});
-}
-
 }  // namespace
 
 TrainConfig load_train_config_or_demo(const std::string& path, const std::vector<std::string>& overrides) {
@@ -244,7 +221,7 @@ struct RunDevice {
 
 RunDevice make_run_device(const TrainConfig& cfg) {
   RunDevice d;
-  d.sim = make_device(cfg);
+  d.sim = open_training_device(cfg);
   if (!cfg.strata.trace_path.empty()) {
     d.recorder = std::make_shared<TraceRecorder>();
     d.traced = make_traced_device(*d.sim, d.recorder);

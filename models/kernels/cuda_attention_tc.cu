@@ -130,6 +130,22 @@ __device__ void row_deltas(const T* dout, const T* out, int valid, First first, 
   if (half == 0) delta[r] = acc;
 }
 
+// The backward's query tile (i0, head h, item b): q and dout rows into shared memory, each row's
+// delta and saved lse (0 past the sequence). The whole block calls it; synchronize after.
+template <int D, typename T, typename W>
+__device__ void load_query_tile(const Layout& lay, const T* q, const T* out, const float* lse, const T* dout,
+                                std::int64_t b, std::int64_t h, std::int64_t i0, W* sq, W* sdo, float* slse,
+                                float* sdelta) {
+  const int valid_q = static_cast<int>(min(static_cast<std::int64_t>(kBM), lay.seq - i0));
+  auto o_row = [&](int rr) { return lay.o_index(b, i0 + rr, h); };
+  load_rows<D>(q, kBM, valid_q, [&](int rr) { return lay.q_index(b, i0 + rr, h); }, sq);
+  load_rows<D>(dout, kBM, valid_q, o_row, sdo);
+  row_deltas<D>(dout, out, valid_q, o_row, sdelta);
+  for (int e = static_cast<int>(threadIdx.x); e < kBM; e += kTcThreads) {
+    slse[e] = e < valid_q ? lse[lay.lse_index(b, h, i0 + e)] : 0.0f;
+  }
+}
+
 template <int D>
 constexpr std::size_t forward_tc_shared_bytes() {
   return 3 * kBM * (D + 8) * 2 + kWarps * 16 * (kLdS * 4 + kLdP * 2 + (D + 4) * 4);
@@ -239,15 +255,7 @@ __global__ void __launch_bounds__(kTcThreads)
   const std::int64_t qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const std::int64_t g = h / (lay.q_heads / lay.kv_heads);
   const std::int64_t i0 = qt * kBM;
-  const int valid_q = static_cast<int>(min(static_cast<std::int64_t>(kBM), lay.seq - i0));
-  auto q_row = [&](int rr) { return lay.q_index(b, i0 + rr, h); };
-  auto o_row = [&](int rr) { return lay.o_index(b, i0 + rr, h); };
-  load_rows<D>(q, kBM, valid_q, q_row, sq);
-  load_rows<D>(dout, kBM, valid_q, o_row, sdo);
-  row_deltas<D>(dout, out, valid_q, o_row, sdelta);
-  for (int e = static_cast<int>(threadIdx.x); e < kBM; e += kTcThreads) {
-    slse[e] = e < valid_q ? lse[lay.lse_index(b, h, i0 + e)] : 0.0f;
-  }
+  load_query_tile<D>(lay, q, out, lse, dout, b, h, i0, sq, sdo, slse, sdelta);
   const int r = lane / 2, half = lane % 2;
   const int row = warp * 16 + r;
   const std::int64_t i = i0 + row;
@@ -331,15 +339,8 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
     for (std::int64_t i0 = j0; i0 < lay.seq; i0 += kBM) {  // query tiles from the diagonal one on
-      const int valid_q = static_cast<int>(min(static_cast<std::int64_t>(kBM), lay.seq - i0));
-      auto o_row = [&](int rr) { return lay.o_index(b, i0 + rr, h); };
       __syncthreads();  // every warp is done with the previous query tile
-      load_rows<D>(q, kBM, valid_q, [&](int rr) { return lay.q_index(b, i0 + rr, h); }, sq);
-      load_rows<D>(dout, kBM, valid_q, o_row, sdo);
-      row_deltas<D>(dout, out, valid_q, o_row, sdelta);
-      for (int e = static_cast<int>(threadIdx.x); e < kBM; e += kTcThreads) {
-        slse[e] = e < valid_q ? lse[lay.lse_index(b, h, i0 + e)] : 0.0f;
-      }
+      load_query_tile<D>(lay, q, out, lse, dout, b, h, i0, sq, sdo, slse, sdelta);
       __syncthreads();
       score_tile<D>(sk + warp * 16 * (D + 8), sq, sst);    // K Q^T
       score_tile<D>(sv + warp * 16 * (D + 8), sdo, sdpt);  // V dO^T

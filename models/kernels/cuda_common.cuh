@@ -104,6 +104,32 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(lane < warps ? scratch[lane] : -INFINITY);
 }
 
+// The bf16/fp16 parameter-gradient column sums (bias: cuda_matmul.cu; norm weights and bias:
+// cuda_norm.cu; never exact mode, which is fp32 only): blocks of kSplitWarps warps over 32 columns,
+// warp w summing rows w, w + kSplitWarps, ... of its lane's column. A fixed order (the same bits
+// every run), not the serial row order the fp32 kernels keep for exact mode.
+inline constexpr int kSplitWarps = 32;
+inline unsigned split_blocks(std::int64_t cols) { return static_cast<unsigned>((cols + 31) / 32); }
+
+// Each thread passes its warp's N partial sums of its lane's column; warp 0 gets, in `v`, the
+// sums over the warps in warp order and true, every other warp false. The whole block calls it.
+template <int N>
+__device__ __forceinline__ bool sum_warp_partials(float (&v)[N]) {
+  __shared__ float partial[N][kSplitWarps][32];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+#pragma unroll
+  for (int i = 0; i < N; ++i) partial[i][warp][lane] = v[i];
+  __syncthreads();
+  if (warp != 0) return false;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float total = 0.0f;
+    for (int w = 0; w < kSplitWarps; ++w) total += partial[i][w][lane];
+    v[i] = total;
+  }
+  return true;
+}
+
 // NaN marks bad input a kernel cannot throw for (see cuda_kernels.h).
 __device__ __forceinline__ float bad_input_nan() { return __int_as_float(0x7fc00000); }
 

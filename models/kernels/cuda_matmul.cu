@@ -66,31 +66,22 @@ __global__ void bias_grad_kernel(const T* __restrict__ dout, std::int64_t rows, 
   dbias[c] = from_f32<T>(acc);
 }
 
-// bf16/fp16 (never exact mode, which is fp32 only): 32 columns per block and kSplitWarps warps,
-// warp w summing rows w, w + kSplitWarps, ... of its lane's column, then the warps' partials added
-// in warp order onto dbias. A fixed order (the same bits every run), not the serial row order, so
-// calls over consecutive rows no longer add up to one call's bits, a promise only exact mode needs.
-// rows / kSplitWarps sequential loads per thread instead of rows.
-constexpr int kSplitWarps = 32;
-
+// bf16/fp16: dbias over 32 warps of strided rows (sum_warp_partials, cuda_common.cuh), added onto
+// dbias last: calls over consecutive rows no longer add up to one call's bits, a promise only exact
+// mode needs. rows / kSplitWarps sequential loads per thread instead of rows.
 template <typename T>
 __global__ void __launch_bounds__(kSplitWarps * 32)
     bias_grad_split_kernel(const T* __restrict__ dout, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                            T* __restrict__ dbias) {
-  __shared__ float partial[kSplitWarps][32];
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
-  float acc = 0.0f;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + static_cast<int>(threadIdx.x) % 32;
+  float acc[1] = {0.0f};
   if (c < cols) {
 #pragma unroll 8
-    for (std::int64_t r = warp; r < rows; r += kSplitWarps) acc += to_f32(dout[r * ld + c]);
+    for (std::int64_t r = warp; r < rows; r += kSplitWarps) acc[0] += to_f32(dout[r * ld + c]);
   }
-  partial[warp][lane] = acc;
-  __syncthreads();
-  if (warp != 0 || c >= cols) return;
-  float total = 0.0f;
-  for (int w = 0; w < kSplitWarps; ++w) total += partial[w][lane];
-  dbias[c] = from_f32<T>(to_f32(dbias[c]) + total);
+  if (!sum_warp_partials(acc) || c >= cols) return;
+  dbias[c] = from_f32<T>(to_f32(dbias[c]) + acc[0]);
 }
 
 cudaDataType_t cuda_type(DType dtype) {
@@ -176,7 +167,7 @@ void bias_grad(const Launch& L, DType dtype, const void* dout, std::int64_t rows
       bias_grad_kernel<T><<<static_cast<unsigned>((cols + kColumnThreads - 1) / kColumnThreads), kColumnThreads, 0,
                             scope.stream>>>(static_cast<const T*>(dout), rows, cols, ld, static_cast<T*>(dbias));
     } else {
-      bias_grad_split_kernel<T><<<static_cast<unsigned>((cols + 31) / 32), kSplitWarps * 32, 0, scope.stream>>>(
+      bias_grad_split_kernel<T><<<split_blocks(cols), kSplitWarps * 32, 0, scope.stream>>>(
           static_cast<const T*>(dout), rows, cols, ld, static_cast<T*>(dbias));
     }
   });

@@ -172,41 +172,28 @@ __global__ void rmsnorm_backward_weight_kernel(const T* __restrict__ dout, const
   dweight[c] = from_f32<T>(dw);
 }
 
-// bf16/fp16 (never exact mode, which is fp32 only): the parameter gradients as cuda_matmul.cu's
-// split bias gradient takes its sums: 32 columns per block, warp w summing rows w, w + kSplitWarps,
-// ... of its lane's column, the warps' partials then added in warp order. A fixed order (the same
-// bits every run), not the serial row order fp32 keeps for exact mode.
-constexpr int kSplitWarps = 32;
-
+// bf16/fp16: the parameter gradients over 32 warps of strided rows (sum_warp_partials,
+// cuda_common.cuh), added onto the gradients last.
 template <typename T>
 __global__ void __launch_bounds__(kSplitWarps * 32)
     layernorm_backward_params_split_kernel(const T* __restrict__ dout, const T* __restrict__ x,
                                            const float* __restrict__ mean, const float* __restrict__ rstd,
                                            T* __restrict__ dweight, T* __restrict__ dbias, std::int64_t rows,
                                            std::int64_t cols) {
-  __shared__ float pw[kSplitWarps][32], pb[kSplitWarps][32];
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
-  float dw = 0.0f, db = 0.0f;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + static_cast<int>(threadIdx.x) % 32;
+  float acc[2] = {0.0f, 0.0f};  // dweight, dbias
   if (c < cols) {
 #pragma unroll 4
     for (std::int64_t r = warp; r < rows; r += kSplitWarps) {
       const float d = to_f32(dout[r * cols + c]);
-      dw += d * math::layernorm_xhat(to_f32(x[r * cols + c]), mean[r], rstd[r]);
-      db += d;
+      acc[0] += d * math::layernorm_xhat(to_f32(x[r * cols + c]), mean[r], rstd[r]);
+      acc[1] += d;
     }
   }
-  pw[warp][lane] = dw;
-  pb[warp][lane] = db;
-  __syncthreads();
-  if (warp != 0 || c >= cols) return;
-  float tw = 0.0f, tb = 0.0f;
-  for (int w = 0; w < kSplitWarps; ++w) {
-    tw += pw[w][lane];
-    tb += pb[w][lane];
-  }
-  dweight[c] = from_f32<T>(to_f32(dweight[c]) + tw);
-  dbias[c] = from_f32<T>(to_f32(dbias[c]) + tb);
+  if (!sum_warp_partials(acc) || c >= cols) return;
+  dweight[c] = from_f32<T>(to_f32(dweight[c]) + acc[0]);
+  dbias[c] = from_f32<T>(to_f32(dbias[c]) + acc[1]);
 }
 
 template <typename T>
@@ -214,25 +201,18 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
     rmsnorm_backward_weight_split_kernel(const T* __restrict__ dout, const T* __restrict__ x,
                                          const float* __restrict__ rstd, T* __restrict__ dweight, std::int64_t rows,
                                          std::int64_t cols) {
-  __shared__ float pw[kSplitWarps][32];
-  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
-  float dw = 0.0f;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + static_cast<int>(threadIdx.x) % 32;
+  float acc[1] = {0.0f};
   if (c < cols) {
 #pragma unroll 4
     for (std::int64_t r = warp; r < rows; r += kSplitWarps) {
-      dw += math::rmsnorm_dweight_term(to_f32(dout[r * cols + c]), to_f32(x[r * cols + c]), rstd[r]);
+      acc[0] += math::rmsnorm_dweight_term(to_f32(dout[r * cols + c]), to_f32(x[r * cols + c]), rstd[r]);
     }
   }
-  pw[warp][lane] = dw;
-  __syncthreads();
-  if (warp != 0 || c >= cols) return;
-  float tw = 0.0f;
-  for (int w = 0; w < kSplitWarps; ++w) tw += pw[w][lane];
-  dweight[c] = from_f32<T>(to_f32(dweight[c]) + tw);
+  if (!sum_warp_partials(acc) || c >= cols) return;
+  dweight[c] = from_f32<T>(to_f32(dweight[c]) + acc[0]);
 }
-
-unsigned split_blocks(std::int64_t cols) { return static_cast<unsigned>((cols + 31) / 32); }
 
 unsigned column_blocks(std::int64_t cols) {
   return static_cast<unsigned>((cols + kColumnThreads - 1) / kColumnThreads);

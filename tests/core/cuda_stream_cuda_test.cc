@@ -16,19 +16,12 @@
 #include "core/device/device.h"
 #include "core/error.h"
 #include "core/host_buffer.h"
+#include "tests/core/cuda_test_util.h"
 
 namespace strata {
 namespace {
 
-class CudaStreamHost : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (list_cuda_devices(&why).empty()) GTEST_SKIP() << "no usable cuda device: " << why;
-    device_ = make_cuda_device(CudaDeviceOptions{});
-  }
-  std::unique_ptr<Device> device_;
-};
+using CudaStreamHost = strata::testing::CudaDeviceTest;
 
 // d2h copy -> host function reading what it copied and writing a host buffer -> h2d copy of what it
 // wrote -> d2h back: the stream orders the host function between its copies.

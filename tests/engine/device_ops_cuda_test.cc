@@ -12,6 +12,7 @@
 
 #include "core/device/device.h"
 #include "engine/device_ops.h"
+#include "tests/core/cuda_test_util.h"
 #include "tests/engine/device_ops_checks.h"
 
 namespace strata::device_ops {
@@ -20,18 +21,16 @@ namespace {
 using testing::NanBits;
 using testing::Rig;
 
-class CudaDeviceOps : public ::testing::Test {
+class CudaDeviceOps : public strata::testing::CudaDeviceTest {
  protected:
   void SetUp() override {
-    std::string why;
-    if (list_cuda_devices(&why).empty()) GTEST_SKIP() << "no usable cuda device: " << why;
-    device_ = make_cuda_device(CudaDeviceOptions{});
+    CudaDeviceTest::SetUp();
+    if (IsSkipped()) return;
     stream_ = device_->create_stream("device_ops");
   }
 
   Rig rig() { return Rig{*device_, *stream_, NanBits::AnyNan}; }
 
-  std::unique_ptr<Device> device_;
   std::unique_ptr<Stream> stream_;
 };
 
