@@ -17,12 +17,12 @@ TierStore::TierStore(offload::SwapStore* swap, HostMemoryPinner* pinner) : swap_
 
 TierStore::~TierStore() = default;
 
-std::span<std::byte> TierStore::host(const std::string& key, std::size_t bytes) {
+std::span<std::byte> TierStore::host(const std::string& key, std::size_t bytes, bool device_copies) {
   std::lock_guard lock(mutex_);
   auto it = host_.find(key);
   if (it == host_.end()) {
     HostBufferOptions o;
-    o.pinner = pinner_;
+    o.pinner = device_copies ? pinner_ : nullptr;
     o.huge_pages = bytes >= (std::size_t{2} << 20) ? HugePages::Transparent : HugePages::Off;
     it = host_.emplace(key, HostBuffer::allocate(offload::SwapStore::padded(std::max<std::size_t>(bytes, 1)), o)).first;
     host_bytes_ += it->second.size_bytes();
@@ -30,6 +30,8 @@ std::span<std::byte> TierStore::host(const std::string& key, std::size_t bytes) 
   }
   STRATA_CHECK(it->second.size_bytes() >= bytes, "host array {} holds {} bytes, {} asked", key,
                it->second.size_bytes(), bytes);
+  STRATA_CHECK(!device_copies || pinner_ == nullptr || it->second.pinned(),
+               "host array {} was created pageable but a device stream copies it", key);
   return {static_cast<std::byte*>(it->second.data()), it->second.size_bytes()};
 }
 

@@ -48,14 +48,18 @@ struct TierIoStats {
 
 class TierStore {
  public:
-  // `swap` may be null when nothing is declared on NVMe; `pinner` page-locks host arrays.
+  // `swap` may be null when nothing is declared on NVMe; `pinner` page-locks the host arrays a
+  // device stream copies from (see host()).
   TierStore(offload::SwapStore* swap, HostMemoryPinner* pinner);
   ~TierStore();
   TierStore(const TierStore&) = delete;
   TierStore& operator=(const TierStore&) = delete;
 
-  // Host arrays: created zero-filled on first use, page-aligned, freed by remove().
-  std::span<std::byte> host(const std::string& key, std::size_t bytes);
+  // Host arrays: created zero-filled on first use, page-aligned, freed by remove(). `device_copies`:
+  // a device stream copies to or from the array, so it is page-locked (through the pinner, if any);
+  // it must be created that way, outside host functions, as page-locking inside one would never
+  // return on cuda (Note [Host functions on cuda]). Arrays only the CPU touches stay pageable.
+  std::span<std::byte> host(const std::string& key, std::size_t bytes, bool device_copies = false);
   void remove(const std::string& key);
 
   offload::SwapStore& swap() const;

@@ -46,6 +46,8 @@ TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : 
   chunk_elems_ = op.chunk_elems;
   for (const GroupPlan& P : ctx_.plan.groups) block_partials_.emplace_back(P.state_elems / kBlock, 0.0);
 
+  // Page-locked: the pinned pools, and of the host arrays only the parameters (the comm stream copies
+  // them up); the optimizer's arrays are read and written by the CPU alone.
   HostMemoryPinner* pinner = op.pin_optimizer ? &ctx_.device : nullptr;
   if (op.swap_bytes > 0) {
     // Only the last component is made: a mistyped nvme_path must not grow a chain of directories.
@@ -57,7 +59,7 @@ TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : 
     so.file_name = op.swap_file_name;
     swap_ = std::make_unique<offload::SwapStore>(*io_, so);
   }
-  store_ = std::make_unique<TierStore>(swap_.get(), pinner);
+  store_ = std::make_unique<TierStore>(swap_.get(), op.pin_params ? &ctx_.device : nullptr);
   offload::BufferPoolOptions po;
   po.slot_count = op.slot_count;
   po.slot_bytes = op.slot_bytes;
@@ -108,7 +110,7 @@ void TieredStateHome::init_group(std::size_t g, const float* master_full, const 
       const std::size_t pbytes = wbytes * c.elems;
       const std::string pkey = param_key(g, k);
       const Tier ptier = param_tier(g, k);
-      std::byte* pdst = ptier == Tier::Host ? store_->host(pkey, pbytes).data() : stage;
+      std::byte* pdst = ptier == Tier::Host ? store_->host(pkey, pbytes, /*device_copies=*/true).data() : stage;
       std::memcpy(pdst, static_cast<const std::byte*>(working_full) + (P.state_offset + c.begin) * wbytes, pbytes);
       if (ptier == Tier::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
     }
@@ -346,7 +348,7 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
     const std::size_t begin = P.chunks[k].begin * wbytes;
     std::size_t bytes = P.chunks[k].elems * wbytes;
     if (param_tier(g, k) == Tier::Host) {
-      comm.copy_h2d(out + begin, store_->host(param_key(g, k), bytes).data(), bytes);
+      comm.copy_h2d(out + begin, store_->host(param_key(g, k), bytes, /*device_copies=*/true).data(), bytes);
       ++k;
     } else {  // a run of NVMe chunks is contiguous in the slot: one copy
       while (++k < P.chunks.size() && param_tier(g, k) == Tier::Nvme) bytes += P.chunks[k].elems * wbytes;

@@ -136,7 +136,7 @@ void TieredStateHome::import_state(const StateSource& source) {
       if (params_ && P.sharded_params) {
         const std::string pkey = param_key(g, k);
         if (param_tier(g, k) == Tier::Host) {
-          std::memcpy(store_->host(pkey, pbytes).data(), wvalues, pbytes);
+          std::memcpy(store_->host(pkey, pbytes, /*device_copies=*/true).data(), wvalues, pbytes);
         } else {
           std::memcpy(param_staging.data(), wvalues, pbytes);
           store_->write_now(pkey, param_staging.as<std::byte>(), pbytes);

@@ -4,7 +4,7 @@
 // it. Device memory (a stream-ordered pool of Strata's own under Strata's own capacity accounting)
 // and page-locking through cudaHostRegister are the shared state's, in
 // core/device/cuda_state_cuda.cc. CI has no GPU: the gpu-labelled tests run this file on one
-// (README, "How the CUDA path is verified"; the host-function thread has not run on a GPU yet).
+// (README, "How the CUDA path is verified"; the host-function thread ran there on 2026-11-26).
 //
 // Note [Cuda lifetimes]: as on sim, the Device owns a shared CudaState (pool, allocation table,
 // pin registry, and every stream and event it handed out); DeviceMemory, Stream and Event hold it
@@ -83,24 +83,32 @@ class StreamFailure {
 };
 
 // Note [Host functions on cuda]: a launch_host function may itself call CUDA (the engine's offload
-// worker pins staging memory, records and destroys events, enqueues copies), which the callbacks
-// of cudaLaunchHostFunc must never do. So each stream runs its host functions on a thread of its
-// own (HostWorker, started by the first launch_host):
-//  * launch_host records an event `before` on the stream (the work the function must follow),
-//    queues (before, fn, ticket n) for the thread, and enqueues cuStreamWaitValue32(counter >= n)
-//    on the stream, so the stream's later work waits for the function;
-//  * the thread waits for `before`, runs fn (skipped once the stream has failed, as on sim), and
-//    stores n into the counter, a word of mapped pinned host memory the GPU polls.
-// Functions run one at a time in enqueue order, and no CUDA callback thread ever blocks, so host
-// functions of different streams cannot deadlock through CUDA's callback thread. While a function
-// runs its stream is blocked, so a function must not wait for later work of its own stream (as on
-// sim), nor for the whole device (cudaDeviceSynchronize; and any CUDA call that synchronizes the
-// device implicitly). CUDA_DEVICE_MAX_CONNECTIONS is raised to 32 before the first context (unless
-// set), so that a blocked stream does not share a hardware queue with the streams its function
-// waits for. Unlike sim, copies and kernels queued after a failed host function still run; the
-// stream's error is raised by its next enqueue or synchronize. Needs CUDA 12.5 or later
-// (cudaGetDriverEntryPointByVersion). Not yet run on a GPU (README, "How the CUDA path is
-// verified").
+// worker copies on its transfer stream and waits for it), which the callbacks of cudaLaunchHostFunc
+// must never do. So each stream runs its host functions on a thread of its own (HostWorker,
+// started by the first launch_host):
+//  * launch_host queues (fn, ticket n) for the thread, enqueues a cudaLaunchHostFunc callback that
+//    only counts and wakes the thread (no CUDA call; it never blocks), and then
+//    cuStreamWaitValue32(done >= n), so the stream's later work waits for the function;
+//  * the thread waits until the callbacks counted to n, runs fn (skipped once the stream has failed,
+//    as on sim), and stores n into `done`, a word of mapped pinned host memory the GPU polls.
+// Functions run one at a time in enqueue order, and CUDA's callback thread never blocks, so host
+// functions of different streams cannot deadlock through it. While a function runs its stream is
+// blocked, so a function must not wait for later work of its own stream (as on sim), nor call
+// anything that waits for the whole device: cudaDeviceSynchronize, and the calls CUDA's programming
+// guide lists as implicitly synchronizing, page-locked allocation among them. A host function that
+// pinned host memory, copied on another stream, waited and unpinned hung in every variant tried on an
+// H200 (2026-11-26). Page-locking inside a host function therefore throws, and unpinning there is
+// deferred (CudaState::pin/unpin, on_host_function_thread). Two variants tried there are not used:
+//  * the thread waiting with cudaEventSynchronize on an event recorded before the function hung as
+//    soon as a copy to pageable memory was queued behind the function (the driver waits for the
+//    stream inside that cudaMemcpyAsync, and the event wait could not proceed meanwhile);
+//  * a callback that blocks until the thread ran the function (no stream wait) lets one stream's
+//    function hold up every stream's callbacks.
+// CUDA_DEVICE_MAX_CONNECTIONS is raised to 32 before the first context (unless set), so that a
+// blocked stream does not share a hardware queue with the streams its function waits for. Unlike
+// sim, copies and kernels queued after a failed host function still run; the stream's error is
+// raised by its next enqueue or synchronize. Needs CUDA 12.5 or later
+// (cudaGetDriverEntryPointByVersion).
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 WaitValue32Fn wait_value32() {
@@ -128,15 +136,15 @@ class HostWorker {
     ScopedDevice on(ordinal_);
     void* host = nullptr;
     STRATA_CUDA_CHECK(cudaHostAlloc(&host, sizeof(std::uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
-    counter_ = static_cast<std::uint32_t*>(host);
-    __atomic_store_n(counter_, 0u, __ATOMIC_RELEASE);
+    done_ = static_cast<std::uint32_t*>(host);
+    __atomic_store_n(done_, 0u, __ATOMIC_RELEASE);
     try {
       void* dev = nullptr;
       STRATA_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
-      counter_dev_ = reinterpret_cast<CUdeviceptr>(dev);
+      done_dev_ = reinterpret_cast<CUdeviceptr>(dev);
       thread_ = std::thread([this] { run(); });
     } catch (...) {
-      (void)cudaFreeHost(counter_);
+      (void)cudaFreeHost(done_);
       throw;
     }
   }
@@ -150,69 +158,69 @@ class HostWorker {
     cv_.notify_all();
     thread_.join();  // runs what is queued first: the stream waits for every ticket it was given
     ScopedDevice on(ordinal_, std::nothrow);
-    if (cudaFreeHost(counter_) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaFreeHost(done_) != cudaSuccess) (void)cudaGetLastError();
   }
   HostWorker(const HostWorker&) = delete;
   HostWorker& operator=(const HostWorker&) = delete;
 
-  // Called with the stream's device current. The event, the ticket and the wait go on the stream
-  // as one unit (enqueue_mutex_), so the stream's waits come in ticket order even when several
+  // Called with the stream's device current. The callback, the ticket and the wait go on the stream
+  // as one unit (enqueue_mutex_), so callbacks and waits come in ticket order even when several
   // threads enqueue on one stream.
   void enqueue(cudaStream_t stream, std::function<void()> fn) {
     std::lock_guard order(enqueue_mutex_);
-    cudaEvent_t before = nullptr;
-    // Blocking sync: the thread sleeps while the stream's earlier work runs instead of spinning a core.
-    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming | cudaEventBlockingSync));
-    if (const cudaError_t err = cudaEventRecord(before, stream); err != cudaSuccess) {
-      (void)cudaEventDestroy(before);
-      STRATA_CUDA_CHECK(err);
-    }
     std::uint32_t ticket = 0;
-    try {
+    {
       std::lock_guard lock(mutex_);
       ticket = next_ticket_ + 1;
-      tasks_.push_back(Task{before, std::move(fn), ticket});
+      tasks_.push_back(Task{std::move(fn), ticket});
       next_ticket_ = ticket;
-    } catch (...) {
-      (void)cudaEventDestroy(before);
-      throw;
     }
-    cv_.notify_one();
-    const CUresult r = wait_(reinterpret_cast<CUstream>(stream), counter_dev_, ticket, CU_STREAM_WAIT_VALUE_GEQ);
+    // From here the ticket is queued: whatever fails, the stream has failed (its order is lost).
+    if (const cudaError_t err = cudaLaunchHostFunc(stream, &reached, this); err != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(fmt::format("{}: cudaLaunchHostFunc failed ({}); the stream cannot order its host function", label_,
+                       cuda_text(err)));
+    }
+    const CUresult r = wait_(reinterpret_cast<CUstream>(stream), done_dev_, ticket, CU_STREAM_WAIT_VALUE_GEQ);
     if (r != CUDA_SUCCESS) {
-      // The task still runs and sets its ticket, but the stream's later work is no longer ordered
-      // after it: the stream has failed.
-      const std::string what = fmt::format("{}: cuStreamWaitValue32 failed (CUresult {}); the stream cannot wait for "
-                                           "its host function",
-                                           label_, static_cast<int>(r));
-      failure_->set(what);
-      throw DeviceError(what);
+      fail(fmt::format("{}: cuStreamWaitValue32 failed (CUresult {}); the stream cannot wait for its host function",
+                       label_, static_cast<int>(r)));
     }
   }
 
  private:
   struct Task {
-    cudaEvent_t before;
     std::function<void()> fn;
     std::uint32_t ticket;
   };
 
+  [[noreturn]] void fail(const std::string& what) {
+    failure_->set(what);
+    throw DeviceError(what);
+  }
+
+  // CUDA's callback thread: count and wake, nothing else (no CUDA call; the mutex is held briefly).
+  static void CUDART_CB reached(void* self) {
+    auto* w = static_cast<HostWorker*>(self);
+    {
+      std::lock_guard lock(w->mutex_);
+      ++w->reached_;
+    }
+    w->cv_.notify_all();
+  }
+
   void run() {
     (void)cudaSetDevice(ordinal_);
+    cuda_backend::on_host_function_thread() = true;
     for (;;) {
       Task task;
       {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+        // Once stopping, the stream has been synchronized: every callback that will run has run.
+        cv_.wait(lock, [this] { return !tasks_.empty() ? stop_ || reached_ >= tasks_.front().ticket : stop_; });
         if (tasks_.empty()) return;  // stop_ with nothing left
         task = std::move(tasks_.front());
         tasks_.pop_front();
-      }
-      const cudaError_t waited = cudaEventSynchronize(task.before);
-      (void)cudaEventDestroy(task.before);
-      if (waited != cudaSuccess) {
-        (void)cudaGetLastError();
-        failure_->set(fmt::format("waiting for the work before a host function: {}", cuda_text(waited)));
       }
       if (!failure_->failed()) {
         try {
@@ -224,7 +232,7 @@ class HostWorker {
         }
       }
       task.fn = nullptr;  // what it captured goes before the stream moves on
-      __atomic_store_n(counter_, task.ticket, __ATOMIC_RELEASE);
+      __atomic_store_n(done_, task.ticket, __ATOMIC_RELEASE);
     }
   }
 
@@ -232,13 +240,14 @@ class HostWorker {
   const std::string label_;
   const std::shared_ptr<StreamFailure> failure_;
   WaitValue32Fn wait_ = nullptr;
-  std::uint32_t* counter_ = nullptr;
-  CUdeviceptr counter_dev_ = 0;
+  std::uint32_t* done_ = nullptr;  // the last ticket run; the stream's waits read it
+  CUdeviceptr done_dev_ = 0;
   std::mutex enqueue_mutex_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Task> tasks_;
   std::uint32_t next_ticket_ = 0;
+  std::uint32_t reached_ = 0;  // callbacks run so far (one per ticket, in order)
   bool stop_ = false;
   std::thread thread_;
 };

@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/device/device.h"
@@ -74,7 +75,9 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   void reset_peak();
 
   // cudaHostRegister of a large buffer takes a while, so it runs outside the lock; the registry
-  // entry is claimed first so that two threads cannot pin the same memory.
+  // entry is claimed first so that two threads cannot pin the same memory. Neither may run inside
+  // a host function of a cuda stream (Note [Host functions on cuda]): there pin throws DeviceError,
+  // and unpin defers cudaHostUnregister to the next pin or unpin outside one (or the destructor).
   void pin(void* ptr, std::size_t bytes);
   void unpin(void* ptr) noexcept;
 
@@ -96,6 +99,7 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   };
 
   MemoryStats stats_locked() const;
+  void unregister_deferred() noexcept;
   [[noreturn]] void throw_out_of_memory_locked(std::size_t bytes, std::string_view tag, std::string_view why) const;
 
   mutable std::mutex mutex_;
@@ -104,8 +108,12 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   MemoryStats stats_;
   std::unordered_map<void*, Allocation> allocations_;
   std::map<void*, std::size_t> pinned_;
+  std::vector<void*> deferred_unpins_;  // unpinned inside a host function; unregistered later
   std::set<cudaStream_t> streams_;
   std::set<cudaEvent_t> events_;
 };
+
+// True on the thread that runs a cuda stream's host functions (Note [Host functions on cuda]).
+bool& on_host_function_thread() noexcept;
 
 }  // namespace strata::cuda_backend

@@ -1,11 +1,13 @@
 // Host functions on a cuda stream (Note [Host functions on cuda], core/device/cuda_device_cuda.cc):
-// they run in stream order, may call CUDA (pin and unpin host memory, copy and synchronize on
-// another stream), turn an exception into the stream's sticky error, and a stream destroyed with
+// they run in stream order, may call CUDA (copy and synchronize on another stream; pinning there is
+// refused and unpinning deferred), turn an exception into the stream's sticky error, a copy to
+// pageable memory behind one finishes, and a stream destroyed with
 // host functions still queued runs them first. Labelled `gpu` (tests/core/CMakeLists.txt): every
 // test skips, saying why, where no cuda device is usable. A deadlock shows as ctest's timeout.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -24,51 +26,106 @@ namespace {
 using CudaStreamHost = strata::testing::CudaDeviceTest;
 
 // d2h copy -> host function reading what it copied and writing a host buffer -> h2d copy of what it
-// wrote -> d2h back: the stream orders the host function between its copies.
+// wrote -> d2h back: the stream orders the host function between its copies. Pinned host memory:
+// a copy from pageable memory may read it when enqueued (cudaMemcpyAsync stages it), not in order.
 TEST_F(CudaStreamHost, HostFunctionsRunInStreamOrderBetweenCopies) {
   constexpr std::size_t n = 1 << 20;
   auto stream = device_->create_stream("order");
-  std::vector<int> src(n), seen(n), written(n), back(n);
+  HostBufferOptions o;
+  o.pinner = device_.get();
+  HostBuffer src_b = HostBuffer::allocate(n * sizeof(int), o), seen_b = HostBuffer::allocate(n * sizeof(int), o),
+             written_b = HostBuffer::allocate(n * sizeof(int), o), back_b = HostBuffer::allocate(n * sizeof(int), o);
+  int* src = static_cast<int*>(src_b.data());
+  int* seen = static_cast<int*>(seen_b.data());
+  int* written = static_cast<int*>(written_b.data());
+  int* back = static_cast<int*>(back_b.data());
   for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<int>(i);
   DeviceMemory a = device_->allocate(n * sizeof(int), "test.a");
   DeviceMemory b = device_->allocate(n * sizeof(int), "test.b");
   for (int round = 0; round < 20; ++round) {
-    stream->copy_h2d(a.data(), src.data(), n * sizeof(int));
-    stream->copy_d2h(seen.data(), a.data(), n * sizeof(int));
-    stream->launch_host([&, round] {
+    stream->copy_h2d(a.data(), src, n * sizeof(int));
+    stream->copy_d2h(seen, a.data(), n * sizeof(int));
+    stream->launch_host([=] {
       for (std::size_t i = 0; i < n; ++i) written[i] = seen[i] * 2 + round;
     });
-    stream->copy_h2d(b.data(), written.data(), n * sizeof(int));
-    stream->copy_d2h(back.data(), b.data(), n * sizeof(int));
+    stream->copy_h2d(b.data(), written, n * sizeof(int));
+    stream->copy_d2h(back, b.data(), n * sizeof(int));
     stream->synchronize();
     for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(back[i], static_cast<int>(i) * 2 + round) << "round " << round;
   }
 }
 
-// The offload worker's pattern: inside a host function, pin and unpin host memory, and copy on a
-// second stream and wait for it. Must finish (no deadlock) and give the right bytes.
-TEST_F(CudaStreamHost, HostFunctionsMayPinUnpinAndWaitForAnotherStream) {
+// A copy to pageable memory (the driver waits for the stream inside cudaMemcpyAsync) queued behind a
+// host function still working: it must finish, with the device's bytes.
+TEST_F(CudaStreamHost, APageableCopyBehindAHostFunctionFinishes) {
+  constexpr std::size_t n = 1 << 20;
+  auto stream = device_->create_stream("pageable");
+  DeviceMemory a = device_->allocate(n * sizeof(int), "test.a");
+  std::vector<int> src(n), back(n, -1);
+  for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<int>(i) * 3;
+  stream->copy_h2d(a.data(), src.data(), n * sizeof(int));
+  std::atomic<bool> ran{false};
+  stream->launch_host([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ran = true;
+  });
+  stream->copy_d2h(back.data(), a.data(), n * sizeof(int));
+  stream->synchronize();
+  EXPECT_TRUE(ran.load());
+  for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(back[i], static_cast<int>(i) * 3);
+}
+
+// The offload worker's pattern: inside a host function, copy on a second stream into memory pinned
+// beforehand, and wait for it. Must finish (no deadlock) and give the right bytes.
+TEST_F(CudaStreamHost, HostFunctionsMayCopyOnAnotherStreamAndWaitForIt) {
   auto worker = device_->create_stream("worker");
   auto transfer = device_->create_stream("transfer");
   constexpr std::size_t bytes = 4 << 20;
   DeviceMemory d = device_->allocate(bytes, "test.d");
   transfer->memset(d.data(), 0x5a, bytes);
   transfer->synchronize();
+  HostBufferOptions o;
+  o.pinner = device_.get();
+  HostBuffer pinned = HostBuffer::allocate(bytes, o);
   std::atomic<int> done{0};
   for (int i = 0; i < 8; ++i) {
     worker->launch_host([&] {
-      HostBufferOptions o;
-      o.pinner = device_.get();
-      HostBuffer pinned = HostBuffer::allocate(bytes, o);  // cudaHostRegister
+      std::memset(pinned.data(), 0, bytes);
       transfer->copy_d2h(pinned.data(), d.data(), bytes);
       transfer->synchronize();
       const auto* p = static_cast<const unsigned char*>(pinned.data());
       if (p[0] != 0x5a || p[bytes - 1] != 0x5a) throw std::runtime_error("wrong bytes");
       done.fetch_add(1);
-    });  // ~HostBuffer: cudaHostUnregister, inside the host function
+    });
   }
   worker->synchronize();
   EXPECT_EQ(done.load(), 8);
+}
+
+// cudaHostRegister/cudaHostUnregister inside a host function never returned on an H200 (Note [Host
+// functions on cuda]): pinning there is refused with a message, and unpinning is deferred, so the
+// stream still finishes and the pages are unregistered by the next pin.
+TEST_F(CudaStreamHost, PinningInsideAHostFunctionIsRefusedAndUnpinningIsDeferred) {
+  const std::size_t pinned_before = device_->memory_stats().pinned_host_bytes;
+  HostBufferOptions o;
+  o.pinner = device_.get();
+  auto unpinner = device_->create_stream("unpins");
+  auto held = std::make_shared<HostBuffer>(HostBuffer::allocate(1 << 20, o));
+  // The host function holds the only reference: ~HostBuffer unpins on the stream's thread.
+  unpinner->launch_host([held = std::move(held)]() mutable { held.reset(); });
+  unpinner->synchronize();
+  EXPECT_EQ(device_->memory_stats().pinned_host_bytes, pinned_before);
+  HostBuffer again = HostBuffer::allocate(1 << 20, o);  // flushes the deferred unregistration first
+  EXPECT_TRUE(again.pinned());
+
+  auto pinner = device_->create_stream("pins");
+  pinner->launch_host([&] { HostBuffer b = HostBuffer::allocate(1 << 20, o); });
+  try {
+    pinner->synchronize();
+    FAIL() << "page-locking inside a host function was not refused";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("pin_host inside a host function"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(CudaStreamHost, AnExceptionIsTheStreamsStickyErrorAndLaterHostFunctionsAreSkipped) {
