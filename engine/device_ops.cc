@@ -88,7 +88,7 @@ void convert_add_left(const void* src, DType src_dtype, float* dst, std::size_t 
   });
 }
 
-void block_sum_squares(const float* grad, std::size_t n, double* out, const optim::CpuExec& exec) {
+void block_sum_squares(const void* grad, DType dtype, std::size_t n, double* out, const optim::CpuExec& exec) {
   const std::size_t blocks = sum_squares_blocks(n);
   // Each block is its own grad_stats call, so its partial is grad_stats' value by construction.
   const optim::CpuExec one_block{exec.simd, nullptr};
@@ -99,7 +99,8 @@ void block_sum_squares(const float* grad, std::size_t n, double* out, const opti
     tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
       tsan_acquire(&start);
       const std::size_t begin = b * optim::kCpuBlockElems;
-      const optim::GradSpan span{grad + begin, DType::F32, std::min(optim::kCpuBlockElems, n - begin)};
+      const optim::GradSpan span{static_cast<const std::byte*>(grad) + begin * dtype_bytes(dtype), dtype,
+                                 std::min(optim::kCpuBlockElems, n - begin)};
       out[b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), one_block).sum_squares;
       tsan_release(&done);
     });
@@ -252,17 +253,17 @@ std::size_t sum_squares_blocks(std::size_t n_elems) {
   return (n_elems + optim::kCpuBlockElems - 1) / optim::kCpuBlockElems;
 }
 
-void block_sum_squares(Stream& stream, const float* grad, std::size_t n_elems, double* out_host,
+void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems, double* out_host,
                        const optim::CpuExec& exec) {
   if (n_elems == 0) return;
   check_pointers("block_sum_squares", n_elems, {grad, out_host});
   launch(
-      stream, "block_sum_squares", [=] { cpu::block_sum_squares(grad, n_elems, out_host, exec); },
-      [&stream, grad, n_elems, out_host](auto native) {
+      stream, "block_sum_squares", [=] { cpu::block_sum_squares(grad, grad_dtype, n_elems, out_host, exec); },
+      [&stream, grad, grad_dtype, n_elems, out_host](auto native) {
         // The partials land in device memory first; the stream copies them out and frees them.
         const std::size_t bytes = sum_squares_blocks(n_elems) * sizeof(double);
         DeviceMemory partials = stream.device().allocate(bytes, "device_ops.block_sums");
-        cuda::block_sum_squares(grad, n_elems, optim::kCpuBlockElems, partials.as<double>(), native);
+        cuda::block_sum_squares(grad, grad_dtype, n_elems, optim::kCpuBlockElems, partials.as<double>(), native);
         stream.copy_d2h(out_host, partials.data(), bytes);
         stream.release_after(std::move(partials));
       });

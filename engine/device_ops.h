@@ -62,18 +62,19 @@ void convert_add_left(Stream& stream, const void* src, DType src_dtype, float* d
 // How many blocks block_sum_squares writes for n_elems gradients: ceil(n_elems / kCpuBlockElems).
 std::size_t sum_squares_blocks(std::size_t n_elems);
 
-// out_host[b] = the sum of squares, in double, of the fp32 gradients of block b: the elements
-// [b * kCpuBlockElems, min((b + 1) * kCpuBlockElems, n_elems)) of `grad` (the last block may be
-// partial). out_host is HOST memory of sum_squares_blocks(n_elems) doubles, written when the stream
+// out_host[b] = the sum of squares, in double, of the gradients of block b (grad_dtype: fp32, bf16
+// or fp16, widened exactly): the elements [b * kCpuBlockElems, min((b + 1) * kCpuBlockElems,
+// n_elems)) of `grad` (the last block may be partial). out_host is HOST memory of sum_squares_blocks(n_elems) doubles, written when the stream
 // reaches the op; read it after Stream::synchronize or an event. On cuda make it pinned
 // (core/host_buffer.h with the device as pinner): a copy into pageable memory blocks the caller
 // until the stream gets there.
-// Bits: out_host[b] == optim::grad_stats({GradSpan{block b, F32, len}}, any exec).sum_squares, i.e.
+// Bits: out_host[b] == optim::grad_stats({GradSpan{block b, grad_dtype, len}}, any exec).sum_squares
+// (for a 16-bit gradient: the same as for its fp32 widening), i.e.
 // optim/cpu_kernels.h's 16-lane rule (element i to lane i % 16, lanes summed 0..15); adding the
 // partials in block order gives grad_stats over the whole buffer.
 // sim: grad_stats per block, blocks in parallel (in exec.arena when set; it must outlive the op).
 // cuda: a kernel that runs the same lane rule in double, one thread per lane, then copy_d2h.
-void block_sum_squares(Stream& stream, const float* grad, std::size_t n_elems, double* out_host,
+void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems, double* out_host,
                        const optim::CpuExec& exec = optim::default_cpu_exec());
 
 // One optimizer update of device-resident shards as step number `step` (from 1): master weights,

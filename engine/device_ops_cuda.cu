@@ -50,8 +50,9 @@ constexpr int kLanes = static_cast<int>(optim::detail::kSumLanes);
 constexpr int kSumBlocksPerCta = 8;
 constexpr int kSumThreads = kLanes * kSumBlocksPerCta;
 
+template <typename G>
 __global__ void __launch_bounds__(kSumThreads)
-    block_sum_squares_kernel(const float* __restrict__ grad, std::size_t n, std::size_t block_elems,
+    block_sum_squares_kernel(const G* __restrict__ grad, std::size_t n, std::size_t block_elems,
                              std::size_t blocks, double* __restrict__ out) {
   __shared__ double lanes[kSumThreads];
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kSumThreads)
     const std::size_t begin = block * block_elems;
     const std::size_t len = std::min(block_elems, n - begin);
     for (std::size_t i = static_cast<std::size_t>(lane); i < len; i += kLanes) {
-      const double x = grad[begin + i];
+      const double x = to_f32(grad[begin + i]);  // widening is exact: the fp32 gradient's bits
       acc += x * x;
     }
   }
@@ -105,15 +106,29 @@ void convert_add_left(const void* src, DType src_dtype, float* dst, std::size_t 
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 
-void block_sum_squares(const float* grad, std::size_t n_elems, std::size_t block_elems, double* out_device,
-                       void* stream) {
+void block_sum_squares(const void* grad, DType grad_dtype, std::size_t n_elems, std::size_t block_elems,
+                       double* out_device, void* stream) {
   if (n_elems == 0) return;
   STRATA_CHECK(block_elems > 0, "block_sum_squares with a block of 0 elements");
   const std::size_t blocks = (n_elems + block_elems - 1) / block_elems;
   const std::size_t ctas = (blocks + kSumBlocksPerCta - 1) / kSumBlocksPerCta;
   STRATA_CHECK(ctas <= 0x7FFFFFFFu, "block_sum_squares: too many blocks for one launch");
-  block_sum_squares_kernel<<<static_cast<unsigned>(ctas), kSumThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      grad, n_elems, block_elems, blocks, out_device);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto grid = static_cast<unsigned>(ctas);
+  switch (grad_dtype) {
+    case DType::F32:
+      block_sum_squares_kernel<<<grid, kSumThreads, 0, s>>>(static_cast<const float*>(grad), n_elems, block_elems,
+                                                             blocks, out_device);
+      break;
+    case DType::BF16:
+      block_sum_squares_kernel<<<grid, kSumThreads, 0, s>>>(static_cast<const bf16*>(grad), n_elems, block_elems,
+                                                             blocks, out_device);
+      break;
+    case DType::F16:
+      block_sum_squares_kernel<<<grid, kSumThreads, 0, s>>>(static_cast<const fp16*>(grad), n_elems, block_elems,
+                                                             blocks, out_device);
+      break;
+  }
   STRATA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -389,6 +389,7 @@ RunPlan make_run_plan(const TrainConfig& c, std::span<const ParamGroupSpec> grou
   p.working = working_dtype_of(c.precision);
   p.state_arrays = optim::state_arrays(optimizer_kind_of(c.optimizer));
   p.grad_partials = c.strata.exact ? counter_levels(c.gradient_accumulation_steps) : 1;
+  p.accumulation = c.gradient_accumulation_steps;
   p.offload.optimizer = home_of(c.zero.offload_optimizer.device);
   p.offload.params = home_of(c.zero.offload_param.device);
 

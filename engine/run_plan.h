@@ -109,6 +109,7 @@ struct RunPlan {
   // The most fp32 gradient partial sums a group keeps at once on a tier: the binary counter's
   // levels plus the one being formed (Note [Exact gradient sums]); 1 accumulator in fast mode.
   int grad_partials = 1;
+  int accumulation = 1;  // micro-batches per step (gradient_accumulation_steps)
   std::vector<GroupPlan> groups;
   OffloadPlan offload;
 

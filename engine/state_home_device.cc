@@ -39,13 +39,21 @@ class DeviceStateHome final : public StateHome {
   bool take_overlap(double /*lr*/) override { return false; }
 
   // One micro-batch's reduced gradient joins the step's fp32 sum on the device, through the device
-  // front layer on the communication stream.
+  // front layer on the communication stream. Note [One unit's gradient as it is]: with one
+  // micro-batch per step the sum is that gradient widened, and widening is exact, so the norm and
+  // the optimizer read the reduced gradient in the working dtype directly (optim::GradRef carries
+  // the dtype): the same bits, without an fp32 copy (4 bytes per parameter at the step's peak).
   void add_unit(std::size_t g, DeviceMemory reduced, int unit) override {
     Group& G = groups_[g];
     const std::size_t elems = ctx_.group(g).grad_elems;
     const DType dtype = ctx_.working();
     const void* src = reduced.data();
     Stream& comm = ctx_.comm;
+    if (ctx_.accumulation() == 1) {
+      STRATA_CHECK(unit == 0 && G.direct.empty(), "a second gradient unit of group {} in a step of one", g);
+      G.direct = std::move(reduced);
+      return;
+    }
     if (!ctx_.exact()) {
       if (G.accum.empty()) {
         G.accum = ctx_.device.allocate(elems * sizeof(float), "grad.accum");
@@ -73,6 +81,12 @@ class DeviceStateHome final : public StateHome {
   void finish_grads() override {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       Group& G = groups_[g];
+      G.final_dtype = DType::F32;
+      if (!G.direct.empty()) {
+        G.final_grad = G.direct.data();
+        G.final_dtype = ctx_.working();
+        continue;
+      }
       if (!ctx_.exact()) {
         G.final_grad = G.accum.as<float>();
         continue;
@@ -94,7 +108,8 @@ class DeviceStateHome final : public StateHome {
   std::vector<double> block_partials(std::size_t g) override {
     const std::size_t n = ctx_.group(g).grad_elems;
     std::vector<double> partials(device_ops::sum_squares_blocks(n));
-    device_ops::block_sum_squares(ctx_.comm, groups_[g].final_grad, n, partials.data(), ctx_.exec);
+    device_ops::block_sum_squares(ctx_.comm, groups_[g].final_grad, groups_[g].final_dtype, n, partials.data(),
+                                  ctx_.exec);
     ctx_.comm.synchronize();  // host sync: the partials are exchanged and summed on the host
     return partials;
   }
@@ -112,7 +127,8 @@ class DeviceStateHome final : public StateHome {
       s.master = std::span<float>(G.master.as<float>(), P.state_elems);
       s.moment1 = std::span<float>(G.moment1.as<float>(), P.state_elems);
       if (!G.moment2.empty()) s.moment2 = std::span<float>(G.moment2.as<float>(), P.state_elems);
-      s.grad = optim::GradRef{G.final_grad + P.grad_offset, DType::F32};
+      s.grad = optim::GradRef{static_cast<const std::byte*>(G.final_grad) + P.grad_offset * dtype_bytes(G.final_dtype),
+                              G.final_dtype};
       if (ctx_.working() != DType::F32) s.out = optim::LowPrecisionOut{weights_.state_range(g), ctx_.working()};
       shards.push_back(s);
     }
@@ -126,6 +142,7 @@ class DeviceStateHome final : public StateHome {
       for (auto& level : G.levels) ctx_.comm.release_after(std::move(level));
       G.levels.clear();
       if (!G.accum.empty()) ctx_.comm.release_after(std::move(G.accum));
+      if (!G.direct.empty()) ctx_.comm.release_after(std::move(G.direct));
       G.final_grad = nullptr;
     }
   }
@@ -185,7 +202,9 @@ class DeviceStateHome final : public StateHome {
     DeviceMemory moment2;
     std::vector<DeviceMemory> levels;  // exact: binary-counter partial sums (fp32, grad_elems)
     DeviceMemory accum;                // fast: one fp32 accumulator
-    float* final_grad = nullptr;       // between finish_grads and end_step
+    DeviceMemory direct;               // one unit per step: its reduced gradient, working dtype
+    const void* final_grad = nullptr;  // between finish_grads and end_step
+    DType final_dtype = DType::F32;
   };
 
   EngineContext& ctx_;

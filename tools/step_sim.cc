@@ -288,6 +288,7 @@ void EngineSim::reduce(std::size_t g, int unit) {
 void EngineSim::add_unit(std::size_t g, int unit, double reduced_at) {
   const GroupPlan& P = plan(g);
   if (!p_.optimizer_offloaded()) {
+    if (p_.accumulation == 1) return;  // the norm and the update read the unit as it is
     const double bytes = static_cast<double>(P.grad_elems) * (wbytes() + 8);
     comm("gradient sum " + gname(g), device_pass(bytes), reduced_at, bytes, SimQueue::Compute);
     return;

@@ -308,19 +308,24 @@ inline void check_convert_add_left(Rig& rig, DType src_dtype, std::size_t n) {
 // block partial stays in its block.
 enum class Poison { No, Yes };
 
-inline void check_block_sum_squares(Rig& rig, std::size_t n, Poison poison) {
-  SCOPED_TRACE(label("block_sum_squares", n) + (poison == Poison::Yes ? " with inf/nan" : ""));
+// A 16-bit gradient (`dtype`) gives the bits of its exact fp32 widening.
+inline void check_block_sum_squares(Rig& rig, std::size_t n, Poison poison, DType dtype = DType::F32) {
+  SCOPED_TRACE(label("block_sum_squares", n) + " " + std::string(dtype_name(dtype)) +
+               (poison == Poison::Yes ? " with inf/nan" : ""));
   std::vector<float> grad = normal_floats(n, static_cast<std::uint32_t>(n) + 9, 3e-3f);
   if (poison == Poison::Yes) {
     // The first element of the second block (n = kCpuBlockElems + 3 puts it and the NaN in one block).
     if (n > optim::kCpuBlockElems) grad[optim::kCpuBlockElems] = INFINITY;
     grad[n - 1] = NAN;
   }
+  std::vector<std::byte> stored(n * dtype_bytes(dtype));
+  reference::convert(grad.data(), DType::F32, stored.data(), dtype, n);
+  reference::convert(stored.data(), dtype, grad.data(), DType::F32, n);  // what the op sees, widened
   const std::vector<double> want = reference::block_sum_squares(grad.data(), n);
   ASSERT_EQ(want.size(), sum_squares_blocks(n));
-  DeviceMemory d_grad = rig.upload(grad);
+  DeviceMemory d_grad = rig.upload(stored);
   std::vector<double> got(want.size(), -1.0);
-  block_sum_squares(rig.stream, d_grad.as<float>(), n, got.data());
+  block_sum_squares(rig.stream, d_grad.data(), dtype, n, got.data());
   rig.stream.synchronize();
   EXPECT_TRUE(same_bits(got, want, "block_sum_squares", rig.nan));
   // In block order, the partials add up to grad_stats over the whole buffer.

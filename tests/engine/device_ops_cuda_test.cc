@@ -66,8 +66,10 @@ TEST_P(DeviceOpsCudaSized, ConvertAddLeftMatchesReferenceAndTheTwoOpForm) {
 
 TEST_P(DeviceOpsCudaSized, BlockSumSquaresMatchesGradStatsPerBlock) {
   Rig r = rig();
-  testing::check_block_sum_squares(r, GetParam(), testing::Poison::No);
-  testing::check_block_sum_squares(r, GetParam(), testing::Poison::Yes);
+  for (DType dtype : testing::all_dtypes()) {
+    testing::check_block_sum_squares(r, GetParam(), testing::Poison::No, dtype);
+    testing::check_block_sum_squares(r, GetParam(), testing::Poison::Yes, dtype);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(device_ops_cuda, DeviceOpsCudaSized, ::testing::ValuesIn(testing::op_sizes()),

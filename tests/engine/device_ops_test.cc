@@ -79,8 +79,10 @@ TEST_P(DeviceOpsSized, ConvertAddLeftMatchesReferenceAndTheTwoOpForm) {
 
 TEST_P(DeviceOpsSized, BlockSumSquaresMatchesGradStatsPerBlock) {
   Rig r = rig();
-  testing::check_block_sum_squares(r, GetParam(), testing::Poison::No);
-  testing::check_block_sum_squares(r, GetParam(), testing::Poison::Yes);
+  for (DType dtype : testing::all_dtypes()) {
+    testing::check_block_sum_squares(r, GetParam(), testing::Poison::No, dtype);
+    testing::check_block_sum_squares(r, GetParam(), testing::Poison::Yes, dtype);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(device_ops, DeviceOpsSized, ::testing::ValuesIn(testing::op_sizes()),
@@ -226,7 +228,7 @@ std::unique_ptr<PendingOp> make_pending(Op op, Device& device) {
       p->sums.assign(sum_squares_blocks(n), -1.0);
       const float* grad = p->keep[0].as<float>();
       double* out = p->sums.data();
-      p->enqueue = [=](Stream& s) { block_sum_squares(s, grad, n, out); };
+      p->enqueue = [=](Stream& s) { block_sum_squares(s, grad, DType::F32, n, out); };
       p->result = out;
       p->result_bytes = p->sums.size() * sizeof(double);
       p->expected = as_bytes(testing::reference::block_sum_squares(a.data(), n));
@@ -274,7 +276,7 @@ void enqueue_op(Op op, Stream& s, const OpCall& x) {
     case Op::Convert: convert(s, x.a, DType::F32, x.b, DType::BF16, x.n); return;
     case Op::AddLeft: add_left(s, x.b, x.a, x.n); return;
     case Op::ConvertAddLeft: convert_add_left(s, x.a, DType::BF16, x.b, x.n); return;
-    case Op::BlockSumSquares: block_sum_squares(s, x.a, x.n, x.sums); return;
+    case Op::BlockSumSquares: block_sum_squares(s, x.a, DType::F32, x.n, x.sums); return;
     case Op::OptimizerUpdate: {
       // AdamW over a (master), b, c (moments) and d (gradient).
       const optim::OptimShard shard{std::span<float>(x.a, x.n), std::span<float>(x.b, x.b ? x.n : 0),
@@ -326,7 +328,7 @@ TEST_P(DeviceOpsChain, OpsReadWhatTheOpBeforeWrote) {
   convert(*stream_, d_reduced.data(), working, d_acc.data(), DType::F32, n);
   add_left(*stream_, d_acc.as<float>(), d_left.as<float>(), n);
   convert_add_left(*stream_, d_reduced.data(), working, d_acc.as<float>(), n);
-  block_sum_squares(*stream_, d_acc.as<float>(), n, sums.data());
+  block_sum_squares(*stream_, d_acc.as<float>(), DType::F32, n, sums.data());
   std::vector<float> got(n);
   r.download(got.data(), d_acc, n * sizeof(float));
   stream_->synchronize();

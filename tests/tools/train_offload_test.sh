@@ -3,6 +3,7 @@
 #  1. exact mode, 10 steps, 4 units per step: byte-identical weight files between the in-memory
 #     run and optimizer cpu|nvme x parameters cpu|nvme at stage 3, world 1 and 2, with the update
 #     waiting (gradient clipping on) and overlapped with backward (clipping off); tiled = untiled;
+#  1a. one micro-batch per step in bf16/fp16: in memory (the 16-bit gradient read as it is) = offloaded;
 #  2. a model whose state is >= 16x the sim device trains with everything on NVMe, and its loss falls;
 #     a block too large for the device is tiled automatically and gives the untiled weights;
 #  3. with everything on NVMe the process's peak RSS does not grow with the model (3x the layers);
@@ -64,6 +65,25 @@ compare ref.c1.0.st tiled.w1.st "world 1, tiled 4, optimizer and params nvme (wa
 "${mpi[@]}" -np 2 "$strata" "${common[@]}" --set gradient_clipping=0 --set gradient_accumulation_steps=2 $(offload nvme nvme) \
   --set 'strata.tiling={"default": {"mlp": 2}, "layers": {"1": 8}}' --save-weights tiled.w2.st
 compare ref.c0.st tiled.w2.st "world 2, tiled per layer, optimizer and params nvme (overlapped)"
+
+# 1a. One micro-batch per step in bf16 and fp16 (Note [One unit's gradient as it is]): the in-memory
+# run's norm and update read the reduced 16-bit gradient as it is, the offloaded run widens it to
+# fp32 on the host first; widening is exact, so the weights must be the same bytes (world 1 at
+# stage 0, world 2 at stage 2: whole and sharded gradients; clipping on, so the norm counts; fast
+# mode, as exact mode is fp32).
+for prec in bf16 fp16; do
+  common=(--log-level warn train --config "$tiny" --steps 6 --set gradient_accumulation_steps=1 --set gradient_clipping=0.05
+          --set "$prec.enabled=true" --set strata.exact=false)
+  "$strata" "${common[@]}" --set zero_optimization.stage=0 --save-weights "one.$prec.st"
+  # shellcheck disable=SC2046
+  "$strata" "${common[@]}" --set zero_optimization.stage=1 $(offload cpu none) --save-weights "one.$prec.cpu.st"
+  compare "one.$prec.st" "one.$prec.cpu.st" "$prec, one micro-batch per step: the 16-bit gradient read as it is = widened (world 1)"
+  "${mpi[@]}" -np 2 "$strata" "${common[@]}" --set zero_optimization.stage=2 --save-weights "one2.$prec.st"
+  # shellcheck disable=SC2046
+  "${mpi[@]}" -np 2 "$strata" "${common[@]}" --set zero_optimization.stage=2 $(offload cpu none) --save-weights "one2.$prec.cpu.st"
+  compare "one2.$prec.st" "one2.$prec.cpu.st" "$prec, one micro-batch per step: the 16-bit gradient read as it is = widened (world 2, stage 2)"
+done
+if cmp -s one.bf16.st one.fp16.st; then bad "bf16 and fp16 wrote identical weights (the comparison proves nothing)"; fi
 
 # 1b. Spill across tiers: "auto" sections under a host budget that holds part of the state put the
 # rest on NVMe chunk by chunk, say so before step 1, stay inside the budget, and keep the bits of
