@@ -13,6 +13,7 @@ GradReducer::GradReducer(EngineContext& ctx, std::span<const ParamGroupSpec> spe
                          StateHome& home)
     : ctx_(ctx), memory_(memory), home_(home), groups_(ctx.group_count()) {
   for (Group& G : groups_) G.grad_event = ctx_.device.create_event();
+  step_done_ = ctx_.device.create_event();
   ready_per_micro_.assign(specs.size(), 0);
   declared_ready_ = !specs.empty();
   for (std::size_t g = 0; g < specs.size(); ++g) {
@@ -28,6 +29,23 @@ void GradReducer::begin_micro_batch() {
                ctx_.accumulation());
 }
 
+// Note [Gradients in place]: with one micro-batch per step and a reduction that changes nothing (one
+// rank holds the whole group: world 1 below stage 2, or one shard and one replica at stages 2-3),
+// the model's backward writes the group's gradient straight into the state home's buffer for the
+// step's gradient (StateHome::reduction_target; the device home keeps it across steps, Note
+// [Gradient buffers kept across steps]) and the reduction is a no-op: no per-micro-batch buffer and
+// no copy. Otherwise every group's micro-batch buffer is allocated when the host enqueues its
+// backward, which runs ahead of the device: on GPT-2 124M all of them were alive at once beside the
+// step's gradient, two copies of the gradients where the plan counts one.
+void* GradReducer::in_place_target(std::size_t g) {
+  if (ctx_.accumulation() != 1) return nullptr;
+  const GroupPlan& P = ctx_.group(g);
+  const bool identity = ctx_.plan.stage >= 2 ? P.layout.shard_count() == 1 && ctx_.plan.topo.replica_count() == 1
+                                             : ctx_.world.world_size() == 1;
+  if (!identity || P.grad_elems != P.layout.total_elems()) return nullptr;
+  return home_.reduction_target(g);
+}
+
 GroupViews GradReducer::acquire(std::size_t g, Stream* stream) {
   STRATA_CHECK(stream != nullptr, "the ZeRO engine needs a compute stream (group {})", g);
   STRATA_CHECK(micro_index_ >= 0, "acquire_grads outside begin_micro_batch/end_micro_batch");
@@ -36,11 +54,17 @@ GroupViews GradReducer::acquire(std::size_t g, Stream* stream) {
   const GroupLayout& L = ctx_.group(g).layout;
   STRATA_CHECK(!G.reduced_this_micro, "group {} ({}) gradients acquired after they were reduced", g, L.name());
   const std::size_t bytes = L.total_elems() * ctx_.wbytes();
-  if (G.micro_grad.empty()) {
-    G.micro_grad = memory_.allocate(bytes, "grad.micro", g);
-    stream->memset(G.micro_grad.data(), 0, bytes);
+  if (G.micro_grad.empty() && G.in_place == nullptr) {
+    if (void* target = in_place_target(g)) {
+      if (step_done_recorded_) stream->wait(*step_done_);
+      G.in_place = target;
+      stream->memset(target, 0, bytes);
+    } else {
+      G.micro_grad = memory_.allocate(bytes, "grad.micro", g);
+      stream->memset(G.micro_grad.data(), 0, bytes);
+    }
   }
-  return views_of(L, G.micro_grad.data(), ctx_.working());
+  return views_of(L, G.in_place != nullptr ? G.in_place : G.micro_grad.data(), ctx_.working());
 }
 
 void GradReducer::ready(std::size_t g, Stream* stream) {
@@ -58,6 +82,21 @@ void GradReducer::reduce(std::size_t g) {
   const std::size_t wbytes = ctx_.wbytes();
   const DType dtype = ctx_.working();
   Stream& comm = ctx_.comm;
+  if (G.in_place != nullptr || (G.micro_grad.empty() && in_place_target(g) != nullptr)) {
+    // Note [Gradients in place]: nothing to reduce.
+    if (G.in_place != nullptr) {
+      comm.wait(*G.grad_event);  // the backward's writes
+    } else {
+      // No gradient this micro-batch: the group's gradient is zero (the comm stream already runs
+      // after the last step's update).
+      comm.memset(in_place_target(g), 0, L.total_elems() * wbytes);
+    }
+    G.in_place = nullptr;
+    home_.add_unit(g, DeviceMemory(), G.units);
+    ++G.units;
+    G.reduced_this_micro = true;
+    return;
+  }
   if (G.micro_grad.empty()) {
     // This group got no gradient this micro-batch: its unit gradient is zero, but it still takes
     // its place in the sum so every rank runs the same collectives in the same order.
@@ -66,18 +105,23 @@ void GradReducer::reduce(std::size_t g) {
   } else {
     comm.wait(*G.grad_event);
   }
-  DeviceMemory reduced = memory_.allocate(P.grad_elems * wbytes, "grad.reduced", g);
+  DeviceMemory reduced;
+  void* target = home_.reduction_target(g);
+  if (target == nullptr) {
+    reduced = memory_.allocate(P.grad_elems * wbytes, "grad.reduced", g);
+    target = reduced.data();
+  }
   if (ctx_.plan.stage >= 2) {
     if (L.shard_count() == 1) {
-      comm.copy_d2d(reduced.data(), G.micro_grad.data(), P.grad_elems * wbytes);
+      comm.copy_d2d(target, G.micro_grad.data(), P.grad_elems * wbytes);
     } else {
-      ctx_.shard_comm.reduce_scatter(G.micro_grad.data(), reduced.data(), P.grad_elems, dtype, ReduceOp::Sum, comm);
+      ctx_.shard_comm.reduce_scatter(G.micro_grad.data(), target, P.grad_elems, dtype, ReduceOp::Sum, comm);
     }
     if (ctx_.plan.topo.replica_count() > 1) {
-      ctx_.replica_comm.all_reduce(reduced.data(), reduced.data(), P.grad_elems, dtype, ReduceOp::Sum, comm);
+      ctx_.replica_comm.all_reduce(target, target, P.grad_elems, dtype, ReduceOp::Sum, comm);
     }
   } else {
-    ctx_.world.all_reduce(G.micro_grad.data(), reduced.data(), P.grad_elems, dtype, ReduceOp::Sum, comm);
+    ctx_.world.all_reduce(G.micro_grad.data(), target, P.grad_elems, dtype, ReduceOp::Sum, comm);
   }
   comm.release_after(std::move(G.micro_grad));
   home_.add_unit(g, std::move(reduced), G.units);
@@ -106,6 +150,8 @@ void GradReducer::end_micro_batch() {
 
 void GradReducer::end_step() {
   for (Group& G : groups_) G.units = 0;
+  ctx_.comm.record(*step_done_);  // after the update (ZeroEngine::step)
+  step_done_recorded_ = true;
 }
 
 }  // namespace strata

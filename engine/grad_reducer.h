@@ -37,13 +37,19 @@ class GradReducer {
  private:
   struct Group {
     DeviceMemory micro_grad;  // this micro-batch's full gradients, working dtype
+    void* in_place = nullptr;  // or, when the reduction is the identity, the home's target (in_place())
     std::unique_ptr<Event> grad_event;
     int ready_count = 0;
     bool reduced_this_micro = false;
     int units = 0;  // micro-batches handed to the state home this step
   };
   void reduce(std::size_t g);
+  void* in_place_target(std::size_t g);
 
+  // Recorded on the communication stream at end_step, after the update: the compute stream waits
+  // for it before it writes a gradient in place (the update may still read the last one).
+  std::unique_ptr<Event> step_done_;
+  bool step_done_recorded_ = false;
   EngineContext& ctx_;
   ParamFetcher& memory_;
   StateHome& home_;

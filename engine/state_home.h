@@ -66,8 +66,12 @@ class StateHome {
   // At step(lr): whether prepare_step promised an overlapped update for this step (which then
   // already ran); clears the promise. InternalError when `lr` is not the announced one.
   virtual bool take_overlap(double lr) = 0;
+  // Where the reduction of group g's unit should land (grad_elems elements in the working dtype,
+  // device memory the home keeps across steps), or null: the reducer allocates it and hands it over.
+  virtual void* reduction_target(std::size_t /*g*/) { return nullptr; }
   // Unit `unit` (0-based micro-batch of the step) of group g's gradient, reduced across ranks:
-  // grad_elems elements in the working dtype on the device, ready on the communication stream.
+  // grad_elems elements in the working dtype on the device, ready on the communication stream
+  // (empty when it landed in reduction_target(g)).
   virtual void add_unit(std::size_t g, DeviceMemory reduced, int unit) = 0;
   // After the last unit: forms the final gradients and waits until their block partials are ready.
   virtual void finish_grads() = 0;

@@ -19,6 +19,15 @@ class DeviceStateHome final : public StateHome {
   DeviceStateHome(EngineContext& ctx, WorkingWeights& weights)
       : ctx_(ctx), weights_(weights), groups_(ctx.group_count()) {}
 
+  // Note [Gradient buffers kept across steps]: the step's gradient (one unit: the reduction itself,
+  // Note [One unit's gradient as it is]; fast mode: the fp32 accumulator) has the same size every
+  // step, so it is allocated once, beside the state, and reused. Allocated and freed per step, those
+  // buffers interleaved with the micro-batch's transient ones and fragmented the device: GPT-2 124M
+  // on a sim device 12 % larger than its plan failed with 400 MiB free in pieces of at most 56 MiB.
+  // The comm stream writes them (the reduction, the widening) and reads them (norm, update) in
+  // order, so reuse needs no other synchronization. Exact mode's binary-counter levels are a pool of
+  // grad_partials buffers (the most a step holds at once, with the one being formed), taken and
+  // given back on the comm stream: a level allocated per unit failed on a device capped at the plan.
   void init_group(std::size_t g, const float* master_full, const void* /*working_full*/) override {
     Group& G = groups_[g];
     const GroupPlan& P = ctx_.group(g);
@@ -31,7 +40,18 @@ class DeviceStateHome final : public StateHome {
       G.moment2 = ctx_.device.allocate(bytes, "optim.moments");
       ctx_.comm.memset(G.moment2.data(), 0, bytes);
     }
+    if (ctx_.accumulation() == 1) {
+      G.direct = ctx_.device.allocate(P.grad_elems * ctx_.wbytes(), "grad.step");
+    } else if (!ctx_.exact()) {
+      G.accum = ctx_.device.allocate(P.grad_elems * sizeof(float), "grad.accum");
+    } else {
+      for (int i = 0; i < ctx_.plan.grad_partials; ++i) {
+        G.spare.push_back(ctx_.device.allocate(P.grad_elems * sizeof(float), "grad.levels"));
+      }
+    }
   }
+
+  void* reduction_target(std::size_t g) override { return groups_[g].direct.empty() ? nullptr : groups_[g].direct.data(); }
 
   float* device_master(std::size_t g) const override { return groups_[g].master.as<float>(); }
 
@@ -50,13 +70,11 @@ class DeviceStateHome final : public StateHome {
     const void* src = reduced.data();
     Stream& comm = ctx_.comm;
     if (ctx_.accumulation() == 1) {
-      STRATA_CHECK(unit == 0 && G.direct.empty(), "a second gradient unit of group {} in a step of one", g);
-      G.direct = std::move(reduced);
-      return;
+      STRATA_CHECK(unit == 0 && reduced.empty(), "group {}: a unit not reduced into the step's gradient", g);
+      return;  // the reduction wrote G.direct (reduction_target)
     }
     if (!ctx_.exact()) {
-      if (G.accum.empty()) {
-        G.accum = ctx_.device.allocate(elems * sizeof(float), "grad.accum");
+      if (unit == 0) {
         device_ops::convert(comm, src, dtype, G.accum.as<float>(), DType::F32, elems);
       } else {
         // accum = widen(reduced) + accum: the order is irrelevant in fast mode.
@@ -64,11 +82,14 @@ class DeviceStateHome final : public StateHome {
       }
     } else {
       const auto merges = static_cast<std::size_t>(counter_merges(unit));
-      DeviceMemory carry = ctx_.device.allocate(elems * sizeof(float), "grad.accum");
+      STRATA_CHECK(!G.spare.empty(), "group {}: more binary-counter levels than the plan's {}", g,
+                   ctx_.plan.grad_partials);
+      DeviceMemory carry = std::move(G.spare.back());
+      G.spare.pop_back();
       device_ops::convert(comm, src, dtype, carry.as<float>(), DType::F32, elems);
       for (std::size_t k = 0; k < merges; ++k) {
         device_ops::add_left(comm, carry.as<float>(), G.levels[k].as<float>(), elems);
-        comm.release_after(std::move(G.levels[k]));
+        G.spare.push_back(std::move(G.levels[k]));  // reused after this add, in the comm stream's order
       }
       if (G.levels.size() <= merges) G.levels.resize(merges + 1);
       G.levels[merges] = std::move(carry);
@@ -82,7 +103,7 @@ class DeviceStateHome final : public StateHome {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       Group& G = groups_[g];
       G.final_dtype = DType::F32;
-      if (!G.direct.empty()) {
+      if (ctx_.accumulation() == 1) {
         G.final_grad = G.direct.data();
         G.final_dtype = ctx_.working();
         continue;
@@ -139,11 +160,11 @@ class DeviceStateHome final : public StateHome {
 
   void end_step() override {
     for (Group& G : groups_) {
-      for (auto& level : G.levels) ctx_.comm.release_after(std::move(level));
+      for (auto& level : G.levels) {
+        if (!level.empty()) G.spare.push_back(std::move(level));
+      }
       G.levels.clear();
-      if (!G.accum.empty()) ctx_.comm.release_after(std::move(G.accum));
-      if (!G.direct.empty()) ctx_.comm.release_after(std::move(G.direct));
-      G.final_grad = nullptr;
+      G.final_grad = nullptr;  // G.direct and G.accum stay for the next step
     }
   }
 
@@ -201,8 +222,9 @@ class DeviceStateHome final : public StateHome {
     DeviceMemory moment1;
     DeviceMemory moment2;
     std::vector<DeviceMemory> levels;  // exact: binary-counter partial sums (fp32, grad_elems)
-    DeviceMemory accum;                // fast: one fp32 accumulator
-    DeviceMemory direct;               // one unit per step: its reduced gradient, working dtype
+    std::vector<DeviceMemory> spare;   // exact: the levels' buffers not in use (kept across steps)
+    DeviceMemory accum;                // fast, several units: one fp32 accumulator (kept across steps)
+    DeviceMemory direct;               // one unit per step: its reduced gradient, working dtype (kept)
     const void* final_grad = nullptr;  // between finish_grads and end_step
     DType final_dtype = DType::F32;
   };

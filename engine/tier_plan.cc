@@ -45,9 +45,11 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     p.model_state += static_cast<std::uint64_t>(L.payload_elems()) * (wbytes + 4 * nstate + 4);
     if (o.optimizer == Home::Device) {
       p.device_optimizer += state * 4 * nstate;
-      // The step's gradient: an fp32 sum, or with one micro-batch per step the reduced gradient
-      // itself (Note [One unit's gradient as it is], engine/state_home_device.cc).
-      p.device_state += state * 4 * nstate + grad * (rp.accumulation == 1 ? wbytes : 4);
+      // The step's gradient: with one micro-batch per step the reduced gradient itself (Note [One
+      // unit's gradient as it is], engine/state_home_device.cc), else fp32 sums: one accumulator,
+      // or in exact mode the binary counter's levels (grad_partials of them at most).
+      const std::uint64_t sums = rp.accumulation == 1 ? wbytes : 4 * static_cast<std::uint64_t>(rp.grad_partials);
+      p.device_state += state * 4 * nstate + grad * sums;
     }
     // Host arrays are kept per chunk, each padded to 4 KiB (engine/offload_tier.h).
     for (const StateChunk& ch : G.chunks) {

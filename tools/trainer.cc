@@ -695,6 +695,10 @@ TrainSummary run_training(const TrainOptions& options) {
                 .inputs = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .targets = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .pipeline = pipeline.get(), .pipeline_comm = pipeline_comm};
+  // On an exception the compute stream may still hold work that reads the loop's token arrays and
+  // the pipeline runner's buffers: it finishes before they are destroyed (an out-of-memory error
+  // in the engine's step crashed here on the unwinding).
+  const StreamDrain drain(*stream);
 
   TrainSummary summary;
   const auto start = Clock::now();

@@ -138,6 +138,25 @@ class Stream {
   virtual void* native_handle() = 0;
 };
 
+// Synchronizes `stream` when it goes out of scope, errors swallowed: declared after the objects a
+// stream's queued work reads (host arrays, buffers), it lets that work finish before they are
+// destroyed when an exception unwinds the scope (a stream's work may run long after enqueue).
+class StreamDrain {
+ public:
+  explicit StreamDrain(Stream& stream) : stream_(stream) {}
+  ~StreamDrain() {
+    try {
+      stream_.synchronize();
+    } catch (...) {  // the stream's own error; the exception unwinding the scope is the one to report
+    }
+  }
+  StreamDrain(const StreamDrain&) = delete;
+  StreamDrain& operator=(const StreamDrain&) = delete;
+
+ private:
+  Stream& stream_;
+};
+
 class Device : public HostMemoryPinner {
  public:
   ~Device() override = default;
