@@ -14,10 +14,14 @@ models=("$@")
 here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$out"
 # The attention op alone beside cuBLAS (bf16, causal, 16 heads x batch 4 at seq 1024; fewer at longer).
-for hd in 64 128; do
-  for seq in 1024 2048 4096; do
-    timeout 120 "$strata" --log-level warn bench attention --device cuda --dtype bf16 --batch $((4096 / seq)) --seq $seq \
-      --heads 16 --head-dim $hd --reps 5 --json 2>&1 | tee -a "$out/attention.jsonl"
+# Both tensor-core kernels (Note [Two tensor-core kernels]: wmma is the default, fa2 opt-in).
+for variant in wmma fa2; do
+  for hd in 64 128; do
+    for seq in 1024 2048 4096; do
+      echo "attention $variant head_dim $hd seq $seq"
+      STRATA_ATTENTION_TC=$variant timeout 120 "$strata" --log-level warn bench attention --device cuda --dtype bf16 \
+        --batch $((4096 / seq)) --seq $seq --heads 16 --head-dim $hd --reps 5 --json 2>&1 | tee -a "$out/attention.$variant.jsonl"
+    done
   done
 done
 for m in "${models[@]}"; do
@@ -29,6 +33,10 @@ for m in "${models[@]}"; do
   timeout 200 "$strata" --log-level warn bench model --device cuda --dtype bf16 --model "$m" --batch 4 --seq-len 1024 \
     --checkpointing --steps 5 --warmup 2 --profile --json >"$out/$m.bench_model.json" 2>"$out/$m.bench_model.err"
   echo "strata bench model $m: rc $? $(cat "$out/$m.bench_model.json")"; tail -3 "$out/$m.bench_model.err"
+  STRATA_ATTENTION_TC=fa2 timeout 200 "$strata" --log-level warn bench model --device cuda --dtype bf16 --model "$m" \
+    --batch 4 --seq-len 1024 --checkpointing --steps 5 --warmup 2 --profile --json >"$out/$m.bench_model.fa2.json" \
+    2>"$out/$m.bench_model.fa2.err"
+  echo "strata bench model $m, fa2 attention: rc $? $(cat "$out/$m.bench_model.fa2.json")"; tail -3 "$out/$m.bench_model.fa2.err"
   timeout 240 "$strata" --log-level warn bench step --config "$here/../configs/gpu/$m.json" --steps 4 --warmup 2 --json \
     >"$out/$m.bench_step.json" 2>"$out/$m.bench_step.err"
   echo "strata bench step $m: rc $? $(cat "$out/$m.bench_step.json")"; tail -3 "$out/$m.bench_step.err"

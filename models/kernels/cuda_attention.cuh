@@ -106,4 +106,18 @@ void tc_backward(cudaStream_t stream, DType dtype, const AttentionShape& s, cons
                  const void* v, const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv,
                  float scale);
 
+// Note [Two tensor-core kernels]: tc_forward/tc_backward run flash-attention 2's kernels
+// (cuda_attention_tc.cu: mma.sync, ldmatrix, cp.async), written without a GPU, only when
+// STRATA_ATTENTION_TC=fa2 (read once); otherwise the first, WMMA kernels (cuda_attention_tc_wmma.cu),
+// which have run and been measured on an H200. Both take the same calls and keep the same numerics
+// contract (tests/models/ops_attention_cuda_test.cc runs either, tools/gpu-verify.sh both). Once
+// fa2 has passed on a GPU it becomes the only one.
+enum class TcVariant { Wmma, Fa2 };
+TcVariant tc_variant();
+void tc_forward_wmma(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,
+                     const void* v, void* out, float* lse, float scale);
+void tc_backward_wmma(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,
+                      const void* v, const void* out, const float* lse, const void* dout, void* dq, void* dk,
+                      void* dv, float scale);
+
 }  // namespace strata::models::cuda::attention

@@ -33,9 +33,11 @@ struct AttnCase {
 const AttnCase kAttnCases[] = {
     {"gqa", 2, 37, 4, 2, 64, 0},  {"mha", 1, 130, 2, 2, 64, 3}, {"mqa", 2, 1, 3, 1, 40, 0},
     {"mqa", 1, 70, 4, 1, 24, 5},  {"mha", 2, 64, 2, 2, 32, 0},  {"gqa", 1, 33, 2, 1, 128, 0},
-    // Tensor-core path (16-bit): several 64-row tiles and a part, at both head dims, batch > 1.
+    // Tensor-core path (16-bit): several 64-key tiles and a part, at both head dims, batch > 1; past
+    // three 128-query tiles (the forward and dQ blocks) and 128-key tiles (dK/dV), so that whole
+    // causally skipped tiles and a ragged last tile both occur.
     {"gqa", 1, 200, 4, 2, 64, 0}, {"mha", 1, 129, 2, 2, 128, 0}, {"gqa", 2, 200, 4, 2, 128, 0},
-    {"gqa", 3, 130, 8, 2, 64, 0},
+    {"gqa", 3, 130, 8, 2, 64, 0}, {"mha", 1, 389, 2, 2, 64, 0},  {"gqa", 2, 300, 4, 2, 128, 0},
 };
 
 // Packed qkv rows [q heads | k heads | v heads] (as the decoders lay them out); out, dout at their
