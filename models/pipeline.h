@@ -53,8 +53,9 @@
 // Checkpoints hold every stage's groups where an unpipelined run keeps them (engine/checkpoint.h),
 // so they resume across a change of stages.
 //
-// `strata estimate` plans every stage (tools/estimate_plan.cc). Not built yet: simulating a
-// pipelined step in `strata simulate`, interleaved (virtual) stages.
+// `strata estimate` plans every stage (tools/estimate_plan.cc) and `strata simulate` replays the
+// stages' schedule (tools/step_sim_stages.cc, Note [Pipelined step simulation]). Not built yet:
+// interleaved (virtual) stages.
 #pragma once
 
 #include <cstddef>

@@ -11,25 +11,11 @@
 
 #include "core/error.h"
 #include "engine/engine_context.h"
+#include "tools/step_sim_engine.h"
 
 namespace strata::tools {
-namespace {
+namespace detail {
 
-constexpr double kGiga = 1e9;
-
-// The machine's figures in bytes/s, FLOP/s and params/s.
-struct Rates {
-  double flops = 0;
-  double block_eff = 0, head_eff = 0;
-  double link = 0;
-  double device_memory = 0;  // bytes read + written per second
-  double host_memory = 0;    // same
-  double adam = 0;           // parameters per second
-  PipelineRates io;
-};
-
-// The simulated rank's rates. What the node's ranks share (the drives, host memory, the CPU's
-// Adam rate) is split evenly among them: every rank runs the same step at the same time.
 Rates rates_of(const SimMachine& m, int ranks) {
   const MachineSpec& s = m.spec;
   const double share = 1.0 / ranks;
@@ -48,7 +34,6 @@ Rates rates_of(const SimMachine& m, int ranks) {
   return r;
 }
 
-// The figures the workload needs must be there: one message naming the field.
 void check_machine(const StepWorkload& w, const SimMachine& m) {
   const MachineSpec& s = m.spec;
   const std::string where = s.source.empty() ? s.name : s.source;
@@ -71,89 +56,81 @@ void check_machine(const StepWorkload& w, const SimMachine& m) {
        "gpus.pcie_h2d_gbps and gpus.pcie_d2h_gbps", "offloaded state crosses PCIe");
   need(p.topo.world_size * w.tensor_ranks == 1 || s.gpus.link_gbps > 0, "gpus.link_gbps",
        fmt::format("{} GPUs reduce and gather over it", p.topo.world_size * w.tensor_ranks));
+  need(!w.stage.split() || s.gpus.link_gbps > 0, "gpus.link_gbps",
+       fmt::format("{} pipeline stages send activations and their gradients over it", w.stage.stages));
 }
 
-class EngineSim {
- public:
-  EngineSim(const StepWorkload& w, const SimMachine& m, Timeline& timeline)
-      : w_(w), p_(w.plan), m_(m), r_(rates_of(m, w.plan.topo.world_size * w.tensor_ranks)), tl_(timeline),
-        groups_(w.plan.groups.size()) {
-    for (int a = 0; a < w_.micro_batches; ++a) {
-      for (const SimAction& act : w_.micro_batch) {
-        if (act.kind == SimAction::Acquire) trace_.push_back(act.group);
-      }
+Timeline machine_timeline(const SimMachine& m) {
+  std::array<SimQueue, kSimQueues> shared{SimQueue::Compute, SimQueue::H2D,  SimQueue::D2H,
+                                          SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu};
+  if (m.device_is_host) shared[static_cast<std::size_t>(SimQueue::Cpu)] = SimQueue::Compute;
+  return Timeline(shared);
+}
+
+SimResult step_result(const Timeline& timeline, double from, double to, std::int64_t tokens_per_step) {
+  SimResult r;
+  r.step_seconds = to - from;
+  r.tokens_per_second = r.step_seconds > 0 ? static_cast<double>(tokens_per_step) / r.step_seconds : 0;
+  for (std::size_t q = 0; q < kSimQueues; ++q) {
+    r.busy_seconds[q] = timeline.busy_seconds(static_cast<SimQueue>(q), from, to);
+    if (r.busy_seconds[q] > r.lower_bound_seconds) {
+      r.lower_bound_seconds = r.busy_seconds[q];
+      r.slowest = static_cast<SimQueue>(q);
     }
   }
+  for (const SimOp& op : timeline.ops()) {
+    if (op.end <= from || op.begin >= to || (op.end == op.begin && op.begin == from)) continue;
+    SimOp o = op;
+    o.begin = std::max(op.begin, from) - from;
+    o.end = std::min(op.end, to) - from;
+    if (o.queue == SimQueue::Nvme) {
+      (o.name.rfind("nvme write", 0) == 0 ? r.nvme_written_bytes : r.nvme_read_bytes) += o.bytes;
+    }
+    r.ops.push_back(std::move(o));
+  }
+  return r;
+}
 
-  // What the previous step's end (ParamFetcher::end_step) started: the step's first gathers.
-  void start_prefetch() { prefetch_after(0); }
 
-  // One step from the host's current time; returns the host's time when step() returned.
-  double run_step();
-
- private:
-  struct Group {
-    bool gathered = false;
-    double gathered_at = 0;
-    int live = 0;
+// The ParamFetcher's trace: every acquisition of a step in the order the decoder makes them (a
+// pipeline stage's: the tied embedding's share at the step's start, then its schedule's forwards
+// and backwards).
+void EngineSim::build_trace() {
+  const auto add = [&](std::span<const SimAction> actions) {
+    for (const SimAction& act : actions) {
+      if (act.kind == SimAction::Acquire) trace_.push_back(act.group);
+    }
   };
-
-  const GroupPlan& plan(std::size_t g) const { return p_.groups[g]; }
-  double wbytes() const { return static_cast<double>(p_.working_bytes()); }
-  std::string gname(std::size_t g) const { return w_.group_names[g]; }
-  bool on_nvme(Home h) const { return h == Home::Nvme; }
-  // W of group g lives on the parameter tier (else on the device, updated by a copy up).
-  bool weights_on_tier(std::size_t g) const { return p_.params_offloaded() && plan(g).sharded_params; }
-
-  double device_pass(double bytes) const { return transfer_seconds(bytes, r_.device_memory); }
-  double host_pass(double bytes) const { return transfer_seconds(bytes, r_.host_memory); }
-  double adam(double elems) const { return transfer_seconds(elems, r_.adam); }
-  // Ring algorithms over `ranks` GPUs: all-gather and reduce-scatter move (n-1)/n of the full
-  // buffer through each GPU's link, all-reduce twice that. One rank: a copy inside the device.
-  double collective(const std::string& name, int ranks, double full_bytes, double passes, double ready) {
-    if (ranks <= 1) return comm(name, device_pass(2 * full_bytes), ready, full_bytes, SimQueue::Compute);
-    const double seconds = passes * (ranks - 1) / ranks * transfer_seconds(full_bytes, r_.link);
-    return comm(name, seconds, ready, full_bytes, SimQueue::Collective);
+  const StageWork& S = w_.stage;
+  if (!S.split()) {
+    for (int a = 0; a < w_.micro_batches; ++a) add(w_.micro_batch);
+    return;
   }
-  // An operation on the comm stream, issued by the host now.
-  double comm(const std::string& name, double seconds, double ready, double bytes, SimQueue queue) {
-    return tl_.add(name, SimLane::Comm, queue, seconds, std::max(ready, host_), static_cast<std::uint64_t>(bytes));
-  }
-
-  void dispatch(const SimAction& act, int unit);
-  void acquire(std::size_t g);
-  void release(std::size_t g);
-  void start_gather(std::size_t g);
-  void prefetch_after(std::size_t position);
-  void reduce(std::size_t g, int unit);
-  void add_unit(std::size_t g, int unit, double reduced_at);
-  std::vector<PipelineJob> combine_jobs(std::size_t g, int unit) const;
-  std::vector<PipelineJob> update_jobs() const;
-  void end_step_on_device();
-
-  const StepWorkload& w_;
-  const RunPlan& p_;
-  const SimMachine& m_;
-  Rates r_;
-  Timeline& tl_;
-  std::vector<Group> groups_;
-  std::vector<std::size_t> trace_;  // every acquisition of a step, in order
-  std::size_t pos_ = 0;
-  std::uint64_t live_elems_ = 0;
-  std::vector<double> param_slot_back_;  // when each reservation's pinned parameter slot came back
-  double host_ = 0;          // the trainer's thread
-  double compute_wait_ = 0;  // events the compute stream waits on
-  double last_compute_ = 0;  // end of the latest model op
-  double published_ = 0;     // the last publish of stage 1-2 working weights
-};
+  add(S.share_tied);
+  for (const models::PipelineOp& op : S.ops) add(op.forward ? S.forward(w_) : S.backward(w_));
+}
 
 double EngineSim::run_step() {
   for (int a = 0; a < w_.micro_batches; ++a) {
-    for (const SimAction& act : w_.micro_batch) dispatch(act, a);
-    host_ = std::max(host_, last_compute_);  // the micro-batch's loss is read back
+    run_actions(w_.micro_batch, a);
+    synchronize_compute();  // the micro-batch's loss is read back
   }
-  // step(): waits for every reduction and gradient sum, then updates what was not overlapped.
+  wait_for_gradients();
+  update();
+  return host_;
+}
+
+void EngineSim::run_actions(std::span<const SimAction> actions, int unit) {
+  for (const SimAction& act : actions) dispatch(act, unit);
+}
+
+// step() waits for every reduction and gradient sum (the norm needs them), then updates what was
+// not overlapped.
+void EngineSim::wait_for_gradients() {
   host_ = std::max({host_, tl_.lane_end(SimLane::Comm), tl_.lane_end(SimLane::Worker)});
+}
+
+void EngineSim::update() {
   if (p_.optimizer_offloaded()) {
     if (!w_.overlap_update) {
       host_ = simulate_pipeline(tl_, SimLane::Host, host_, update_jobs(), p_.offload.slot_count, r_.io);
@@ -166,7 +143,6 @@ double EngineSim::run_step() {
   live_elems_ = 0;
   pos_ = 0;
   prefetch_after(0);
-  return host_;
 }
 
 void EngineSim::dispatch(const SimAction& act, int unit) {
@@ -395,40 +371,19 @@ void EngineSim::end_step_on_device() {
   published_ = end;
 }
 
-}  // namespace
+}  // namespace detail
 
 SimResult simulate_step(const StepWorkload& workload, const SimMachine& machine) {
-  check_machine(workload, machine);
-  std::array<SimQueue, kSimQueues> shared{SimQueue::Compute, SimQueue::H2D,  SimQueue::D2H,
-                                          SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu};
-  if (machine.device_is_host) shared[static_cast<std::size_t>(SimQueue::Cpu)] = SimQueue::Compute;
-  Timeline timeline(shared);
-  EngineSim engine(workload, machine, timeline);
+  STRATA_CHECK(!workload.stage.split(), "simulate_step of pipeline stage {} of {}: simulate_pipelined_step runs stages",
+               workload.stage.rank, workload.stage.stages);
+  detail::check_machine(workload, machine);
+  Timeline timeline = detail::machine_timeline(machine);
+  detail::EngineSim engine(workload, machine, timeline);
   // A warm-up step brings the queues to the steady state; the second step is the answer.
   engine.start_prefetch();
   const double from = engine.run_step();
   const double to = engine.run_step();
-  SimResult r;
-  r.step_seconds = to - from;
-  r.tokens_per_second = r.step_seconds > 0 ? static_cast<double>(workload.tokens_per_step) / r.step_seconds : 0;
-  for (std::size_t q = 0; q < kSimQueues; ++q) {
-    r.busy_seconds[q] = timeline.busy_seconds(static_cast<SimQueue>(q), from, to);
-    if (r.busy_seconds[q] > r.lower_bound_seconds) {
-      r.lower_bound_seconds = r.busy_seconds[q];
-      r.slowest = static_cast<SimQueue>(q);
-    }
-  }
-  for (const SimOp& op : timeline.ops()) {
-    if (op.end <= from || op.begin >= to || (op.end == op.begin && op.begin == from)) continue;
-    SimOp o = op;
-    o.begin = std::max(op.begin, from) - from;
-    o.end = std::min(op.end, to) - from;
-    if (o.queue == SimQueue::Nvme) {
-      (o.name.rfind("nvme write", 0) == 0 ? r.nvme_written_bytes : r.nvme_read_bytes) += o.bytes;
-    }
-    r.ops.push_back(std::move(o));
-  }
-  return r;
+  return detail::step_result(timeline, from, to, workload.tokens_per_step);
 }
 
 }  // namespace strata::tools

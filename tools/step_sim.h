@@ -19,7 +19,9 @@
 // over the GPU link), NVMe (drives x per-drive bandwidth) and host memory passes, parameters /
 // (Adam params/s) for the CPU update. Each queue (tools/step_sim_timeline.h) serves one operation at
 // a time, so contention between prefetch reads and state writes, or between the GPU's compute and
-// device-side sums, is in the answer.
+// device-side sums, is in the answer. With pipeline stages each stage's rank is simulated so, on
+// queues of its own, through its schedule and its messages (Note [Pipelined step simulation] in
+// tools/step_sim_stages.cc).
 //
 // Simplifications, each small for the configs it was checked on (docs/MEASUREMENTS.md):
 //   - FLOPs: 2 x (matmul weights) x tokens forward, twice that backward, the forward again when
@@ -44,12 +46,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/config.h"
 #include "engine/machine.h"
 #include "engine/run_plan.h"
+#include "models/pipeline.h"
 #include "tools/step_sim_timeline.h"
 
 namespace strata::tools {
@@ -85,6 +89,36 @@ struct SimAction {
   double passes = 0;  // TensorCollective
 };
 
+struct StepWorkload;
+
+// A pipeline stage's part of the step (strata.parallel.pipeline = P > 1, Note [Pipelined step
+// simulation] in tools/step_sim_stages.cc): its blocks, its schedule, what its workload's
+// micro_batch holds (its stage_forward's actions, then its stage_backward's) and what it sends.
+struct StageWork {
+  int stages = 1;  // P; 1: no pipeline, the workload is the whole model's
+  int rank = 0;
+  std::int64_t first_layer = 0, end_layer = 0;
+  PipelineSchedule schedule = PipelineSchedule::OneFOneB;
+  std::vector<models::PipelineOp> ops;  // the stage's order of work (models::pipeline_schedule)
+  int activation_sets = 0;              // Note [Stage activations]; 0: re-materialized
+  std::size_t forward_actions = 0;      // micro_batch[0, forward_actions): the stage's forward
+  // One micro-batch's stage output (and its gradient, back): batch x seq x d_model x dtype bytes.
+  double boundary_bytes = 0;
+  // GPT-2's tied embedding across stages (Note [Tied embedding across stages]): the weights the
+  // first stage sends the last once per step (0: none), and the first stage's acquisition and
+  // release of its embedding group around that send.
+  double tied_bytes = 0;
+  std::vector<SimAction> share_tied;
+  std::uint64_t parameters = 0;  // the stage's (its groups' elements)
+
+  bool split() const { return stages > 1; }
+  bool first() const { return rank == 0; }
+  bool last() const { return rank == stages - 1; }
+  bool tied() const { return tied_bytes > 0; }
+  std::span<const SimAction> forward(const StepWorkload& w) const;
+  std::span<const SimAction> backward(const StepWorkload& w) const;
+};
+
 // One step's work for rank 0, from a config.
 struct StepWorkload {
   std::string source;  // the config, for messages
@@ -99,14 +133,27 @@ struct StepWorkload {
   std::int64_t tokens_per_step = 0;  // all ranks
   int tensor_ranks = 1;               // strata.parallel.tensor: the plan is one tensor rank's
   std::uint64_t activation_bytes = 0;
-  std::uint64_t parameters = 0;
+  std::uint64_t parameters = 0;  // the whole model's
+  StageWork stage;               // with pipeline stages: which one this is
 };
+
+inline std::span<const SimAction> StageWork::forward(const StepWorkload& w) const {
+  return std::span<const SimAction>(w.micro_batch).first(forward_actions);
+}
+inline std::span<const SimAction> StageWork::backward(const StepWorkload& w) const {
+  return std::span<const SimAction>(w.micro_batch).subspan(forward_actions);
+}
 
 // The workload of `config` on `world_size` ranks with `device_bytes` per GPU (which decides automatic
 // tiling, models/tiling_plan.h). With strata.parallel.tensor = T, it is the last tensor rank's (the
 // most vocabulary rows), its state sharded over world_size / T data ranks. ConfigError for a config
 // that cannot be planned.
 StepWorkload make_step_workload(const TrainConfig& config, int world_size, std::uint64_t device_bytes);
+// With strata.parallel.pipeline = P > 1: one workload per stage, each the plan and actions of the
+// stage's rank (the last tensor rank of the stage, sharded over world_size / (T x P) data ranks), the
+// stages split as the trainer splits them (models::pipeline_boundaries). P = 1: the one workload of
+// make_step_workload.
+std::vector<StepWorkload> make_stage_workloads(const TrainConfig& config, int world_size, std::uint64_t device_bytes);
 
 struct SimResult {
   double step_seconds = 0;
@@ -122,5 +169,34 @@ struct SimResult {
 // Simulates one steady-state step. ConfigError naming the field when the machine lacks a figure the
 // config needs (drives for NVMe, a GPU link for more than one GPU).
 SimResult simulate_step(const StepWorkload& workload, const SimMachine& machine);
+
+// One pipeline stage's rank in a pipelined step (Note [Pipelined step simulation]).
+struct StageSimResult {
+  // Its queues' busy time, NVMe bytes and operations over the step (step_seconds: the pipeline's).
+  SimResult sim;
+  // Its forwards' and backwards' compute (Note [Measured bubble] in models/pipeline_runner.h: each
+  // from its input's arrival to its last op), and 1 - that / the pipeline's span.
+  double busy_seconds = 0;
+  double bubble_fraction = 0;
+  int peak_in_flight = 0;  // micro-batches whose forward had begun and backward had not ended
+  // Point-to-point bytes this step: to and from the neighbouring stages and, with a tied embedding,
+  // between the first and the last stage.
+  std::uint64_t sent_bytes = 0, received_bytes = 0;
+};
+struct PipelineSimResult {
+  double step_seconds = 0;  // every stage's, as the step ends with collectives over all of them
+  double tokens_per_second = 0;
+  // The pipeline's span: from the step's start to the end of the last forward or backward on any
+  // stage (Note [Measured bubble]: what each stage's idle share is taken of).
+  double span_seconds = 0;
+  double ideal_bubble_fraction = 0;  // (P - 1) / (A + P - 1)
+  std::size_t busiest_stage = 0;
+  std::vector<StageSimResult> stages;
+};
+// Simulates one steady-state step of the pipeline whose stages `stages` are (make_stage_workloads).
+// ConfigError naming the field when the machine lacks a figure the stages need.
+PipelineSimResult simulate_pipelined_step(std::span<const StepWorkload> stages, const SimMachine& machine);
+// The simulated timeline as Chrome trace JSON, one process per stage. Throws IoError.
+void write_stage_trace(const PipelineSimResult& result, const std::string& path);
 
 }  // namespace strata::tools

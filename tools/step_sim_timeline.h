@@ -36,8 +36,14 @@ enum class SimLane : std::uint8_t {
   Comm,     // zero.comm: gathers, reductions, device-side state math
   Worker,   // zero.offload: gradient sums and overlapped updates of offloaded state
   Io,       // the I/O engine: asynchronous, no order (only the drives' queue)
+  // A pipeline stage's sends, one stream per peer (models/pipeline_runner.h): to the next stage, to
+  // the previous one, and between the first and the last stage when they are not neighbours (the
+  // tied embedding, Note [Tied embedding across stages]).
+  SendNext,
+  SendPrev,
+  SendFar,
 };
-inline constexpr std::size_t kSimLanes = 5;
+inline constexpr std::size_t kSimLanes = 8;
 const char* sim_lane_name(SimLane lane);
 
 struct SimOp {

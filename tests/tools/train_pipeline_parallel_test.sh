@@ -240,9 +240,6 @@ refused "clipping in exact mode with tensor and pipeline ranks" "gradient_clippi
   --set gradient_clipping=1
 refused "more stages than blocks" "each stage needs at least one layer" 2 \
   "${base[@]}" --set strata.parallel.pipeline=2 --set strata.model='{"name": "tiny-llama", "n_layers": 1}'
-refused "simulate of a pipelined run" "simulating pipeline stages (their schedule and point-to-point traffic)" 1 \
-  simulate --config "$config" --machine "$(dirname "$config")/machines/h100x8-node.json" \
-  --set strata.model="$model" --set strata.parallel.pipeline=2 --set gradient_clipping=0
 
 # ---- 5. `strata estimate` plans every stage with train's own path --------------------------------
 # Its plan line is the first stage's, the one train logs on rank 0, byte for byte; every stage's
