@@ -55,6 +55,10 @@ struct ParamGroupSpec {
   // release each group's gradients as soon as they are final (what a model larger than the
   // device needs).
   int grads_ready_calls = 0;
+  // Groups the model keeps acquired while it uses this one, by name (GPT-2's head runs on the tied
+  // embedding's weights; a tile runs beside its block's base group): the tier planner counts their
+  // gathered copies in this group's window (Note [Groups gathered together], engine/tier_plan.cc).
+  std::vector<std::string> gathered_with{};
 
   std::size_t bytes() const {
     std::size_t n = 0;

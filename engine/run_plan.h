@@ -53,9 +53,11 @@ struct StateChunk {
 };
 
 struct GroupPlan {
-  explicit GroupPlan(const ParamGroupSpec& spec, int shard_count) : layout(spec, shard_count) {}
+  explicit GroupPlan(const ParamGroupSpec& spec, int shard_count)
+      : layout(spec, shard_count), gathered_with(spec.gathered_with) {}
 
   GroupLayout layout;
+  std::vector<std::string> gathered_with;  // ParamGroupSpec::gathered_with
   bool sharded_params = false;   // stage 3, above the persistence threshold: W is gathered for use
   std::size_t state_offset = 0;  // this rank's master/moments start here in the flat buffer
   std::size_t state_elems = 0;

@@ -37,6 +37,16 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   const std::uint64_t wbytes = rp.working_bytes();
   const auto nstate = static_cast<std::uint64_t>(rp.state_arrays);
   const OffloadPlan& o = rp.offload;
+  // Note [Groups gathered together]: a group's window also holds the gathered copies of the groups
+  // the model keeps acquired beside it (ParamGroupSpec::gathered_with: GPT-2's tied head holds the
+  // embedding, a tile its block's base). Without them a device capped at the tiny config's plan ran
+  // out at stage 3 by 64 KiB while the head's gradient was reduced.
+  const auto gathered_bytes = [&](const std::string& name) -> std::uint64_t {
+    for (const GroupPlan& H : rp.groups) {
+      if (H.layout.name() == name && H.sharded_params) return static_cast<std::uint64_t>(H.layout.total_elems()) * wbytes;
+    }
+    return 0;  // not this rank's (another pipeline stage's), or not gathered
+  };
   for (const GroupPlan& G : rp.groups) {
     const GroupLayout& L = G.layout;
     const std::uint64_t total = L.total_elems();
@@ -65,8 +75,9 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     // shard fetched from the parameter tier before the all-gather.
     const bool sharded = G.sharded_params;
     const bool fetched_shard = G.weights == WeightsForm::ShardOnTier && L.shard_count() > 1;
-    const std::uint64_t window =
+    std::uint64_t window =
         (sharded ? total * wbytes : 0) + total * wbytes + grad * wbytes + (fetched_shard ? state * wbytes : 0);
+    for (const std::string& other : G.gathered_with) window += gathered_bytes(other);
     if (window > p.device_window) {
       p.device_window = window;
       p.largest_group = L.name();

@@ -26,10 +26,11 @@ namespace strata {
 
 struct TierPlan {
   // Device, per rank.
-  std::uint64_t device_state = 0;    // master, moments and one fp32 gradient sum kept on the device
+  std::uint64_t device_state = 0;    // master, moments and the step's gradient buffers on the device
   std::uint64_t device_optimizer = 0;  // of which master and moments (resident between steps)
   std::uint64_t device_weights = 0;  // resident working weights (full or sharded)
-  std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction
+  std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction, and
+                                     // the groups gathered with it (Note [Groups gathered together])
   std::uint64_t activations = 0;
   std::string largest_group;
   std::uint64_t largest_group_bytes = 0;  // working dtype, gathered

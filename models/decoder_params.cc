@@ -58,6 +58,7 @@ std::vector<ParamGroupSpec> decoder_param_groups(const ModelConfig& c) {
   ParamGroupSpec head{"head", {}};
   if (c.arch == Architecture::Gpt2) {
     head.tensors = {{"head.norm.weight", {d}, t}, {"head.norm.bias", {d}, t}};
+    head.gathered_with = {"embedding"};  // the tied head's weight (ModelPass::run_head)
   } else {
     head.tensors = {{"head.norm.weight", {d}, t}, {"head.lm_head.weight", {c.vocab_size, d}, t}};
   }
@@ -98,6 +99,7 @@ DecoderLayout decoder_layout(const ModelConfig& c, const TilingSpec& tiling) {
       bg.first_tile[s] = L.groups.size();
       for (std::int64_t t = 0; t < T; ++t) {
         ParamGroupSpec g{fmt::format("{}.{}.tile{}of{}", whole.name, block_stage_name(c.arch, stage), t, T), {}};
+        g.gathered_with = {L.groups[bg.base].name};  // the block's base stays acquired beside its tiles
         for (const StageLinear& lin : stage_linears(c, stage)) {
           const ParamTensorSpec& w = whole.tensors[lin.weight];
           const RowRange rows = tile_rows(lin.out, tiling.chunks, T, t);

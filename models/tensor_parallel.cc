@@ -176,6 +176,7 @@ TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int 
     bool first_part = true;
     for (const int kind : {0, 1, 2}) {
       ParamGroupSpec part{untiled[g].name, {}, untiled[g].grads_ready_calls};
+      part.gathered_with = untiled[g].gathered_with;  // the first part keeps the logical name they refer to
       ParamGroupSpec whole_part = part;
       std::vector<TensorSlice> part_cuts;
       for (std::size_t k = 0; k < untiled[g].tensors.size(); ++k) {

@@ -668,6 +668,11 @@ TrainSummary run_training(const TrainOptions& options) {
   checkpoints.claim_directory(!options.resume.empty());
   const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
 
+  if (rank == 0 && device->kind() == DeviceKind::Cuda && cfg.strata.device.compute_tflops > 0) {
+    spdlog::warn("{}: strata.device.compute_tflops = {} models a sim device's compute speed; {} computes at its own "
+                 "speed, so it is ignored (drop the key, or set strata.device.kind to \"sim\" to model it)",
+                 cfg.source, cfg.strata.device.compute_tflops, device->name());
+  }
   ComputeStream compute(*device, "compute", cfg.strata.device.compute_tflops * 1e12);  // Note [Modeled compute]
   Stream* stream = &compute.stream();
   models::DecoderRuntime rt;

@@ -6,7 +6,7 @@
 #  3. a config that cannot fit exits 3 saying why; the committed machine files and plans run;
 #  4. bad input (a broken machine file, --world above the machine's GPUs) is one line, exit 1;
 #  5. a device capped at the plan's own device figure trains (no out-of-memory, peak within it), at
-#     ZeRO stages 0-2 (stage 3 not yet: see there).
+#     ZeRO stages 0-3.
 # Usage: estimate_test.sh STRATA_BINARY REPO_ROOT WORKDIR
 set -euo pipefail
 strata="$1"; repo="$2"; work="$3"
@@ -71,9 +71,8 @@ echo '{"name": "x", "gpus": {"count": 1}}' > broken.json
   { cat out.txt err.txt; bad "tensor 2 on 8 GPUs: exit $rc"; }
 # 5. The plan's device figure is enough: a device capped at exactly hbm.total trains 3 steps, and its
 # peak stays within it (tiny model: one unit per step in bf16, in place; fast accumulation; exact
-# mode's binary counter at stages 1 and 2). Not yet at stage 3: there the gathered copies, the
-# micro-batch's gradient and its reduction outgrow the plan's one-group window, and the tiny config
-# at its own plan fails for 64 KiB.
+# mode's binary counter at stages 1-3; at stage 3 GPT-2's tied head holds the embedding's gathered
+# weights beside its own, Note [Groups gathered together]).
 tiny="$repo/configs/tiny.json"
 at_plan() {  # description, --set arguments...
   local what="$1"; shift
@@ -93,6 +92,9 @@ at_plan "stage 0, one unit per step, bf16" --set zero_optimization.stage=0 --set
 at_plan "stage 0, 2 units per step, bf16" --set zero_optimization.stage=0 --set gradient_accumulation_steps=2 \
   --set bf16.enabled=true --set strata.exact=false
 at_plan "stage 2, exact, 2 units per step" --set zero_optimization.stage=2
+at_plan "stage 3, exact, 2 units per step (the tiny config)"
+at_plan "stage 3, one unit per step, bf16" --set gradient_accumulation_steps=1 --set bf16.enabled=true \
+  --set strata.exact=false
 at_plan "stage 1, exact, 3 units per step" --set zero_optimization.stage=1 --set gradient_accumulation_steps=3
 
 exit $fail

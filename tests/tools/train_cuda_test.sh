@@ -19,7 +19,8 @@
 #  7. under mpirun at world 1 the run takes the NCCL communicator (every collective of ZeRO-3 through
 #     NCCL) and gives the local run's bits;
 #  8. bad input: a device cap over the GPU's memory, and (on a one-GPU machine) two ranks on the
-#     one GPU, are refused with a message naming the key or the cause.
+#     one GPU, are refused with a message naming the key or the cause; sim's modeled compute speed
+#     (strata.device.compute_tflops) is reported as ignored.
 # Usage: train_cuda_test.sh STRATA_BINARY CONFIG WORKDIR [MPIEXEC]
 # STRATA_CUDA_TEST_KIND=sim runs the same checks with the sim device in cuda's place (a dry run of
 # this script where there is no GPU; items 7 and 8 need a GPU and are left out).
@@ -151,4 +152,9 @@ if out=$(timeout 120 "$strata" --log-level warn train --config "$config" --steps
   bad "a 100 TiB device cap was accepted"
 elif grep -q "strata.device.memory" <<<"$out"; then ok "a cap over the GPU's memory is refused: $(tail -1 <<<"$out")"
 else echo "$out" | tail -3; bad "a cap over the GPU's memory: the message does not name strata.device.memory"; fi
+# strata.device.compute_tflops (sim's modeled speed) on a GPU: said to be ignored, and the run trains.
+if out=$(timeout 120 "$strata" --log-level warn train --config "$config" --steps 1 "${cuda[@]}" \
+    --set strata.device.compute_tflops=1 2>&1) && grep -q "compute_tflops = 1 .*is ignored" <<<"$out"; then
+  ok "strata.device.compute_tflops on a GPU is reported as ignored"
+else echo "$out" | tail -3; bad "strata.device.compute_tflops on a GPU: no warning, or the run failed"; fi
 exit $fail
