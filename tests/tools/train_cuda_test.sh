@@ -43,10 +43,13 @@ fi
 
 run() {  # output-prefix, extra args...: trains, writes OUT.safetensors and OUT.jsonl
   local out="$1"; shift
-  if ! timeout 300 "$strata" --log-level warn train --config "$config" --save-weights "$out.safetensors" \
-      --set strata.metrics="\"$PWD/$out.jsonl\"" "$@" >"$out.log" 2>&1; then
-    tail -20 "$out.log"; bad "run $out ($*) failed"; return 1
-  fi
+  local rc=0
+  # A tiny model's 20 steps take seconds on a GPU: a run still going after 120 s hangs, and the
+  # others would likely hang too, so the script stops there (GPU time is short).
+  timeout 120 "$strata" --log-level warn train --config "$config" --save-weights "$out.safetensors" \
+      --set strata.metrics="\"$PWD/$out.jsonl\"" "$@" >"$out.log" 2>&1 || rc=$?
+  if [ "$rc" = 124 ]; then tail -20 "$out.log"; bad "run $out ($*) hung: no exit in 120 s"; exit 1; fi
+  if [ "$rc" != 0 ]; then tail -20 "$out.log"; bad "run $out ($*) failed"; return 1; fi
 }
 same() {  # a, b, what
   if cmp -s "$1.safetensors" "$2.safetensors"; then ok "$3"; else bad "$3: $1 and $2 differ"; fi
