@@ -1,4 +1,4 @@
-// The index maps of the tensor-core attention kernels (cuda_attention_tc.cu), as STRATA_HD
+// The index maps of the tensor-core attention kernels (cuda_attention_tc.cuh), as STRATA_HD
 // constexpr functions so the host test tests/models/attention_tc_layout_test.cc checks the very
 // code the kernels run: which matrix element each lane holds in an mma.m16n8k16 fragment, which
 // shared-memory row each lane hands ldmatrix, and the XOR swizzle of the shared tiles.

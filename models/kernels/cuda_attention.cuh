@@ -107,7 +107,7 @@ void tc_backward(cudaStream_t stream, DType dtype, const AttentionShape& s, cons
                  float scale);
 
 // Note [Two tensor-core kernels]: tc_forward/tc_backward run flash-attention 2's kernels
-// (cuda_attention_tc.cu: mma.sync, ldmatrix, cp.async), written without a GPU, only when
+// (cuda_attention_tc.cuh, .cu and _backward.cu: mma.sync, ldmatrix, cp.async), written without a GPU, only when
 // STRATA_ATTENTION_TC=fa2 (read once); otherwise the first, WMMA kernels (cuda_attention_tc_wmma.cu),
 // which have run and been measured on an H200. Both take the same calls and keep the same numerics
 // contract (tests/models/ops_attention_cuda_test.cc runs either, tools/gpu-verify.sh both). Once

@@ -384,16 +384,11 @@ __global__ void __launch_bounds__(kTcThreads)
   }
 }
 
-template <typename Kernel>
-void reserve(Kernel* kernel, std::size_t bytes, std::int64_t head_dim, const char* op) {
-  attention::reserve_shared(kernel, bytes, head_dim, op);
-}
-
 template <typename T, int D>
 void forward_tc(cudaStream_t stream, const AttentionShape& s, const void* q, const void* k, const void* v, void* out,
                 float* lse, float scale) {
   constexpr std::size_t bytes = forward_tc_shared_bytes<D>();
-  reserve(attention_forward_tc_kernel<T, D>, bytes, D, "attention_forward");
+  attention::reserve_shared(attention_forward_tc_kernel<T, D>, bytes, D, "attention_forward");
   const dim3 grid(static_cast<unsigned>((s.seq + kBM - 1) / kBM), static_cast<unsigned>(s.q_heads),
                   static_cast<unsigned>(s.batch));
   attention_forward_tc_kernel<T, D><<<grid, kTcThreads, bytes, stream>>>(
@@ -407,8 +402,8 @@ void backward_tc(cudaStream_t stream, const AttentionShape& s, const void* q, co
                  const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv, float scale) {
   constexpr std::size_t dkdv_bytes = dkdv_tc_shared_bytes<D>();
   constexpr std::size_t dq_bytes = dq_tc_shared_bytes<D>();
-  reserve(attention_dkdv_tc_kernel<T, D>, dkdv_bytes, D, "attention_backward");
-  reserve(attention_dq_tc_kernel<T, D>, dq_bytes, D, "attention_backward");
+  attention::reserve_shared(attention_dkdv_tc_kernel<T, D>, dkdv_bytes, D, "attention_backward");
+  attention::reserve_shared(attention_dq_tc_kernel<T, D>, dq_bytes, D, "attention_backward");
   const unsigned tiles = static_cast<unsigned>((s.seq + kBM - 1) / kBM);
   const auto* qt = static_cast<const T*>(q);
   const auto* kt = static_cast<const T*>(k);

@@ -1,5 +1,5 @@
 // The index maps of the tensor-core attention kernels (models/kernels/attention_tc_layout.h,
-// used by models/kernels/cuda_attention_tc.cu), checked on the host: each mma.m16n8k16 fragment
+// used by models/kernels/cuda_attention_tc.cuh), checked on the host: each mma.m16n8k16 fragment
 // map covers its matrix exactly once; a score tile's C fragments are the A fragment of the next
 // product; ldmatrix, modelled from the PTX ISA's description, fed the kernels' lane addresses over
 // the swizzled shared tiles, delivers exactly the fragments mma expects (A; B from [n][k] rows; B
