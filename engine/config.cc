@@ -307,6 +307,7 @@ StrataConfig parse_strata(ConfigReader r) {
     par.get_choice("schedule", &schedule, {"gpipe", "1f1b"});
     s.parallel.schedule = schedule == "gpipe" ? PipelineSchedule::GPipe : PipelineSchedule::OneFOneB;
     par.get_bool("stage_recompute", &s.parallel.stage_recompute);
+    par.get_bool("sequence", &s.parallel.sequence);
     nlohmann::json layers;
     par.get_raw("pipeline_layers", &layers);
     if (!layers.is_null()) {

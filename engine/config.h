@@ -141,6 +141,9 @@ struct ParallelConfig {
   // model keeps without stages (every block's activations, or with checkpoint_activations each
   // block's input) for each micro-batch in flight, and runs each forward once.
   bool stage_recompute = false;
+  // Megatron's sequence parallelism beside tensor parallelism (Note [Sequence parallelism] in
+  // models/tensor_parallel.h): the norms and the residual stream split by rows over the T ranks.
+  bool sequence = false;
 };
 
 struct StrataConfig {

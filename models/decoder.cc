@@ -46,6 +46,9 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   const std::size_t e = dtype_bytes(dt);
   const std::size_t n = static_cast<std::size_t>(ws->batch * ws->seq);
   const auto T = static_cast<std::size_t>(tp.size);
+  // Note [Sequence parallelism]: the residual stream, its gradient and the norms' inputs and
+  // statistics hold this rank's rows only.
+  const std::size_t mine = tp.split_rows() ? n / T : n;
   // A tensor rank's activations are those of its heads, MLP columns and vocabulary rows.
   const std::size_t C = static_cast<std::size_t>(c.d_model), H = static_cast<std::size_t>(c.n_heads) / T;
   const std::size_t hd = static_cast<std::size_t>(c.head_dim());
@@ -63,7 +66,7 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   // stages (Note [Tied embedding across stages] in models/pipeline.h).
   const bool head = ps.last() || (ps.split() && ps.first() && c.arch == Architecture::Gpt2);
   ws->x.clear();
-  for (std::int64_t l = l0; l <= l1; ++l) ws->x.push_back(l == l0 && !ps.first() ? nullptr : cv.take(n * C * e));
+  for (std::int64_t l = l0; l <= l1; ++l) ws->x.push_back(l == l0 && !ps.first() ? nullptr : cv.take(mine * C * e));
   const auto carve_acts = [&](std::int64_t count) {
     std::vector<Decoder::Workspace::BlockActs> acts;
     for (std::int64_t l = 0; l < count; ++l) {
@@ -71,14 +74,14 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
       a.norm1 = cv.take(n * C * e);
       a.qkv = cv.take(n * qkv_w * e);
       a.att = cv.take(n * att_w * e);
-      a.x_mid = cv.take(n * C * e);
+      a.x_mid = cv.take(mine * C * e);
       a.norm2 = cv.take(n * C * e);
       a.ff_in = cv.take(n * ff_in_w * e);
       a.ff_act = cv.take(n * F * e);
-      a.mean1 = static_cast<float*>(cv.take(n * 4));
-      a.rstd1 = static_cast<float*>(cv.take(n * 4));
-      a.mean2 = static_cast<float*>(cv.take(n * 4));
-      a.rstd2 = static_cast<float*>(cv.take(n * 4));
+      a.mean1 = static_cast<float*>(cv.take(mine * 4));
+      a.rstd1 = static_cast<float*>(cv.take(mine * 4));
+      a.mean2 = static_cast<float*>(cv.take(mine * 4));
+      a.rstd2 = static_cast<float*>(cv.take(mine * 4));
       a.lse = static_cast<float*>(cv.take(n * H * 4));
       acts.push_back(a);
     }
@@ -99,23 +102,23 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
     }
     std::vector<void*> x = ws->x;
     for (std::int64_t l = l0; l < l1; ++l) {
-      if (l > l0 || ps.first()) x[static_cast<std::size_t>(l - l0)] = cv.take(n * C * e);
+      if (l > l0 || ps.first()) x[static_cast<std::size_t>(l - l0)] = cv.take(mine * C * e);
     }
-    if (ps.last()) x.back() = cv.take(n * C * e);  // the head's input, read in the backward
+    if (ps.last()) x.back() = cv.take(mine * C * e);  // the head's input, read in the backward
     ws->set_x.push_back(std::move(x));
     ws->set_acts.push_back(keep_all_blocks ? carve_acts(l1 - l0) : ws->acts);
   }
   ws->tmp = cv.take(n * C * e);
   if (head) {
     ws->lnf_out = cv.take(n * C * e);
-    ws->lnf_mean = static_cast<float*>(cv.take(n * 4));
-    ws->lnf_rstd = static_cast<float*>(cv.take(n * 4));
+    ws->lnf_mean = static_cast<float*>(cv.take(mine * 4));
+    ws->lnf_rstd = static_cast<float*>(cv.take(mine * 4));
     ws->logits = cv.take(n * V * e);
     ws->losses = static_cast<float*>(cv.take(n * 4));
   }
   if (training) {
     // A pipeline stage's residual gradient is the caller's buffer (Decoder::stage_backward).
-    ws->dres = ps.split() ? nullptr : cv.take(n * C * e);
+    ws->dres = ps.split() ? nullptr : cv.take(mine * C * e);
     ws->dln = cv.take(n * C * e);
     ws->datt = cv.take(n * att_w * e);
     ws->dqkv = cv.take(n * qkv_w * e);
@@ -124,6 +127,7 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   }
   ws->parts.clear();
   ws->kv_parts = ws->kv_all = nullptr;
+  ws->own_rows = tp.split_rows() ? cv.take(mine * C * e) : nullptr;
   if (tp.sliced()) {
     const auto L = static_cast<std::size_t>(tp.local_slices());
     for (std::size_t l = 1; l < L; ++l) ws->parts.push_back(cv.take(n * C * e));
@@ -157,6 +161,10 @@ Decoder::Decoder(ModelConfig config, DecoderOptions options)
   }
   PipelineStage& ps = options_.pipeline;
   if (ps.end_layer < 0) ps.end_layer = config_.n_layers;
+  if (tp.split_rows() && ps.size > 1) {
+    throw ConfigError("sequence parallelism (strata.parallel.sequence) beside pipeline stages (strata.parallel.pipeline "
+                      "> 1) is not built yet: set one of them off");
+  }
   STRATA_CHECK(ps.size >= 1 && ps.rank >= 0 && ps.rank < ps.size && 0 <= ps.first_layer &&
                    ps.first_layer < ps.end_layer && ps.end_layer <= config_.n_layers &&
                    (ps.size > 1 || (ps.first_layer == 0 && ps.end_layer == config_.n_layers)),
@@ -261,9 +269,11 @@ void ModelPass::forward_blocks() const {
     const GroupViews w = provider.acquire_params(emb, ParamPhase::Forward, stream);
     const void* wpe = c.arch == Architecture::Gpt2 ? w[embedding_group::kWpe] : nullptr;
     if (tp.size > 1) {  // each token's row from the rank that holds it, zeros from the others
-      embedding_forward_vocab_slice(ctx, dt, ws.tokens, w[embedding_group::kWte], vocab.begin, vocab.end, wpe, ws.x[0],
+      // Note [Sequence parallelism]: every row looked up, this rank's rows of the sum kept.
+      void* all = tp.split_rows() ? ws.tmp : ws.x[0];
+      embedding_forward_vocab_slice(ctx, dt, ws.tokens, w[embedding_group::kWte], vocab.begin, vocab.end, wpe, all,
                                     batch, seq, C);
-      tp.comm->all_reduce(ws.x[0], ws.x[0], static_cast<std::size_t>(n * C), dt, ReduceOp::Sum, *stream);
+      pass.sum_over_ranks(all, ws.x[0], n * C);
     } else {
       embedding_forward(ctx, dt, ws.tokens, w[embedding_group::kWte], wpe, ws.x[0], batch, seq, C);
     }
@@ -286,12 +296,8 @@ void ModelPass::run_head(float grad_scale) const {
   if (acquire_emb) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
   const void* head_w = !tied ? hw[head_group::kLmHead] : acquire_emb ? ew[embedding_group::kWte] : tied_wte;
   void* x_final = ws.x.back();
-  if (tied) {
-    layernorm_forward(ctx, dt, x_final, hw[head_group::kNormW], hw[head_group::kNormB], ws.lnf_out, ws.lnf_mean,
-                      ws.lnf_rstd, n, C, c.norm_eps);
-  } else {
-    rmsnorm_forward(ctx, dt, x_final, hw[head_group::kNormW], ws.lnf_out, ws.lnf_rstd, n, C, c.norm_eps);
-  }
+  pass.norm_forward(x_final, hw[head_group::kNormW], tied ? hw[head_group::kNormB] : nullptr, ws.lnf_out, ws.lnf_mean,
+                    ws.lnf_rstd);
   if (tp.sliced()) {
     pass.logits(head_w, sliced_head());
     pass.cross_entropy(sliced_head(), training, grad_scale);
@@ -301,8 +307,9 @@ void ModelPass::run_head(float grad_scale) const {
   }
   if (training) {
     const GroupViews hg = provider.acquire_grads(head, stream);
+    const void* dln = ws.dln;
     if (tp.sliced()) {
-      pass.head_backward(head_w, tied ? nullptr : hg[head_group::kLmHead], sliced_head());
+      dln = pass.head_backward(head_w, tied ? nullptr : hg[head_group::kLmHead], sliced_head());
     } else if (tied) {
       // Only d(lnf_out) now; the tied weight's gradient is added with the embedding's, per sequence
       // (Note [Tied embedding gradient order]).
@@ -312,13 +319,8 @@ void ModelPass::run_head(float grad_scale) const {
       linear_backward(ctx, dt, ws.lnf_out, C, head_w, ws.logits, V, ws.dln, C, Accumulate::No, hg[head_group::kLmHead],
                       nullptr, batch, seq, C, V);
     }
-    if (tied) {
-      layernorm_backward(ctx, dt, ws.dln, x_final, hw[head_group::kNormW], ws.lnf_mean, ws.lnf_rstd, ws.dres,
-                         hg[head_group::kNormW], hg[head_group::kNormB], n, C, Accumulate::No);
-    } else {
-      rmsnorm_backward(ctx, dt, ws.dln, x_final, hw[head_group::kNormW], ws.lnf_rstd, ws.dres, hg[head_group::kNormW],
-                       n, C, Accumulate::No);
-    }
+    pass.norm_backward(dln, x_final, hw[head_group::kNormW], ws.lnf_mean, ws.lnf_rstd, ws.dres, hg[head_group::kNormW],
+                       tied ? hg[head_group::kNormB] : nullptr, Accumulate::No);
     provider.grads_ready(head, stream);
   }
   if (acquire_emb) provider.release_params(emb, stream);
@@ -351,6 +353,8 @@ void ModelPass::backward_blocks() const {
       cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, ws.logits, n, V, V, tied_grad_scale);
     }
   }
+  // Note [Sequence parallelism]: the lookup's gradient reads every row of the residual gradient.
+  const void* dres = pass.gather_rows(ws.dres, ws.tmp);
   // Note [Tied embedding gradient order]: GPT-2's wte gets two contributions per sequence, from
   // the head (dlogits^T lnf_out; the logits buffer still holds dlogits) and from the lookup. They
   // are added sequence by sequence, head then lookup, so that any split into micro-batches adds
@@ -359,7 +363,7 @@ void ModelPass::backward_blocks() const {
     if (tp.sliced()) {
       if (c.arch == Architecture::Gpt2) pass.tied_head_grad(b, g[embedding_group::kWte], sliced_head());
       if (tp.size > 1) {
-        embedding_backward_vocab_slice(ctx, dt, ws.tokens + b * seq, at(ws.dres, b * seq * C, dt),
+        embedding_backward_vocab_slice(ctx, dt, ws.tokens + b * seq, at(dres, b * seq * C, dt),
                                        g[embedding_group::kWte], vocab.begin, vocab.end,
                                        c.arch == Architecture::Gpt2 ? g[embedding_group::kWpe] : nullptr, 1, seq, C);
         continue;
@@ -370,7 +374,7 @@ void ModelPass::backward_blocks() const {
       dw.beta = 1.0f;
       matmul(ctx, dw);
     }
-    embedding_backward(ctx, dt, ws.tokens + b * seq, at(ws.dres, b * seq * C, dt), g[embedding_group::kWte],
+    embedding_backward(ctx, dt, ws.tokens + b * seq, at(dres, b * seq * C, dt), g[embedding_group::kWte],
                        c.arch == Architecture::Gpt2 ? g[embedding_group::kWpe] : nullptr, 1, seq, C);
   }
   provider.grads_ready(emb, stream);
@@ -408,16 +412,22 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
   }
   check_tokens(c, tokens, targets, batch, seq);
   const std::int64_t n = batch * seq;
+  const TensorParallel& tp = options_.tensor;
+  if (tp.split_rows() && n % tp.size != 0) {
+    throw ConfigError(fmt::format("sequence parallelism (strata.parallel.sequence) splits the {} x {} = {} tokens of a "
+                                  "micro-batch over {} tensor ranks, which does not divide them: make the batch x "
+                                  "sequence length a multiple of strata.parallel.tensor or set sequence to false",
+                                  batch, seq, n, tp.size));
+  }
   Workspace& ws = workspace(rt, batch, seq, training);
   const KernelContext& ctx = rt.ctx;
   Stream* stream = ctx.stream;
   copy_tokens(stream, ws.tokens, tokens, n);
   copy_tokens(stream, ws.targets, targets, n);
   const bool keep_all = training && options_.checkpointing == Checkpointing::Off;
-  const TensorParallel& tp = options_.tensor;
   STRATA_CHECK(tp.size == 1 || (stream != nullptr && tp.comm != nullptr),
                "tensor parallelism over {} ranks needs a device stream and the tensor group's communicator", tp.size);
-  const BlockPass pass{{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts}};
+  const BlockPass pass{{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts, ws.own_rows, ws.tmp}};
   ProviderChain chain(provider, layout_, stage_local_, false, tensor_layout_.get());
   const ModelPass m{c, layout_, ctx, *chain.top, ws, pass, batch, seq, training, keep_all, options_.pipeline};
   m.forward_blocks();

@@ -19,7 +19,8 @@
 // Tensor parallelism (DecoderOptions::tensor, models/tensor_parallel.h): the groups are the rank's
 // slices of the untiled groups; the blocks run on the rank's heads and MLP columns, with the
 // all-reduces of Megatron's 1D scheme on the compute stream through the tensor group's
-// communicator, and the head and the cross-entropy split by vocabulary.
+// communicator, and the head and the cross-entropy split by vocabulary; with sequence parallelism
+// the residual stream and the norms run on the rank's rows (Note [Sequence parallelism]).
 //
 // Note [Micro-batch invariance]: every matmul is issued per sequence (batched over the sequences
 // of the micro-batch) and every reduction over rows is a running sum in row order (see ops.h), so

@@ -52,6 +52,9 @@ struct Decoder::Workspace {
   // Note [Replicated KV heads] (training, kv_pieces): the S/T slices' [rows, 2 head_dim] dK|dV
   // partials, and the tensor group's subtrees gathered (T > K).
   void *kv_parts = nullptr, *kv_all = nullptr;
+  // Note [Sequence parallelism]: this rank's rows of one activation (SlicedPass::own); the whole
+  // one it gathers into or scatters from is tmp.
+  void* own_rows = nullptr;
   float *ce_max = nullptr, *ce_target = nullptr;
   double *ce_sums = nullptr, *ce_all = nullptr;
 };
@@ -151,15 +154,14 @@ struct BlockPass : SlicedPass {
   }
 
   // ys[i][:, rows] = x W_i[rows]^T + b_i[rows], chunk by chunk (Note [Tile-invariant linear layers]).
-  void stage_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
-                     std::initializer_list<StageIo> ys) const {
+  // Returns where the first output is: ys[0], or a row-parallel sum's rows of this rank (`own`,
+  // Note [Sequence parallelism]).
+  void* stage_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
+                      std::initializer_list<StageIo> ys) const {
     if (tp.sliced()) {  // the outputs are columns of the first one's buffer (ColumnLinear::col0)
-      if (row_parallel(stage)) {
-        row_forward(bp.w, stage, x, ldx, ys.begin()[0]);
-      } else {
-        column_forward(bp.w, stage, x, ldx, ys.begin()[0]);
-      }
-      return;
+      if (row_parallel(stage)) return row_forward(bp.w, stage, x, ldx, ys.begin()[0]);
+      column_forward(bp.w, stage, x, ldx, ys.begin()[0]);
+      return ys.begin()[0].p;
     }
     const std::vector<StageLinear> lins = stage_linears(c, stage);
     STRATA_CHECK(lins.size() == ys.size(), "stage {} has {} linears, {} outputs given", block_stage_name(c.arch, stage),
@@ -180,21 +182,23 @@ struct BlockPass : SlicedPass {
         }
       }
     });
+    return ys.begin()[0].p;
   }
 
   // dx (+)= sum_i dy_i W_i, dW_i += dy_i^T x, db_i += column sums of dy_i, chunk by chunk in
   // ascending chunks, the stage's linears interleaved chunk-major (Note [Tile-invariant linear layers]).
-  void stage_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
-                      std::initializer_list<StageIo> dys, void* dx, std::int64_t lddx, Accumulate acc) const {
+  // Returns where dx is: dx, or a column-parallel sum's rows of this rank (`own`, Note [Sequence
+  // parallelism]).
+  void* stage_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
+                       std::initializer_list<StageIo> dys, void* dx, std::int64_t lddx, Accumulate acc) const {
     if (tp.sliced()) {
       STRATA_CHECK(acc == Accumulate::No, "a sliced stage backward writes its input gradient");
       if (row_parallel(stage)) {
         row_backward(bp.w, bp.g, stage, x, ldx, dys.begin()[0], dx, lddx);
-      } else {
-        STRATA_CHECK(lddx == c.d_model, "column-parallel input gradient at row stride {}", lddx);
-        column_backward(bp.w, bp.g, stage, x, ldx, dys.begin()[0], dx);
+        return dx;
       }
-      return;
+      STRATA_CHECK(lddx == c.d_model, "column-parallel input gradient at row stride {}", lddx);
+      return column_backward(bp.w, bp.g, stage, x, ldx, dys.begin()[0], dx);
     }
     const std::vector<StageLinear> lins = stage_linears(c, stage);
     STRATA_CHECK(lins.size() == dys.size(), "stage {} has {} linears, {} gradients given",
@@ -226,20 +230,22 @@ struct BlockPass : SlicedPass {
         }
       }
     });
+    return dx;
   }
 
-  // x_out = block(x_in), filling `a`.
+  // x_out = block(x_in), filling `a`. Under Note [Sequence parallelism] x_in, x_out, x_mid and the
+  // norms' statistics are this rank's rows; the norms' outputs every row.
   void forward(const BlockParams& bp, const void* x_in, void* x_out, const Decoder::Workspace::BlockActs& a,
                void* tmp) const {
     const DType dt = c.dtype;
-    const std::int64_t C = c.d_model, F = ffn(), n = rows();
+    const std::int64_t C = c.d_model, F = ffn(), n = rows(), mine = own_rows();
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      layernorm_forward(ctx, dt, x_in, bp.weight(kLn1W), bp.weight(kLn1B), a.norm1, a.mean1, a.rstd1, n, C, c.norm_eps);
+      norm_forward(x_in, bp.weight(kLn1W), bp.weight(kLn1B), a.norm1, a.mean1, a.rstd1);
       stage_forward(bp, BlockStage::AttnIn, a.norm1, C, {{a.qkv, qkv_w()}});
     } else {
       using namespace llama_block;
-      rmsnorm_forward(ctx, dt, x_in, bp.weight(kAttnNorm), a.norm1, a.rstd1, n, C, c.norm_eps);
+      norm_forward(x_in, bp.weight(kAttnNorm), nullptr, a.norm1, nullptr, a.rstd1);
       const std::int64_t hd = c.head_dim();
       stage_forward(bp, BlockStage::AttnIn, a.norm1, C,
                     {{a.qkv, qkv_w()}, {k_of(a.qkv), qkv_w()}, {v_of(a.qkv), qkv_w()}});
@@ -247,45 +253,47 @@ struct BlockPass : SlicedPass {
       rope(ctx, dt, k_of(a.qkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
     }
     attention_forward(ctx, dt, attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse);
-    stage_forward(bp, BlockStage::AttnOut, a.att, att_w(), {{tmp, C}});
-    residual_add(ctx, dt, x_in, tmp, a.x_mid, n * C);
+    const void* y = stage_forward(bp, BlockStage::AttnOut, a.att, att_w(), {{tmp, C}});
+    residual_add(ctx, dt, x_in, y, a.x_mid, mine * C);
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      layernorm_forward(ctx, dt, a.x_mid, bp.weight(kLn2W), bp.weight(kLn2B), a.norm2, a.mean2, a.rstd2, n, C,
-                        c.norm_eps);
+      norm_forward(a.x_mid, bp.weight(kLn2W), bp.weight(kLn2B), a.norm2, a.mean2, a.rstd2);
       stage_forward(bp, BlockStage::MlpIn, a.norm2, C, {{a.ff_in, F}});
       gelu_forward(ctx, dt, a.ff_in, a.ff_act, n * F);
     } else {
       using namespace llama_block;
-      rmsnorm_forward(ctx, dt, a.x_mid, bp.weight(kMlpNorm), a.norm2, a.rstd2, n, C, c.norm_eps);
+      norm_forward(a.x_mid, bp.weight(kMlpNorm), nullptr, a.norm2, nullptr, a.rstd2);
       stage_forward(bp, BlockStage::MlpIn, a.norm2, C, {{a.ff_in, 2 * F}, {at(a.ff_in, F, dt), 2 * F}});
       swiglu_forward(ctx, dt, a.ff_in, a.ff_act, n, F);
     }
-    stage_forward(bp, BlockStage::MlpOut, a.ff_act, F, {{tmp, C}});
-    residual_add(ctx, dt, a.x_mid, tmp, x_out, n * C);
+    y = stage_forward(bp, BlockStage::MlpOut, a.ff_act, F, {{tmp, C}});
+    residual_add(ctx, dt, a.x_mid, y, x_out, mine * C);
   }
 
-  // dres: dL/d(block output) on entry, dL/d(block input) on exit.
+  // dres: dL/d(block output) on entry, dL/d(block input) on exit (this rank's rows of them under
+  // Note [Sequence parallelism]; the row-parallel stages read every row, gathered into ws.tmp).
   void backward(const BlockParams& bp, const void* x_in, const Decoder::Workspace::BlockActs& a,
                 const Decoder::Workspace& ws) const {
     const DType dt = c.dtype;
     const std::int64_t C = c.d_model, F = ffn(), n = rows();
-    stage_backward(bp, BlockStage::MlpOut, a.ff_act, F, {{ws.dres, C}}, ws.dff_act, F, Accumulate::No);
-    if (c.arch == Architecture::Gpt2) {
-      using namespace gpt2_block;
+    const bool gpt2 = c.arch == Architecture::Gpt2;
+    void* dy = gather_rows(ws.dres, ws.tmp);
+    stage_backward(bp, BlockStage::MlpOut, a.ff_act, F, {{dy, C}}, ws.dff_act, F, Accumulate::No);
+    const void* dln = nullptr;
+    if (gpt2) {
       gelu_backward(ctx, dt, a.ff_in, ws.dff_act, ws.dff_in, n * F);
-      stage_backward(bp, BlockStage::MlpIn, a.norm2, C, {{ws.dff_in, F}}, ws.dln, C, Accumulate::No);
-      layernorm_backward(ctx, dt, ws.dln, a.x_mid, bp.weight(kLn2W), a.mean2, a.rstd2, ws.dres, bp.grad(kLn2W),
-                         bp.grad(kLn2B), n, C, Accumulate::Yes);
+      dln = stage_backward(bp, BlockStage::MlpIn, a.norm2, C, {{ws.dff_in, F}}, ws.dln, C, Accumulate::No);
+      norm_backward(dln, a.x_mid, bp.weight(gpt2_block::kLn2W), a.mean2, a.rstd2, ws.dres,
+                    bp.grad(gpt2_block::kLn2W), bp.grad(gpt2_block::kLn2B), Accumulate::Yes);
     } else {
-      using namespace llama_block;
       swiglu_backward(ctx, dt, a.ff_in, ws.dff_act, ws.dff_in, n, F);
-      stage_backward(bp, BlockStage::MlpIn, a.norm2, C, {{ws.dff_in, 2 * F}, {at(ws.dff_in, F, dt), 2 * F}}, ws.dln, C,
-                     Accumulate::No);
-      rmsnorm_backward(ctx, dt, ws.dln, a.x_mid, bp.weight(kMlpNorm), a.rstd2, ws.dres, bp.grad(kMlpNorm), n, C,
-                       Accumulate::Yes);
+      dln = stage_backward(bp, BlockStage::MlpIn, a.norm2, C, {{ws.dff_in, 2 * F}, {at(ws.dff_in, F, dt), 2 * F}},
+                           ws.dln, C, Accumulate::No);
+      norm_backward(dln, a.x_mid, bp.weight(llama_block::kMlpNorm), nullptr, a.rstd2, ws.dres,
+                    bp.grad(llama_block::kMlpNorm), nullptr, Accumulate::Yes);
     }
-    stage_backward(bp, BlockStage::AttnOut, a.att, att_w(), {{ws.dres, C}}, ws.datt, att_w(), Accumulate::No);
+    dy = gather_rows(ws.dres, ws.tmp);
+    stage_backward(bp, BlockStage::AttnOut, a.att, att_w(), {{dy, C}}, ws.datt, att_w(), Accumulate::No);
     if (kv_pieces()) {  // Note [Replicated KV heads]: dK and dV summed over the slices, apart from dqkv
       using namespace llama_block;
       const std::int64_t hd = c.head_dim();
@@ -296,28 +304,28 @@ struct BlockPass : SlicedPass {
         rope(ctx, dt, at(kv.head0, g * kv.head_stride, dt), batch, seq, 1, hd, 2 * hd, c.rope_theta,
              RopeDirection::Inverse);
       }
-      column_backward(bp.w, bp.g, BlockStage::AttnIn, a.norm1, C, {ws.dqkv, qkv_w()}, ws.dln, &kv);
-      rmsnorm_backward(ctx, dt, ws.dln, x_in, bp.weight(kAttnNorm), a.rstd1, ws.dres, bp.grad(kAttnNorm), n, C,
-                       Accumulate::Yes);
+      dln = column_backward(bp.w, bp.g, BlockStage::AttnIn, a.norm1, C, {ws.dqkv, qkv_w()}, ws.dln, &kv);
+      norm_backward(dln, x_in, bp.weight(kAttnNorm), nullptr, a.rstd1, ws.dres, bp.grad(kAttnNorm), nullptr,
+                    Accumulate::Yes);
       return;
     }
     attention_backward(ctx, dt, attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse, ws.datt, ws.dqkv,
                        k_of(ws.dqkv), v_of(ws.dqkv));
-    if (c.arch == Architecture::Gpt2) {
+    if (gpt2) {
       using namespace gpt2_block;
-      stage_backward(bp, BlockStage::AttnIn, a.norm1, C, {{ws.dqkv, qkv_w()}}, ws.dln, C, Accumulate::No);
-      layernorm_backward(ctx, dt, ws.dln, x_in, bp.weight(kLn1W), a.mean1, a.rstd1, ws.dres, bp.grad(kLn1W),
-                         bp.grad(kLn1B), n, C, Accumulate::Yes);
+      dln = stage_backward(bp, BlockStage::AttnIn, a.norm1, C, {{ws.dqkv, qkv_w()}}, ws.dln, C, Accumulate::No);
+      norm_backward(dln, x_in, bp.weight(kLn1W), a.mean1, a.rstd1, ws.dres, bp.grad(kLn1W), bp.grad(kLn1B),
+                    Accumulate::Yes);
     } else {
       using namespace llama_block;
       const std::int64_t hd = c.head_dim();
       rope(ctx, dt, ws.dqkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
       rope(ctx, dt, k_of(ws.dqkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
-      stage_backward(bp, BlockStage::AttnIn, a.norm1, C,
-                     {{ws.dqkv, qkv_w()}, {k_of(ws.dqkv), qkv_w()}, {v_of(ws.dqkv), qkv_w()}}, ws.dln, C,
-                     Accumulate::No);
-      rmsnorm_backward(ctx, dt, ws.dln, x_in, bp.weight(kAttnNorm), a.rstd1, ws.dres, bp.grad(kAttnNorm), n, C,
-                       Accumulate::Yes);
+      dln = stage_backward(bp, BlockStage::AttnIn, a.norm1, C,
+                           {{ws.dqkv, qkv_w()}, {k_of(ws.dqkv), qkv_w()}, {v_of(ws.dqkv), qkv_w()}}, ws.dln, C,
+                           Accumulate::No);
+      norm_backward(dln, x_in, bp.weight(kAttnNorm), nullptr, a.rstd1, ws.dres, bp.grad(kAttnNorm), nullptr,
+                    Accumulate::Yes);
     }
   }
 };

@@ -72,23 +72,79 @@ void SlicedPass::zero_rows(void* p, std::int64_t cols, std::int64_t ld) const {
   MatmulArgs z{c.dtype, Trans::No, Trans::No, rows(), cols, 0, p, 1, 0, p, 1, 0, p, ld, 0, 1};
   matmul(ctx, z);
 }
-void SlicedPass::add_bias(void* y, std::int64_t cols, std::int64_t ld, const void* bias) const {
-  MatmulArgs z{c.dtype, Trans::No, Trans::No, rows(), cols, 0, y, 1, 0, y, 1, 0, y, ld, 0, 1};
+void SlicedPass::add_bias(void* y, std::int64_t n, std::int64_t cols, std::int64_t ld, const void* bias) const {
+  MatmulArgs z{c.dtype, Trans::No, Trans::No, n, cols, 0, y, 1, 0, y, 1, 0, y, ld, 0, 1};
   z.bias = bias;
   z.beta = 1.0f;
   matmul(ctx, z);
 }
 
-void SlicedPass::reduce_partials(void* dest, std::int64_t count) const {
+void* SlicedPass::reduce_partials(void* dest, std::int64_t count) const {
   const std::int64_t L = tp.local_slices();
   for (std::int64_t stride = 1; stride < L; stride *= 2) {
     for (std::int64_t i = 0; i + stride < L; i += 2 * stride) {
       residual_add(ctx, c.dtype, part(dest, i), part(dest, i + stride), part(dest, i), count);
     }
   }
-  if (tp.size > 1) {
-    tp.comm->all_reduce(dest, dest, static_cast<std::size_t>(count), c.dtype, ReduceOp::Sum, *ctx.stream);
+  return sum_over_ranks(dest, own, count);
+}
+
+void* SlicedPass::sum_over_ranks(void* all, void* mine, std::int64_t count) const {
+  if (tp.size == 1) return all;
+  if (!tp.split_rows()) {
+    tp.comm->all_reduce(all, all, static_cast<std::size_t>(count), c.dtype, ReduceOp::Sum, *ctx.stream);
+    return all;
   }
+  STRATA_CHECK(mine != nullptr && count % tp.size == 0, "a sum of {} values split by rows over {} ranks", count,
+               tp.size);
+  tp.comm->reduce_scatter(all, mine, static_cast<std::size_t>(count / tp.size), c.dtype, ReduceOp::Sum, *ctx.stream);
+  return mine;
+}
+
+void* SlicedPass::gather_rows(void* mine, void* all) const {
+  if (!tp.split_rows()) return mine;
+  STRATA_CHECK(all != nullptr, "no buffer to gather {} rows into", rows());
+  tp.comm->all_gather(mine, all, static_cast<std::size_t>(own_rows() * c.d_model), c.dtype, *ctx.stream);
+  return all;
+}
+
+void SlicedPass::norm_forward(const void* x, const void* w, const void* b, void* out, float* mean, float* rstd) const {
+  void* mine = tp.split_rows() ? own : out;
+  if (c.arch == Architecture::Gpt2) {
+    layernorm_forward(ctx, c.dtype, x, w, b, mine, mean, rstd, own_rows(), c.d_model, c.norm_eps);
+  } else {
+    rmsnorm_forward(ctx, c.dtype, x, w, mine, rstd, own_rows(), c.d_model, c.norm_eps);
+  }
+  gather_rows(mine, out);
+}
+
+void SlicedPass::norm_backward(const void* dout, const void* x, const void* w, const float* mean, const float* rstd,
+                               void* dx, void* dw, void* db, Accumulate acc) const {
+  const bool gpt2 = c.arch == Architecture::Gpt2;
+  const auto kernel = [&] {
+    if (gpt2) {
+      layernorm_backward(ctx, c.dtype, dout, x, w, mean, rstd, dx, dw, db, own_rows(), c.d_model, acc);
+    } else {
+      rmsnorm_backward(ctx, c.dtype, dout, x, w, rstd, dx, dw, own_rows(), c.d_model, acc);
+    }
+  };
+  if (!tp.split_rows()) {
+    kernel();
+    return;
+  }
+  // Note [Sequence parallelism]: the weight's gradient runs through the ranks' rows in rank order.
+  std::vector<void*> sums{dw};
+  if (gpt2) sums.push_back(db);
+  const auto C = static_cast<std::size_t>(c.d_model);
+  Stream& s = *ctx.stream;
+  if (tp.rank > 0) {
+    for (void* p : sums) tp.comm->recv(p, C, c.dtype, tp.rank - 1, s);
+  }
+  kernel();
+  if (tp.rank + 1 < tp.size) {
+    for (void* p : sums) tp.comm->send(p, C, c.dtype, tp.rank + 1, s);
+  }
+  for (void* p : sums) tp.comm->broadcast(p, C, c.dtype, tp.size - 1, s);
 }
 
 // Column-parallel forward: this rank's rows of every linear, chunk by chunk. No sum is split.
@@ -112,8 +168,8 @@ void SlicedPass::column_forward(const GroupViews& w, BlockStage stage, const voi
 // Column-parallel backward: dx (dense [rows, in]) is split over output rows: one partial per
 // slice (its chunks in ascending order, the linears interleaved chunk-major), then the tree. The
 // weight and bias gradients, one matmul per chunk of the rows the rank holds, follow.
-void SlicedPass::column_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x,
-                                 std::int64_t ldx, StageIo dy, void* dx, const KvGrads* kv) const {
+void* SlicedPass::column_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x,
+                                  std::int64_t ldx, StageIo dy, void* dx, const KvGrads* kv) const {
   const DType dt = c.dtype;
   const std::vector<ColumnLinear> lins = column_linears(stage);
   const std::int64_t in = lins.front().in, hd = c.head_dim();
@@ -155,7 +211,7 @@ void SlicedPass::column_backward(const GroupViews& w, const GroupViews& gw, Bloc
       if (lin.bias != kNoBias) bias_grad(ctx, dt, d_y.p, batch * seq, r.rows(), d_y.ld, at(gw[lin.bias], row, dt));
     }
   }
-  reduce_partials(dx, rows() * in);
+  return reduce_partials(dx, rows() * in);
 }
 
 SlicedPass::KvGrads SlicedPass::attention_backward_pieces(const AttentionShape& shape, const void* q, const void* k,
@@ -201,7 +257,7 @@ SlicedPass::KvGrads SlicedPass::attention_backward_pieces(const AttentionShape& 
 
 // Row-parallel forward: y (dense [rows, d_model]) is split over the input columns: one partial
 // per slice of columns (each chunk of output rows a matmul), the tree, then the bias.
-void SlicedPass::row_forward(const GroupViews& w, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const {
+void* SlicedPass::row_forward(const GroupViews& w, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const {
   const DType dt = c.dtype;
   const RowLinear lin = row_linear(stage);
   const std::int64_t out = c.d_model, Kt = lin.K / tp.size;
@@ -223,8 +279,9 @@ void SlicedPass::row_forward(const GroupViews& w, BlockStage stage, const void* 
       matmul(ctx, a);
     }
   }
-  reduce_partials(y.p, rows() * out);
-  if (lin.bias != kNoBias) add_bias(y.p, out, out, w[lin.bias]);
+  void* sum = reduce_partials(y.p, rows() * out);
+  if (lin.bias != kNoBias) add_bias(sum, own_rows(), out, out, w[lin.bias]);
+  return sum;
 }
 
 // Row-parallel backward: no sum is split; dx's columns and dW's are computed per slice so each
@@ -296,7 +353,7 @@ void SlicedPass::cross_entropy(const SlicedHead& h, bool training, float grad_sc
                        L, h.ce_max, tp.size > 1 ? h.ce_all : h.ce_sums, h.ce_target, grad_scale);
 }
 
-void SlicedPass::head_backward(const void* head_w, void* head_dw, const SlicedHead& h) const {
+void* SlicedPass::head_backward(const void* head_w, void* head_dw, const SlicedHead& h) const {
   const HeadShape s = head_shape();
   const DType dt = c.dtype;
   for (std::int64_t l = 0; l < tp.local_slices(); ++l) {
@@ -317,7 +374,7 @@ void SlicedPass::head_backward(const void* head_w, void* head_dw, const SlicedHe
       matmul(ctx, g);
     }
   }
-  reduce_partials(h.dln, s.n * s.C);
+  return reduce_partials(h.dln, s.n * s.C);
 }
 
 void SlicedPass::tied_head_grad(std::int64_t b, void* dwte, const SlicedHead& h) const {

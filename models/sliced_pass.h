@@ -40,8 +40,15 @@ struct SlicedPass {
   std::int64_t batch, seq, chunks;
   const TensorParallel& tp;
   const std::vector<void*>& parts;  // partial sums 1..L-1 of one [rows, d_model] sum
+  // Note [Sequence parallelism]: the rank's rows of one [rows, d_model] activation (a norm's output
+  // before its all-gather, a sum reduce-scattered), and a whole one (a gathered residual gradient,
+  // the embedding's lookup before its reduce-scatter). Unused when the rows are not split.
+  void* own = nullptr;
+  void* whole = nullptr;
 
   std::int64_t rows() const { return batch * seq; }
+  // The rows of the residual stream this rank holds: all of them unless they are split.
+  std::int64_t own_rows() const { return tp.split_rows() ? rows() / tp.size : rows(); }
   // This tensor rank's heads, KV heads (one, shared, when T > K: Note [Replicated KV heads]) and
   // MLP columns (all of them at T = 1).
   std::int64_t heads() const { return c.n_heads / tp.size; }
@@ -85,24 +92,40 @@ struct SlicedPass {
 
   // p[rows, cols] (row stride ld) = 0, and y[rows, cols] += bias: a matmul with k = 0.
   void zero_rows(void* p, std::int64_t cols, std::int64_t ld) const;
-  void add_bias(void* y, std::int64_t cols, std::int64_t ld, const void* bias) const;
+  void add_bias(void* y, std::int64_t n, std::int64_t cols, std::int64_t ld, const void* bias) const;
   // dest (partial 0, [rows, count / rows] dense) = the pairwise tree over this rank's partials,
-  // then over the tensor ranks (their subtrees: the same tree over all S slices).
-  void reduce_partials(void* dest, std::int64_t count) const;
+  // then over the tensor ranks (their subtrees: the same tree over all S slices). Returns where the
+  // sum is: dest, or under Note [Sequence parallelism] `own`, holding this rank's rows of it.
+  void* reduce_partials(void* dest, std::int64_t count) const;
+  // all ([rows, count / rows]) summed over the tensor group: in place, or this rank's rows of the
+  // sum into `mine` when the rows are split (returned).
+  void* sum_over_ranks(void* all, void* mine, std::int64_t count) const;
+  // Note [Sequence parallelism]: every rank's rows of `mine` ([own_rows, d_model]) gathered into
+  // `all`, returned; `mine` itself when the rows are not split.
+  void* gather_rows(void* mine, void* all) const;
+  // The architecture's norm (GPT-2: layer norm with bias; LLaMA: RMS norm, no bias, no mean) of
+  // this rank's rows of x, into every row of `out` (gathered when the rows are split).
+  void norm_forward(const void* x, const void* w, const void* b, void* out, float* mean, float* rstd) const;
+  // dx (this rank's rows; + dx with acc) = the norm's input gradient; dw (and db) += the weight's
+  // (bias's) gradient over every row in row order: with split rows, the tensor ranks' in rank order.
+  void norm_backward(const void* dout, const void* x, const void* w, const float* mean, const float* rstd, void* dx,
+                     void* dw, void* db, Accumulate acc) const;
 
   // A block's stages. `w` and `gw` are the block group's weights and gradients in the untiled
   // tensor order (models/decoder_params.h). Column-parallel outputs are columns of the first
   // output's buffer (ColumnLinear::col0); a column-parallel input gradient is dense [rows, d_model].
   void column_forward(const GroupViews& w, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const;
-  void column_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x, std::int64_t ldx,
-                       StageIo dy, void* dx, const KvGrads* kv = nullptr) const;
+  // Returns where the summed input gradient is (reduce_partials).
+  void* column_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x, std::int64_t ldx,
+                        StageIo dy, void* dx, const KvGrads* kv = nullptr) const;
   // Note [Replicated KV heads]: the attention backward of this rank's heads (`shape`), slice by
   // slice: dq into dq, the KV heads' dK|dV summed on the tree into the returned places (kv_parts,
   // kv_all: the workspace's).
   KvGrads attention_backward_pieces(const AttentionShape& shape, const void* q, const void* k, const void* v,
                                     const void* out, const float* lse, const void* dout, void* dq, void* kv_parts,
                                     void* kv_all) const;
-  void row_forward(const GroupViews& w, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const;
+  // Returns where the summed output (with its bias) is (reduce_partials).
+  void* row_forward(const GroupViews& w, BlockStage stage, const void* x, std::int64_t ldx, StageIo y) const;
   void row_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x, std::int64_t ldx,
                     StageIo dy, void* dx, std::int64_t lddx) const;
 
@@ -111,7 +134,8 @@ struct SlicedPass {
   // (and, untied, head_dw += the head weight's gradient); GPT-2's tied head gradient of sequence b.
   void logits(const void* head_w, const SlicedHead& h) const;
   void cross_entropy(const SlicedHead& h, bool training, float grad_scale) const;
-  void head_backward(const void* head_w, void* head_dw, const SlicedHead& h) const;
+  // Returns where d(lnf_out) is (reduce_partials).
+  void* head_backward(const void* head_w, void* head_dw, const SlicedHead& h) const;
   void tied_head_grad(std::int64_t b, void* dwte, const SlicedHead& h) const;
 
  private:

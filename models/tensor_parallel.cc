@@ -257,10 +257,36 @@ TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const Tensor
   std::uint64_t activations = 1 + 2 * L;             // embedding, row-parallel outputs
   if (training) activations += 2 * L + 1;            // column-parallel input gradients, the head's
   if (training && checkpointing) activations += 2 * L;  // the recomputed forward
-  t.all_reduce_calls = activations + 2;
-  t.all_reduce_bytes = activations * activation + 2 * static_cast<std::uint64_t>(rows) * 4;
+  t.all_reduce_calls = 2;
+  t.all_reduce_bytes = 2 * static_cast<std::uint64_t>(rows) * 4;
   t.all_gather_calls = 1;
   t.all_gather_bytes = static_cast<std::uint64_t>(rows * tp.local_slices()) * 8;
+  if (!tp.split_rows()) {
+    t.all_reduce_calls += activations;
+    t.all_reduce_bytes += activations * activation;
+  } else {  // Note [Sequence parallelism]
+    t.reduce_scatter_calls = activations;
+    t.reduce_scatter_bytes = activations * activation;
+    std::uint64_t gathers = 2 * L + 1;              // the norms' outputs
+    if (training) gathers += 2 * L + 1;             // residual gradients: row-parallel backward, embedding
+    if (training && checkpointing) gathers += 2 * L;
+    t.all_gather_calls += gathers;
+    t.all_gather_bytes += gathers * (activation / static_cast<std::uint64_t>(tp.size));
+    if (training) {
+      const std::uint64_t vectors = (2 * L + 1) * (c.arch == Architecture::Gpt2 ? 2 : 1);
+      const std::uint64_t bytes = static_cast<std::uint64_t>(c.d_model) * dtype_bytes(c.dtype);
+      t.broadcast_calls = vectors;
+      t.broadcast_bytes = vectors * bytes;
+      if (tp.rank > 0) {
+        t.recv_calls = vectors;
+        t.recv_bytes = vectors * bytes;
+      }
+      if (tp.rank + 1 < tp.size) {
+        t.send_calls = vectors;
+        t.send_bytes = vectors * bytes;
+      }
+    }
+  }
   if (training && kv_replicas(c, tp.size) > 1) {
     t.all_gather_calls += L;
     t.all_gather_bytes += L * static_cast<std::uint64_t>(rows * 2 * c.head_dim()) * dtype_bytes(c.dtype);

@@ -58,8 +58,26 @@
 // Checkpoints hold every tensor rank's physical groups (engine/checkpoint.h); a resume with other
 // tensor ranks and `strata ckpt export` put the slices back together (tools/checkpoint_tensors.h).
 //
-// Not built yet: sequence parallelism, tiling beside tensor parallelism, the cuda device (the
-// vocabulary-parallel ops have CPU kernels only).
+// Note [Sequence parallelism] (strata.parallel.sequence, Megatron's sequence parallelism): the
+// stretches between a row-parallel linear and the next column-parallel one (residual adds, norms,
+// the embedding's sum) run on each rank's rows only: rows [r n / T, (r + 1) n / T) of the n =
+// batch x seq rows. Where plain tensor parallelism all-reduces a row-parallel output (and the
+// embedding's lookup), the ranks reduce-scatter it by rows; each norm runs on its rank's rows and
+// its output is all-gathered for the column-parallel linear that reads it (the final norm's for the
+// head). Backward mirrors it: the residual gradient is all-gathered before a row-parallel linear's
+// backward (which needs every row of it, as does the embedding's), and a column-parallel input
+// gradient is reduce-scattered instead of all-reduced. The communicator's exact reduce-scatter is
+// its all-reduce's first half (Note [Deterministic reduction]), and every op between is row by row,
+// so the activations have the bits of plain tensor parallelism; the residual stream, the norms'
+// inputs and their statistics take 1/T of the memory (with checkpointing, every kept block input).
+// A norm's weight gradient sums over all rows, in row order (models/kernels/ops.h); the ranks take
+// their rows in rank order: rank r receives the running sums from rank r - 1, adds its rows and
+// sends them on, and the last rank broadcasts the total, so fp32 runs (exact mode) keep the bits of
+// one pass over every row. That chain costs T - 1 sends and a broadcast of d_model values per
+// norm weight, one after the other. Not beside pipeline stages yet; T must divide batch x seq.
+//
+// Not built yet: tiling beside tensor parallelism, the cuda device (the vocabulary-parallel ops
+// have CPU kernels only).
 #pragma once
 
 #include <cstddef>
@@ -83,8 +101,10 @@ struct TensorParallel {
   int rank = 0;    // this rank's place in its tensor group
   int slices = 1;  // S (Note [Tensor slices])
   Communicator* comm = nullptr;  // the tensor group; null when T = 1
+  bool sequence = false;         // Note [Sequence parallelism] (no effect at T = 1)
 
   bool sliced() const { return slices > 1; }
+  bool split_rows() const { return sequence && size > 1; }
   int local_slices() const { return slices / size; }
   int first_slice() const { return rank * local_slices(); }
 };
@@ -166,9 +186,18 @@ void place_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, st
 // block backward (the column-parallel input gradients of QKV and MLP-in), 2 more per block when
 // `checkpointing` recomputes the forward, and the head's input gradient. The loss's: 2 all-reduces
 // of rows fp32 (row maxima, target logits) and 1 all-gather of rows x S/T doubles (slice sums).
+// With sequence parallelism (Note [Sequence parallelism]) each activation all-reduce is a
+// reduce-scatter (rows x d_model passed in), and the same number of all-gathers of the rank's rows
+// (rows / T x d_model) feed the norms' readers: 2 per block forward, the final norm's, and in
+// training 2 per block backward and the embedding's; the norms' weight gradients (2 per block and
+// the final one; GPT-2's with their biases) travel as the rank-order chain's receives (ranks after
+// the first), sends (ranks before the last) and the last rank's broadcasts, d_model values each.
 struct TensorParallelTraffic {
   std::uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
   std::uint64_t all_gather_calls = 0, all_gather_bytes = 0;
+  std::uint64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;
+  std::uint64_t broadcast_calls = 0, broadcast_bytes = 0;
+  std::uint64_t send_calls = 0, send_bytes = 0, recv_calls = 0, recv_bytes = 0;
 };
 TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& config, const TensorParallel& tp, std::int64_t rows,
                                               bool training, bool checkpointing);

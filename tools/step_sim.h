@@ -35,7 +35,11 @@
 //     CPU's Adam rate) is split evenly among them, as every rank runs the same step at once.
 //   - Collectives: ring algorithms at the link bandwidth, no latency; world 1 copies on the device.
 //     Tensor parallelism's collectives (Megatron's count, models::tensor_parallel_traffic) run on
-//     the compute stream over the same link, each rank computing its slices' FLOPs.
+//     the compute stream over the same link, each rank computing its slices' FLOPs. With sequence
+//     parallelism (Note [Sequence parallelism] in models/tensor_parallel.h) each all-reduce is a
+//     reduce-scatter and an all-gather, which on a ring move what it moves, so they are charged as
+//     the all-reduces; the norms' weight gradients' rank-order chain (d_model values a hop) and the
+//     norms running on 1/T of the rows are not modeled. Its activation bytes are the decoder's.
 //   - Device memory is taken to be enough (the tier plan is checked first): no eviction, no
 //     demand fetch that waits for frees; a tiled block's tile groups are acquired one by one with
 //     the block's FLOPs split by their size.

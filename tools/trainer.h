@@ -81,6 +81,11 @@ struct TrainSummary {
   double tp_all_reduce_calls = 0, tp_all_reduce_bytes = 0, tp_all_gather_calls = 0, tp_all_gather_bytes = 0;
   std::uint64_t tp_formula_all_reduce_calls = 0, tp_formula_all_reduce_bytes = 0;
   std::uint64_t tp_formula_all_gather_calls = 0, tp_formula_all_gather_bytes = 0;
+  // With sequence parallelism: its reduce-scatters, and the norm weight gradients' rank-order chain
+  // (sends, receives and broadcasts together; Note [Sequence parallelism]).
+  double tp_reduce_scatter_calls = 0, tp_reduce_scatter_bytes = 0, tp_chain_calls = 0, tp_chain_bytes = 0;
+  std::uint64_t tp_formula_reduce_scatter_calls = 0, tp_formula_reduce_scatter_bytes = 0;
+  std::uint64_t tp_formula_chain_calls = 0, tp_formula_chain_bytes = 0;
   // Pipeline parallelism (P > 1), per stage (gathered to rank 0 from the stages of its model
   // replica): its blocks and parameters, the most micro-batches in flight (GPipe: all of them;
   // 1F1B: min(A, P - stage)), the device bytes of its stash and boundary buffers, its peak device memory,

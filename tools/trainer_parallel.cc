@@ -25,6 +25,21 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
     models::pipeline_boundaries(model, 1, cfg.strata.parallel.pipeline_layers, cfg.source);
   }
   const int T = layout.tensor(), S = cfg.strata.parallel.slices();
+  if (cfg.strata.parallel.sequence && T > 1) {  // Note [Sequence parallelism] in models/tensor_parallel.h
+    if (P > 1) {
+      throw ConfigError(fmt::format("{}: strata.parallel.sequence beside strata.parallel.pipeline = {} is not built "
+                                    "yet; set sequence to false or pipeline to 1",
+                                    cfg.source, P));
+    }
+    const std::int64_t rows = static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.strata.data.seq_len;
+    if (rows % T != 0) {
+      throw ConfigError(fmt::format("{}: strata.parallel.sequence splits a micro-batch's {} tokens "
+                                    "(train_micro_batch_size_per_gpu {} x strata.data.seq_len {}) over "
+                                    "strata.parallel.tensor = {} ranks, which does not divide them; choose sizes whose "
+                                    "product is a multiple of {} or set sequence to false",
+                                    cfg.source, rows, cfg.micro_batch_size, cfg.strata.data.seq_len, T, T));
+    }
+  }
   if (T == 1 && S == 1) return layout;
   const bool tiling_set = cfg.strata.tiling.is_object() && !cfg.strata.tiling.empty();
   if (tiling_set) {
@@ -157,6 +172,14 @@ void tensor_summary(TrainSummary& summary, const CollectiveCounts& counts, const
   summary.tp_formula_all_reduce_bytes = formula.all_reduce_bytes;
   summary.tp_formula_all_gather_calls = formula.all_gather_calls;
   summary.tp_formula_all_gather_bytes = formula.all_gather_bytes;
+  summary.tp_reduce_scatter_calls = static_cast<double>(counts.reduce_scatter_calls) / m;
+  summary.tp_reduce_scatter_bytes = static_cast<double>(counts.reduce_scatter_bytes) / m;
+  summary.tp_chain_calls = static_cast<double>(counts.send_calls + counts.recv_calls + counts.broadcast_calls) / m;
+  summary.tp_chain_bytes = static_cast<double>(counts.send_bytes + counts.recv_bytes + counts.broadcast_bytes) / m;
+  summary.tp_formula_reduce_scatter_calls = formula.reduce_scatter_calls;
+  summary.tp_formula_reduce_scatter_bytes = formula.reduce_scatter_bytes;
+  summary.tp_formula_chain_calls = formula.send_calls + formula.recv_calls + formula.broadcast_calls;
+  summary.tp_formula_chain_bytes = formula.send_bytes + formula.recv_bytes + formula.broadcast_bytes;
 }
 
 // The pipeline stages' figures (collective over the pipeline group; rank 0 keeps them).

@@ -241,12 +241,20 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
                            {{"all_reduce_calls", s.tp_all_reduce_calls},
                             {"all_reduce_bytes", s.tp_all_reduce_bytes},
                             {"all_gather_calls", s.tp_all_gather_calls},
-                            {"all_gather_bytes", s.tp_all_gather_bytes}}},
+                            {"all_gather_bytes", s.tp_all_gather_bytes},
+                            {"reduce_scatter_calls", s.tp_reduce_scatter_calls},
+                            {"reduce_scatter_bytes", s.tp_reduce_scatter_bytes},
+                            {"norm_chain_calls", s.tp_chain_calls},
+                            {"norm_chain_bytes", s.tp_chain_bytes}}},
                           {"formula_per_micro_batch",
                            {{"all_reduce_calls", s.tp_formula_all_reduce_calls},
                             {"all_reduce_bytes", s.tp_formula_all_reduce_bytes},
                             {"all_gather_calls", s.tp_formula_all_gather_calls},
-                            {"all_gather_bytes", s.tp_formula_all_gather_bytes}}}}},
+                            {"all_gather_bytes", s.tp_formula_all_gather_bytes},
+                            {"reduce_scatter_calls", s.tp_formula_reduce_scatter_calls},
+                            {"reduce_scatter_bytes", s.tp_formula_reduce_scatter_bytes},
+                            {"norm_chain_calls", s.tp_formula_chain_calls},
+                            {"norm_chain_bytes", s.tp_formula_chain_bytes}}}}},
                         {"pipeline", pipeline_json(s)}}
                 .dump(2) +
             "\n");
@@ -289,6 +297,14 @@ void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& 
                  s.tp_all_gather_calls, format_bytes(static_cast<std::uint64_t>(s.tp_all_gather_bytes)),
                  s.tp_formula_all_reduce_calls, format_bytes(s.tp_formula_all_reduce_bytes),
                  s.tp_formula_all_gather_calls, format_bytes(s.tp_formula_all_gather_bytes));
+    if (s.tp_reduce_scatter_calls > 0 || s.tp_formula_reduce_scatter_calls > 0) {
+      spdlog::info("sequence parallelism: per micro-batch {:.0f} reduce-scatters of {} and {:.0f} sends, receives and "
+                   "broadcasts of norm gradients, {} (formula: {} of {} and {}, {})",
+                   s.tp_reduce_scatter_calls, format_bytes(static_cast<std::uint64_t>(s.tp_reduce_scatter_bytes)),
+                   s.tp_chain_calls, format_bytes(static_cast<std::uint64_t>(s.tp_chain_bytes)),
+                   s.tp_formula_reduce_scatter_calls, format_bytes(s.tp_formula_reduce_scatter_bytes),
+                   s.tp_formula_chain_calls, format_bytes(s.tp_formula_chain_bytes));
+    }
   }
   if (engine.optimizer_offloaded()) {
     spdlog::info("tiers: peak host {} (pinned staging {}; process peak RSS {}), peak nvme {}; nvme read {}, written {}",

@@ -44,6 +44,14 @@ for model in tiny tiny-llama; do
   # tiny-llama's 2 KV heads at tensor 4: each KV head on 2 ranks (Note [Replicated KV heads]).
   run 4 4 4 2 "$model.d1t4.st"
   compare "$model.ref.st" "$model.d1t4.st" "$model: tensor 4, stage 2 = one rank"
+  # Sequence parallelism (Note [Sequence parallelism]): the residual stream and the norms split by
+  # rows, reduce-scatters and all-gathers for all-reduces, the norms' weight gradients in rank order.
+  run 2 2 4 0 "$model.d1t2sp.st" --set strata.parallel.sequence=true
+  compare "$model.ref.st" "$model.d1t2sp.st" "$model: tensor 2 with sequence parallelism, stage 0 = one rank"
+  run 4 2 2 3 "$model.d2t2sp.st" --set strata.parallel.sequence=true
+  compare "$model.ref.st" "$model.d2t2sp.st" "$model: data 2 x tensor 2 with sequence parallelism, stage 3 = one rank"
+  run 4 4 4 2 "$model.d1t4sp.st" --set strata.parallel.sequence=true
+  compare "$model.ref.st" "$model.d1t4sp.st" "$model: tensor 4 with sequence parallelism, stage 2 = one rank"
   # The optimizer state on NVMe and the parameters on the host, sharded over the data axis of each
   # tensor slice (every rank its own swap file).
   run 4 2 2 3 "$model.d2t2off.st" --set zero_optimization.offload_optimizer.device='"nvme"' \
@@ -64,6 +72,8 @@ common=(--log-level warn train --config "$config" --steps 6 --set strata.model="
 run 1 1 2 0 tck.ref.st
 run 4 2 1 3 tck.d2t2.st
 compare tck.ref.st tck.d2t2.st "checkpointed LLaMA, 2-sequence micro-batches: data 2 x tensor 2, stage 3 = one rank"
+run 4 2 1 1 tck.d2t2sp.st --set strata.parallel.sequence=true
+compare tck.ref.st tck.d2t2sp.st "checkpointed LLaMA, data 2 x tensor 2 with sequence parallelism, stage 1 = one rank"
 
 # 8 ranks: every factorization into data x tensor of an 8-head model with 8 slices, 8 units per step.
 model8='{"name": "tp8", "arch": "gpt2", "vocab_size": 256, "max_seq_len": 64, "n_layers": 2, "d_model": 64, "n_heads": 8, "ffn_hidden": 256}'
@@ -78,6 +88,8 @@ compare tp8.ref.st tp8.d8t1.st "8-head model: data 8, stage 1 = one rank"
 compare tp8.ref.st tp8.d4t2.st "8-head model: data 4 x tensor 2, stage 2 = one rank"
 compare tp8.ref.st tp8.d2t4.st "8-head model: data 2 x tensor 4, stage 1 = one rank"
 compare tp8.ref.st tp8.d1t8.st "8-head model: tensor 8, stage 0 = one rank"
+run 8 8 8 0 tp8.d1t8sp.st --set strata.parallel.sequence=true
+compare tp8.ref.st tp8.d1t8sp.st "8-head model: tensor 8 with sequence parallelism (4 rows a rank), stage 0 = one rank"
 
 # Replicated KV heads on 8 ranks (Note [Replicated KV heads]): a LLaMA of 8 heads and 2 KV heads, 8
 # slices; at tensor 8 each KV head is on 4 ranks, at tensor 4 on 2, at tensor 2 split. A copy that
@@ -93,6 +105,8 @@ run 8 2 2 1 kv8.d4t2.st --set zero_optimization.offload_optimizer.device='"nvme"
 compare kv8.ref.st kv8.d1t8.st "2 KV heads at tensor 8 (each on 4 ranks) = one rank"
 compare kv8.ref.st kv8.d2t4.st "2 KV heads at data 2 x tensor 4 (each on 2 ranks), stage 3 = one rank"
 compare kv8.ref.st kv8.d4t2.st "2 KV heads at data 4 x tensor 2, stage 1, state on NVMe = one rank"
+run 8 4 4 3 kv8.d2t4sp.st --set strata.parallel.sequence=true
+compare kv8.ref.st kv8.d2t4sp.st "2 KV heads at data 2 x tensor 4 with sequence parallelism, stage 3 = one rank"
 # A checkpoint at tensor 8 (the KV heads' copies in it) resumed at tensor 2, and exported.
 run 8 8 8 0 kv8.first.st --set strata.steps=3 --set strata.checkpoint.dir='"kvck"'
 run 8 2 2 2 kv8.resumed.st --set strata.checkpoint.dir='"kvck"' --resume kvck
@@ -124,14 +138,18 @@ compare ck.ref.st ck2.to1.st "checkpoint at tensor 2, resumed at data 2 x tensor
 run 4 4 4 2 ck2.to4.st --steps 8 --set strata.checkpoint.dir='"ck2b"' --resume ck2b
 compare ck.ref.st ck2.to4.st "checkpoint at tensor 2, resumed at tensor 4 = 8 steps straight"
 run 1 1 4 0 ck1.first.st --steps 4 --set strata.checkpoint.dir='"ck1"'
+cp -r ck1 ck1sp
 run 4 2 2 1 ck1.to2.st --steps 8 --set strata.checkpoint.dir='"ck1"' --resume ck1
 compare ck.ref.st ck1.to2.st "checkpoint of one rank, resumed at data 2 x tensor 2 = 8 steps straight"
+run 4 2 2 1 ck1.to2sp.st --steps 8 --set strata.checkpoint.dir='"ck1sp"' --resume ck1sp --set strata.parallel.sequence=true
+compare ck.ref.st ck1.to2sp.st "checkpoint of one rank, resumed at data 2 x tensor 2 with sequence parallelism = 8 steps straight"
 
 # ---- 2. Fast mode ---------------------------------------------------------------------------------
 common=(--log-level warn train --config "$config" --steps 12 --set strata.exact=false --set gradient_clipping=0
         --set train_micro_batch_size_per_gpu=2)
 run 1 1 2 2 fast.t1.st --summary-json fast.t1.json
 run 2 2 2 2 fast.t2.st --summary-json fast.t2.json
+run 2 2 2 2 fast.t2sp.st --summary-json fast.t2sp.json --set strata.parallel.sequence=true
 # Clipping (the config's gradient_clipping 1) needs the whole model's norm: each tensor rank's split
 # groups summed over the group, the replicated ones once. Step 1's norm is the same as at T = 1
 # (before any update could make them drift apart), and clipped steps follow T = 1.
@@ -164,13 +182,52 @@ want = {"all_reduce_calls": activations + 2, "all_reduce_bytes": activations * r
         "all_gather_calls": 1, "all_gather_bytes": rows * 1 * 8}
 got = b["tensor_parallel"]["per_micro_batch"]
 print(f"tensor group per micro-batch: {got} (formula {want})")
-ok = ok and all(got[k] == v for k, v in want.items()) and b["tensor_parallel"]["formula_per_micro_batch"] == want
+formula = b["tensor_parallel"]["formula_per_micro_batch"]
+ok = ok and all(got[k] == v and formula[k] == v for k, v in want.items())
+ok = ok and all(got[k] == 0 and formula[k] == 0 for k in got if k not in want)
 ratio = b["model_state_bytes"] / a["model_state_bytes"]
 print(f"model state per rank: {b['model_state_bytes']} B at tensor 2, {a['model_state_bytes']} B at tensor 1 ({ratio:.3f})")
 sys.exit(0 if ok and 0.5 < ratio < 0.6 else 1)
 EOF
 then echo "ok: fast mode, tensor 2 trains to tensor 1's loss; collectives and model state as the formulas say"
 else echo "FAILED: fast mode losses, collectives or model state"; fail=1; fi
+# Sequence parallelism in fast mode: the loss of plain tensor 2, and its collectives as the formula
+# (computed here) says: every activation all-reduce a reduce-scatter, an all-gather of the rank's rows
+# before each reader of every row, and the norm gradients' chain (rank 0: sends and broadcasts).
+if python3 - fast.t2.json fast.t2sp.json <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+last = abs(a["last_loss"] - b["last_loss"]) / a["last_loss"]
+print(f"sequence parallelism: loss {b['first_loss']:.6f} -> {b['last_loss']:.6f} (plain tensor 2: "
+      f"{a['first_loss']:.6f} -> {a['last_loss']:.6f})")
+rows, d, layers, e, T = 2 * 32, 32, 2, 4, 2
+activations = 1 + 2 * layers + 2 * layers + 1
+gathers = (2 * layers + 1) + (2 * layers + 1)  # norms' outputs; residual gradients (row-parallel, embedding)
+vectors = (2 * layers + 1) * 2                 # GPT-2's norms: weight and bias
+want = {"all_reduce_calls": 2, "all_reduce_bytes": 2 * rows * 4,
+        "all_gather_calls": 1 + gathers, "all_gather_bytes": rows * 1 * 8 + gathers * rows // T * d * e,
+        "reduce_scatter_calls": activations, "reduce_scatter_bytes": activations * rows * d * e,
+        "norm_chain_calls": 2 * vectors, "norm_chain_bytes": 2 * vectors * d * e}
+got = b["tensor_parallel"]["per_micro_batch"]
+formula = b["tensor_parallel"]["formula_per_micro_batch"]
+print(f"tensor group per micro-batch with sequence parallelism: {got} (formula {want})")
+ok = all(got[k] == v and formula[k] == v for k, v in want.items()) and set(got) == set(want)
+sys.exit(0 if ok and b["first_loss"] == a["first_loss"] and last < 1e-5 else 1)
+EOF
+then echo "ok: sequence parallelism in fast mode: plain tensor 2's loss; collectives as the formula says"
+else echo "FAILED: sequence parallelism in fast mode"; fail=1; fi
+# What sequence parallelism cannot run is refused before any work, naming the key.
+refused() {  # description, expected text, ranks, args...
+  local what="$1" text="$2" np="$3"; shift 3
+  if "${mpi[@]}" -np "$np" "$strata" train --config "$config" --steps 1 --set gradient_clipping=0 "$@" > refused.txt 2>&1; then
+    echo "FAILED: $what ran"; fail=1
+  elif grep -q "$text" refused.txt; then echo "ok: $what refused"; else cat refused.txt; echo "FAILED: $what: no message"; fail=1; fi
+}
+refused "sequence parallelism over 2 ranks of a 31-token micro-batch" "strata.parallel.sequence splits a micro-batch's 31 tokens" 2 \
+  --set strata.parallel.tensor=2 --set strata.parallel.sequence=true --set strata.data.seq_len=31 \
+  --set train_micro_batch_size_per_gpu=1
+refused "sequence parallelism beside pipeline stages" "strata.parallel.sequence beside strata.parallel.pipeline = 2" 4 \
+  --set strata.parallel.tensor=2 --set strata.parallel.pipeline=2 --set strata.parallel.sequence=true
 # Replicated KV heads in fast mode: tiny-llama's 2 KV heads at tensor 4. The gradient norm counts each
 # KV head once (not again for its copy on the other rank), so clipping follows tensor 1; the tensor
 # group's collectives add one all-gather per block backward of rows x 2 head_dim values.
@@ -202,15 +259,37 @@ else echo "FAILED: replicated KV heads in fast mode"; fail=1; fi
 
 # 3. `strata estimate` plans a tensor-parallel run with train's own planning path: its tier line is
 #    the one train logs, for the built-in demo config (bf16, stage 3, everything on NVMe) at data 2 x
-#    tensor 2.
-tp_demo=(--set strata.parallel.tensor=2 --set strata.metrics='""')
-"$strata" estimate --json --world 4 "${tp_demo[@]}" > est.json
-est=$(sed -n 's/.*"plan_line": "\(.*\)",*$/\1/p' est.json)
-"${mpi[@]}" -np 4 "$strata" --log-level info train --steps 1 "${tp_demo[@]}" > demo.log 2>&1 || { cat demo.log; fail=1; }
-trained=$(sed -n 's/.*\[info\] \(tier plan per rank: .*\)$/\1/p' demo.log)
-if [ -n "$est" ] && [ "$est" = "$trained" ] && grep -q '"tensor_ranks": 2' est.json; then
-  echo "ok: demo at data 2 x tensor 2: estimate's plan is train's"
-else echo "FAILED: demo at data 2 x tensor 2: estimate says '$est', train logged '$trained'"; fail=1; fi
+#    tensor 2, without and with sequence parallelism (whose activations are smaller: the residual
+#    stream and the norms' inputs are each rank's rows).
+for sp in false true; do
+  tp_demo=(--set strata.parallel.tensor=2 --set strata.metrics='""' --set strata.parallel.sequence=$sp)
+  "$strata" estimate --json --world 4 "${tp_demo[@]}" > est.$sp.json
+  est=$(sed -n 's/.*"plan_line": "\(.*\)",*$/\1/p' est.$sp.json)
+  "${mpi[@]}" -np 4 "$strata" --log-level info train --steps 1 "${tp_demo[@]}" > demo.log 2>&1 || { cat demo.log; fail=1; }
+  trained=$(sed -n 's/.*\[info\] \(tier plan per rank: .*\)$/\1/p' demo.log)
+  if [ -n "$est" ] && [ "$est" = "$trained" ] && grep -q '"tensor_ranks": 2' est.$sp.json; then
+    echo "ok: demo at data 2 x tensor 2, sequence parallelism $sp: estimate's plan is train's"
+  else echo "FAILED: demo at data 2 x tensor 2, sequence $sp: estimate says '$est', train logged '$trained'"; fail=1; fi
+done
+if python3 - est.false.json est.true.json <<'EOF'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+def find(j, key):
+    if isinstance(j, dict):
+        if key in j: return j[key]
+        for v in j.values():
+            r = find(v, key)
+            if r is not None: return r
+    elif isinstance(j, list):
+        for v in j:
+            r = find(v, key)
+            if r is not None: return r
+    return None
+x, y = find(a, "activations"), find(b, "activations")
+print(f"demo at tensor 2: activations {x} B, with sequence parallelism {y} B")
+sys.exit(0 if x and y and y < x else 1)
+EOF
+then echo "ok: sequence parallelism plans fewer activation bytes"; else echo "FAILED: sequence parallelism's activations"; fail=1; fi
 
 # bf16 and fp16 (with its loss scaler, whose skips the tensor group takes alike): activations,
 # all-reduces and gradients in 16 bits (the communicator sums in fp32 and rounds once), so T = 2
