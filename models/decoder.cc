@@ -161,10 +161,6 @@ Decoder::Decoder(ModelConfig config, DecoderOptions options)
   }
   PipelineStage& ps = options_.pipeline;
   if (ps.end_layer < 0) ps.end_layer = config_.n_layers;
-  if (tp.split_rows() && ps.size > 1) {
-    throw ConfigError("sequence parallelism (strata.parallel.sequence) beside pipeline stages (strata.parallel.pipeline "
-                      "> 1) is not built yet: set one of them off");
-  }
   STRATA_CHECK(ps.size >= 1 && ps.rank >= 0 && ps.rank < ps.size && 0 <= ps.first_layer &&
                    ps.first_layer < ps.end_layer && ps.end_layer <= config_.n_layers &&
                    (ps.size > 1 || (ps.first_layer == 0 && ps.end_layer == config_.n_layers)),

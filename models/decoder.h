@@ -123,6 +123,9 @@ class Decoder {
   bool tied_across_stages() const;
   // Elements of this rank's slice of the tied embedding weights (the last stage's copy).
   std::size_t tied_embedding_elems() const;
+  // Elements of a stage boundary (a stage's output, its input gradient): the micro-batch's rows this
+  // rank holds (all of them, or 1/T under Note [Sequence parallelism]) x d_model.
+  std::size_t boundary_elems(std::int64_t batch, std::int64_t seq) const;
   // The step's embedding weights to the last stage: the first stage sends them (on `send_stream`,
   // after the compute stream's acquisition), the last receives them into `copy` on the compute
   // stream; other stages do nothing (both pointers may be null there). Before the step's first

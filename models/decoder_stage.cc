@@ -124,7 +124,7 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
   // last stage, for the first time).
   if (ws.set_x.empty()) m.forward_blocks();
   if (ps.last()) m.run_head(grad_scale);
-  if (tied_split && ps.last()) {
+  if (tied_split && ps.last()) {  // every row: the final norm's output is gathered (Note [Sequence parallelism])
     stream->copy_d2d(tied.head_norm_out, ws.lnf_out, static_cast<std::size_t>(n * c.d_model) * dtype_bytes(c.dtype));
   }
   m.backward_blocks();
@@ -133,6 +133,12 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
 
 bool Decoder::tied_across_stages() const {
   return options_.pipeline.split() && config_.arch == Architecture::Gpt2;
+}
+
+std::size_t Decoder::boundary_elems(std::int64_t batch, std::int64_t seq) const {
+  const TensorParallel& tp = options_.tensor;
+  const std::int64_t rows = batch * seq;
+  return static_cast<std::size_t>((tp.split_rows() ? rows / tp.size : rows) * config_.d_model);
 }
 
 std::size_t Decoder::tied_embedding_elems() const {

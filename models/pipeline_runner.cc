@@ -40,29 +40,22 @@ struct PipelineRunner::Ring {
   }
 };
 
-namespace {
-
-std::size_t boundary_elems_of(std::int64_t batch, std::int64_t seq, const ModelConfig& model) {
-  return static_cast<std::size_t>(batch * seq * model.d_model);
-}
-
-}  // namespace
-
-std::size_t PipelineRunner::buffer_bytes(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches,
-                                         std::int64_t batch, std::int64_t seq, const ModelConfig& model,
-                                         std::size_t tied_elems) {
+std::size_t PipelineRunner::buffer_bytes(const Decoder& decoder, const PipelineStage& stage,
+                                         PipelineSchedule schedule, int micro_batches, std::int64_t batch,
+                                         std::int64_t seq) {
   if (!stage.split()) return 0;
-  const std::size_t b = boundary_elems_of(batch, seq, model) * dtype_bytes(model.dtype);
+  const ModelConfig& model = decoder.config();
+  const std::size_t e = dtype_bytes(model.dtype);
+  const std::size_t b = decoder.boundary_elems(batch, seq) * e;
+  const std::size_t head = static_cast<std::size_t>(batch * seq * model.d_model) * e;
+  const std::size_t tied_elems = decoder.tied_across_stages() ? decoder.tied_embedding_elems() : 0;
   const auto stash = stage.first() ? 0
                                    : static_cast<std::size_t>(pipeline_in_flight(
                                          pipeline_schedule(schedule, stage.size, stage.rank, micro_batches)));
-  std::size_t buffers = (stage.last() ? 0 : 2) + 2;
-  std::size_t tied = 0;
-  if (tied_elems > 0 && stage.first()) buffers += 1;
-  if (tied_elems > 0 && stage.last()) {
-    buffers += 2;
-    tied = tied_elems * dtype_bytes(model.dtype);
-  }
+  const std::size_t buffers = (stage.last() ? 0 : 2) + 2;
+  std::size_t tied = 0;  // the head's input (first stage), its output ring and the weights' copy (last)
+  if (tied_elems > 0 && stage.first()) tied += head;
+  if (tied_elems > 0 && stage.last()) tied += 2 * head + tied_elems * e;
   return (stash + buffers) * b + tied;
 }
 
@@ -80,8 +73,10 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
   STRATA_CHECK(stage_.comm->world_size() == stage_.size && stage_.comm->rank() == stage_.rank,
                "pipeline stage {} of {} on a communicator of rank {} of {}", stage_.rank, stage_.size,
                stage_.comm->rank(), stage_.comm->world_size());
-  boundary_elems_ = boundary_elems_of(batch, seq, decoder.config());
+  boundary_elems_ = decoder.boundary_elems(batch, seq);
   boundary_bytes_ = boundary_elems_ * dtype_bytes(dtype_);
+  head_elems_ = static_cast<std::size_t>(batch * seq * decoder.config().d_model);
+  head_bytes_ = head_elems_ * dtype_bytes(dtype_);
   ops_ = pipeline_schedule(schedule, stage_.size, stage_.rank, micro_batches);
   Device& device = *rt_.device;
   // A slot per micro-batch in flight: its input (the stash, after the first stage) and the
@@ -96,10 +91,10 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
   if (!stage_.last()) out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage output");
   grad_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline stage gradient");
   tied_ = decoder.tied_across_stages();
-  if (tied_ && stage_.first()) norm_in_ = device.allocate(boundary_bytes_, "pipeline tied head input");
+  if (tied_ && stage_.first()) norm_in_ = device.allocate(head_bytes_, "pipeline tied head input");
   if (tied_ && stage_.last()) {
     tied_wte_ = device.allocate(decoder.tied_embedding_elems() * dtype_bytes(dtype_), "pipeline tied embedding");
-    norm_out_ = std::make_unique<Ring>(device, boundary_bytes_, "pipeline tied head output");
+    norm_out_ = std::make_unique<Ring>(device, head_bytes_, "pipeline tied head output");
   }
   step_start_ = device.create_event();
   for (std::size_t i = 0; i < ops_.size(); ++i) {
@@ -123,9 +118,9 @@ PipelineRunner::~PipelineRunner() {
 }
 
 std::size_t PipelineRunner::buffer_bytes() const {
-  const std::size_t buffers = stash_.size() + (out_ ? out_->slots.size() : 0) + grad_->slots.size() +
-                              (norm_out_ ? norm_out_->slots.size() : 0) + (norm_in_.empty() ? 0 : 1);
-  return buffers * boundary_bytes_ + tied_wte_.size_bytes();
+  const std::size_t buffers = stash_.size() + (out_ ? out_->slots.size() : 0) + grad_->slots.size();
+  const std::size_t heads = (norm_out_ ? norm_out_->slots.size() : 0) + (norm_in_.empty() ? 0 : 1);
+  return buffers * boundary_bytes_ + heads * head_bytes_ + tied_wte_.size_bytes();
 }
 
 void PipelineRunner::forward(ParamProvider& provider, int a) {
@@ -181,8 +176,8 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
   StageTied tied;
   Ring::Slot* norm_out = nullptr;
   if (tied_ && stage_.first()) {  // after the gradient from stage 1: the last stage sends in that order
-    stage_.comm->recv(norm_in_.data(), boundary_elems_, dtype_, stage_.size - 1, compute);
-    stats_.received_bytes += boundary_bytes_;
+    stage_.comm->recv(norm_in_.data(), head_elems_, dtype_, stage_.size - 1, compute);
+    stats_.received_bytes += head_bytes_;
     tied.head_norm_in = norm_in_.data();
   }
   if (tied_ && stage_.last()) {
@@ -195,19 +190,19 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
                                                grad_scale, x_in, g.memory.data(), tied, slot);
   compute.record(*op_end_[op_]);
   timed_[op_] = true;
-  const auto send = [&](Ring::Slot& slot, int peer) {
+  const auto send = [&](Ring::Slot& slot, int peer, std::size_t elems) {
     Stream& to = sender(peer);
     compute.record(*slot.ready);
     to.wait(*slot.ready);
-    stage_.comm->send(slot.memory.data(), boundary_elems_, dtype_, peer, to);
+    stage_.comm->send(slot.memory.data(), elems, dtype_, peer, to);
     to.record(*slot.sent);
     slot.in_flight = true;
-    stats_.sent_bytes += boundary_bytes_;
+    stats_.sent_bytes += elems * dtype_bytes(dtype_);
   };
-  if (!stage_.first()) send(g, stage_.rank - 1);
+  if (!stage_.first()) send(g, stage_.rank - 1, boundary_elems_);
   free_slots_.push_back(slot);  // reused by a later forward on the compute stream
   stash_of_[i] = -1;
-  if (norm_out != nullptr) send(*norm_out, 0);
+  if (norm_out != nullptr) send(*norm_out, 0, head_elems_);
   --live_;
   return loss;
 }

@@ -65,14 +65,16 @@ class PipelineRunner {
   const std::vector<PipelineOp>& schedule() const { return ops_; }
   // Stash slots (one micro-batch's stage input each) and the bytes of the stage's buffers.
   int stash_slots() const { return static_cast<int>(stash_.size()); }
+  // A stage boundary's bytes (Decoder::boundary_elems), and the final norm's output the last stage
+  // sends the first with a tied embedding (every row of the micro-batch x d_model).
   std::size_t boundary_bytes() const { return boundary_bytes_; }
+  std::size_t head_bytes() const { return head_bytes_; }
   std::size_t buffer_bytes() const;
   const PipelineStepStats& last_step() const { return stats_; }
-  // Device bytes the runner of this shape allocates (for the plan, before building it);
-  // `tied_elems` is Decoder::tied_embedding_elems() for a tied embedding across stages, else 0.
-  static std::size_t buffer_bytes(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches,
-                                  std::int64_t batch, std::int64_t seq, const ModelConfig& model,
-                                  std::size_t tied_elems);
+  // Device bytes the runner of this shape allocates for `decoder`'s stage (for the plan, before
+  // building it).
+  static std::size_t buffer_bytes(const Decoder& decoder, const PipelineStage& stage, PipelineSchedule schedule,
+                                  int micro_batches, std::int64_t batch, std::int64_t seq);
 
  private:
   struct Ring;
@@ -84,7 +86,7 @@ class PipelineRunner {
   PipelineStage stage_;
   std::int64_t batch_, seq_;
   DType dtype_;
-  std::size_t boundary_elems_ = 0, boundary_bytes_ = 0;
+  std::size_t boundary_elems_ = 0, boundary_bytes_ = 0, head_elems_ = 0, head_bytes_ = 0;
   std::vector<PipelineOp> ops_;
   int slots_ = 0;  // micro-batches in flight at most
   std::vector<DeviceMemory> stash_;

@@ -74,7 +74,9 @@
 // their rows in rank order: rank r receives the running sums from rank r - 1, adds its rows and
 // sends them on, and the last rank broadcasts the total, so fp32 runs (exact mode) keep the bits of
 // one pass over every row. That chain costs T - 1 sends and a broadcast of d_model values per
-// norm weight, one after the other. Not beside pipeline stages yet; T must divide batch x seq.
+// norm weight, one after the other. Beside pipeline stages a stage boundary is the rank's rows
+// (Decoder::boundary_elems), sent to the same tensor rank of the next stage; GPT-2's tied head
+// still sends the final norm's output whole (it is gathered). T must divide batch x seq.
 //
 // Not built yet: tiling beside tensor parallelism, the cuda device (the vocabulary-parallel ops
 // have CPU kernels only).

@@ -207,8 +207,7 @@ Estimate estimate_stage(const EstimateInputs& in, const Target& t, const models:
   const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;
   // A stage's stash and boundary buffers count as activations, as in the trainer's plan.
   const std::uint64_t buffers = models::PipelineRunner::buffer_bytes(
-      stage, cfg.strata.parallel.schedule, cfg.gradient_accumulation_steps, micro, seq, model,
-      decoder.tied_across_stages() ? decoder.tied_embedding_elems() : 0);
+      decoder, stage, cfg.strata.parallel.schedule, cfg.gradient_accumulation_steps, micro, seq);
   e.activations_checkpointed = decoder_with(models::Checkpointing::Blocks).activation_bytes(micro, seq, true) + buffers;
   e.activations_full = decoder_with(models::Checkpointing::Off).activation_bytes(micro, seq, true) + buffers;
   const std::uint64_t activations = checkpointing ? e.activations_checkpointed : e.activations_full;

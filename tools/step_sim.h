@@ -106,8 +106,11 @@ struct StageWork {
   std::vector<models::PipelineOp> ops;  // the stage's order of work (models::pipeline_schedule)
   int activation_sets = 0;              // Note [Stage activations]; 0: re-materialized
   std::size_t forward_actions = 0;      // micro_batch[0, forward_actions): the stage's forward
-  // One micro-batch's stage output (and its gradient, back): batch x seq x d_model x dtype bytes.
+  // One micro-batch's stage output (and its gradient, back): batch x seq x d_model x dtype bytes
+  // (the rank's rows of them under sequence parallelism: models::Decoder::boundary_elems), and the
+  // final norm's output the last stage sends the first with a tied embedding (every row).
   double boundary_bytes = 0;
+  double head_bytes = 0;
   // GPT-2's tied embedding across stages (Note [Tied embedding across stages]): the weights the
   // first stage sends the last once per step (0: none), and the first stage's acquisition and
   // release of its embedding group around that send.

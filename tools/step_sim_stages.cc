@@ -285,7 +285,7 @@ class PipelineSim {
     }
     for (int p = 1; p < P; ++p) back[static_cast<std::size_t>(p)] = channel(p, p - 1, "gradient", S0.boundary_bytes, A);
     Channel* tied = S0.tied() ? channel(0, P - 1, "tied embedding", S0.tied_bytes, 1) : nullptr;
-    Channel* norm = S0.tied() ? channel(P - 1, 0, "final norm output", S0.boundary_bytes, A) : nullptr;
+    Channel* norm = S0.tied() ? channel(P - 1, 0, "final norm output", S0.head_bytes, A) : nullptr;
     std::vector<std::vector<StageStep>> programs;
     for (int p = 0; p < P; ++p) {
       programs.push_back(program(p, next, back, tied, norm));

@@ -326,7 +326,8 @@ std::vector<StepWorkload> make_stage_workloads(const TrainConfig& config, int wo
     S.schedule = par.schedule;
     S.ops = models::pipeline_schedule(par.schedule, P, p, m);
     S.activation_sets = ps.activation_sets;
-    S.boundary_bytes = static_cast<double>(micro * seq * model.d_model) * static_cast<double>(dtype_bytes(model.dtype));
+    S.boundary_bytes = static_cast<double>(decoder.boundary_elems(micro, seq)) * static_cast<double>(dtype_bytes(model.dtype));
+    S.head_bytes = static_cast<double>(micro * seq * model.d_model) * static_cast<double>(dtype_bytes(model.dtype));
     if (decoder.tied_across_stages()) {
       S.tied_bytes = static_cast<double>(decoder.tied_embedding_elems()) * static_cast<double>(dtype_bytes(model.dtype));
       if (ps.first()) {

@@ -288,9 +288,8 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
   const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;
   const std::uint64_t activation_bytes =
       decoder.activation_bytes(micro, seq, /*training=*/true) +
-      models::PipelineRunner::buffer_bytes(stage, cfg.strata.parallel.schedule, cfg.gradient_accumulation_steps, micro,
-                                           seq, decoder.config(),
-                                           decoder.tied_across_stages() ? decoder.tied_embedding_elems() : 0);
+      models::PipelineRunner::buffer_bytes(decoder, stage, cfg.strata.parallel.schedule, cfg.gradient_accumulation_steps,
+                                           micro, seq);
   // Every rank plans with rank 0's view of host memory, so "auto" places the same chunks on every
   // rank and a refusal is the same everywhere.
   HostFacts host = measure_host(node_ranks, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);

@@ -26,11 +26,6 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
   }
   const int T = layout.tensor(), S = cfg.strata.parallel.slices();
   if (cfg.strata.parallel.sequence && T > 1) {  // Note [Sequence parallelism] in models/tensor_parallel.h
-    if (P > 1) {
-      throw ConfigError(fmt::format("{}: strata.parallel.sequence beside strata.parallel.pipeline = {} is not built "
-                                    "yet; set sequence to false or pipeline to 1",
-                                    cfg.source, P));
-    }
     const std::int64_t rows = static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.strata.data.seq_len;
     if (rows % T != 0) {
       throw ConfigError(fmt::format("{}: strata.parallel.sequence splits a micro-batch's {} tokens "
@@ -219,14 +214,20 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
     f.measured_bubble = v[6];
     f.activation_sets = static_cast<int>(v[7]);
     f.activation_bytes = static_cast<std::uint64_t>(v[8]);
-    const auto boundary = static_cast<double>(runner.boundary_bytes());
+    // b x s x d_model values each way per neighbour (the rank's rows of them under sequence
+    // parallelism), and with a tied embedding the final norm's output (every row) to the first stage.
+    const std::int64_t rows = static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.strata.data.seq_len;
+    const double e = static_cast<double>(dtype_bytes(model.dtype));
+    const double head = static_cast<double>(rows * model.d_model) * e;
+    const int T = cfg.strata.parallel.sequence ? cfg.strata.parallel.tensor : 1;
+    const double boundary = head / T;
     const int neighbours = (q > 0 ? 1 : 0) + (q + 1 < stage.size ? 1 : 0);
     f.formula_sent_bytes = f.formula_received_bytes = boundary * neighbours;
     if (tied) {
       const double weights = static_cast<double>(tied_bytes) / cfg.gradient_accumulation_steps;
       const bool first = q == 0, last = q + 1 == stage.size;
-      f.formula_sent_bytes += (first ? weights : 0) + (last ? boundary : 0);
-      f.formula_received_bytes += (first ? boundary : 0) + (last ? weights : 0);
+      f.formula_sent_bytes += (first ? weights : 0) + (last ? head : 0);
+      f.formula_received_bytes += (first ? head : 0) + (last ? weights : 0);
     }
     summary.stages.push_back(f);
   }

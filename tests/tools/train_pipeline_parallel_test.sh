@@ -58,6 +58,10 @@ run 4 2 2 8 1 t2p2.st "${gpipe[@]}"
 compare ref.st t2p2.st "tensor 2 x pipeline 2 (GPipe), stage 1 = one rank"
 run 8 2 2 4 2 d2t2p2.st
 compare ref.st d2t2p2.st "data 2 x tensor 2 x pipeline 2, stage 2 = one rank"
+run 4 2 2 8 1 t2p2sp.st "${gpipe[@]}" --set strata.parallel.sequence=true
+compare ref.st t2p2sp.st "tensor 2 x pipeline 2 (GPipe) with sequence parallelism, stage 1 = one rank"
+run 8 2 2 4 3 d2t2p2sp.st --set strata.parallel.sequence=true
+compare ref.st d2t2p2sp.st "data 2 x tensor 2 x pipeline 2 with sequence parallelism, stage 3 = one rank"
 run 8 1 8 8 1 p8.st
 compare ref.st p8.st "pipeline 8 (one block per stage), stage 1 = one rank"
 run 8 1 4 4 0 d2p4.st "${gpipe[@]}" --set strata.parallel.pipeline_layers='[1, 3, 3, 1]'
@@ -87,6 +91,28 @@ run 4 1 4 8 3 g4.p4r.st --set strata.parallel.stage_recompute=true
 compare g4.ref.st g4.p4r.st "GPT-2 of 4 blocks (tied): pipeline 4, stages re-materialized, stage 3 = one rank"
 run 8 2 2 4 2 g4.d2t2p2.st
 compare g4.ref.st g4.d2t2p2.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pipeline 2, stage 2 = one rank"
+# Sequence parallelism beside the stages (Note [Sequence parallelism]): each tensor rank sends its
+# rows of the boundary (1/T of it) to the same tensor rank of the next stage; the tied head's final
+# norm output (every row) and the embedding's slice as before.
+run 8 2 2 4 2 g4.d2t2p2sp.st --set strata.parallel.sequence=true --summary-json g4sp.json
+compare g4.ref.st g4.d2t2p2sp.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pipeline 2 with sequence parallelism, stage 2 = one rank"
+if python3 - g4sp.json <<'EOF'
+import json, sys
+p = json.load(open(sys.argv[1]))["pipeline"]["per_stage"]
+# One sequence of 32 tokens x d_model 32, fp32: each tensor rank's 16 rows cross a boundary; the final
+# norm's output is every row; the embedding's slice (128 of 256 rows) once per step of 4 micro-batches.
+boundary, head, weights = 16 * 32 * 4, 32 * 32 * 4, 128 * 32 * 4 / 4
+want = [(boundary + weights, boundary + head), (boundary + head, boundary + weights)]
+ok = len(p) == 2
+for q, (s, (sent, received)) in enumerate(zip(p, want)):
+    print(f"sequence-parallel tied stage {q}: sent {s['sent_bytes_per_micro_batch']:.0f} B, received "
+          f"{s['received_bytes_per_micro_batch']:.0f} B per micro-batch (formula {sent:.0f}, {received:.0f})")
+    ok = ok and s["sent_bytes_per_micro_batch"] == s["formula_sent_bytes_per_micro_batch"] == sent
+    ok = ok and s["received_bytes_per_micro_batch"] == s["formula_received_bytes_per_micro_batch"] == received
+sys.exit(0 if ok else 1)
+EOF
+then echo "ok: sequence parallelism beside the stages: boundary bytes 1/T of the rows, as the formula says"
+else echo "FAILED: sequence-parallel boundary bytes"; fail=1; fi
 
 # Messages past MPI's eager limit (boundaries of 32 KiB, the tied embedding of 128 KiB), so every
 # send waits for its receive: the tied GPT-2 over 3 stages, both schedules, stage 3.
