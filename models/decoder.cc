@@ -71,11 +71,11 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
     std::vector<Decoder::Workspace::BlockActs> acts;
     for (std::int64_t l = 0; l < count; ++l) {
       Decoder::Workspace::BlockActs a{};
-      a.norm1 = cv.take(n * C * e);
+      a.norm1 = cv.take(mine * C * e);  // gathered into tmp for its readers (Note [Sequence parallelism])
       a.qkv = cv.take(n * qkv_w * e);
       a.att = cv.take(n * att_w * e);
       a.x_mid = cv.take(mine * C * e);
-      a.norm2 = cv.take(n * C * e);
+      a.norm2 = cv.take(mine * C * e);
       a.ff_in = cv.take(n * ff_in_w * e);
       a.ff_act = cv.take(n * F * e);
       a.mean1 = static_cast<float*>(cv.take(mine * 4));
@@ -292,8 +292,9 @@ void ModelPass::run_head(float grad_scale) const {
   if (acquire_emb) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
   const void* head_w = !tied ? hw[head_group::kLmHead] : acquire_emb ? ew[embedding_group::kWte] : tied_wte;
   void* x_final = ws.x.back();
-  pass.norm_forward(x_final, hw[head_group::kNormW], tied ? hw[head_group::kNormB] : nullptr, ws.lnf_out, ws.lnf_mean,
-                    ws.lnf_rstd);
+  // Every row of the final norm's output: the logits (and the tied head's gradient) read them all.
+  pass.norm_forward(x_final, hw[head_group::kNormW], tied ? hw[head_group::kNormB] : nullptr,
+                    tp.split_rows() ? ws.own_rows : ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.lnf_out);
   if (tp.sliced()) {
     pass.logits(head_w, sliced_head());
     pass.cross_entropy(sliced_head(), training, grad_scale);

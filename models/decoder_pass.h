@@ -233,21 +233,22 @@ struct BlockPass : SlicedPass {
     return dx;
   }
 
-  // x_out = block(x_in), filling `a`. Under Note [Sequence parallelism] x_in, x_out, x_mid and the
-  // norms' statistics are this rank's rows; the norms' outputs every row.
+  // x_out = block(x_in), filling `a`. Under Note [Sequence parallelism] x_in, x_out, x_mid, the
+  // norms' outputs and statistics are this rank's rows; a norm's output is gathered into tmp for the
+  // column-parallel stage that reads every row.
   void forward(const BlockParams& bp, const void* x_in, void* x_out, const Decoder::Workspace::BlockActs& a,
                void* tmp) const {
     const DType dt = c.dtype;
     const std::int64_t C = c.d_model, F = ffn(), n = rows(), mine = own_rows();
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      norm_forward(x_in, bp.weight(kLn1W), bp.weight(kLn1B), a.norm1, a.mean1, a.rstd1);
-      stage_forward(bp, BlockStage::AttnIn, a.norm1, C, {{a.qkv, qkv_w()}});
+      const void* x1 = norm_forward(x_in, bp.weight(kLn1W), bp.weight(kLn1B), a.norm1, a.mean1, a.rstd1, tmp);
+      stage_forward(bp, BlockStage::AttnIn, x1, C, {{a.qkv, qkv_w()}});
     } else {
       using namespace llama_block;
-      norm_forward(x_in, bp.weight(kAttnNorm), nullptr, a.norm1, nullptr, a.rstd1);
+      const void* x1 = norm_forward(x_in, bp.weight(kAttnNorm), nullptr, a.norm1, nullptr, a.rstd1, tmp);
       const std::int64_t hd = c.head_dim();
-      stage_forward(bp, BlockStage::AttnIn, a.norm1, C,
+      stage_forward(bp, BlockStage::AttnIn, x1, C,
                     {{a.qkv, qkv_w()}, {k_of(a.qkv), qkv_w()}, {v_of(a.qkv), qkv_w()}});
       rope(ctx, dt, a.qkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
       rope(ctx, dt, k_of(a.qkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
@@ -257,13 +258,13 @@ struct BlockPass : SlicedPass {
     residual_add(ctx, dt, x_in, y, a.x_mid, mine * C);
     if (c.arch == Architecture::Gpt2) {
       using namespace gpt2_block;
-      norm_forward(a.x_mid, bp.weight(kLn2W), bp.weight(kLn2B), a.norm2, a.mean2, a.rstd2);
-      stage_forward(bp, BlockStage::MlpIn, a.norm2, C, {{a.ff_in, F}});
+      const void* x2 = norm_forward(a.x_mid, bp.weight(kLn2W), bp.weight(kLn2B), a.norm2, a.mean2, a.rstd2, tmp);
+      stage_forward(bp, BlockStage::MlpIn, x2, C, {{a.ff_in, F}});
       gelu_forward(ctx, dt, a.ff_in, a.ff_act, n * F);
     } else {
       using namespace llama_block;
-      norm_forward(a.x_mid, bp.weight(kMlpNorm), nullptr, a.norm2, nullptr, a.rstd2);
-      stage_forward(bp, BlockStage::MlpIn, a.norm2, C, {{a.ff_in, 2 * F}, {at(a.ff_in, F, dt), 2 * F}});
+      const void* x2 = norm_forward(a.x_mid, bp.weight(kMlpNorm), nullptr, a.norm2, nullptr, a.rstd2, tmp);
+      stage_forward(bp, BlockStage::MlpIn, x2, C, {{a.ff_in, 2 * F}, {at(a.ff_in, F, dt), 2 * F}});
       swiglu_forward(ctx, dt, a.ff_in, a.ff_act, n, F);
     }
     y = stage_forward(bp, BlockStage::MlpOut, a.ff_act, F, {{tmp, C}});
@@ -280,14 +281,19 @@ struct BlockPass : SlicedPass {
     void* dy = gather_rows(ws.dres, ws.tmp);
     stage_backward(bp, BlockStage::MlpOut, a.ff_act, F, {{dy, C}}, ws.dff_act, F, Accumulate::No);
     const void* dln = nullptr;
+    // The column-parallel stages read every row of their norm's output: gathered again into ws.tmp
+    // (free once the row-parallel stage before has read the gathered gradient).
+    const void* x2 = nullptr;
     if (gpt2) {
       gelu_backward(ctx, dt, a.ff_in, ws.dff_act, ws.dff_in, n * F);
-      dln = stage_backward(bp, BlockStage::MlpIn, a.norm2, C, {{ws.dff_in, F}}, ws.dln, C, Accumulate::No);
+      x2 = gather_rows(a.norm2, ws.tmp);
+      dln = stage_backward(bp, BlockStage::MlpIn, x2, C, {{ws.dff_in, F}}, ws.dln, C, Accumulate::No);
       norm_backward(dln, a.x_mid, bp.weight(gpt2_block::kLn2W), a.mean2, a.rstd2, ws.dres,
                     bp.grad(gpt2_block::kLn2W), bp.grad(gpt2_block::kLn2B), Accumulate::Yes);
     } else {
       swiglu_backward(ctx, dt, a.ff_in, ws.dff_act, ws.dff_in, n, F);
-      dln = stage_backward(bp, BlockStage::MlpIn, a.norm2, C, {{ws.dff_in, 2 * F}, {at(ws.dff_in, F, dt), 2 * F}},
+      x2 = gather_rows(a.norm2, ws.tmp);
+      dln = stage_backward(bp, BlockStage::MlpIn, x2, C, {{ws.dff_in, 2 * F}, {at(ws.dff_in, F, dt), 2 * F}},
                            ws.dln, C, Accumulate::No);
       norm_backward(dln, a.x_mid, bp.weight(llama_block::kMlpNorm), nullptr, a.rstd2, ws.dres,
                     bp.grad(llama_block::kMlpNorm), nullptr, Accumulate::Yes);
@@ -304,7 +310,8 @@ struct BlockPass : SlicedPass {
         rope(ctx, dt, at(kv.head0, g * kv.head_stride, dt), batch, seq, 1, hd, 2 * hd, c.rope_theta,
              RopeDirection::Inverse);
       }
-      dln = column_backward(bp.w, bp.g, BlockStage::AttnIn, a.norm1, C, {ws.dqkv, qkv_w()}, ws.dln, &kv);
+      dln = column_backward(bp.w, bp.g, BlockStage::AttnIn, gather_rows(a.norm1, ws.tmp), C, {ws.dqkv, qkv_w()},
+                            ws.dln, &kv);
       norm_backward(dln, x_in, bp.weight(kAttnNorm), nullptr, a.rstd1, ws.dres, bp.grad(kAttnNorm), nullptr,
                     Accumulate::Yes);
       return;
@@ -313,7 +320,8 @@ struct BlockPass : SlicedPass {
                        k_of(ws.dqkv), v_of(ws.dqkv));
     if (gpt2) {
       using namespace gpt2_block;
-      dln = stage_backward(bp, BlockStage::AttnIn, a.norm1, C, {{ws.dqkv, qkv_w()}}, ws.dln, C, Accumulate::No);
+      dln = stage_backward(bp, BlockStage::AttnIn, gather_rows(a.norm1, ws.tmp), C, {{ws.dqkv, qkv_w()}}, ws.dln, C,
+                           Accumulate::No);
       norm_backward(dln, x_in, bp.weight(kLn1W), a.mean1, a.rstd1, ws.dres, bp.grad(kLn1W), bp.grad(kLn1B),
                     Accumulate::Yes);
     } else {
@@ -321,7 +329,7 @@ struct BlockPass : SlicedPass {
       const std::int64_t hd = c.head_dim();
       rope(ctx, dt, ws.dqkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
       rope(ctx, dt, k_of(ws.dqkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
-      dln = stage_backward(bp, BlockStage::AttnIn, a.norm1, C,
+      dln = stage_backward(bp, BlockStage::AttnIn, gather_rows(a.norm1, ws.tmp), C,
                            {{ws.dqkv, qkv_w()}, {k_of(ws.dqkv), qkv_w()}, {v_of(ws.dqkv), qkv_w()}}, ws.dln, C,
                            Accumulate::No);
       norm_backward(dln, x_in, bp.weight(kAttnNorm), nullptr, a.rstd1, ws.dres, bp.grad(kAttnNorm), nullptr,

@@ -108,14 +108,14 @@ void* SlicedPass::gather_rows(void* mine, void* all) const {
   return all;
 }
 
-void SlicedPass::norm_forward(const void* x, const void* w, const void* b, void* out, float* mean, float* rstd) const {
-  void* mine = tp.split_rows() ? own : out;
+void* SlicedPass::norm_forward(const void* x, const void* w, const void* b, void* mine, float* mean, float* rstd,
+                               void* all) const {
   if (c.arch == Architecture::Gpt2) {
     layernorm_forward(ctx, c.dtype, x, w, b, mine, mean, rstd, own_rows(), c.d_model, c.norm_eps);
   } else {
     rmsnorm_forward(ctx, c.dtype, x, w, mine, rstd, own_rows(), c.d_model, c.norm_eps);
   }
-  gather_rows(mine, out);
+  return gather_rows(mine, all);
 }
 
 void SlicedPass::norm_backward(const void* dout, const void* x, const void* w, const float* mean, const float* rstd,

@@ -104,8 +104,10 @@ struct SlicedPass {
   // `all`, returned; `mine` itself when the rows are not split.
   void* gather_rows(void* mine, void* all) const;
   // The architecture's norm (GPT-2: layer norm with bias; LLaMA: RMS norm, no bias, no mean) of
-  // this rank's rows of x, into every row of `out` (gathered when the rows are split).
-  void norm_forward(const void* x, const void* w, const void* b, void* out, float* mean, float* rstd) const;
+  // this rank's rows of x into `mine`; returns every row of it (gathered into `all` when the rows
+  // are split, else `mine` itself).
+  void* norm_forward(const void* x, const void* w, const void* b, void* mine, float* mean, float* rstd,
+                     void* all) const;
   // dx (this rank's rows; + dx with acc) = the norm's input gradient; dw (and db) += the weight's
   // (bias's) gradient over every row in row order: with split rows, the tensor ranks' in rank order.
   void norm_backward(const void* dout, const void* x, const void* w, const float* mean, const float* rstd, void* dx,

@@ -268,7 +268,7 @@ TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const Tensor
     t.reduce_scatter_calls = activations;
     t.reduce_scatter_bytes = activations * activation;
     std::uint64_t gathers = 2 * L + 1;              // the norms' outputs
-    if (training) gathers += 2 * L + 1;             // residual gradients: row-parallel backward, embedding
+    if (training) gathers += 2 * L + 1 + 2 * L;     // residual gradients (row-parallel, embedding); norms' outputs again
     if (training && checkpointing) gathers += 2 * L;
     t.all_gather_calls += gathers;
     t.all_gather_bytes += gathers * (activation / static_cast<std::uint64_t>(tp.size));

@@ -74,7 +74,9 @@
 // their rows in rank order: rank r receives the running sums from rank r - 1, adds its rows and
 // sends them on, and the last rank broadcasts the total, so fp32 runs (exact mode) keep the bits of
 // one pass over every row. That chain costs T - 1 sends and a broadcast of d_model values per
-// norm weight, one after the other. Beside pipeline stages a stage boundary is the rank's rows
+// norm weight, one after the other. A block keeps its norms' outputs as its rank's rows too and
+// gathers them again for the column-parallel backward (as Megatron does), so without checkpointing
+// every activation of the norm regions is 1/T. Beside pipeline stages a stage boundary is the rank's rows
 // (Decoder::boundary_elems), sent to the same tensor rank of the next stage; GPT-2's tied head
 // still sends the final norm's output whole (it is gathered). T must divide batch x seq.
 //
@@ -190,8 +192,9 @@ void place_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, st
 // of rows fp32 (row maxima, target logits) and 1 all-gather of rows x S/T doubles (slice sums).
 // With sequence parallelism (Note [Sequence parallelism]) each activation all-reduce is a
 // reduce-scatter (rows x d_model passed in), and the same number of all-gathers of the rank's rows
-// (rows / T x d_model) feed the norms' readers: 2 per block forward, the final norm's, and in
-// training 2 per block backward and the embedding's; the norms' weight gradients (2 per block and
+// (rows / T x d_model) feed the readers of every row: the norms' outputs (2 per block forward, the
+// final norm's, and in training the 2 per block again for the column-parallel backward) and the
+// residual gradient (2 per block backward, the embedding's); the norms' weight gradients (2 per block and
 // the final one; GPT-2's with their biases) travel as the rank-order chain's receives (ranks after
 // the first), sends (ranks before the last) and the last rank's broadcasts, d_model values each.
 struct TensorParallelTraffic {

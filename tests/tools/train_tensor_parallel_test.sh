@@ -202,7 +202,8 @@ print(f"sequence parallelism: loss {b['first_loss']:.6f} -> {b['last_loss']:.6f}
       f"{a['first_loss']:.6f} -> {a['last_loss']:.6f})")
 rows, d, layers, e, T = 2 * 32, 32, 2, 4, 2
 activations = 1 + 2 * layers + 2 * layers + 1
-gathers = (2 * layers + 1) + (2 * layers + 1)  # norms' outputs; residual gradients (row-parallel, embedding)
+# norms' outputs forward; residual gradients (row-parallel, embedding); norms' outputs again backward
+gathers = (2 * layers + 1) + (2 * layers + 1) + 2 * layers
 vectors = (2 * layers + 1) * 2                 # GPT-2's norms: weight and bias
 want = {"all_reduce_calls": 2, "all_reduce_bytes": 2 * rows * 4,
         "all_gather_calls": 1 + gathers, "all_gather_bytes": rows * 1 * 8 + gathers * rows // T * d * e,
