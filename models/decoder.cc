@@ -46,8 +46,8 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   const std::size_t e = dtype_bytes(dt);
   const std::size_t n = static_cast<std::size_t>(ws->batch * ws->seq);
   const auto T = static_cast<std::size_t>(tp.size);
-  // Note [Sequence parallelism]: the residual stream, its gradient and the norms' inputs and
-  // statistics hold this rank's rows only.
+  // Note [Sequence parallelism]: the residual stream, its gradient and the norms' inputs, outputs
+  // and statistics hold this rank's rows only.
   const std::size_t mine = tp.split_rows() ? n / T : n;
   // A tensor rank's activations are those of its heads, MLP columns and vocabulary rows.
   const std::size_t C = static_cast<std::size_t>(c.d_model), H = static_cast<std::size_t>(c.n_heads) / T;
@@ -211,6 +211,14 @@ std::size_t Decoder::activation_bytes(std::int64_t batch, std::int64_t seq, bool
 
 Decoder::Workspace& Decoder::workspace(const DecoderRuntime& rt, std::int64_t batch, std::int64_t seq, bool training) {
   if (ws_ && ws_->batch == batch && ws_->seq == seq && ws_->training == training && ws_->device == rt.device) return *ws_;
+  const TensorParallel& tp = options_.tensor;
+  if (tp.split_rows() && batch * seq % tp.size != 0) {
+    throw ConfigError(fmt::format("sequence parallelism (strata.parallel.sequence) splits the {} x {} = {} tokens of a "
+                                  "micro-batch over {} tensor ranks, which does not divide them: make the batch x "
+                                  "sequence length a multiple of strata.parallel.tensor or set sequence to false",
+                                  batch, seq, batch * seq, tp.size));
+  }
+
   ws_.reset();
   auto ws = std::make_unique<Workspace>();
   ws->batch = batch;
@@ -410,12 +418,6 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
   check_tokens(c, tokens, targets, batch, seq);
   const std::int64_t n = batch * seq;
   const TensorParallel& tp = options_.tensor;
-  if (tp.split_rows() && n % tp.size != 0) {
-    throw ConfigError(fmt::format("sequence parallelism (strata.parallel.sequence) splits the {} x {} = {} tokens of a "
-                                  "micro-batch over {} tensor ranks, which does not divide them: make the batch x "
-                                  "sequence length a multiple of strata.parallel.tensor or set sequence to false",
-                                  batch, seq, n, tp.size));
-  }
   Workspace& ws = workspace(rt, batch, seq, training);
   const KernelContext& ctx = rt.ctx;
   Stream* stream = ctx.stream;
@@ -424,7 +426,7 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
   const bool keep_all = training && options_.checkpointing == Checkpointing::Off;
   STRATA_CHECK(tp.size == 1 || (stream != nullptr && tp.comm != nullptr),
                "tensor parallelism over {} ranks needs a device stream and the tensor group's communicator", tp.size);
-  const BlockPass pass{{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts, ws.own_rows, ws.tmp}};
+  const BlockPass pass{{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts, ws.own_rows}};
   ProviderChain chain(provider, layout_, stage_local_, false, tensor_layout_.get());
   const ModelPass m{c, layout_, ctx, *chain.top, ws, pass, batch, seq, training, keep_all, options_.pipeline};
   m.forward_blocks();

@@ -78,7 +78,7 @@ void Decoder::stage_forward(const DecoderRuntime& rt, ParamProvider& provider, c
   BorrowedBuffers borrowed;
   if (!ps.first()) borrowed.lend(ws.x.front(), x_in);
   if (!ps.last()) borrowed.lend(ws.x.back(), y_out);  // the last stage's stays in its set for the head
-  const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts, ws.own_rows, ws.tmp}};
+  const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts, ws.own_rows}};
   ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
   // Note [Stage activations]: the set keeps what the backward reads; re-materialized, one set of
   // block activations suffices (the backward recomputes them).
@@ -110,7 +110,7 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
   if (!ps.first()) borrowed.lend(ws.x.front(), x_in);
   borrowed.lend(ws.dres, grad);
   if (tied_split && ps.first()) borrowed.lend(ws.lnf_out, tied.head_norm_in);
-  const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts, ws.own_rows, ws.tmp}};
+  const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts, ws.own_rows}};
   ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
   const bool keep_all = options_.checkpointing == Checkpointing::Off;
   ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, keep_all, ps};

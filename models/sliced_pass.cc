@@ -95,15 +95,16 @@ void* SlicedPass::sum_over_ranks(void* all, void* mine, std::int64_t count) cons
     tp.comm->all_reduce(all, all, static_cast<std::size_t>(count), c.dtype, ReduceOp::Sum, *ctx.stream);
     return all;
   }
-  STRATA_CHECK(mine != nullptr && count % tp.size == 0, "a sum of {} values split by rows over {} ranks", count,
-               tp.size);
+  STRATA_CHECK(mine != nullptr && rows() % tp.size == 0 && count % rows() == 0,
+               "a sum of {} values in {} rows split by rows over {} ranks", count, rows(), tp.size);
   tp.comm->reduce_scatter(all, mine, static_cast<std::size_t>(count / tp.size), c.dtype, ReduceOp::Sum, *ctx.stream);
   return mine;
 }
 
 void* SlicedPass::gather_rows(void* mine, void* all) const {
   if (!tp.split_rows()) return mine;
-  STRATA_CHECK(all != nullptr, "no buffer to gather {} rows into", rows());
+  STRATA_CHECK(all != nullptr && rows() % tp.size == 0, "gathering {} rows from {} ranks into {}", rows(), tp.size,
+               all);
   tp.comm->all_gather(mine, all, static_cast<std::size_t>(own_rows() * c.d_model), c.dtype, *ctx.stream);
   return all;
 }

@@ -40,11 +40,9 @@ struct SlicedPass {
   std::int64_t batch, seq, chunks;
   const TensorParallel& tp;
   const std::vector<void*>& parts;  // partial sums 1..L-1 of one [rows, d_model] sum
-  // Note [Sequence parallelism]: the rank's rows of one [rows, d_model] activation (a norm's output
-  // before its all-gather, a sum reduce-scattered), and a whole one (a gathered residual gradient,
-  // the embedding's lookup before its reduce-scatter). Unused when the rows are not split.
+  // Note [Sequence parallelism]: the rank's rows of one [rows, d_model] activation (the final
+  // norm's output before its all-gather, a sum reduce-scattered). Unused when the rows are not split.
   void* own = nullptr;
-  void* whole = nullptr;
 
   std::int64_t rows() const { return batch * seq; }
   // The rows of the residual stream this rank holds: all of them unless they are split.

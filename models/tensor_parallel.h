@@ -191,10 +191,11 @@ void place_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, st
 // `checkpointing` recomputes the forward, and the head's input gradient. The loss's: 2 all-reduces
 // of rows fp32 (row maxima, target logits) and 1 all-gather of rows x S/T doubles (slice sums).
 // With sequence parallelism (Note [Sequence parallelism]) each activation all-reduce is a
-// reduce-scatter (rows x d_model passed in), and the same number of all-gathers of the rank's rows
-// (rows / T x d_model) feed the readers of every row: the norms' outputs (2 per block forward, the
-// final norm's, and in training the 2 per block again for the column-parallel backward) and the
-// residual gradient (2 per block backward, the embedding's); the norms' weight gradients (2 per block and
+// reduce-scatter (rows x d_model passed in), and all-gathers of the rank's rows (rows / T x
+// d_model) feed the readers of every row: the norms' outputs (2 per block forward, the final
+// norm's, and in training the 2 per block again for the column-parallel backward) and the
+// residual gradient (2 per block backward, the embedding's): 2 more per block in training than
+// reduce-scatters. The norms' weight gradients (2 per block and
 // the final one; GPT-2's with their biases) travel as the rank-order chain's receives (ranks after
 // the first), sends (ranks before the last) and the last rank's broadcasts, d_model values each.
 struct TensorParallelTraffic {

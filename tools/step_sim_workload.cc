@@ -52,9 +52,9 @@ class ProgramBuilder {
  public:
   ProgramBuilder(const models::ModelConfig& model, const models::DecoderLayout& layout,
                  const models::TensorParallelLayout* tensor, int tensor_ranks, int slices, bool checkpointing,
-                 double tokens, double seq, StageSpan span)
+                 double tokens, double seq, StageSpan span, bool sequence)
       : model_(model), layout_(layout), tensor_(tensor), T_(tensor_ranks), slices_(slices),
-        checkpointing_(checkpointing), tokens_(tokens), seq_(seq), span_(std::move(span)) {}
+        checkpointing_(checkpointing), sequence_(sequence), tokens_(tokens), seq_(seq), span_(std::move(span)) {}
 
   // The whole model's micro-batch.
   std::vector<SimAction> build() {
@@ -204,6 +204,13 @@ class ProgramBuilder {
     // column-parallel input gradients backward.
     activations_all_reduce(fmt::format("{} {} (1 of 2)", verb, group(base).name));
     activations_all_reduce(fmt::format("{} {} (2 of 2)", verb, group(base).name));
+    if (pass == Pass::Backward && sequence_ && T_ > 1) {  // Note [Sequence parallelism]: the norms' outputs again
+      for (int i = 1; i <= 2; ++i) {
+        tensor_collective(fmt::format("tensor all_gather {} norm output ({} of 2)", group(base).name, i),
+                          tokens_ * static_cast<double>(model_.d_model) * static_cast<double>(dtype_bytes(model_.dtype)),
+                          1);
+      }
+    }
     if (pass == Pass::Backward && models::kv_replicas(model_, T_) > 1) {  // Note [Replicated KV heads]
       tensor_collective(fmt::format("tensor all_gather {} KV head gradients", group(base).name),
                         tokens_ * 2.0 * static_cast<double>(model_.head_dim() * dtype_bytes(model_.dtype)), 1);
@@ -224,6 +231,7 @@ class ProgramBuilder {
   int T_;
   int slices_;
   bool checkpointing_;
+  bool sequence_;  // Note [Sequence parallelism]
   double tokens_;
   double seq_;
   StageSpan span_;
@@ -277,7 +285,8 @@ StepWorkload make_step_workload(const TrainConfig& config, int world_size, std::
   StageSpan whole;
   whole.l1 = static_cast<std::int64_t>(decoder.layout().blocks.size());
   w.micro_batch = ProgramBuilder(model, decoder.layout(), tensor ? &*tensor : nullptr, T, tp.slices, checkpointing,
-                                 static_cast<double>(micro * seq), static_cast<double>(seq), std::move(whole))
+                                 static_cast<double>(micro * seq), static_cast<double>(seq), std::move(whole),
+                                 tp.split_rows())
                       .build();
   w.activation_bytes = decoder.activation_bytes(micro, seq, /*training=*/true);
   return w;
@@ -317,7 +326,7 @@ std::vector<StepWorkload> make_stage_workloads(const TrainConfig& config, int wo
     StageWork& S = w.stage;
     S.forward_actions = ProgramBuilder(model, decoder.layout(), tensor ? &*tensor : nullptr, T, tp.slices,
                                        checkpointing, static_cast<double>(micro * seq), static_cast<double>(seq),
-                                       std::move(span))
+                                       std::move(span), tp.split_rows())
                             .build_stage(&w.micro_batch);
     S.stages = P;
     S.rank = p;

@@ -266,5 +266,45 @@ TEST(StepSim, TensorParallelCollectivesAreMegatronsCount) {
   }
 }
 
+// Sequence parallelism (Note [Sequence parallelism]): the decoder's reduce-scatters and all-gathers
+// of the rank's rows pair up into what ring all-reduces move, which the simulator charges; the
+// backward's 2 extra all-gathers per block (the norms' outputs again) are charged one pass each.
+// The activation bytes are the decoder's (fewer than without it).
+TEST(StepSim, SequenceParallelCollectivesPairIntoAllReduces) {
+  const int T = 2;
+  const std::vector<std::string> sets{"gradient_clipping=0", "strata.parallel.tensor=2"};
+  std::vector<std::string> with = sets;
+  with.push_back("strata.parallel.sequence=true");
+  const TrainConfig cfg = load_train_config(config_path("tiny.json"), with);
+  const StepWorkload plain = make_step_workload(load_train_config(config_path("tiny.json"), sets), T,
+                                                std::uint64_t{64} << 20);
+  const StepWorkload w = make_step_workload(cfg, T, std::uint64_t{64} << 20);
+  bool checkpointing = false;
+  const models::ModelConfig model = training_model_config(cfg, &checkpointing);
+  models::TensorParallel tp{T, T - 1, T, nullptr};
+  tp.sequence = true;
+  const models::TensorParallelTraffic want =
+      models::tensor_parallel_traffic(model, tp, cfg.micro_batch_size * cfg.strata.data.seq_len, true, checkpointing);
+  double reduce_bytes = 0, gather_bytes = 0;
+  int reduces = 0, gathers = 0;
+  for (const SimAction& a : w.micro_batch) {
+    if (a.kind != SimAction::TensorCollective) continue;
+    (a.passes == 2 ? reduce_bytes : gather_bytes) += a.bytes;
+    ++(a.passes == 2 ? reduces : gathers);
+  }
+  const auto L = static_cast<int>(model.n_layers);
+  // Every reduce-scatter with an all-gather of the rank's rows: a ring all-reduce of its bytes.
+  EXPECT_EQ(reduces, static_cast<int>(want.reduce_scatter_calls + want.all_reduce_calls));
+  EXPECT_DOUBLE_EQ(reduce_bytes, static_cast<double>(want.reduce_scatter_bytes + want.all_reduce_bytes));
+  // The other all-gathers: the loss's slice sums and the norms' outputs again in backward.
+  EXPECT_EQ(static_cast<int>(want.all_gather_calls), static_cast<int>(want.reduce_scatter_calls) + 1 + 2 * L);
+  EXPECT_EQ(gathers, 1 + 2 * L);
+  const double rows_bytes = static_cast<double>(want.reduce_scatter_bytes) / static_cast<double>(want.reduce_scatter_calls);
+  EXPECT_DOUBLE_EQ(gather_bytes - 2 * L * rows_bytes,
+                   static_cast<double>(want.all_gather_bytes) -
+                       static_cast<double>(want.reduce_scatter_calls + 2 * L) * rows_bytes / T);
+  EXPECT_LT(w.activation_bytes, plain.activation_bytes);
+}
+
 }  // namespace
 }  // namespace strata::tools
