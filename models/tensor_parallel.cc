@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "models/decoder_params.h"
+#include "models/pipeline.h"
 
 namespace strata::models {
 
@@ -249,31 +250,38 @@ void SplitGroupProvider::grads_ready(std::size_t group, Stream* stream) {
 }
 
 TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const TensorParallel& tp, std::int64_t rows,
-                                              bool training, bool checkpointing) {
+                                              bool training, bool checkpointing, const PipelineStage* stage) {
   TensorParallelTraffic t;
   if (tp.size == 1) return t;
-  const auto L = static_cast<std::uint64_t>(c.n_layers);
+  const bool staged = stage != nullptr && stage->split();
+  const std::int64_t end = staged && stage->end_layer >= 0 ? stage->end_layer : c.n_layers;
+  const auto L = static_cast<std::uint64_t>(end - (staged ? stage->first_layer : 0));  // the stage's blocks
+  const std::uint64_t E = !staged || stage->first() ? 1 : 0;                           // the embedding
+  const std::uint64_t H = !staged || stage->last() ? 1 : 0;                            // the head
+  const std::uint64_t losses = H + (staged && training && stage->first() && c.arch == Architecture::Gpt2 ? 1 : 0);
+  const std::uint64_t forwards = staged && training && stage->activation_sets == 0 && !stage->last() ? 2 : 1;
+  const std::uint64_t T = training ? 1 : 0, K = training && checkpointing ? 1 : 0;
   const std::uint64_t activation = static_cast<std::uint64_t>(rows * c.d_model) * dtype_bytes(c.dtype);
-  std::uint64_t activations = 1 + 2 * L;             // embedding, row-parallel outputs
-  if (training) activations += 2 * L + 1;            // column-parallel input gradients, the head's
-  if (training && checkpointing) activations += 2 * L;  // the recomputed forward
-  t.all_reduce_calls = 2;
-  t.all_reduce_bytes = 2 * static_cast<std::uint64_t>(rows) * 4;
-  t.all_gather_calls = 1;
-  t.all_gather_bytes = static_cast<std::uint64_t>(rows * tp.local_slices()) * 8;
+  // The embedding's sum and the row-parallel outputs per forward; the column-parallel input
+  // gradients and the head's; the recomputed forward of each block under checkpointing.
+  const std::uint64_t activations = forwards * (E + 2 * L) + T * (2 * L + H) + K * 2 * L;
+  t.all_reduce_calls = 2 * losses;  // the loss's row maxima and target logits
+  t.all_reduce_bytes = 2 * losses * static_cast<std::uint64_t>(rows) * 4;
+  t.all_gather_calls = losses;  // the loss's slice sums
+  t.all_gather_bytes = losses * static_cast<std::uint64_t>(rows * tp.local_slices()) * 8;
   if (!tp.split_rows()) {
     t.all_reduce_calls += activations;
     t.all_reduce_bytes += activations * activation;
   } else {  // Note [Sequence parallelism]
     t.reduce_scatter_calls = activations;
     t.reduce_scatter_bytes = activations * activation;
-    std::uint64_t gathers = 2 * L + 1;              // the norms' outputs
-    if (training) gathers += 2 * L + 1 + 2 * L;     // residual gradients (row-parallel, embedding); norms' outputs again
-    if (training && checkpointing) gathers += 2 * L;
+    // The norms' outputs (the final norm's on the head's stage), per forward and again for the
+    // column-parallel backward; the residual gradient for the row-parallel backward and the embedding's.
+    const std::uint64_t gathers = forwards * 2 * L + H + K * 2 * L + T * (2 * L + E) + T * 2 * L;
     t.all_gather_calls += gathers;
     t.all_gather_bytes += gathers * (activation / static_cast<std::uint64_t>(tp.size));
     if (training) {
-      const std::uint64_t vectors = (2 * L + 1) * (c.arch == Architecture::Gpt2 ? 2 : 1);
+      const std::uint64_t vectors = (2 * L + H) * (c.arch == Architecture::Gpt2 ? 2 : 1);
       const std::uint64_t bytes = static_cast<std::uint64_t>(c.d_model) * dtype_bytes(c.dtype);
       t.broadcast_calls = vectors;
       t.broadcast_bytes = vectors * bytes;

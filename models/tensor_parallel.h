@@ -100,6 +100,8 @@ class Communicator;
 
 namespace strata::models {
 
+struct PipelineStage;
+
 struct TensorParallel {
   int size = 1;    // T
   int rank = 0;    // this rank's place in its tensor group
@@ -205,7 +207,11 @@ struct TensorParallelTraffic {
   std::uint64_t broadcast_calls = 0, broadcast_bytes = 0;
   std::uint64_t send_calls = 0, send_bytes = 0, recv_calls = 0, recv_bytes = 0;
 };
+// With pipeline stages (`stage` split), the stage's own: its blocks' collectives, the embedding's
+// on the first stage, the head's on the last; with GPT-2's tied embedding the first stage's
+// recomputed loss (Note [Tied embedding across stages]); a re-materialized stage before the last
+// runs its forward twice (Note [Stage re-materialization]).
 TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& config, const TensorParallel& tp, std::int64_t rows,
-                                              bool training, bool checkpointing);
+                                              bool training, bool checkpointing, const PipelineStage* stage = nullptr);
 
 }  // namespace strata::models

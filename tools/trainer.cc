@@ -711,7 +711,7 @@ TrainSummary run_training(const TrainOptions& options) {
   reporter.finish();
   total_summary(summary, loop, seconds, plan.tiers, model, start, first_step);
   wear_summary(summary, plan.tiers, world, options.drive_tbw);
-  tensor_summary(summary, *parallel_groups.tensor_counts, models::tensor_parallel_traffic(model, tp, micro * seq, true, checkpointing),
+  tensor_summary(summary, *parallel_groups.tensor_counts, models::tensor_parallel_traffic(model, tp, micro * seq, true, checkpointing, &stage),
                  tp.size, (summary.steps - first_step) * accumulation);
   if (pipeline) {
     pipeline_summary(summary, cfg, decoder, stage, *pipeline, *parallel_groups.pipeline_counts, (summary.steps - first_step) * accumulation,

@@ -54,8 +54,10 @@ run 4 1 4 8 1 p4gr.st "${gpipe[@]}" "${remat[@]}"
 compare ref.st p4gr.st "pipeline 4 (GPipe), stages re-materialized, stage 1 = one rank"
 run 4 1 2 4 3 d2p2.st
 compare ref.st d2p2.st "data 2 x pipeline 2, stage 3 = one rank"
-run 4 2 2 8 1 t2p2.st "${gpipe[@]}"
+run 4 2 2 8 1 t2p2.st "${gpipe[@]}" --summary-json t2p2.json
 compare ref.st t2p2.st "tensor 2 x pipeline 2 (GPipe), stage 1 = one rank"
+run 4 2 2 8 1 t2p2r.st --set strata.parallel.stage_recompute=true --summary-json t2p2r.json
+compare ref.st t2p2r.st "tensor 2 x pipeline 2, stages re-materialized, stage 1 = one rank"
 run 8 2 2 4 2 d2t2p2.st
 compare ref.st d2t2p2.st "data 2 x tensor 2 x pipeline 2, stage 2 = one rank"
 run 4 2 2 8 1 t2p2sp.st "${gpipe[@]}" --set strata.parallel.sequence=true
@@ -113,6 +115,22 @@ sys.exit(0 if ok else 1)
 EOF
 then echo "ok: sequence parallelism beside the stages: boundary bytes 1/T of the rows, as the formula says"
 else echo "FAILED: sequence-parallel boundary bytes"; fail=1; fi
+# The tensor group's collectives beside the stages: rank 0 (the first stage) counts its blocks',
+# the embedding's and, with GPT-2's tied embedding, its recomputed loss's; a re-materialized first
+# stage runs its forward twice. Each equals the formula (models::tensor_parallel_traffic).
+if python3 - t2p2.json t2p2r.json g4sp.json <<'EOF'
+import json, sys
+ok = True
+for path in sys.argv[1:]:
+    t = json.load(open(path))["tensor_parallel"]
+    got, want = t["per_micro_batch"], t["formula_per_micro_batch"]
+    print(f"{path}: tensor group per micro-batch on the first stage {got} (formula {want})")
+    ok = ok and t["tensor_ranks"] == 2 and set(got) == set(want) and all(got[k] == want[k] for k in got)
+    ok = ok and got["all_reduce_calls"] + got["reduce_scatter_calls"] > 0
+sys.exit(0 if ok else 1)
+EOF
+then echo "ok: the tensor group's collectives on a pipeline stage equal the formula"
+else echo "FAILED: tensor collectives beside pipeline stages"; fail=1; fi
 
 # Messages past MPI's eager limit (boundaries of 32 KiB, the tied embedding of 128 KiB), so every
 # send waits for its receive: the tied GPT-2 over 3 stages, both schedules, stage 3.
