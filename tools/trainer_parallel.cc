@@ -215,12 +215,10 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
     f.activation_sets = static_cast<int>(v[7]);
     f.activation_bytes = static_cast<std::uint64_t>(v[8]);
     // b x s x d_model values each way per neighbour (the rank's rows of them under sequence
-    // parallelism), and with a tied embedding the final norm's output (every row) to the first stage.
-    const std::int64_t rows = static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.strata.data.seq_len;
-    const double e = static_cast<double>(dtype_bytes(model.dtype));
-    const double head = static_cast<double>(rows * model.d_model) * e;
-    const int T = cfg.strata.parallel.sequence ? cfg.strata.parallel.tensor : 1;
-    const double boundary = head / T;
+    // parallelism: Decoder::boundary_elems), and with a tied embedding the final norm's output
+    // (every row) to the first stage.
+    const auto boundary = static_cast<double>(runner.boundary_bytes());
+    const auto head = static_cast<double>(runner.head_bytes());
     const int neighbours = (q > 0 ? 1 : 0) + (q + 1 < stage.size ? 1 : 0);
     f.formula_sent_bytes = f.formula_received_bytes = boundary * neighbours;
     if (tied) {
