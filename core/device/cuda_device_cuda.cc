@@ -43,6 +43,47 @@
 namespace strata {
 namespace {
 
+// What CUDA knows of the memory a failed copy named: its kind, and for device memory the
+// allocation it lies in, so an overrun or a stale page-locked range shows in the message.
+std::string describe_pointer(const void* p, std::size_t bytes) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fmt::format("{} (unknown to CUDA)", p);
+  }
+  const auto* last = static_cast<const std::byte*>(p) + bytes - 1;
+  cudaPointerAttributes b{};
+  const bool last_known = cudaPointerGetAttributes(&b, last) == cudaSuccess;
+  if (!last_known) (void)cudaGetLastError();
+  auto kind = [](cudaMemoryType t) {
+    switch (t) {
+      case cudaMemoryTypeHost: return "page-locked host";
+      case cudaMemoryTypeDevice: return "device";
+      case cudaMemoryTypeManaged: return "managed";
+      default: return "pageable host";
+    }
+  };
+  std::string s = fmt::format("{} ({} memory", p, kind(a.type));
+  if (a.type == cudaMemoryTypeDevice) {
+    using Range = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);  // the driver's, not linked
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found) ==
+            cudaSuccess &&
+        found == cudaDriverEntryPointSuccess && fn != nullptr &&
+        reinterpret_cast<Range>(fn)(&base, &size, reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS) {
+      const std::size_t offset = reinterpret_cast<CUdeviceptr>(p) - base;
+      s += fmt::format(", {} B into an allocation of {} B", offset, size);
+      if (offset + bytes > size) s += fmt::format(": the copy runs {} B past its end", offset + bytes - size);
+    }
+  }
+  if (last_known && b.type != a.type) s += fmt::format("; its last byte is {} memory", kind(b.type));
+  return s + ")";
+}
+
+
 using cuda_backend::CudaState;
 using cuda_backend::cuda_text;
 using cuda_backend::ScopedDevice;
@@ -104,6 +145,14 @@ class StreamFailure {
 //    stream inside that cudaMemcpyAsync, and the event wait could not proceed meanwhile);
 //  * a callback that blocks until the thread ran the function (no stream wait) lets one stream's
 //    function hold up every stream's callbacks.
+// Memory released on a stream with host functions is freed by its host thread (release_after;
+// Note [Released memory]): the offload worker's host function copies a reduced gradient released
+// right after the function was queued, and with cudaFreeAsync called at once that copy failed on an
+// H100 (2026-11-26) with "invalid argument", as CUDA documents: work issued after cudaFreeAsync
+// returns must not name the memory, whatever the stream order. The version freeing through the host
+// thread passed tests/core/cuda_stream_cuda_test.cc there, but the demo with it did not finish 20
+// steps in the 40 s given (hung or slow: not known), so the engine refuses offload on cuda
+// (engine/zero_engine.cc) unless STRATA_CUDA_OFFLOAD=1.
 // CUDA_DEVICE_MAX_CONNECTIONS is raised to 32 before the first context (unless set), so that a
 // blocked stream does not share a hardware queue with the streams its function waits for. Unlike
 // sim, copies and kernels queued after a failed host function still run; the stream's error is
@@ -387,6 +436,21 @@ class CudaStream final : public Stream {
                                     "stream of its own device",
                                     stream_label(), device_name_));
     }
+    HostWorker* worker = nullptr;
+    {
+      std::lock_guard lock(host_worker_mutex_);
+      worker = host_worker_.get();
+    }
+    if (worker != nullptr) {
+      // Note [Released memory] (core/device/sim_allocator.h): a host function queued before this
+      // may still issue copies of the memory, which CUDA refuses once cudaFreeAsync has returned,
+      // so the free is one more host function: its thread calls cudaFreeAsync when the stream
+      // reaches it, after the functions before it ran.
+      auto held = std::make_shared<DeviceMemory>(std::move(memory));
+      ScopedDevice on(state->ordinal);
+      worker->enqueue(stream_, [held] { held->reset(); });
+      return;
+    }
     memory.reset();  // -> CudaState::release -> cudaFreeAsync on this stream
   }
 
@@ -438,7 +502,13 @@ class CudaStream final : public Stream {
     auto state = enter(what);
     if (bytes == 0) return;
     ScopedDevice on(state->ordinal);
-    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+    const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, stream_);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: the stream stays usable for the caller's recovery
+      throw DeviceError(fmt::format("{}: {} of {} from {} to {} failed: cudaMemcpyAsync: {}", stream_label(), what,
+                                    format_bytes(bytes), describe_pointer(src, bytes), describe_pointer(dst, bytes),
+                                    cuda_text(err)));
+    }
   }
 
   std::weak_ptr<CudaState> state_;

@@ -136,6 +136,7 @@ void* SimAllocator::allocate(std::size_t bytes, std::string_view tag) {
     it->second.bytes = rounded;
   }
   it->second.free = false;
+  it->second.retired = false;
   it->second.tag.assign(tag);
 
   allocated_bytes_ += rounded;
@@ -168,6 +169,7 @@ void SimAllocator::release(void* ptr) noexcept {
   auto tag_it = bytes_by_tag_.find(it->second.tag);
   if (tag_it != bytes_by_tag_.end()) tag_it->second -= freed_bytes;
   it->second.free = true;
+  it->second.retired = false;
   it->second.tag.clear();
   it->second.tag.shrink_to_fit();
 
@@ -263,6 +265,34 @@ std::size_t SimAllocator::allocation_bytes(const void* ptr) const {
   std::lock_guard lock(mutex_);
   auto it = blocks_.find(static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - base_));
   return (it == blocks_.end() || it->second.free) ? 0 : it->second.bytes;
+}
+
+void SimAllocator::retire(const void* ptr) noexcept {
+  if (!contains(ptr, 0)) return;
+  std::lock_guard lock(mutex_);
+  auto it = blocks_.find(static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - base_));
+  if (it != blocks_.end() && !it->second.free) it->second.retired = true;
+}
+
+std::string SimAllocator::usable(const void* ptr, std::size_t bytes) const {
+  if (!contains(ptr, bytes)) return "it is not inside the device's memory";
+  const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - base_);
+  std::lock_guard lock(mutex_);
+  auto it = blocks_.upper_bound(offset);  // the block holding offset is the one before
+  if (it == blocks_.begin()) return "it is not inside an allocation";
+  --it;
+  const Block& b = it->second;
+  if (b.free) return "it lies in memory that is not allocated (freed already, or never allocated)";
+  if (b.retired) {
+    return fmt::format("its allocation ('{}') was released with release_after before this was issued, and CUDA "
+                       "forbids work issued after cudaFreeAsync from naming the memory (Note [Released memory])",
+                       b.tag);
+  }
+  if (offset + bytes > it->first + b.bytes) {
+    return fmt::format("it runs {} bytes past the end of its allocation ('{}', {} bytes)",
+                       offset + bytes - (it->first + b.bytes), b.tag, b.bytes);
+  }
+  return {};
 }
 
 }  // namespace strata

@@ -67,6 +67,14 @@ class SimAllocator {
   // Size of the live allocation at `ptr` (after rounding), 0 if `ptr` is not one.
   std::size_t allocation_bytes(const void* ptr) const;
 
+  // Note [Released memory]: CUDA forbids work issued after cudaFreeAsync returns from naming the
+  // memory, even work that would run before the free in stream order (cudaMemcpyAsync then fails
+  // with "invalid argument": an H100, 2026-11-26). retire(ptr) marks the live allocation at ptr as
+  // freed from now on for that purpose, though its bytes stay until release(); usable() is empty
+  // when [ptr, ptr + bytes) lies inside one live allocation that is not retired, else it says why.
+  void retire(const void* ptr) noexcept;
+  std::string usable(const void* ptr, std::size_t bytes) const;
+
   std::byte* arena_base() const { return base_; }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
   std::size_t alignment_bytes() const { return alignment_bytes_; }
@@ -77,6 +85,7 @@ class SimAllocator {
     std::size_t bytes = 0;
     bool free = true;
     std::string tag;  // set while in use
+    bool retired = false;  // release_after was called (Note [Released memory])
   };
   using BlockMap = std::map<std::size_t, Block>;  // offset -> block; blocks tile the arena
 

@@ -288,11 +288,15 @@ class SimStream final : public Stream {
     if (!fn) {
       throw DeviceError(fmt::format("stream '{}' on {}: launch_host got an empty function", name_, device_name_));
     }
+    ran_host_.store(true);
     enqueue_work([fn = std::move(fn)](SimDeviceState&) { fn(); });
   }
 
   void release_after(DeviceMemory memory) override {
-    usable_state("release_after");
+    auto state = usable_state("release_after");
+    // Note [Released memory]: as the cuda backend, which calls cudaFreeAsync now on a stream that
+    // has never run a host function and from the host-function thread, in stream order, on one that has.
+    if (!ran_host_.load() && !memory.empty()) state->allocator.retire(memory.data());
     // std::function needs a copyable callable; the shared_ptr carries the move-only owner.
     auto held = std::make_shared<DeviceMemory>(std::move(memory));
     enqueue(Task{TaskKind::Control, [held](SimDeviceState*) { held->reset(); }}, nullptr);
@@ -355,6 +359,11 @@ class SimStream final : public Stream {
                  "pass memory from this device's allocate()",
                  name_, what, role, ptr, bytes, state.name, static_cast<const void*>(state.allocator.arena_base()),
                  state.allocator.capacity_bytes());
+    if (bytes == 0) return;
+    // As cudaMemcpyAsync, which refuses a range outside one live allocation ("invalid argument").
+    const std::string why = state.allocator.usable(ptr, bytes);
+    STRATA_CHECK(why.empty(), "stream '{}' {}: {} [{}, +{} bytes) on {}: {}", name_, what, role, ptr, bytes, state.name,
+                 why);
   }
 
   void check_host_pointer(std::string_view what, std::string_view role, const void* ptr) const {
@@ -434,6 +443,7 @@ class SimStream final : public Stream {
   const std::string device_name_;
   const std::string name_;
   const std::string owner_;  // "stream 'name'", for messages
+  std::atomic<bool> ran_host_{false};  // launch_host was called (Note [Released memory])
 
   std::mutex mutex_;
   std::condition_variable work_cv_;  // worker waits for tasks

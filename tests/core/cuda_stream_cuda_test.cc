@@ -102,6 +102,33 @@ TEST_F(CudaStreamHost, HostFunctionsMayCopyOnAnotherStreamAndWaitForIt) {
   EXPECT_EQ(done.load(), 8);
 }
 
+// Memory released behind a host function stays valid until the function ran: the offload worker
+// reads a reduced gradient in a host function and releases it right after enqueueing it (Note
+// [Released memory]: with cudaFreeAsync called at once, the function's copy failed on an H100).
+TEST_F(CudaStreamHost, MemoryReleasedAfterAHostFunctionOutlivesIt) {
+  auto worker = device_->create_stream("worker");
+  auto transfer = device_->create_stream("transfer");
+  constexpr std::size_t bytes = 1 << 20;
+  std::atomic<int> good{0};
+  for (int i = 0; i < 8; ++i) {
+    DeviceMemory d = device_->allocate(bytes, "test.released");
+    transfer->memset(d.data(), 0x30 + i, bytes);
+    transfer->synchronize();
+    const void* src = d.data();
+    worker->launch_host([&, src, i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the free run first, if it can
+      std::vector<unsigned char> back(bytes);
+      transfer->copy_d2h(back.data(), src, bytes);
+      transfer->synchronize();
+      if (back[0] == 0x30 + i && back[bytes - 1] == 0x30 + i) good.fetch_add(1);
+    });
+    worker->release_after(std::move(d));
+  }
+  worker->synchronize();
+  EXPECT_EQ(good.load(), 8);
+  EXPECT_EQ(device_->memory_stats().live_allocations, 0u);
+}
+
 // cudaHostRegister/cudaHostUnregister inside a host function never returned on an H200 (Note [Host
 // functions on cuda]): pinning there is refused with a message, and unpinning is deferred, so the
 // stream still finishes and the pages are unregistered by the next pin.

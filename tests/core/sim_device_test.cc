@@ -345,6 +345,58 @@ TEST(SimDevice, ReleaseAfterFreesOnlyOncePriorWorkRan) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// Note [Released memory]: as cudaMemcpyAsync after cudaFreeAsync, a copy issued after release_after
+// on a stream that never ran a host function is refused, though the free itself has not run yet;
+// a copy that runs off the end of an allocation or names freed memory is refused too.
+TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
+  auto device = make_sim_device(small_device());
+  auto stream = device->create_stream("s");
+  auto copier = device->create_stream("copier");
+  DeviceMemory mem = device->allocate(64 * KiB, "released");
+  DeviceMemory keep = device->allocate(64 * KiB, "kept");
+  const void* p = mem.data();
+  std::vector<unsigned char> host(128 * KiB);
+  Gate gate;
+  copier->launch_host([&gate] { gate.wait(); });  // holds the copier back; `stream` ran no host function
+  stream->release_after(std::move(mem));
+  try {
+    copier->copy_d2h(host.data(), p, 64 * KiB);
+    ADD_FAILURE() << "a copy of released memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("released with release_after"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(copier->copy_d2h(host.data(), keep.data(), 64 * KiB + 1), Error);  // past its end
+  copier->copy_d2h(host.data(), keep.data(), 64 * KiB);                           // still fine
+  gate.open();
+  copier->synchronize();
+  stream->synchronize();
+  EXPECT_THROW(copier->copy_d2h(host.data(), p, 16), Error);  // freed now
+}
+
+// On a stream that has run host functions the free is issued in stream order (the cuda backend
+// frees from its host-function thread), so a host function queued before the release may still
+// copy the memory: the offload worker's pattern.
+TEST(SimDevice, AHostFunctionMayCopyMemoryReleasedAfterIt) {
+  auto device = make_sim_device(small_device());
+  auto worker = device->create_stream("worker");
+  auto transfer = device->create_stream("transfer");
+  DeviceMemory mem = device->allocate(64 * KiB, "reduced");
+  transfer->memset(mem.data(), 0x5a, 64 * KiB);
+  transfer->synchronize();
+  const void* p = mem.data();
+  std::vector<unsigned char> host(64 * KiB);
+  worker->launch_host([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    transfer->copy_d2h(host.data(), p, 64 * KiB);
+    transfer->synchronize();
+  });
+  worker->release_after(std::move(mem));
+  worker->synchronize();
+  EXPECT_EQ(host[0], 0x5a);
+  EXPECT_EQ(host[64 * KiB - 1], 0x5a);
+  EXPECT_EQ(device->memory_stats().live_allocations, 0u);
+}
+
 TEST(SimDevice, PinnedHostRegistry) {
   auto device = make_sim_device(small_device());
   std::vector<unsigned char> a(5000), b(3000);
