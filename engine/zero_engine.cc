@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -35,6 +37,28 @@ std::unique_ptr<optim::LossScaler> make_scaler(const TrainConfig& config) {
   return std::make_unique<optim::LossScaler>(sc, "fp16");
 }
 
+// Offload on a GPU failed on its first run there (H100, 2026-11-26): the offload worker's copy of
+// a reduced gradient named memory already passed to cudaFreeAsync (Note [Released memory]); with
+// the fix the demo did not finish in the time it had. Until it runs right, a cuda run whose plan
+// puts the optimizer state (or the parameters) on the host or NVMe is refused before any step,
+// saying how to train it instead; STRATA_CUDA_OFFLOAD=1 runs it anyway, for the tests that
+// exercise it on a GPU (tests/tools/train_cuda_test.sh).
+void refuse_unverified_offload(const TrainConfig& config, const RunPlan& plan, const Device& device) {
+  if (device.kind() != DeviceKind::Cuda || !(plan.optimizer_offloaded() || plan.params_offloaded())) return;
+  const char* opt_in = std::getenv("STRATA_CUDA_OFFLOAD");
+  if (opt_in != nullptr && std::string_view(opt_in) == "1") {
+    spdlog::warn("STRATA_CUDA_OFFLOAD=1: offloading to {} on {}, which has not yet run correctly on a GPU",
+                 home_name(plan.offload.optimizer), device.name());
+    return;
+  }
+  throw ConfigError(fmt::format(
+      "{}: the optimizer state goes to {} (zero_optimization.offload_optimizer.device, or the tier plan because it "
+      "does not fit {}), but offload on a cuda device does not run correctly yet (README, \"How the CUDA path is "
+      "verified\"). Train offloaded runs on the sim device (strata.device.kind \"sim\"), or on the GPU without "
+      "offload (zero_optimization.offload_optimizer.device \"none\", with a model that fits)",
+      config.source, plan.offload.optimizer == Home::Nvme ? "NVMe" : "host memory", device.name()));
+}
+
 }  // namespace
 
 ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& world,
@@ -57,6 +81,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
                    plan_.topo.world_size == world.world_size(),
                "run plan of {} groups for rank {} of {}, engine of {} groups on rank {} of {}", plan_.groups.size(),
                plan_.topo.rank, plan_.topo.world_size, specs_.size(), world.rank(), world.world_size());
+  refuse_unverified_offload(config, plan_, device);
   if (topo_.world_size > 1 && (std::popcount(static_cast<unsigned>(topo_.world_size)) != 1) && config.strata.exact) {
     spdlog::warn("exact mode: world size {} is not a power of two; results are deterministic but not bit-identical "
                  "to other world sizes (Note [Exact gradient sums])",

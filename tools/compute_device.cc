@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -113,6 +114,17 @@ DeviceChoice training_device_choice(const TrainConfig& cfg) {
   const bool split = par.tensor > 1 || par.pipeline > 1;
   if (cfg.strata.device.kind == DeviceChoice::Auto && split) {
     spdlog::info("strata.device.kind auto: the sim device (tensor and pipeline parallelism run on sim only)");
+    return DeviceChoice::Sim;
+  }
+  // Offload has not run correctly on a GPU yet (the engine refuses it there: engine/zero_engine.cc),
+  // so auto takes sim for a config that asks for it, unless STRATA_CUDA_OFFLOAD=1 opts in.
+  auto asks = [](OffloadDevice d) { return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme; };
+  const char* opt_in = std::getenv("STRATA_CUDA_OFFLOAD");
+  if (cfg.strata.device.kind == DeviceChoice::Auto && (asks(cfg.zero.offload_optimizer.device) ||
+                                                       asks(cfg.zero.offload_param.device)) &&
+      !(opt_in != nullptr && std::string_view(opt_in) == "1")) {
+    spdlog::info("strata.device.kind auto: the sim device (offload to host memory or NVMe does not run correctly on "
+                 "a GPU yet)");
     return DeviceChoice::Sim;
   }
   if (split && resolve_device_kind(cfg.strata.device.kind, {cfg.source}) == DeviceKind::Cuda) {

@@ -42,7 +42,9 @@ std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t c
 
 // A training config's device choice: strata.device.kind, except that auto takes the sim device
 // for tensor or pipeline parallelism (sim only in this version, saying so), and cuda with them is
-// a ConfigError naming the keys. Every command that computes a config's steps chooses through it.
+// a ConfigError naming the keys; auto also takes sim for a config that offloads to cpu or nvme
+// (the engine refuses offload on cuda until it has run correctly there; STRATA_CUDA_OFFLOAD=1 opts
+// in). Every command that computes a config's steps chooses through it.
 DeviceChoice training_device_choice(const TrainConfig& cfg);
 
 // The device of a training run: training_device_choice opened with the config's strata.device

@@ -12,7 +12,8 @@
 #     one GPU under NCCL, and at one rank no two accumulation counts make the same step (a
 #     micro-batch's rows are summed as one run in the bias and norm gradients, so micro-batch size x
 #     accumulation splits differ in rounding on sim too);
-#  4. offload of the optimizer state (cpu, nvme) and of the parameters (cpu), tiling and
+#  4. offload of the optimizer state (cpu, nvme) and of the parameters (cpu) (refused on cuda
+#     unless STRATA_CUDA_OFFLOAD=1, which these runs set, and checked refused without it), tiling and
 #     activation checkpointing on cuda keep those bits;
 #  5. a checkpoint taken at step 4 on cuda and resumed gives the straight run's bits at step 8;
 #  6. bf16 and fp16 (loss scaler) train on cuda: finite losses that fall;
@@ -108,6 +109,18 @@ for model in tiny tiny-llama; do
   base=("${e[@]}" "${s2x4[@]}")
   ref="$model.x.s3.2x4"
   run "$ref" "${base[@]}"
+  # Offload on cuda is refused (engine/zero_engine.cc: its first GPU run failed) unless
+  # STRATA_CUDA_OFFLOAD=1, which these runs set to reproduce it.
+  if [ "$kind" = cuda ]; then
+    out=$(timeout 120 "$strata" --log-level warn train --config "$config" "${base[@]}" --steps 1 \
+          --set zero_optimization.offload_optimizer.device='"cpu"' 2>&1); rc=$?
+    if [ "$rc" -ne 0 ] && grep -q "offload on a cuda device does not run correctly yet" <<<"$out"; then
+      ok "$model: offload on cuda is refused without STRATA_CUDA_OFFLOAD=1"
+    else
+      bad "$model: offload on cuda was not refused (rc $rc): $(tail -2 <<<"$out")"
+    fi
+  fi
+  export STRATA_CUDA_OFFLOAD=1
   run "$model.x.opt_cpu" "${base[@]}" --set zero_optimization.offload_optimizer.device='"cpu"'
   same "$ref" "$model.x.opt_cpu" "$model exact on cuda: optimizer state on the host"
   run "$model.x.opt_nvme" "${base[@]}" --set zero_optimization.offload_optimizer.device='"nvme"' \
@@ -116,6 +129,7 @@ for model in tiny tiny-llama; do
   run "$model.x.param_cpu" "${base[@]}" --set zero_optimization.offload_optimizer.device='"cpu"' \
     --set zero_optimization.offload_param.device='"cpu"'
   same "$ref" "$model.x.param_cpu" "$model exact on cuda: parameters and optimizer state on the host"
+  unset STRATA_CUDA_OFFLOAD
   run "$model.x.tiled" "${base[@]}" --set 'strata.tiling={"default": 2}'
   same "$ref" "$model.x.tiled" "$model exact on cuda: blocks tiled in 2"
   run "$model.x.ckpt" "${base[@]}" --set "strata.model={\"name\": \"$model\", \"checkpoint_activations\": true}"
