@@ -14,8 +14,8 @@ models=("$@")
 here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$out"
 # The attention op alone beside cuBLAS (bf16, causal, 16 heads x batch 4 at seq 1024; fewer at longer).
-# Both tensor-core kernels (Note [Two tensor-core kernels]: wmma is the default, fa2 opt-in).
-for variant in wmma fa2; do
+# Both tensor-core kernels (Note [Two tensor-core kernels]: fa2 is the default, wmma opt-in).
+for variant in fa2 wmma; do
   for hd in 64 128; do
     for seq in 1024 2048 4096; do
       echo "attention $variant head_dim $hd seq $seq"
@@ -33,10 +33,10 @@ for m in "${models[@]}"; do
   timeout 200 "$strata" --log-level warn bench model --device cuda --dtype bf16 --model "$m" --batch 4 --seq-len 1024 \
     --checkpointing --steps 5 --warmup 2 --profile --json >"$out/$m.bench_model.json" 2>"$out/$m.bench_model.err"
   echo "strata bench model $m: rc $? $(cat "$out/$m.bench_model.json")"; tail -3 "$out/$m.bench_model.err"
-  STRATA_ATTENTION_TC=fa2 timeout 200 "$strata" --log-level warn bench model --device cuda --dtype bf16 --model "$m" \
-    --batch 4 --seq-len 1024 --checkpointing --steps 5 --warmup 2 --profile --json >"$out/$m.bench_model.fa2.json" \
-    2>"$out/$m.bench_model.fa2.err"
-  echo "strata bench model $m, fa2 attention: rc $? $(cat "$out/$m.bench_model.fa2.json")"; tail -3 "$out/$m.bench_model.fa2.err"
+  STRATA_ATTENTION_TC=wmma timeout 200 "$strata" --log-level warn bench model --device cuda --dtype bf16 --model "$m" \
+    --batch 4 --seq-len 1024 --checkpointing --steps 5 --warmup 2 --profile --json >"$out/$m.bench_model.wmma.json" \
+    2>"$out/$m.bench_model.wmma.err"
+  echo "strata bench model $m, wmma attention: rc $? $(cat "$out/$m.bench_model.wmma.json")"; tail -3 "$out/$m.bench_model.wmma.err"
   timeout 240 "$strata" --log-level warn bench step --config "$here/../configs/gpu/$m.json" --steps 4 --warmup 2 --json \
     >"$out/$m.bench_step.json" 2>"$out/$m.bench_step.err"
   echo "strata bench step $m: rc $? $(cat "$out/$m.bench_step.json")"; tail -3 "$out/$m.bench_step.err"

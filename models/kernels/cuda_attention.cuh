@@ -107,11 +107,12 @@ void tc_backward(cudaStream_t stream, DType dtype, const AttentionShape& s, cons
                  float scale);
 
 // Note [Two tensor-core kernels]: tc_forward/tc_backward run flash-attention 2's kernels
-// (cuda_attention_tc.cuh, .cu and _backward.cu: mma.sync, ldmatrix, cp.async), written without a GPU, only when
-// STRATA_ATTENTION_TC=fa2 (read once); otherwise the first, WMMA kernels (cuda_attention_tc_wmma.cu),
-// which have run and been measured on an H200. Both take the same calls and keep the same numerics
-// contract (tests/models/ops_attention_cuda_test.cc runs either, tools/gpu-verify.sh both). Once
-// fa2 has passed on a GPU it becomes the only one.
+// (cuda_attention_tc.cuh, .cu and _backward.cu: mma.sync, ldmatrix, cp.async). They passed the
+// attention op tests on an H100 (2026-11-26) and ran 3-4x the first, WMMA kernels' TFLOP/s there
+// (README), so they are the default; STRATA_ATTENTION_TC=wmma (read once) takes the WMMA kernels
+// (cuda_attention_tc_wmma.cu), which compute-sanitizer has checked, until fa2 has run clean under
+// memcheck and racecheck too; then the WMMA kernels go. Both take the same calls and keep the same
+// numerics contract (tests/models/ops_attention_cuda_test.cc runs either, tools/gpu-verify.sh both).
 enum class TcVariant { Wmma, Fa2 };
 TcVariant tc_variant();
 void tc_forward_wmma(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,

@@ -155,7 +155,7 @@ bool tc_supported(DType dtype, const AttentionShape& s, std::initializer_list<co
 TcVariant tc_variant() {
   static const TcVariant variant = [] {
     const char* v = std::getenv("STRATA_ATTENTION_TC");
-    return v != nullptr && std::strcmp(v, "fa2") == 0 ? TcVariant::Fa2 : TcVariant::Wmma;
+    return v != nullptr && std::strcmp(v, "wmma") == 0 ? TcVariant::Wmma : TcVariant::Fa2;
   }();
   return variant;
 }

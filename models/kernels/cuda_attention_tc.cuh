@@ -1,8 +1,8 @@
 // The flash-attention 2 tensor-core kernels' shared pieces (cuda_attention_tc.cu: forward;
 // cuda_attention_tc_backward.cu: dQ and dK/dV): tile sizes, the inline-PTX wrappers (mma.sync,
-// ldmatrix, cp.async), the swizzled tile loads and the warp products. Written without a GPU and
-// not yet run on one: taken only with STRATA_ATTENTION_TC=fa2 (Note [Two tensor-core kernels],
-// cuda_attention.cuh); the default is cuda_attention_tc_wmma.cu's kernels.
+// ldmatrix, cp.async), the swizzled tile loads and the warp products. The default tensor-core
+// attention since they passed the op tests on an H100 (Note [Two tensor-core kernels],
+// cuda_attention.cuh); STRATA_ATTENTION_TC=wmma takes cuda_attention_tc_wmma.cu's kernels instead.
 // CUDA causal attention on tensor cores (bf16/fp16 operands, fp32 accumulation): the path
 // cuda_attention.cu and cuda_attention_backward.cu take for bf16 and fp16 at head_dim 64 or 128
 // with 16-byte aligned rows (attention::tc_supported); fp32 (exact mode) and other shapes keep the
