@@ -543,6 +543,7 @@ void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& 
   summary.overlapped_chunk_updates = l.engine.overlapped_chunk_updates();
   summary.step_call_fraction = seconds.steps > 0 ? seconds.exposed / seconds.steps : 0;
   summary.pinned_bytes = l.engine.pinned_pool_bytes();
+  summary.optimizer_offloaded = l.engine.optimizer_offloaded();
   summary.model_state_bytes = plan.model_state;
   summary.parameters = static_cast<std::uint64_t>(models::param_count(model));
   summary.device_capacity_bytes = l.device.capacity_bytes();

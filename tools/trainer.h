@@ -61,6 +61,7 @@ struct TrainSummary {
   double step_call_fraction = 0;  // share of step time spent inside ZeroEngine::step()
   std::uint64_t peak_rss_bytes = 0;  // this process's peak resident set (VmHWM)
   std::uint64_t pinned_bytes = 0;    // fixed staging pools
+  bool optimizer_offloaded = false;  // the optimizer state (and its update) on the host or NVMe
   std::uint64_t model_state_bytes = 0;      // weights, master, moments, gradients of the whole model
   std::uint64_t device_capacity_bytes = 0;  // per rank
   std::string device_name;                  // "sim:0", "cuda:0 (NVIDIA H100 80GB HBM3)"
