@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -358,6 +359,9 @@ TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
   std::vector<unsigned char> host(128 * KiB);
   Gate gate;
   copier->launch_host([&gate] { gate.wait(); });  // holds the copier back; `stream` ran no host function
+  std::unique_ptr<Event> opened(device->create_event());
+  copier->record(*opened);
+  stream->wait(*opened);  // and holds `stream` back through an event, so the free cannot run yet
   stream->release_after(std::move(mem));
   try {
     copier->copy_d2h(host.data(), p, 64 * KiB);
