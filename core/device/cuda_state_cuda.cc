@@ -10,7 +10,13 @@
 // pool failure is reported the same way (OutOfMemoryError with format_memory_report). The pool
 // keeps freed memory up to the capacity (release threshold) instead of returning it to the driver
 // at every synchronization. Its internal fragmentation is not visible through the runtime API, so
-// largest_free_block_bytes reports the free bytes.
+// largest_free_block_bytes reports the free bytes. allocate() waits for alloc_stream_, so the pool
+// must not let an allocation reuse memory whose free is still queued on another stream by making
+// alloc_stream_ wait for that stream (cudaMemPoolReuseAllowInternalDependencies, on by default):
+// the host would then wait inside allocate() for other streams' work, and for a stream blocked on
+// one of its host functions (Note [Host functions on cuda]) that can be work which waits for the
+// very thread that allocates. So that reuse is off: the pool reuses only frees that have run, and
+// grows (up to the GPU, under the capacity counted here) otherwise.
 #include "core/device/cuda_state_cuda.h"
 
 #include <algorithm>
@@ -49,6 +55,9 @@ CudaState::CudaState(int ordinal_in, std::string name_in, std::size_t capacity)
   try {
     std::uint64_t keep_bytes = capacity;  // Note [Cuda capacity]
     STRATA_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_bytes));
+    int no_internal_dependencies = 0;  // Note [Cuda capacity]
+    STRATA_CUDA_CHECK(
+        cudaMemPoolSetAttribute(pool_, cudaMemPoolReuseAllowInternalDependencies, &no_internal_dependencies));
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
   } catch (...) {
     (void)cudaMemPoolDestroy(pool_);
