@@ -22,6 +22,8 @@
 #  8. bad input: a device cap over the GPU's memory, and (on a one-GPU machine) two ranks on the
 #     one GPU, are refused with a message naming the key or the cause; sim's modeled compute speed
 #     (strata.device.compute_tflops) is reported as ignored.
+#  9. (after 1) strata eval of the cuda-trained weights on cuda and on sim: the same loss within
+#     1e-4 nats.
 # Usage: train_cuda_test.sh STRATA_BINARY CONFIG WORKDIR [MPIEXEC]
 # STRATA_CUDA_TEST_KIND=sim runs the same checks with the sim device in cuda's place (a dry run of
 # this script where there is no GPU; items 7 and 8 need a GPU and are left out).
@@ -87,6 +89,24 @@ for model in tiny tiny-llama; do
   run "$model.sim.f32" "${m[@]}" "${sim[@]}" --set strata.exact=false
   run "$model.cuda.f32" "${m[@]}" "${cuda[@]}" --set strata.exact=false
   curves "$model.sim.f32" "$model.cuda.f32" 2e-3 "$model fp32: cuda against sim"
+  # 1b. strata eval of the trained weights on cuda against sim: the same mean cross-entropy within
+  #     1e-4 nats (one forward; summation orders differ by ~1e-6).
+  evals=()
+  for dev in sim "$kind"; do
+    if out=$(timeout 120 "$strata" --log-level warn eval --model "$model" --weights "$model.cuda.f32.safetensors" \
+               --data strata-run/data/val.tok --batches 4 --device "$dev" --json 2>&1); then
+      evals+=("$(python3 -c 'import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["loss"])' \
+                 <<<"$out" 2>/dev/null || echo nan)")
+    else
+      evals+=(nan); echo "$out" | tail -5
+    fi
+  done
+  if python3 -c 'import math, sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-4 else 1)' \
+       "${evals[0]}" "${evals[1]}"; then
+    ok "$model: eval on $kind against sim: ${evals[1]} and ${evals[0]} nats"
+  else
+    bad "$model: eval on $kind against sim: ${evals[1]} and ${evals[0]} nats (tolerance 1e-4)"
+  fi
   run "$model.sim.bf16" "${m[@]}" "${sim[@]}" --set strata.exact=false --set bf16.enabled=true
   run "$model.cuda.bf16" "${m[@]}" "${cuda[@]}" --set strata.exact=false --set bf16.enabled=true
   curves "$model.sim.bf16" "$model.cuda.bf16" 0.05 "$model bf16: cuda against sim"
