@@ -49,7 +49,7 @@ std::string describe_pointer(const void* p, std::size_t bytes) {
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     (void)cudaGetLastError();
-    return fmt::format("{} (unknown to CUDA)", p);
+    return fmt::format("{} (CUDA cannot say what it is)", p);
   }
   const auto* last = static_cast<const std::byte*>(p) + bytes - 1;
   cudaPointerAttributes b{};
@@ -57,13 +57,13 @@ std::string describe_pointer(const void* p, std::size_t bytes) {
   if (!last_known) (void)cudaGetLastError();
   auto kind = [](cudaMemoryType t) {
     switch (t) {
-      case cudaMemoryTypeHost: return "page-locked host";
-      case cudaMemoryTypeDevice: return "device";
-      case cudaMemoryTypeManaged: return "managed";
-      default: return "pageable host";
+      case cudaMemoryTypeHost: return "page-locked host memory";
+      case cudaMemoryTypeDevice: return "device memory";
+      case cudaMemoryTypeManaged: return "managed memory";
+      default: return "memory unknown to CUDA: pageable host memory, or device memory already freed";
     }
   };
-  std::string s = fmt::format("{} ({} memory", p, kind(a.type));
+  std::string s = fmt::format("{} ({}", p, kind(a.type));
   if (a.type == cudaMemoryTypeDevice) {
     using Range = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);  // the driver's, not linked
     void* fn = nullptr;
@@ -79,10 +79,9 @@ std::string describe_pointer(const void* p, std::size_t bytes) {
       if (offset + bytes > size) s += fmt::format(": the copy runs {} B past its end", offset + bytes - size);
     }
   }
-  if (last_known && b.type != a.type) s += fmt::format("; its last byte is {} memory", kind(b.type));
+  if (last_known && b.type != a.type) s += fmt::format("; its last byte is {}", kind(b.type));
   return s + ")";
 }
-
 
 using cuda_backend::CudaState;
 using cuda_backend::cuda_text;
