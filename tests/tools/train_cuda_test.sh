@@ -132,7 +132,7 @@ for model in tiny tiny-llama; do
   # Offload on cuda is refused (engine/zero_engine.cc: its first GPU run failed) unless
   # STRATA_CUDA_OFFLOAD=1, which these runs set to reproduce it.
   if [ "$kind" = cuda ]; then
-    out=$(timeout 120 "$strata" --log-level warn train --config "$config" "${base[@]}" --steps 1 \
+    out=$(timeout 120 "$strata" --log-level warn train --config "$config" "${base[@]}" \
           --set zero_optimization.offload_optimizer.device='"cpu"' 2>&1); rc=$?
     if [ "$rc" -ne 0 ] && grep -q "offload on a cuda device does not run correctly yet" <<<"$out"; then
       ok "$model: offload on cuda is refused without STRATA_CUDA_OFFLOAD=1"
