@@ -45,8 +45,7 @@ std::unique_ptr<optim::LossScaler> make_scaler(const TrainConfig& config) {
 // exercise it on a GPU (tests/tools/train_cuda_test.sh).
 void refuse_unverified_offload(const TrainConfig& config, const RunPlan& plan, const Device& device) {
   if (device.kind() != DeviceKind::Cuda || !(plan.optimizer_offloaded() || plan.params_offloaded())) return;
-  const char* opt_in = std::getenv("STRATA_CUDA_OFFLOAD");
-  if (opt_in != nullptr && std::string_view(opt_in) == "1") {
+  if (cuda_offload_opted_in()) {
     spdlog::warn("STRATA_CUDA_OFFLOAD=1: offloading to {} on {}, which has not yet run correctly on a GPU",
                  home_name(plan.offload.optimizer), device.name());
     return;
@@ -60,6 +59,11 @@ void refuse_unverified_offload(const TrainConfig& config, const RunPlan& plan, c
 }
 
 }  // namespace
+
+bool cuda_offload_opted_in() {
+  const char* v = std::getenv("STRATA_CUDA_OFFLOAD");
+  return v != nullptr && std::string_view(v) == "1";
+}
 
 ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& world,
                        std::vector<ParamGroupSpec> groups, const InitFn& init)

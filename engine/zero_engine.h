@@ -82,6 +82,10 @@ class StateHome;
 class ParamFetcher;
 class GradReducer;
 
+// Offload to host memory or NVMe on a cuda device is refused by the engine until it has run
+// correctly on a GPU (zero_engine.cc); STRATA_CUDA_OFFLOAD=1 opts in, for the GPU tests.
+bool cuda_offload_opted_in();
+
 struct StepResult {
   bool applied = true;      // false: non-finite gradients, the step was skipped (fp16)
   double grad_norm = 0.0;   // of the mean gradient, before clipping

@@ -6,11 +6,11 @@
 
 #include <cstdlib>
 #include <initializer_list>
-#include <string_view>
 #include <vector>
 
 #include "core/error.h"
 #include "core/units.h"
+#include "engine/zero_engine.h"
 #include "models/kernels/cuda_kernels.h"
 
 namespace strata::tools {
@@ -119,10 +119,8 @@ DeviceChoice training_device_choice(const TrainConfig& cfg) {
   // Offload has not run correctly on a GPU yet (the engine refuses it there: engine/zero_engine.cc),
   // so auto takes sim for a config that asks for it, unless STRATA_CUDA_OFFLOAD=1 opts in.
   auto asks = [](OffloadDevice d) { return d == OffloadDevice::Cpu || d == OffloadDevice::Nvme; };
-  const char* opt_in = std::getenv("STRATA_CUDA_OFFLOAD");
-  if (cfg.strata.device.kind == DeviceChoice::Auto && (asks(cfg.zero.offload_optimizer.device) ||
-                                                       asks(cfg.zero.offload_param.device)) &&
-      !(opt_in != nullptr && std::string_view(opt_in) == "1")) {
+  if (cfg.strata.device.kind == DeviceChoice::Auto &&
+      (asks(cfg.zero.offload_optimizer.device) || asks(cfg.zero.offload_param.device)) && !cuda_offload_opted_in()) {
     spdlog::info("strata.device.kind auto: the sim device (offload to host memory or NVMe does not run correctly on "
                  "a GPU yet)");
     return DeviceChoice::Sim;

@@ -43,48 +43,10 @@
 namespace strata {
 namespace {
 
-// What CUDA knows of the memory a failed copy named: its kind, and for device memory the
-// allocation it lies in, so an overrun or a stale page-locked range shows in the message.
-std::string describe_pointer(const void* p, std::size_t bytes) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return fmt::format("{} (CUDA cannot say what it is)", p);
-  }
-  const auto* last = static_cast<const std::byte*>(p) + bytes - 1;
-  cudaPointerAttributes b{};
-  const bool last_known = cudaPointerGetAttributes(&b, last) == cudaSuccess;
-  if (!last_known) (void)cudaGetLastError();
-  auto kind = [](cudaMemoryType t) {
-    switch (t) {
-      case cudaMemoryTypeHost: return "page-locked host memory";
-      case cudaMemoryTypeDevice: return "device memory";
-      case cudaMemoryTypeManaged: return "managed memory";
-      default: return "memory unknown to CUDA: pageable host memory, or device memory already freed";
-    }
-  };
-  std::string s = fmt::format("{} ({}", p, kind(a.type));
-  if (a.type == cudaMemoryTypeDevice) {
-    using Range = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);  // the driver's, not linked
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    CUdeviceptr base = 0;
-    std::size_t size = 0;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess && fn != nullptr &&
-        reinterpret_cast<Range>(fn)(&base, &size, reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS) {
-      const std::size_t offset = reinterpret_cast<CUdeviceptr>(p) - base;
-      s += fmt::format(", {} B into an allocation of {} B", offset, size);
-      if (offset + bytes > size) s += fmt::format(": the copy runs {} B past its end", offset + bytes - size);
-    }
-  }
-  if (last_known && b.type != a.type) s += fmt::format("; its last byte is {}", kind(b.type));
-  return s + ")";
-}
-
 using cuda_backend::CudaState;
 using cuda_backend::cuda_text;
+using cuda_backend::describe_pointer;
+using cuda_backend::driver_symbol;
 using cuda_backend::ScopedDevice;
 
 [[noreturn]] void throw_destroyed(std::string_view device_name, std::string_view owner, std::string_view what) {
@@ -161,15 +123,10 @@ using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned i
 
 WaitValue32Fn wait_value32() {
   static const WaitValue32Fn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault,
-                                                             &status);
-    if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
-      (void)cudaGetLastError();
-      throw DeviceError(fmt::format("the CUDA driver has no cuStreamWaitValue32 ({}), which Strata's cuda streams "
-                                    "need to order host functions; update the NVIDIA driver",
-                                    err != cudaSuccess ? cuda_text(err) : std::string("symbol not found")));
+    void* p = driver_symbol("cuStreamWaitValue32");
+    if (p == nullptr) {
+      throw DeviceError("the CUDA driver has no cuStreamWaitValue32, which Strata's cuda streams need to order host "
+                        "functions; update the NVIDIA driver");
     }
     return reinterpret_cast<WaitValue32Fn>(p);
   }();

@@ -19,7 +19,10 @@
 // grows (up to the GPU, under the capacity counted here) otherwise.
 #include "core/device/cuda_state_cuda.h"
 
+#include <cuda.h>
+
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 
@@ -41,6 +44,51 @@ void log_if_failed(cudaError_t err, const char* what, const std::string& device_
 }  // namespace
 
 std::string cuda_text(cudaError_t err) { return fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err)); }
+
+void* driver_symbol(const char* name) noexcept {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+std::string describe_pointer(const void* p, std::size_t bytes) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fmt::format("{} (CUDA cannot say what it is)", p);
+  }
+  const auto* last = static_cast<const std::byte*>(p) + bytes - 1;
+  cudaPointerAttributes b{};
+  const bool last_known = cudaPointerGetAttributes(&b, last) == cudaSuccess;
+  if (!last_known) (void)cudaGetLastError();
+  auto kind = [](cudaMemoryType t) {
+    switch (t) {
+      case cudaMemoryTypeHost: return "page-locked host memory";
+      case cudaMemoryTypeDevice: return "device memory";
+      case cudaMemoryTypeManaged: return "managed memory";
+      default: return "memory unknown to CUDA: pageable host memory, or device memory already freed";
+    }
+  };
+  std::string s = fmt::format("{} ({}", p, kind(a.type));
+  using Range = CUresult (*)(CUdeviceptr*, std::size_t*, CUdeviceptr);
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  if (a.type == cudaMemoryTypeDevice) {
+    if (auto range = reinterpret_cast<Range>(driver_symbol("cuMemGetAddressRange"));
+        range != nullptr && range(&base, &size, reinterpret_cast<CUdeviceptr>(p)) == CUDA_SUCCESS) {
+      const std::size_t offset = reinterpret_cast<CUdeviceptr>(p) - base;
+      s += fmt::format(", {} B into an allocation of {} B", offset, size);
+      if (offset + bytes > size) s += fmt::format(": the copy runs {} B past its end", offset + bytes - size);
+    }
+  }
+  if (last_known && b.type != a.type) s += fmt::format("; its last byte is {}", kind(b.type));
+  return s + ")";
+}
 
 CudaState::CudaState(int ordinal_in, std::string name_in, std::size_t capacity)
     : ordinal(ordinal_in), name(std::move(name_in)) {

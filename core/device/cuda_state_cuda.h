@@ -23,6 +23,12 @@
 namespace strata::cuda_backend {
 
 std::string cuda_text(cudaError_t err);
+// A CUDA driver function by name (cudaGetDriverEntryPointByVersion, CUDA 12.0's ABI), or null when
+// the driver lacks it: the driver library is not linked, only the runtime.
+void* driver_symbol(const char* name) noexcept;
+// What CUDA knows of `bytes` of memory at `p`, for a failed copy's message: its kind, and for device
+// memory the allocation it lies in, so an overrun or a stale page-locked range shows.
+std::string describe_pointer(const void* p, std::size_t bytes);
 
 // The runtime's current device is per host thread and callers come from any thread: every call
 // that depends on it runs inside one of these, which restores the caller's device afterwards.
