@@ -269,6 +269,36 @@ void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::
       });
 }
 
+std::size_t exact_sum_squares_parts(std::size_t n_elems) {
+  return static_cast<std::size_t>((n_elems + optim::kExactMaxAdds - 1) / optim::kExactMaxAdds);
+}
+
+void exact_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems,
+                       optim::ExactSquares* out_host, const optim::CpuExec& exec) {
+  if (n_elems == 0) return;
+  check_pointers("exact_sum_squares", n_elems, {grad, out_host});
+  const std::size_t parts = exact_sum_squares_parts(n_elems);
+  launch(
+      stream, "exact_sum_squares",
+      [=] {
+        for (std::size_t p = 0; p < parts; ++p) {
+          const std::size_t begin = p * optim::kExactMaxAdds;
+          const std::size_t n = std::min<std::size_t>(optim::kExactMaxAdds, n_elems - begin);
+          out_host[p] = optim::exact_sum_squares(static_cast<const std::byte*>(grad) + begin * dtype_bytes(grad_dtype),
+                                                 grad_dtype, n, exec);
+        }
+      },
+      [&stream, grad, grad_dtype, n_elems, out_host, parts](auto native) {
+        // The kernel adds into zeroed device words; the stream copies them out and frees them.
+        const std::size_t bytes = parts * sizeof(optim::ExactSquares);
+        DeviceMemory sums = stream.device().allocate(bytes, "device_ops.exact_sums");
+        stream.memset(sums.data(), 0, bytes);
+        cuda::exact_sum_squares(grad, grad_dtype, n_elems, static_cast<std::uint64_t*>(sums.data()), native);
+        stream.copy_d2h(out_host, sums.data(), bytes);
+        stream.release_after(std::move(sums));
+      });
+}
+
 void optimizer_update(Stream& stream, const optim::ParamGroup& group,
                       std::span<const optim::OptimShard> device_shards, float grad_scale, std::int64_t step,
                       const optim::CpuExec& exec) {

@@ -33,6 +33,7 @@
 #include "core/device/device.h"
 #include "core/dtype.h"
 #include "optim/cpu_exec.h"
+#include "optim/exact_squares.h"
 #include "optim/optimizer.h"
 
 namespace strata::device_ops {
@@ -76,6 +77,18 @@ std::size_t sum_squares_blocks(std::size_t n_elems);
 // cuda: a kernel that runs the same lane rule in double, one thread per lane, then copy_d2h.
 void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems, double* out_host,
                        const optim::CpuExec& exec = optim::default_cpu_exec());
+
+// The exact sum of squares (optim/exact_squares.h, Note [Exact sum of squares]) of n_elems
+// gradients of grad_dtype (fp32, bf16 or fp16, widened exactly), the norm of exact mode. out_host
+// is HOST memory of exact_sum_squares_parts(n_elems) accumulators, one per run of
+// optim::kExactMaxAdds elements, written when the stream reaches the op (pinned on cuda, as for
+// block_sum_squares); merge them. Bits: the merged sum equals optim::exact_sum_squares over the same
+// values, and so any other split of them merged.
+// sim: optim::exact_sum_squares per part. cuda: a kernel adding each square's pieces with integer
+// atomics (their order cannot matter), then copy_d2h.
+std::size_t exact_sum_squares_parts(std::size_t n_elems);
+void exact_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems,
+                       optim::ExactSquares* out_host, const optim::CpuExec& exec = optim::default_cpu_exec());
 
 // One optimizer update of device-resident shards as step number `step` (from 1): master weights,
 // moments, the gradient (fp32, bf16 or fp16; multiplied by grad_scale) and, where shard.out is

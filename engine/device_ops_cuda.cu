@@ -12,6 +12,7 @@
 #include "core/dtype_convert.h"
 #include "engine/device_ops_cuda.h"
 #include "optim/cpu_kernels.h"
+#include "optim/exact_squares.h"
 
 namespace strata::device_ops::cuda {
 namespace {
@@ -76,6 +77,41 @@ __global__ void __launch_bounds__(kSumThreads)
   }
 }
 
+// Note [Exact sum of squares] on the GPU: every thread adds its squares' pieces (the host's
+// square_pieces) into the CTA's shared words with 64-bit integer atomics, and the CTA adds its words
+// into the run's accumulator in global memory. Integer addition is associative, so the order the
+// atomics land in cannot change the sum. A run holds at most optim::kExactMaxAdds elements, so no
+// word wraps before the host normalizes it.
+constexpr int kExactWords = optim::kExactDigits + 1;  // the digits, then the non-finite count
+static_assert(sizeof(optim::ExactSquares) == kExactWords * sizeof(std::uint64_t));
+
+template <typename G>
+__global__ void exact_sum_squares_kernel(const G* __restrict__ grad, std::size_t n, std::size_t run_elems,
+                                         unsigned long long* __restrict__ out) {
+  __shared__ unsigned long long words[kExactWords];
+  if (threadIdx.x < kExactWords) words[threadIdx.x] = 0;
+  __syncthreads();
+  // One grid row of CTAs per run, so a CTA's elements all belong to run blockIdx.y.
+  const std::size_t begin = static_cast<std::size_t>(blockIdx.y) * run_elems;
+  const std::size_t end = begin + run_elems < n ? begin + run_elems : n;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = begin + static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
+       i += stride) {
+    optim::SquarePieces p;
+    if (!optim::square_pieces(to_f32(grad[i]), p)) {
+      atomicAdd(&words[kExactWords - 1], 1ull);
+      continue;
+    }
+    for (int k = 0; k < 3; ++k) {
+      if (p.piece[k] != 0) atomicAdd(&words[p.word + k], static_cast<unsigned long long>(p.piece[k]));
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kExactWords && words[threadIdx.x] != 0) {
+    atomicAdd(&out[static_cast<std::size_t>(blockIdx.y) * kExactWords + threadIdx.x], words[threadIdx.x]);
+  }
+}
+
 }  // namespace
 
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n_elems, void* stream) {
@@ -127,6 +163,32 @@ void block_sum_squares(const void* grad, DType grad_dtype, std::size_t n_elems, 
     case DType::F16:
       block_sum_squares_kernel<<<grid, kSumThreads, 0, s>>>(static_cast<const fp16*>(grad), n_elems, block_elems,
                                                              blocks, out_device);
+      break;
+  }
+  STRATA_CUDA_CHECK(cudaGetLastError());
+}
+
+void exact_sum_squares(const void* grad, DType grad_dtype, std::size_t n_elems, std::uint64_t* out_device,
+                       void* stream) {
+  if (n_elems == 0) return;
+  const std::size_t runs = (n_elems + optim::kExactMaxAdds - 1) / optim::kExactMaxAdds;
+  STRATA_CHECK(runs <= 65535, "exact_sum_squares: too many elements for one launch");
+  const std::size_t run_elems = std::min<std::size_t>(n_elems, optim::kExactMaxAdds);
+  const dim3 grid(grid_for(run_elems), static_cast<unsigned>(runs));
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto* out = reinterpret_cast<unsigned long long*>(out_device);
+  switch (grad_dtype) {
+    case DType::F32:
+      exact_sum_squares_kernel<<<grid, kThreadsPerBlock, 0, s>>>(static_cast<const float*>(grad), n_elems,
+                                                                  optim::kExactMaxAdds, out);
+      break;
+    case DType::BF16:
+      exact_sum_squares_kernel<<<grid, kThreadsPerBlock, 0, s>>>(static_cast<const bf16*>(grad), n_elems,
+                                                                  optim::kExactMaxAdds, out);
+      break;
+    case DType::F16:
+      exact_sum_squares_kernel<<<grid, kThreadsPerBlock, 0, s>>>(static_cast<const fp16*>(grad), n_elems,
+                                                                  optim::kExactMaxAdds, out);
       break;
   }
   STRATA_CUDA_CHECK(cudaGetLastError());

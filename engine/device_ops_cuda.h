@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/dtype.h"
 
@@ -26,5 +27,10 @@ void convert_add_left(const void* src, DType src_dtype, float* dst, std::size_t 
 // caller's host array.
 void block_sum_squares(const void* grad, DType grad_dtype, std::size_t n_elems, std::size_t block_elems,
                        double* out_device, void* stream);
+
+// Adds the exact squares (optim/exact_squares.h) of run p of optim::kExactMaxAdds elements into the
+// zeroed words of accumulator p of out_device (device memory laid out as optim::ExactSquares).
+void exact_sum_squares(const void* grad, DType grad_dtype, std::size_t n_elems, std::uint64_t* out_device,
+                       void* stream);
 
 }  // namespace strata::device_ops::cuda

@@ -20,6 +20,7 @@
 #include "engine/engine_context.h"
 #include "engine/engine_state.h"
 #include "engine/offload_tier.h"
+#include "optim/exact_squares.h"
 #include "offload/buffer_pool.h"
 
 namespace strata {
@@ -79,6 +80,9 @@ class StateHome {
   virtual std::vector<double> block_partials(std::size_t g) = 0;
   // Whether block_partials covers this rank's shard only (the shard group's ranks exchange them).
   virtual bool partials_are_shards() const = 0;
+  // Exact mode: the exact sum of squares of this rank's final gradient of g (Note [Exact sum of
+  // squares]), covering what block_partials covers.
+  virtual optim::ExactSquares exact_squares(std::size_t g) = 0;
   // Applies the optimizer at `lr` with the gradients scaled by `grad_scale`, as optimizer step
   // `step`, writing the new working weights where they live; then the gradients are dropped.
   virtual void update(double lr, float grad_scale, std::int64_t step) = 0;

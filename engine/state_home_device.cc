@@ -137,6 +137,17 @@ class DeviceStateHome final : public StateHome {
 
   bool partials_are_shards() const override { return ctx_.plan.stage >= 2; }
 
+  optim::ExactSquares exact_squares(std::size_t g) override {
+    const std::size_t n = ctx_.group(g).grad_elems;
+    std::vector<optim::ExactSquares> parts(device_ops::exact_sum_squares_parts(n));
+    device_ops::exact_sum_squares(ctx_.comm, groups_[g].final_grad, groups_[g].final_dtype, n, parts.data(),
+                                  ctx_.exec);
+    ctx_.comm.synchronize();  // host sync: the sums are exchanged and merged on the host
+    optim::ExactSquares sum;
+    for (const optim::ExactSquares& p : parts) sum.merge(p);
+    return sum;
+  }
+
   // The update, enqueued on the communication stream (the weights' publishing follows it there).
   void update(double lr, float grad_scale, std::int64_t step) override {
     ctx_.optimizer.set_lr(lr);

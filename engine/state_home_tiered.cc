@@ -44,7 +44,10 @@ TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : 
   params_ = ctx_.plan.params_offloaded();
   nstate_ = ctx_.plan.state_arrays;
   chunk_elems_ = op.chunk_elems;
-  for (const GroupPlan& P : ctx_.plan.groups) block_partials_.emplace_back(P.state_elems / kBlock, 0.0);
+  for (const GroupPlan& P : ctx_.plan.groups) {
+    block_partials_.emplace_back(P.state_elems / kBlock, 0.0);
+    exact_partials_.emplace_back(ctx_.exact() ? P.state_elems / kBlock : 0);
+  }
 
   // Page-locked: the pinned pools, and of the host arrays only the parameters (the comm stream copies
   // them up); the optimizer's arrays are read and written by the CPU alone.
@@ -236,6 +239,13 @@ ChunkJob TieredStateHome::combine_job(std::size_t g, std::size_t k, const void* 
   return job;
 }
 
+optim::ExactSquares TieredStateHome::exact_squares(std::size_t g) {
+  STRATA_CHECK(ctx_.exact(), "exact_squares outside exact mode");
+  optim::ExactSquares sum;
+  for (const optim::ExactSquares& p : exact_partials_[g]) sum.merge(p);
+  return sum;
+}
+
 // The final gradient of chunk c is formed: its block partials, and with an overlapped step its
 // update right away.
 void TieredStateHome::final_chunk(std::size_t g, const StateChunk& c, const float* grad, bool overlap, float* state,
@@ -248,6 +258,10 @@ void TieredStateHome::final_chunk(std::size_t g, const StateChunk& c, const floa
     optim::CpuExec serial{ctx_.exec.simd, nullptr};
     partials[first_block + b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), serial).sum_squares;
   });
+  if (ctx_.exact()) {
+    exact_partials_[g][first_block] =
+        optim::exact_sum_squares(grad, DType::F32, c.elems, optim::CpuExec{ctx_.exec.simd, nullptr});
+  }
   if (!overlap) return;
   const std::int64_t step = ctx_.optimizer.step_count() + 1;
   double sum = 0;

@@ -40,6 +40,7 @@ class TieredStateHome final : public StateHome {
   void finish_grads() override { worker_->synchronize(); }
   std::vector<double> block_partials(std::size_t g) override { return block_partials_[g]; }
   bool partials_are_shards() const override { return true; }
+  optim::ExactSquares exact_squares(std::size_t g) override;
   void update(double lr, float grad_scale, std::int64_t step) override;
   void drop_grads() override;
   void end_step() override {}
@@ -99,6 +100,9 @@ class TieredStateHome final : public StateHome {
   // Per group: the per-block sums of squares of the step's final gradient (taken when it is formed,
   // chunk by chunk).
   std::vector<std::vector<double>> block_partials_;
+  // Exact mode: the exact sums of squares of the same gradient, one per chunk, kept at the index of
+  // the chunk's first block (the other entries stay zero).
+  std::vector<std::vector<optim::ExactSquares>> exact_partials_;
   bool overlap_step_ = false;  // this step's updates run as gradients become final
   double overlap_lr_ = 0;
   std::atomic<std::uint64_t> overlapped_chunks_{0};

@@ -207,6 +207,7 @@ void ZeroEngine::set_tensor_group(Communicator* group, std::vector<TensorShare> 
 // (blocks never straddle shards, so the concatenation is the same list of partials in the same
 // order as the whole gradient's).
 double ZeroEngine::global_sum_squares() {
+  if (config_.strata.exact) return global_exact_sum_squares();
   double split = 0.0, replicated = 0.0, copies = 0.0;  // with a tensor group: slices, whole, counted elsewhere
   std::vector<double> ordered;                         // every partial in model order (for the pipeline's sum)
   for (std::size_t g = 0; g < specs_.size(); ++g) {
@@ -243,6 +244,40 @@ double ZeroEngine::global_sum_squares() {
     for (double p : part) total += p;
   }
   return total;
+}
+
+namespace {
+
+// Every rank of `comm` ends with the merge of all ranks' sums (exact, so the order is free).
+optim::ExactSquares merge_over(Communicator& comm, const optim::ExactSquares& mine) {
+  optim::ExactSquares all;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    optim::ExactSquares part = mine;
+    comm.broadcast_host_bytes(&part, sizeof part, r);
+    all.merge(part);
+  }
+  return all;
+}
+
+}  // namespace
+
+// The same groups as global_sum_squares, each counted once: a shard group's ranks merge their
+// shards, the tensor group its slices (replicated groups counted on every rank alike, copies not at
+// all), the pipeline group its stages. Exact sums merge in any order, so the bits are those of
+// one rank summing the whole model.
+double ZeroEngine::global_exact_sum_squares() {
+  optim::ExactSquares split, replicated;
+  for (std::size_t g = 0; g < specs_.size(); ++g) {
+    const TensorShare share = tensor_group_ == nullptr ? TensorShare::Split : tensor_shares_[g];
+    if (share == TensorShare::Copy) continue;
+    optim::ExactSquares sum = home_->exact_squares(g);
+    if (home_->partials_are_shards() && plan_.groups[g].layout.shard_count() > 1) sum = merge_over(*shard_comm_, sum);
+    (share == TensorShare::Replicated ? replicated : split).merge(sum);
+  }
+  if (tensor_group_ != nullptr) split = merge_over(*tensor_group_, split);
+  split.merge(replicated);
+  if (pipeline_group_ != nullptr) split = merge_over(*pipeline_group_, split);
+  return split.value();
 }
 
 std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) {

@@ -138,7 +138,9 @@ class ZeroEngine final : public ParamProvider {
   // Pipeline parallelism (models/pipeline.h): `group` holds the other stages of this rank's model
   // replica, each with consecutive groups of the model; the step's gradient norm is summed over
   // them, so every stage clips and skips alike. Without a tensor group the stages' per-block
-  // partials are summed in model order, as without stages: the norm's bits do not depend on P.
+  // partials are summed in model order, as without stages: the norm's bits do not depend on P. In
+  // exact mode the norm is an exact sum (Note [Exact sum of squares]): its bits depend on neither
+  // T nor P nor the ZeRO stage.
   // Null: no pipeline.
   void set_pipeline_group(Communicator* group) { pipeline_group_ = group; }
 
@@ -217,6 +219,9 @@ class ZeroEngine final : public ParamProvider {
   void init_group(std::size_t g, const InitFn& init);
   void check_between_steps(const char* what) const;
   double global_sum_squares();
+  // Exact mode's: the exact sum over every rank's gradients (Note [Exact sum of squares]), whose
+  // bits depend on no layout.
+  double global_exact_sum_squares();
 
   TrainConfig config_;
   RunPlan plan_;

@@ -43,18 +43,6 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
                                   cfg.source, T, S));
   }
   models::check_tensor_parallel(model, T, S, models::kDefaultTileChunks, cfg.source);
-  if (T == 1) return layout;
-  const auto refuse = [&](const std::string& what, const std::string& fix) {
-    throw ConfigError(fmt::format("{}: {} with strata.parallel.tensor = {} is not built yet; {}", cfg.source, what, T,
-                                  fix));
-  };
-  if (cfg.gradient_clipping > 0 && cfg.strata.exact) {
-    // The norm sums each tensor rank's blocks, so its rounding (and so the clipped weights' bits)
-    // depends on T; exact mode promises the same bits for every T.
-    refuse(fmt::format("gradient_clipping {} in exact mode (a norm whose bits do not depend on T)",
-                       cfg.gradient_clipping),
-           "set gradient_clipping to 0 or strata.exact to false");
-  }
   return layout;
 }
 

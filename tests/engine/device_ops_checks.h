@@ -337,6 +337,36 @@ inline void check_block_sum_squares(Rig& rig, std::size_t n, Poison poison, DTyp
                         NanBits::AnyNan));
 }
 
+// The exact sum of squares (Note [Exact sum of squares]) equals one accumulator fed the widened
+// values one by one, word for word; with `poison`, it counts the infinity and the NaN.
+inline void check_exact_sum_squares(Rig& rig, std::size_t n, Poison poison, DType dtype = DType::F32) {
+  SCOPED_TRACE(label("exact_sum_squares", n) + " " + std::string(dtype_name(dtype)) +
+               (poison == Poison::Yes ? " with inf/nan" : ""));
+  std::vector<float> grad = normal_floats(n, static_cast<std::uint32_t>(n) + 11, 3e-3f);
+  if (poison == Poison::Yes) {
+    grad[n / 2] = INFINITY;
+    grad[n - 1] = NAN;
+  }
+  std::vector<std::byte> stored(n * dtype_bytes(dtype));
+  reference::convert(grad.data(), DType::F32, stored.data(), dtype, n);
+  reference::convert(stored.data(), dtype, grad.data(), DType::F32, n);  // what the op sees, widened
+  optim::ExactSquares want;
+  for (float x : grad) want.add(x);
+  want.normalize();
+  DeviceMemory d_grad = rig.upload(stored);
+  std::vector<optim::ExactSquares> parts(exact_sum_squares_parts(n));
+  ASSERT_EQ(parts.size(), 1u);
+  exact_sum_squares(rig.stream, d_grad.data(), dtype, n, parts.data());
+  rig.stream.synchronize();
+  optim::ExactSquares got;
+  for (const optim::ExactSquares& p : parts) got.merge(p);
+  EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << "exact sums differ: " << got.value() << " vs " << want.value();
+  EXPECT_EQ(got.non_finite, poison == Poison::Yes ? (n > 1 ? 2u : 1u) : 0u);
+  if (poison == Poison::No) {
+    EXPECT_GT(got.value(), 0.0);
+  }
+}
+
 // ---- optimizer_update ---------------------------------------------------------------------------
 
 enum class OutMode { None, BF16, F16, Mixed };

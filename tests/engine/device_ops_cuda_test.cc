@@ -72,6 +72,14 @@ TEST_P(DeviceOpsCudaSized, BlockSumSquaresMatchesGradStatsPerBlock) {
   }
 }
 
+TEST_P(DeviceOpsCudaSized, ExactSumSquaresMatchesOneAccumulator) {
+  Rig r = rig();
+  for (DType dtype : testing::all_dtypes()) {
+    testing::check_exact_sum_squares(r, GetParam(), testing::Poison::No, dtype);
+    testing::check_exact_sum_squares(r, GetParam(), testing::Poison::Yes, dtype);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(device_ops_cuda, DeviceOpsCudaSized, ::testing::ValuesIn(testing::op_sizes()),
                          [](const ::testing::TestParamInfo<std::size_t>& info) {
                            return "n" + std::to_string(info.param);

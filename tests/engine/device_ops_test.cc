@@ -85,6 +85,14 @@ TEST_P(DeviceOpsSized, BlockSumSquaresMatchesGradStatsPerBlock) {
   }
 }
 
+TEST_P(DeviceOpsSized, ExactSumSquaresMatchesOneAccumulator) {
+  Rig r = rig();
+  for (DType dtype : testing::all_dtypes()) {
+    testing::check_exact_sum_squares(r, GetParam(), testing::Poison::No, dtype);
+    testing::check_exact_sum_squares(r, GetParam(), testing::Poison::Yes, dtype);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(device_ops, DeviceOpsSized, ::testing::ValuesIn(testing::op_sizes()),
                          [](const ::testing::TestParamInfo<std::size_t>& info) {
                            return "n" + std::to_string(info.param);
@@ -123,7 +131,7 @@ class Gate {
   bool open_ = false;
 };
 
-enum class Op { Convert, AddLeft, ConvertAddLeft, BlockSumSquares, OptimizerUpdate };
+enum class Op { Convert, AddLeft, ConvertAddLeft, BlockSumSquares, ExactSumSquares, OptimizerUpdate };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -131,6 +139,7 @@ const char* op_name(Op op) {
     case Op::AddLeft: return "add_left";
     case Op::ConvertAddLeft: return "convert_add_left";
     case Op::BlockSumSquares: return "block_sum_squares";
+    case Op::ExactSumSquares: return "exact_sum_squares";
     case Op::OptimizerUpdate: return "optimizer_update";
   }
   return "?";
@@ -140,7 +149,7 @@ void PrintTo(Op op, std::ostream* os) { *os << op_name(op); }
 
 const std::vector<Op>& all_ops() {
   static const std::vector<Op> ops{Op::Convert, Op::AddLeft, Op::ConvertAddLeft, Op::BlockSumSquares,
-                                   Op::OptimizerUpdate};
+                                   Op::ExactSumSquares, Op::OptimizerUpdate};
   return ops;
 }
 
@@ -161,6 +170,7 @@ struct PendingOp {
   std::size_t result_bytes = 0;
   Bytes expected;
   std::vector<double> sums;  // block_sum_squares writes host memory
+  optim::ExactSquares exact;  // and exact_sum_squares
 
   Bytes read() const {
     const auto* p = static_cast<const std::uint8_t*>(result);
@@ -234,6 +244,20 @@ std::unique_ptr<PendingOp> make_pending(Op op, Device& device) {
       p->expected = as_bytes(testing::reference::block_sum_squares(a.data(), n));
       return p;
     }
+    case Op::ExactSumSquares: {
+      p->keep.push_back(sim_copy(device, a.data(), n * 4));
+      const float* grad = p->keep[0].as<float>();
+      optim::ExactSquares* out = &p->exact;
+      p->enqueue = [=](Stream& s) { exact_sum_squares(s, grad, DType::F32, n, out); };
+      p->result = out;
+      p->result_bytes = sizeof(optim::ExactSquares);
+      optim::ExactSquares want;
+      for (float x : a) want.add(x);
+      want.normalize();  // what the op writes: one normalized accumulator
+      const auto* w = reinterpret_cast<const std::uint8_t*>(&want);
+      p->expected = Bytes(w, w + sizeof want);
+      return p;
+    }
     case Op::OptimizerUpdate: {
       const std::vector<float> m = testing::normal_floats(n, 4, 1e-2f);
       std::vector<float> v = testing::normal_floats(n, 5, 1e-4f);
@@ -268,6 +292,7 @@ struct OpCall {
   float* c = nullptr;
   float* d = nullptr;
   double* sums = nullptr;
+  optim::ExactSquares* exact = nullptr;
   std::size_t n = 0;
 };
 
@@ -277,6 +302,7 @@ void enqueue_op(Op op, Stream& s, const OpCall& x) {
     case Op::AddLeft: add_left(s, x.b, x.a, x.n); return;
     case Op::ConvertAddLeft: convert_add_left(s, x.a, DType::BF16, x.b, x.n); return;
     case Op::BlockSumSquares: block_sum_squares(s, x.a, DType::F32, x.n, x.sums); return;
+    case Op::ExactSumSquares: exact_sum_squares(s, x.a, DType::F32, x.n, x.exact); return;
     case Op::OptimizerUpdate: {
       // AdamW over a (master), b, c (moments) and d (gradient).
       const optim::OptimShard shard{std::span<float>(x.a, x.n), std::span<float>(x.b, x.b ? x.n : 0),
@@ -555,7 +581,8 @@ TEST_P(DeviceOpsCudaKind, RefusesWithADeviceErrorNamingTheOpAndEnqueuesNothing) 
   DeviceMemory a = device_.allocate(n * 4, "t"), b = device_.allocate(n * 4, "t"), c = device_.allocate(n * 4, "t"),
                d = device_.allocate(n * 4, "t");
   std::vector<double> sums(sum_squares_blocks(n));
-  const OpCall call{a.as<float>(), b.as<float>(), c.as<float>(), d.as<float>(), sums.data(), n};
+  optim::ExactSquares exact;
+  const OpCall call{a.as<float>(), b.as<float>(), c.as<float>(), d.as<float>(), sums.data(), &exact, n};
   try {
     enqueue_op(op, *stream_, call);
     FAIL() << op_name(op) << " on a cuda stream without a cudaStream_t must be refused";

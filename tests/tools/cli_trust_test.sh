@@ -30,11 +30,8 @@ expect_error "a tensor split the model's heads do not allow" "strata.parallel.te
 expect_error "its valid choices" "valid choices: 1, 2, 4" "$strata" estimate --config "$config" --world 3 --set strata.parallel.tensor=3
 expect_error "a layout that does not divide the world" "valid choices for 1 ranks: (tensor 1, pipeline 1)" \
   "$strata" train --config "$config" --steps 1 --set strata.parallel.pipeline=2
-# Tensor parallelism clips only outside exact mode, and replicated KV heads need slices of whole
-# query heads: each refused by name.
-expect_error "gradient clipping beside tensor parallelism in exact mode" \
-  "gradient_clipping 1 in exact mode (a norm whose bits do not depend on T) with strata.parallel.tensor = 2" \
-  "$strata" estimate --config "$config" --world 2 --set strata.parallel.tensor=2
+# Replicated KV heads need slices of whole query heads, and KV heads must split or be split evenly:
+# each refused by name.
 expect_error "tensor slices that cut a query head (KV heads on several ranks)" \
   "with more tensor ranks than the 2 KV heads, a multiple of them dividing the 4 attention heads (Note [Replicated KV heads]); valid choices: 4" \
   "$strata" estimate --config "$config" --world 4 --set strata.parallel.tensor=4 --set gradient_clipping=0 \

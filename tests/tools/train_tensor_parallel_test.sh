@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallelism (strata.parallel.tensor, models/tensor_parallel.h) end to end under mpirun.
 # 1. Exact mode, the master test: every factorization of 1, 2, 4 and 8 ranks into data x tensor,
-#    over ZeRO stages 0-3 and optimizer/parameter offload, writes weights byte-identical to the
+#    over ZeRO stages 0-3, optimizer/parameter offload and clipping, writes weights byte-identical to the
 #    single-rank run with the same strata.parallel.tensor_slices (Note [Tensor slices]); for the
 #    GPT-2 and the LLaMA-style (grouped-query) tiny models, an 8-head GPT-2 for 8 tensor ranks and a
 #    LLaMA with 2 KV heads at 2, 4 and 8 (replicated KV heads); and across a checkpoint and a resume
@@ -20,6 +20,13 @@ mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
 fail=0
 compare() {  # reference, candidate, description
   if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
+}
+same_norms() {  # reference metrics, candidate metrics, description: every step's grad_norm, all 17 digits
+  if python3 -c '
+import json, sys
+norms = [[json.loads(l)["grad_norm"] for l in open(f)] for f in sys.argv[1:]]
+sys.exit(0 if norms[0] == norms[1] and len(norms[0]) > 0 else 1)' "$1" "$2"; then echo "ok: $3"
+  else echo "FAILED: $3: the gradient norms of $2 differ from $1"; fail=1; fi
 }
 run() {  # ranks, tensor ranks, accumulation, stage, output, extra...
   local np="$1" t="$2" acc="$3" stage="$4" out="$5"; shift 5
@@ -57,6 +64,22 @@ for model in tiny tiny-llama; do
   run 4 2 2 3 "$model.d2t2off.st" --set zero_optimization.offload_optimizer.device='"nvme"' \
     --set zero_optimization.offload_optimizer.nvme_path='"nvme"' --set zero_optimization.offload_param.device='"cpu"'
   compare "$model.ref.st" "$model.d2t2off.st" "$model: data 2 x tensor 2, stage 3, state on NVMe, weights on host = one rank"
+  # Clipping (norms of 1 to 4, so 0.05 clips): exact mode's norm is an exact sum (Note [Exact sum of
+  # squares]), so the clip coefficient, and with it every weight, has the single-rank bits.
+  # The logged norms (a double each, every digit) must be equal too: a norm rounded per tensor
+  # rank would differ there in its last bits long before a clipped weight shows it.
+  run 1 1 4 0 "$model.clip.ref.st" --set gradient_clipping=0.05 --set strata.metrics="\"$model.clip.ref.jsonl\""
+  if cmp -s "$model.ref.st" "$model.clip.ref.st"; then echo "FAILED: $model: clipping changed nothing"; fail=1; fi
+  run 2 2 4 0 "$model.clip.d1t2.st" --set gradient_clipping=0.05 --set strata.metrics="\"$model.clip.d1t2.jsonl\""
+  compare "$model.clip.ref.st" "$model.clip.d1t2.st" "$model clipped: tensor 2, stage 0 = one rank"
+  same_norms "$model.clip.ref.jsonl" "$model.clip.d1t2.jsonl" "$model clipped: tensor 2 logs the one-rank norms"
+  run 4 4 4 2 "$model.clip.d1t4sp.st" --set gradient_clipping=0.05 --set strata.parallel.sequence=true \
+    --set strata.metrics="\"$model.clip.d1t4sp.jsonl\""
+  compare "$model.clip.ref.st" "$model.clip.d1t4sp.st" "$model clipped: tensor 4 with sequence parallelism, stage 2 = one rank"
+  same_norms "$model.clip.ref.jsonl" "$model.clip.d1t4sp.jsonl" "$model clipped: tensor 4 with sequence parallelism logs the one-rank norms"
+  run 4 2 2 3 "$model.clip.d2t2off.st" --set gradient_clipping=0.05 \
+    --set zero_optimization.offload_optimizer.device='"nvme"' --set zero_optimization.offload_optimizer.nvme_path='"nvme"'
+  compare "$model.clip.ref.st" "$model.clip.d2t2off.st" "$model clipped: data 2 x tensor 2, stage 3, state on NVMe = one rank"
   # The check can fail: the plain decoder (one slice) adds the split sums in another order.
   run 1 1 4 0 "$model.s1.st" --set strata.parallel.tensor_slices=1
   if cmp -s "$model.ref.st" "$model.s1.st"; then
@@ -88,6 +111,9 @@ compare tp8.ref.st tp8.d8t1.st "8-head model: data 8, stage 1 = one rank"
 compare tp8.ref.st tp8.d4t2.st "8-head model: data 4 x tensor 2, stage 2 = one rank"
 compare tp8.ref.st tp8.d2t4.st "8-head model: data 2 x tensor 4, stage 1 = one rank"
 compare tp8.ref.st tp8.d1t8.st "8-head model: tensor 8, stage 0 = one rank"
+run 1 1 8 0 tp8.clip.ref.st --set gradient_clipping=0.05
+run 8 4 4 1 tp8.clip.d2t4.st --set gradient_clipping=0.05
+compare tp8.clip.ref.st tp8.clip.d2t4.st "8-head model clipped: data 2 x tensor 4, stage 1 = one rank"
 run 8 8 8 0 tp8.d1t8sp.st --set strata.parallel.sequence=true
 compare tp8.ref.st tp8.d1t8sp.st "8-head model: tensor 8 with sequence parallelism (4 rows a rank), stage 0 = one rank"
 
