@@ -113,7 +113,8 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
     ws->lnf_out = cv.take(n * C * e);
     ws->lnf_mean = static_cast<float*>(cv.take(mine * 4));
     ws->lnf_rstd = static_cast<float*>(cv.take(mine * 4));
-    ws->logits = cv.take(n * V * e);
+    // Note [Head one sequence at a time]: one sequence's logits, except for the sliced head.
+    ws->logits = cv.take((tp.sliced() ? n : static_cast<std::size_t>(ws->seq)) * V * e);
     ws->losses = static_cast<float*>(cv.take(n * 4));
   }
   if (training) {
@@ -292,6 +293,12 @@ void ModelPass::forward_blocks() const {
   }
 }
 
+void ModelPass::head_logits(const void* head_w, std::int64_t b, bool with_grad, float grad_scale) const {
+  linear_forward(ctx, dt, at(ws.lnf_out, b * seq * C, dt), C, head_w, nullptr, ws.logits, V, 1, seq, C, V);
+  cross_entropy(ctx, dt, ws.logits, ws.targets + b * seq, ws.losses + b * seq, with_grad ? ws.logits : nullptr, seq, V,
+                V, grad_scale);
+}
+
 void ModelPass::run_head(float grad_scale) const {
   const GroupViews hw = provider.acquire_params(head, ParamPhase::Forward, stream);
   const bool tied = c.arch == Architecture::Gpt2;
@@ -306,24 +313,31 @@ void ModelPass::run_head(float grad_scale) const {
   if (tp.sliced()) {
     pass.logits(head_w, sliced_head());
     pass.cross_entropy(sliced_head(), training, grad_scale);
-  } else {
-    linear_forward(ctx, dt, ws.lnf_out, C, head_w, nullptr, ws.logits, V, batch, seq, C, V);
-    cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, training ? ws.logits : nullptr, n, V, V, grad_scale);
+  }
+  GroupViews hg;
+  if (training) hg = provider.acquire_grads(head, stream);
+  if (!tp.sliced()) {
+    // Note [Head one sequence at a time]. Tied: last sequence first, so that sequence 0's dlogits
+    // are what the buffer holds when the embedding's backward starts.
+    for (std::int64_t i = 0; i < batch; ++i) {
+      const std::int64_t b = tied ? batch - 1 - i : i;
+      head_logits(head_w, b, training, grad_scale);
+      if (!training) continue;
+      if (tied) {
+        // Only d(lnf_out) now; the tied weight's gradient is added with the embedding's, per
+        // sequence (Note [Tied embedding gradient order]).
+        MatmulArgs a{dt, Trans::No, Trans::No, seq, C, V, ws.logits, V, 0, head_w, C, 0,
+                     at(ws.dln, b * seq * C, dt), C, 0, 1};
+        matmul(ctx, a);
+      } else {  // dW summed over the sequences in order, as one batched call sums them
+        linear_backward(ctx, dt, at(ws.lnf_out, b * seq * C, dt), C, head_w, ws.logits, V, at(ws.dln, b * seq * C, dt),
+                        C, Accumulate::No, hg[head_group::kLmHead], nullptr, 1, seq, C, V);
+      }
+    }
   }
   if (training) {
-    const GroupViews hg = provider.acquire_grads(head, stream);
     const void* dln = ws.dln;
-    if (tp.sliced()) {
-      dln = pass.head_backward(head_w, tied ? nullptr : hg[head_group::kLmHead], sliced_head());
-    } else if (tied) {
-      // Only d(lnf_out) now; the tied weight's gradient is added with the embedding's, per sequence
-      // (Note [Tied embedding gradient order]).
-      MatmulArgs a{dt, Trans::No, Trans::No, seq, C, V, ws.logits, V, seq * V, head_w, C, 0, ws.dln, C, seq * C, batch};
-      matmul(ctx, a);
-    } else {
-      linear_backward(ctx, dt, ws.lnf_out, C, head_w, ws.logits, V, ws.dln, C, Accumulate::No, hg[head_group::kLmHead],
-                      nullptr, batch, seq, C, V);
-    }
+    if (tp.sliced()) dln = pass.head_backward(head_w, tied ? nullptr : hg[head_group::kLmHead], sliced_head());
     pass.norm_backward(dln, x_final, hw[head_group::kNormW], ws.lnf_mean, ws.lnf_rstd, ws.dres, hg[head_group::kNormW],
                        tied ? hg[head_group::kNormB] : nullptr, Accumulate::No);
     provider.grads_ready(head, stream);
@@ -348,15 +362,10 @@ void ModelPass::backward_blocks() const {
   if (!stage.first()) return;  // the input's gradient (ws.dres) goes to the previous stage
   const GroupViews w = provider.acquire_params(emb, ParamPhase::Backward, stream);
   const GroupViews g = provider.acquire_grads(emb, stream);
-  if (recompute_tied_head) {  // the same kernels on the same values as the last stage's: the same dlogits
-    const void* wte = w[embedding_group::kWte];
-    if (tp.sliced()) {
-      pass.logits(wte, sliced_head());
-      pass.cross_entropy(sliced_head(), true, tied_grad_scale);
-    } else {
-      linear_forward(ctx, dt, ws.lnf_out, C, wte, nullptr, ws.logits, V, batch, seq, C, V);
-      cross_entropy(ctx, dt, ws.logits, ws.targets, ws.losses, ws.logits, n, V, V, tied_grad_scale);
-    }
+  const void* wte = w[embedding_group::kWte];
+  if (recompute_tied_head && tp.sliced()) {  // the same kernels on the same values as the last stage's: the same dlogits
+    pass.logits(wte, sliced_head());
+    pass.cross_entropy(sliced_head(), true, tied_grad_scale);
   }
   // Note [Sequence parallelism]: the lookup's gradient reads every row of the residual gradient.
   const void* dres = pass.gather_rows(ws.dres, ws.tmp);
@@ -374,7 +383,11 @@ void ModelPass::backward_blocks() const {
         continue;
       }
     } else if (c.arch == Architecture::Gpt2) {
-      MatmulArgs dw{dt, Trans::Yes, Trans::No, V, C, seq, at(ws.logits, b * seq * V, dt), V, 0,
+      // Note [Head one sequence at a time]: the head left sequence 0's dlogits in the buffer (a
+      // pipeline's first stage has none); the others are recomputed, by the same calls on the same
+      // values, so with the same bits.
+      if (recompute_tied_head || b > 0) head_logits(wte, b, true, tied_grad_scale);
+      MatmulArgs dw{dt, Trans::Yes, Trans::No, V, C, seq, ws.logits, V, 0,
                     at(ws.lnf_out, b * seq * C, dt), C, 0, g[embedding_group::kWte], C, 0, 1};
       dw.beta = 1.0f;
       matmul(ctx, dw);
@@ -428,7 +441,8 @@ LossSum Decoder::run(const DecoderRuntime& rt, ParamProvider& provider, const st
                "tensor parallelism over {} ranks needs a device stream and the tensor group's communicator", tp.size);
   const BlockPass pass{{c, ctx, batch, seq, layout_.tiling.chunks, tp, ws.parts, ws.own_rows}};
   ProviderChain chain(provider, layout_, stage_local_, false, tensor_layout_.get());
-  const ModelPass m{c, layout_, ctx, *chain.top, ws, pass, batch, seq, training, keep_all, options_.pipeline};
+  ModelPass m{c, layout_, ctx, *chain.top, ws, pass, batch, seq, training, keep_all, options_.pipeline};
+  m.tied_grad_scale = grad_scale;
   m.forward_blocks();
   m.run_head(grad_scale);
   if (training) m.backward_blocks();

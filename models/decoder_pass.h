@@ -353,7 +353,9 @@ struct ModelPass {
   const PipelineStage& stage;  // its blocks [l0, l1); the embedding on the first stage, the head on the last
   // Note [Tied embedding across stages] (models/pipeline.h): the last stage's copy of the tied
   // embedding weights, and on the first stage, whether its backward recomputes the head's logits
-  // and their gradient (from ws.lnf_out, the last stage's) with this loss-gradient scale.
+  // and their gradient (from ws.lnf_out, the last stage's) with this loss-gradient scale. Without
+  // stages the scale is the head's: the embedding's backward recomputes sequences 1.. (Note [Head
+  // one sequence at a time]).
   const void* tied_wte = nullptr;
   bool recompute_tied_head = false;
   float tied_grad_scale = 0;
@@ -375,6 +377,9 @@ struct ModelPass {
   void forward_blocks() const;
   // Head: final norm, logits, fused softmax + cross-entropy (and, training, the head's backward).
   void run_head(float grad_scale) const;
+  // Sequence b's logits from ws.lnf_out into ws.logits (one sequence's buffer), its losses, and
+  // with_grad their gradient in place (Note [Head one sequence at a time]).
+  void head_logits(const void* head_w, std::int64_t b, bool with_grad, float grad_scale) const;
   // Backward through the blocks, last first (recomputing a block's forward under checkpointing),
   // then the embedding's (first stage).
   void backward_blocks() const;

@@ -121,7 +121,8 @@ class ProgramBuilder {
 
   // ModelPass::backward_blocks: the span's blocks last to first, then on the first stage the
   // embedding's backward (GPT-2: the tied weight's head gradient; across stages after recomputing
-  // the logits from the last stage's final-norm output, Note [Tied embedding across stages]).
+  // the logits from the last stage's final-norm output, Note [Tied embedding across stages];
+  // without stages after recomputing sequences 1.., Note [Head one sequence at a time]).
   void backward_blocks() {
     for (auto l = static_cast<std::size_t>(span_.l1); l-- > static_cast<std::size_t>(span_.l0);) {
       if (checkpointing_) block(l, Pass::Recompute);
@@ -133,6 +134,9 @@ class ProgramBuilder {
     if (tied() && span_.split) {
       compute("head logits for the tied gradient", vocab_matmul(), ComputeClass::Head);
       if (T_ > 1) loss_statistics();
+    } else if (tied() && slices_ == 1 && tokens_ > seq_) {
+      // Note [Head one sequence at a time]: sequences 1.. recomputed.
+      compute("head logits for the tied gradient", vocab_matmul() * (tokens_ - seq_) / tokens_, ComputeClass::Head);
     }
     compute("embedding backward", tied() ? vocab_matmul() : 0, ComputeClass::Head);
     act(SimAction::GradsReady, emb);
