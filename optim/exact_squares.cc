@@ -31,6 +31,16 @@ void ExactSquares::merge(const ExactSquares& other) {
   normalize();
 }
 
+void ExactSquares::add_shifted(std::uint64_t v, int k) {
+  const int r = k & 31;
+  const std::uint64_t lo = v << r;
+  const std::uint64_t hi = r == 0 ? 0 : v >> (64 - r);  // under 2^31
+  const int w = k >> 5;
+  words[w] += static_cast<std::uint32_t>(lo);
+  words[w + 1] += lo >> 32;
+  words[w + 2] += hi;
+}
+
 double ExactSquares::value() const {
   if (!finite()) return std::numeric_limits<double>::infinity();
   ExactSquares n = *this;
@@ -44,9 +54,39 @@ double ExactSquares::value() const {
 
 namespace {
 
+// The bulk path: square_pieces one value at a time would chain every add through the same few
+// words (gradients share exponents). Instead each value's m^2 goes into a 64-bit bin per biased
+// exponent, in 4 interleaved sets of bins so consecutive values do not wait on each other; the bins
+// (each under 2^62 for a run of kBinRun values) then go into the digits, shifted by their k. Sums
+// are exact either way, so this gives the same digits as add().
+constexpr std::size_t kBinRun = kCpuBlockElems;  // m^2 < 2^48: 2^14 of them stay under 2^62
+// (the caller hands add_all at most kBinRun values)
+static_assert(kBinRun <= (std::size_t{1} << 14));
+constexpr int kBinSets = 4;
+
 template <typename T>
 void add_all(ExactSquares& acc, const T* x, std::size_t begin, std::size_t end) {
-  for (std::size_t i = begin; i < end; ++i) acc.add(to_f32(x[i]));
+  STRATA_CHECK(end - begin <= kBinRun, "exact sum of squares: {} values in one run of bins", end - begin);
+  std::uint64_t bins[kBinSets][256] = {};
+  std::uint64_t non_finite = 0;
+  std::size_t i = begin;
+  const auto one = [&](int set, float v) {
+    const std::uint32_t u = f32_bits(v);
+    const std::uint32_t e = (u >> 23) & 0xFFu;
+    const std::uint64_t m = e == 0 ? (u & 0x7FFFFFu) : ((u & 0x7FFFFFu) | 0x800000u);
+    bins[set][e] += m * m;  // e == 255 (NaN, infinity) is counted below, its bin ignored
+    non_finite += e == 0xFFu;
+  };
+  for (; i + kBinSets <= end; i += kBinSets) {
+    for (int s = 0; s < kBinSets; ++s) one(s, to_f32(x[i + static_cast<std::size_t>(s)]));
+  }
+  for (; i < end; ++i) one(0, to_f32(x[i]));
+  for (int e = 0; e < 255; ++e) {
+    std::uint64_t sum = 0;  // all sets together hold at most kBinRun squares: under 2^62
+    for (int s = 0; s < kBinSets; ++s) sum += bins[s][e];
+    if (sum != 0) acc.add_shifted(sum, e == 0 ? 0 : 2 * (e - 1));
+  }
+  acc.non_finite += non_finite;
 }
 
 }  // namespace
@@ -58,7 +98,7 @@ ExactSquares exact_sum_squares(const void* data, DType dtype, std::size_t n, con
     // kCpuBlockElems values at a time, then a normalization, so no word can wrap.
     for (std::size_t b = range.begin(); b < range.end(); b += kCpuBlockElems) {
       const std::size_t e = std::min(range.end(), b + kCpuBlockElems);
-      switch (dtype) {
+      switch (dtype) {  // at most kBinRun values per call
         case DType::F32: add_all(acc, static_cast<const float*>(data), b, e); break;
         case DType::BF16: add_all(acc, static_cast<const bf16*>(data), b, e); break;
         case DType::F16: add_all(acc, static_cast<const fp16*>(data), b, e); break;
