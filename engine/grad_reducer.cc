@@ -29,6 +29,32 @@ void GradReducer::begin_micro_batch() {
                ctx_.accumulation());
 }
 
+// Note [Reductions in flight]: without gradients in place, every group's micro-batch buffer is
+// allocated when the host enqueues that group's backward, and freed on the communication stream
+// once its reduction (and the state home's add) ran. The host runs ahead of the device, so without
+// a bound every group's buffer of a micro-batch was alive at once (tiny at accumulation 4: a peak
+// 0.75 MiB over the plan, and on a device sized to the plan the allocator's retry after an
+// out-of-memory error waited for queued frees: a host sync the plan did not show). So at most
+// kMaxReducing reductions stay queued: before allocating the next buffer the host waits for the
+// oldest. With 2, one group's reduction overlaps the next group's backward, as before, and the
+// plan counts two groups' gradient buffers (engine/tier_plan.cc). The wait blocks the host only,
+// while the compute stream still holds the backward enqueued before it; every rank enqueues the
+// same reductions in the same order, so no rank waits for work another has not enqueued.
+constexpr std::size_t kMaxReducing = 2;
+
+void GradReducer::bound_in_flight() {
+  while (!in_flight_.empty() && in_flight_.front()->query()) {
+    spare_events_.push_back(std::move(in_flight_.front()));
+    in_flight_.pop_front();
+  }
+  while (in_flight_.size() >= kMaxReducing) {
+    in_flight_.front()->synchronize();
+    ++in_flight_waits_;
+    spare_events_.push_back(std::move(in_flight_.front()));
+    in_flight_.pop_front();
+  }
+}
+
 // Note [Gradients in place]: with one micro-batch per step and a reduction that changes nothing (one
 // rank holds the whole group: world 1 below stage 2, or one shard and one replica at stages 2-3),
 // the model's backward writes the group's gradient straight into the state home's buffer for the
@@ -60,6 +86,7 @@ GroupViews GradReducer::acquire(std::size_t g, Stream* stream) {
       G.in_place = target;
       stream->memset(target, 0, bytes);
     } else {
+      bound_in_flight();
       G.micro_grad = memory_.allocate(bytes, "grad.micro", g);
       stream->memset(G.micro_grad.data(), 0, bytes);
     }
@@ -100,6 +127,7 @@ void GradReducer::reduce(std::size_t g) {
   if (G.micro_grad.empty()) {
     // This group got no gradient this micro-batch: its unit gradient is zero, but it still takes
     // its place in the sum so every rank runs the same collectives in the same order.
+    bound_in_flight();
     G.micro_grad = memory_.allocate(L.total_elems() * wbytes, "grad.micro", g);
     comm.memset(G.micro_grad.data(), 0, L.total_elems() * wbytes);
   } else {
@@ -125,6 +153,15 @@ void GradReducer::reduce(std::size_t g) {
   }
   comm.release_after(std::move(G.micro_grad));
   home_.add_unit(g, std::move(reduced), G.units);
+  std::unique_ptr<Event> done;
+  if (spare_events_.empty()) {
+    done = ctx_.device.create_event();
+  } else {
+    done = std::move(spare_events_.back());
+    spare_events_.pop_back();
+  }
+  comm.record(*done);
+  in_flight_.push_back(std::move(done));
   ++G.units;
   G.reduced_this_micro = true;
 }

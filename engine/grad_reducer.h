@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <memory>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -33,6 +35,8 @@ class GradReducer {
   int units(std::size_t g) const { return groups_[g].units; }
   // The next step starts counting.
   void end_step();
+  // Times the host waited for a queued reduction before allocating a micro-batch buffer.
+  std::uint64_t in_flight_waits() const { return in_flight_waits_; }
 
  private:
   struct Group {
@@ -45,11 +49,19 @@ class GradReducer {
   };
   void reduce(std::size_t g);
   void* in_place_target(std::size_t g);
+  // Note [Reductions in flight]: before a micro-batch buffer is allocated, waits until fewer than
+  // kMaxReducing reductions are still queued on the communication stream.
+  void bound_in_flight();
 
   // Recorded on the communication stream at end_step, after the update: the compute stream waits
   // for it before it writes a gradient in place (the update may still read the last one).
   std::unique_ptr<Event> step_done_;
   bool step_done_recorded_ = false;
+  // Recorded on the communication stream after each reduction's buffers were freed there, oldest
+  // first (Note [Reductions in flight]); spare ones are reused.
+  std::deque<std::unique_ptr<Event>> in_flight_;
+  std::vector<std::unique_ptr<Event>> spare_events_;
+  std::uint64_t in_flight_waits_ = 0;
   EngineContext& ctx_;
   ParamFetcher& memory_;
   StateHome& home_;

@@ -47,7 +47,25 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     }
     return 0;  // not this rank's (another pipeline stage's), or not gathered
   };
-  for (const GroupPlan& G : rp.groups) {
+  // Note [Reductions in flight] (engine/grad_reducer.cc): unless the gradients are written in place
+  // (one micro-batch per step on one rank), another group's micro-batch gradient and its reduction
+  // may still be queued beside the group in use: the largest such pair of another group.
+  const bool in_place = rp.accumulation == 1 && world_size == 1;
+  std::uint64_t pair1 = 0, pair2 = 0;  // the two largest micro-batch gradient + reduction pairs
+  std::size_t pair1_group = rp.groups.size();
+  for (std::size_t g = 0; g < rp.groups.size(); ++g) {
+    const GroupPlan& G = rp.groups[g];
+    const std::uint64_t pair = (static_cast<std::uint64_t>(G.layout.total_elems()) + G.grad_elems) * wbytes;
+    if (pair > pair1) {
+      pair2 = pair1;
+      pair1 = pair;
+      pair1_group = g;
+    } else if (pair > pair2) {
+      pair2 = pair;
+    }
+  }
+  for (std::size_t g = 0; g < rp.groups.size(); ++g) {
+    const GroupPlan& G = rp.groups[g];
     const GroupLayout& L = G.layout;
     const std::uint64_t total = L.total_elems();
     const std::uint64_t state = G.state_elems;
@@ -78,6 +96,7 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     std::uint64_t window =
         (sharded ? total * wbytes : 0) + total * wbytes + grad * wbytes + (fetched_shard ? state * wbytes : 0);
     for (const std::string& other : G.gathered_with) window += gathered_bytes(other);
+    if (!in_place) window += g == pair1_group ? pair2 : pair1;
     if (window > p.device_window) {
       p.device_window = window;
       p.largest_group = L.name();

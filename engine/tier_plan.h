@@ -30,7 +30,9 @@ struct TierPlan {
   std::uint64_t device_optimizer = 0;  // of which master and moments (resident between steps)
   std::uint64_t device_weights = 0;  // resident working weights (full or sharded)
   std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction, and
-                                     // the groups gathered with it (Note [Groups gathered together])
+                                     // the groups gathered with it (Note [Groups gathered together]);
+                                     // unless gradients are in place, another group's gradient and
+                                     // reduction still queued (Note [Reductions in flight])
   std::uint64_t activations = 0;
   std::string largest_group;
   std::uint64_t largest_group_bytes = 0;  // working dtype, gathered
