@@ -50,7 +50,7 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   // Note [Reductions in flight] (engine/grad_reducer.cc): unless the gradients are written in place
   // (one micro-batch per step on one rank), another group's micro-batch gradient and its reduction
   // may still be queued beside the group in use: the largest such pair of another group.
-  const bool in_place = rp.accumulation == 1 && world_size == 1;
+  const bool in_place = rp.accumulation == 1 && rp.topo.world_size == 1;
   std::uint64_t pair1 = 0, pair2 = 0;  // the two largest micro-batch gradient + reduction pairs
   std::size_t pair1_group = rp.groups.size();
   for (std::size_t g = 0; g < rp.groups.size(); ++g) {

@@ -256,20 +256,29 @@ void EngineSim::reduce(std::size_t g, int unit) {
   } else {
     end = collective("all_reduce " + gname(g), p_.topo.world_size, full_bytes, 2, ready);
   }
-  add_unit(g, unit, end);
+  end = add_unit(g, unit, end);
+  // Note [Reductions in flight]: unless the gradients are in place, the next group's micro-batch
+  // buffer waits until fewer than two reductions are queued (the host blocks, as the engine's does).
+  if (p_.accumulation == 1 && p_.topo.world_size == 1) return;
+  in_flight_.push_back(end);
+  while (in_flight_.size() >= 2) {
+    host_ = std::max(host_, in_flight_.front());
+    in_flight_.pop_front();
+  }
 }
 
 // StateHome::add_unit: on the device, one pass that widens the unit and adds it into the fp32 sum;
 // on host/NVMe, the worker's chunk pipeline over the group (TieredStateHome::combine).
-void EngineSim::add_unit(std::size_t g, int unit, double reduced_at) {
+double EngineSim::add_unit(std::size_t g, int unit, double reduced_at) {
   const GroupPlan& P = plan(g);
   if (!p_.optimizer_offloaded()) {
-    if (p_.accumulation == 1) return;  // the norm and the update read the unit as it is
+    if (p_.accumulation == 1) return reduced_at;  // the norm and the update read the unit as it is
     const double bytes = static_cast<double>(P.grad_elems) * (wbytes() + 8);
-    comm("gradient sum " + gname(g), device_pass(bytes), reduced_at, bytes, SimQueue::Compute);
-    return;
+    return comm("gradient sum " + gname(g), device_pass(bytes), reduced_at, bytes, SimQueue::Compute);
   }
+  // The worker takes the unit from here; the comm stream is done with it.
   simulate_pipeline(tl_, SimLane::Worker, reduced_at, combine_jobs(g, unit), p_.offload.slot_count, r_.io);
+  return reduced_at;
 }
 
 // TieredStateHome::combine_job's arrays and work for chunk k of group g, unit `unit`: the unit

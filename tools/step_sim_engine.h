@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <deque>
 #include <span>
 #include <string>
 #include <vector>
@@ -109,7 +110,8 @@ class EngineSim {
   void start_gather(std::size_t g);
   void prefetch_after(std::size_t position);
   void reduce(std::size_t g, int unit);
-  void add_unit(std::size_t g, int unit, double reduced_at);
+  // Returns when the unit's work on the comm stream ends (the reduction's buffers are freed then).
+  double add_unit(std::size_t g, int unit, double reduced_at);
   std::vector<PipelineJob> combine_jobs(std::size_t g, int unit) const;
   std::vector<PipelineJob> update_jobs() const;
   void end_step_on_device();
@@ -128,6 +130,8 @@ class EngineSim {
   double compute_wait_ = 0;  // events the compute stream waits on
   double last_compute_ = 0;  // end of the latest model op
   double published_ = 0;     // the last publish of stage 1-2 working weights
+  // Note [Reductions in flight] (engine/grad_reducer.cc): when the queued reductions end, oldest first.
+  std::deque<double> in_flight_;
 };
 
 }  // namespace strata::tools::detail

@@ -137,6 +137,29 @@ TEST(StepSim, RanksShareTheDrives) {
   EXPECT_NEAR(r.step_seconds, expected, 1e-9);
 }
 
+// Note [Reductions in flight]: with instant compute and a slow GPU link, the host would enqueue the
+// whole backward at time 0; the engine lets at most two reductions stay queued, so the last group's
+// backward starts only after the third-to-last reduction ended.
+TEST(StepSim, AtMostTwoReductionsStayQueued) {
+  SimMachine m = instant_machine();
+  m.spec.gpus.count = 2;
+  m.spec.gpus.link_gbps = 1;
+  const StepWorkload w = make_step_workload(
+      load_train_config(config_path("tiny.json"), {"zero_optimization.stage=0", "gradient_accumulation_steps=1"}), 2,
+      std::uint64_t{64} << 20);
+  const SimResult r = simulate_step(w, m);
+  std::vector<double> reduced;  // when each reduction ended, in comm order
+  double last_compute = -1;
+  for (const SimOp& op : r.ops) {
+    if (op.lane == SimLane::Comm && op.name.rfind("all_reduce ", 0) == 0) reduced.push_back(op.end);
+    if (op.lane == SimLane::Compute) last_compute = std::max(last_compute, op.begin);
+  }
+  ASSERT_GE(reduced.size(), 3u);
+  std::sort(reduced.begin(), reduced.end());
+  EXPECT_GT(reduced.front(), 0);
+  EXPECT_GE(last_compute, reduced[reduced.size() - 3]);
+}
+
 TEST(StepSim, OnlyComputeTakesTimeSoTheStepIsTheFlops) {
   SimMachine m = instant_machine();
   m.spec.gpus.bf16_tflops = 1e-3;  // 1e9 FLOP/s
