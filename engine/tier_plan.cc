@@ -49,20 +49,13 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   };
   // Note [Reductions in flight] (engine/grad_reducer.cc): unless the gradients are written in place
   // (one micro-batch per step on one rank), another group's micro-batch gradient and its reduction
-  // may still be queued beside the group in use: the largest such pair of another group.
+  // may still be queued beside the group in use when the device has room for them (on a device
+  // sized to the plan the allocation waits for them instead): at most the largest such pair.
   const bool in_place = rp.accumulation == 1 && rp.topo.world_size == 1;
-  std::uint64_t pair1 = 0, pair2 = 0;  // the two largest micro-batch gradient + reduction pairs
-  std::size_t pair1_group = rp.groups.size();
-  for (std::size_t g = 0; g < rp.groups.size(); ++g) {
-    const GroupPlan& G = rp.groups[g];
+  for (const GroupPlan& G : rp.groups) {
+    if (in_place) break;
     const std::uint64_t pair = (static_cast<std::uint64_t>(G.layout.total_elems()) + G.grad_elems) * wbytes;
-    if (pair > pair1) {
-      pair2 = pair1;
-      pair1 = pair;
-      pair1_group = g;
-    } else if (pair > pair2) {
-      pair2 = pair;
-    }
+    p.device_in_flight = std::max(p.device_in_flight, pair);
   }
   for (std::size_t g = 0; g < rp.groups.size(); ++g) {
     const GroupPlan& G = rp.groups[g];
@@ -96,7 +89,6 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     std::uint64_t window =
         (sharded ? total * wbytes : 0) + total * wbytes + grad * wbytes + (fetched_shard ? state * wbytes : 0);
     for (const std::string& other : G.gathered_with) window += gathered_bytes(other);
-    if (!in_place) window += g == pair1_group ? pair2 : pair1;
     if (window > p.device_window) {
       p.device_window = window;
       p.largest_group = L.name();

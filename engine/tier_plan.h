@@ -30,9 +30,10 @@ struct TierPlan {
   std::uint64_t device_optimizer = 0;  // of which master and moments (resident between steps)
   std::uint64_t device_weights = 0;  // resident working weights (full or sharded)
   std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction, and
-                                     // the groups gathered with it (Note [Groups gathered together]);
-                                     // unless gradients are in place, another group's gradient and
-                                     // reduction still queued (Note [Reductions in flight])
+                                     // the groups gathered with it (Note [Groups gathered together])
+  // Not in device_total(): with room for it, another group's micro-batch gradient and reduction
+  // still queued beside the window (Note [Reductions in flight]); 0 with gradients in place.
+  std::uint64_t device_in_flight = 0;
   std::uint64_t activations = 0;
   std::string largest_group;
   std::uint64_t largest_group_bytes = 0;  // working dtype, gathered

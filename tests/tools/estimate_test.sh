@@ -7,8 +7,9 @@
 #  4. bad input (a broken machine file, --world above the machine's GPUs) is one line, exit 1;
 #  5. a device capped at the plan's own device figure trains (no out-of-memory, peak within it), at
 #     ZeRO stages 0-3;
-#  6. on a device with room to spare the peak stays within the plan too (stages 0-2: the micro-batch
-#     gradients are bounded, not only squeezed by a small device).
+#  6. on a device with room to spare the peak stays within the plan plus one more group's queued
+#     reduction (stages 0-2: the micro-batch gradients are bounded, not only squeezed by a small
+#     device).
 # Usage: estimate_test.sh STRATA_BINARY REPO_ROOT WORKDIR
 set -euo pipefail
 strata="$1"; repo="$2"; work="$3"
@@ -101,18 +102,21 @@ at_plan "stage 1, exact, 3 units per step" --set zero_optimization.stage=1 --set
 
 # 6. Note [Reductions in flight] (engine/grad_reducer.cc): with room to spare (the tiny config's 64
 # MiB) the host could allocate every group's micro-batch gradient ahead of the device; at most two
-# reductions stay queued, as the plan counts. Before the bound, stage 2 at 4 units peaked at
-# 3,454,208 bytes against its plan of 2.54 MiB then (0.75 MiB over). Stage 3 is left out: its prefetch
-# gathers into spare room on purpose (the capped runs above cover it).
+# reductions stay queued, so the peak stays within the plan plus hbm.reduction_in_flight (the
+# largest group's gradient and reduction). Before the bound, stage 2 at 4 units peaked at 3,454,208
+# bytes, 786,432 over its plan of 2,667,776. Stage 3 is left out: its prefetch gathers into spare
+# room on purpose (the capped runs above cover it).
 roomy() {  # description, --set arguments...
   local what="$1"; shift
   "$strata" estimate --config "$tiny" --json "$@" > roomy.json
-  local total; total=$(sed -n '/"hbm"/,/}/p' roomy.json | json_field /dev/stdin total)
+  local total extra; total=$(sed -n '/"hbm"/,/}/p' roomy.json | json_field /dev/stdin total)
+  extra=$(sed -n '/"hbm"/,/}/p' roomy.json | json_field /dev/stdin reduction_in_flight)
   "$strata" --log-level warn train --config "$tiny" --steps 3 "$@" --summary-json roomy.summary.json > roomy.log 2>&1 ||
     { tail -3 roomy.log; bad "$what: training failed"; return; }
   local peak; peak=$(json_field roomy.summary.json peak_device_bytes)
-  [ "$peak" -le "$total" ] && ok "$what, room to spare: peak $peak within the plan's $total bytes" ||
-    bad "$what, room to spare: peak $peak over the plan's $total bytes"
+  [ "$extra" -gt 0 ] && [ "$peak" -le $((total + extra)) ] &&
+    ok "$what, room to spare: peak $peak within the plan's $total bytes + $extra in flight" ||
+    bad "$what, room to spare: peak $peak over the plan's $total bytes + $extra in flight"
 }
 for stage in 0 1 2; do
   roomy "stage $stage, exact, 4 units per step" --set zero_optimization.stage=$stage --set gradient_accumulation_steps=4
