@@ -718,6 +718,7 @@ TrainSummary run_training(const TrainOptions& options) {
     pipeline_summary(summary, cfg, decoder, stage, *pipeline, *parallel_groups.pipeline_counts, (summary.steps - first_step) * accumulation,
                      loop.pipeline_busy_ms, loop.pipeline_span_ms);
   }
+  rank_summary(summary, *comm, coords);
   stream->synchronize();
   if (!options.save_weights.empty() && summary.stopped_by_signal == 0) {
     save_weights(options.save_weights, model, engine, decoder, tp, stage, rank, coords.data);

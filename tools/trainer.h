@@ -113,6 +113,17 @@ struct TrainSummary {
   std::string pipeline_schedule;
   double pipeline_ideal_bubble = 0;  // (P - 1) / (A + P - 1)
   std::vector<PipelineStageFigures> stages;
+  // World > 1: every rank's own figures, gathered to rank 0 (the fields above are rank 0's): its
+  // place in the layout, its model state (the tier plan's) and peak device memory, its tensor
+  // group's collectives per micro-batch (all kinds together) and its pipeline stage's sends and
+  // receives per micro-batch, each beside its formula.
+  struct RankFigures {
+    int rank = 0, data = 0, tensor = 0, pipeline = 0;
+    std::uint64_t model_state_bytes = 0, peak_device_bytes = 0;
+    double tensor_calls = 0, tensor_bytes = 0, formula_tensor_calls = 0, formula_tensor_bytes = 0;
+    double sent_bytes = 0, received_bytes = 0, formula_sent_bytes = 0, formula_received_bytes = 0;
+  };
+  std::vector<RankFigures> ranks;
 };
 
 // The config in `path` with `overrides` applied; an empty path means configs/demo.json as compiled

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -216,6 +217,40 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
       f.formula_received_bytes += (first ? head : 0) + (last ? weights : 0);
     }
     summary.stages.push_back(f);
+  }
+}
+
+void rank_summary(TrainSummary& summary, Communicator& world, const RankCoords& coords) {
+  if (world.world_size() <= 1) return;
+  const TrainSummary& s = summary;
+  TrainSummary::RankFigures mine;
+  mine.rank = world.rank();
+  mine.data = coords.data;
+  mine.tensor = coords.tensor;
+  mine.pipeline = coords.pipeline;
+  mine.model_state_bytes = s.model_state_bytes;
+  mine.peak_device_bytes = s.peak_device_bytes;
+  if (s.tensor_ranks > 1) {
+    mine.tensor_calls = s.tp_all_reduce_calls + s.tp_all_gather_calls + s.tp_reduce_scatter_calls + s.tp_chain_calls;
+    mine.tensor_bytes = s.tp_all_reduce_bytes + s.tp_all_gather_bytes + s.tp_reduce_scatter_bytes + s.tp_chain_bytes;
+    mine.formula_tensor_calls = static_cast<double>(s.tp_formula_all_reduce_calls + s.tp_formula_all_gather_calls +
+                                                    s.tp_formula_reduce_scatter_calls + s.tp_formula_chain_calls);
+    mine.formula_tensor_bytes = static_cast<double>(s.tp_formula_all_reduce_bytes + s.tp_formula_all_gather_bytes +
+                                                    s.tp_formula_reduce_scatter_bytes + s.tp_formula_chain_bytes);
+  }
+  const auto q = static_cast<std::size_t>(coords.pipeline);
+  if (q < s.stages.size()) {  // pipeline_summary gave every rank every stage's figures
+    mine.sent_bytes = s.stages[q].sent_bytes;
+    mine.received_bytes = s.stages[q].received_bytes;
+    mine.formula_sent_bytes = s.stages[q].formula_sent_bytes;
+    mine.formula_received_bytes = s.stages[q].formula_received_bytes;
+  }
+  static_assert(std::is_trivially_copyable_v<TrainSummary::RankFigures>);
+  summary.ranks.clear();
+  for (int r = 0; r < world.world_size(); ++r) {
+    TrainSummary::RankFigures f = mine;
+    world.broadcast_host_bytes(&f, sizeof f, r);
+    summary.ranks.push_back(f);
   }
 }
 

@@ -65,6 +65,10 @@ void pipeline_summary(TrainSummary& summary, const TrainConfig& cfg, const model
                       const models::PipelineStage& stage, const models::PipelineRunner& runner,
                       const CollectiveCounts& counts, std::int64_t micro_batches, double busy_ms, double span_ms);
 
+// Every rank's TrainSummary::RankFigures, from what tensor_summary and pipeline_summary left in
+// each rank's `summary` (call them first), gathered to every rank (collective over `world`).
+void rank_summary(TrainSummary& summary, Communicator& world, const RankCoords& coords);
+
 // Every group's tensors, in `all_groups` order, from each stage's: `mine` holds the tensors of this
 // stage's groups `mine_groups` (ascending indices into `all_groups`), tensor by tensor (collective
 // over the pipeline group). Only a rank with `keep` keeps them; the others send theirs and return

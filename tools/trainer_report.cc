@@ -209,6 +209,27 @@ nlohmann::json pipeline_json(const TrainSummary& s) {
           {"per_stage", stages}};
 }
 
+nlohmann::json ranks_json(const TrainSummary& s) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const TrainSummary::RankFigures& f : s.ranks) {
+    ranks.push_back({{"rank", f.rank},
+                     {"data", f.data},
+                     {"tensor", f.tensor},
+                     {"pipeline", f.pipeline},
+                     {"model_state_bytes", f.model_state_bytes},
+                     {"peak_device_bytes", f.peak_device_bytes},
+                     {"tensor_calls_per_micro_batch", f.tensor_calls},
+                     {"tensor_bytes_per_micro_batch", f.tensor_bytes},
+                     {"formula_tensor_calls_per_micro_batch", f.formula_tensor_calls},
+                     {"formula_tensor_bytes_per_micro_batch", f.formula_tensor_bytes},
+                     {"sent_bytes_per_micro_batch", f.sent_bytes},
+                     {"received_bytes_per_micro_batch", f.received_bytes},
+                     {"formula_sent_bytes_per_micro_batch", f.formula_sent_bytes},
+                     {"formula_received_bytes_per_micro_batch", f.formula_received_bytes}});
+  }
+  return ranks;
+}
+
 }  // namespace
 
 void write_summary_json(const std::string& path, const TrainSummary& s) {
@@ -255,7 +276,8 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
                             {"reduce_scatter_bytes", s.tp_formula_reduce_scatter_bytes},
                             {"norm_chain_calls", s.tp_formula_chain_calls},
                             {"norm_chain_bytes", s.tp_formula_chain_bytes}}}}},
-                        {"pipeline", pipeline_json(s)}}
+                        {"pipeline", pipeline_json(s)},
+                        {"per_rank", ranks_json(s)}}
                 .dump(2) +
             "\n");
   out.close();
@@ -284,6 +306,20 @@ void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& 
                  format_bytes(static_cast<std::uint64_t>(f.received_bytes)),
                  format_bytes(static_cast<std::uint64_t>(f.formula_sent_bytes)),
                  format_bytes(static_cast<std::uint64_t>(f.formula_received_bytes)));
+  }
+  if (summary.tensor_ranks > 1 || summary.pipeline_stages > 1) {
+    for (const TrainSummary::RankFigures& f : summary.ranks) {
+      spdlog::info("rank {} (data {}, tensor {}, stage {}): model state {}, peak device {}; per micro-batch tensor group "
+                   "{:.0f} collectives, {} (formula {}, {}), stage sent {} and received {} (formula {} and {})",
+                   f.rank, f.data, f.tensor, f.pipeline, format_bytes(f.model_state_bytes),
+                   format_bytes(f.peak_device_bytes), f.tensor_calls,
+                   format_bytes(static_cast<std::uint64_t>(f.tensor_bytes)), f.formula_tensor_calls,
+                   format_bytes(static_cast<std::uint64_t>(f.formula_tensor_bytes)),
+                   format_bytes(static_cast<std::uint64_t>(f.sent_bytes)),
+                   format_bytes(static_cast<std::uint64_t>(f.received_bytes)),
+                   format_bytes(static_cast<std::uint64_t>(f.formula_sent_bytes)),
+                   format_bytes(static_cast<std::uint64_t>(f.formula_received_bytes)));
+    }
   }
   spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}, {:.0f} tokens/s, peak device memory {} of {}", summary.steps,
                summary.first_loss, summary.last_loss, summary.tokens_per_second,

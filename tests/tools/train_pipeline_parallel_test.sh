@@ -148,6 +148,36 @@ sys.exit(0 if ok else 1)
 EOF
 then echo "ok: the tensor group's collectives on a pipeline stage equal the formula"
 else echo "FAILED: tensor collectives beside pipeline stages"; fail=1; fi
+# Every rank's own figures (per_rank): its place, its tensor group's collectives and its stage's
+# sends and receives, each equal to its own formula (the stages' counts differ, and under sequence
+# parallelism so do the tensor ranks' norm chains).
+if python3 - t2p2.json:4 g4sp.json:8 <<'EOF'
+import json, sys
+ok = True
+for arg in sys.argv[1:]:
+    path, world = arg.split(":")
+    s = json.load(open(path))
+    ranks = s["per_rank"]
+    places = sorted((f["data"], f["tensor"], f["pipeline"]) for f in ranks)
+    ok = ok and len(ranks) == int(world) and len(set(places)) == len(ranks)
+    stage_counts = set()
+    for f in ranks:
+        print(f"{path}: rank {f['rank']} (data {f['data']}, tensor {f['tensor']}, stage {f['pipeline']}): tensor "
+              f"{f['tensor_calls_per_micro_batch']:.0f} collectives, {f['tensor_bytes_per_micro_batch']:.0f} B "
+              f"(formula {f['formula_tensor_calls_per_micro_batch']:.0f}, {f['formula_tensor_bytes_per_micro_batch']:.0f} B); "
+              f"sent {f['sent_bytes_per_micro_batch']:.0f} B, received {f['received_bytes_per_micro_batch']:.0f} B "
+              f"(formula {f['formula_sent_bytes_per_micro_batch']:.0f}, {f['formula_received_bytes_per_micro_batch']:.0f}); "
+              f"model state {f['model_state_bytes']} B")
+        for k in ("tensor_calls", "tensor_bytes", "sent_bytes", "received_bytes"):
+            ok = ok and f[k + "_per_micro_batch"] == f["formula_" + k + "_per_micro_batch"]
+        ok = ok and f["tensor_bytes_per_micro_batch"] > 0 and f["sent_bytes_per_micro_batch"] > 0
+        ok = ok and f["model_state_bytes"] > 0
+        stage_counts.add((f["pipeline"], f["tensor_bytes_per_micro_batch"]))
+    ok = ok and len({b for _, b in stage_counts}) > 1  # the stages' tensor traffic differs: each rank is its own
+sys.exit(0 if ok else 1)
+EOF
+then echo "ok: every rank reports its own collectives and stage traffic, each equal to its formula"
+else echo "FAILED: per-rank figures"; fail=1; fi
 
 # Messages past MPI's eager limit (boundaries of 32 KiB, the tied embedding of 128 KiB), so every
 # send waits for its receive: the tied GPT-2 over 3 stages, both schedules, stage 3.
