@@ -246,27 +246,31 @@ optim::ExactSquares TieredStateHome::exact_squares(std::size_t g) {
   return sum;
 }
 
-// The final gradient of chunk c is formed: its block partials, and with an overlapped step its
-// update right away.
+// The final gradient of chunk c is formed: its norm's part (exact mode: the exact sum, Note [Exact
+// sum of squares]; otherwise the block partials), and with an overlapped step its update right away.
 void TieredStateHome::final_chunk(std::size_t g, const StateChunk& c, const float* grad, bool overlap, float* state,
                                   std::byte* wout) {
-  std::vector<double>& partials = block_partials_[g];
   const std::size_t first_block = c.begin / kBlock;
   const std::size_t blocks = c.elems / kBlock;
-  tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
-    const optim::GradSpan span{grad + b * kBlock, DType::F32, kBlock};
-    optim::CpuExec serial{ctx_.exec.simd, nullptr};
-    partials[first_block + b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), serial).sum_squares;
-  });
+  bool finite = true;
   if (ctx_.exact()) {
-    exact_partials_[g][first_block] =
-        optim::exact_sum_squares(grad, DType::F32, c.elems, optim::CpuExec{ctx_.exec.simd, nullptr});
+    optim::ExactSquares& sum = exact_partials_[g][first_block];
+    sum = optim::exact_sum_squares(grad, DType::F32, c.elems, optim::CpuExec{ctx_.exec.simd, nullptr});
+    finite = sum.finite();
+  } else {
+    std::vector<double>& partials = block_partials_[g];
+    tbb::parallel_for(std::size_t{0}, blocks, [&](std::size_t b) {
+      const optim::GradSpan span{grad + b * kBlock, DType::F32, kBlock};
+      optim::CpuExec serial{ctx_.exec.simd, nullptr};
+      partials[first_block + b] = optim::grad_stats(std::span<const optim::GradSpan>(&span, 1), serial).sum_squares;
+    });
+    double sum = 0;
+    for (std::size_t b = 0; b < blocks; ++b) sum += partials[first_block + b];
+    finite = std::isfinite(sum);
   }
   if (!overlap) return;
   const std::int64_t step = ctx_.optimizer.step_count() + 1;
-  double sum = 0;
-  for (std::size_t b = 0; b < blocks; ++b) sum += partials[first_block + b];
-  if (!std::isfinite(sum)) {
+  if (!finite) {
     throw Error(fmt::format("step {}: non-finite gradients in param group {} while the optimizer update was "
                             "overlapped with backward; the groups already updated cannot be rolled back. Set "
                             "gradient_clipping (or strata.offload.overlap_optimizer=false) to have such steps "

@@ -98,7 +98,7 @@ class TieredStateHome final : public StateHome {
   std::unique_ptr<Stream> worker_;    // gradient combines and overlapped updates (host work, in order)
   std::unique_ptr<Stream> transfer_;  // d2h of reduced gradients, h2d of new weights (from the worker)
   // Per group: the per-block sums of squares of the step's final gradient (taken when it is formed,
-  // chunk by chunk).
+  // chunk by chunk; outside exact mode).
   std::vector<std::vector<double>> block_partials_;
   // Exact mode: the exact sums of squares of the same gradient, one per chunk, kept at the index of
   // the chunk's first block (the other entries stay zero).
