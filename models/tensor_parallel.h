@@ -80,8 +80,8 @@
 // (Decoder::boundary_elems), sent to the same tensor rank of the next stage; GPT-2's tied head
 // still sends the final norm's output whole (it is gathered). T must divide batch x seq.
 //
-// Not built yet: tiling beside tensor parallelism, the cuda device (the vocabulary-parallel ops
-// have CPU kernels only).
+// Not built yet: tiling beside tensor parallelism, the cuda device (the vocabulary-parallel ops'
+// CUDA kernels, models/kernels/cuda_vocab_parallel.cu, have not run on a GPU; train refuses cuda).
 #pragma once
 
 #include <cstddef>

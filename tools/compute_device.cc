@@ -111,9 +111,10 @@ std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t c
 
 DeviceChoice training_device_choice(const TrainConfig& cfg) {
   const ParallelConfig& par = cfg.strata.parallel;
-  const bool split = par.tensor > 1 || par.pipeline > 1;
+  const bool split = par.tensor > 1 || par.pipeline > 1 || par.slices() > 1;
   if (cfg.strata.device.kind == DeviceChoice::Auto && split) {
-    spdlog::info("strata.device.kind auto: the sim device (tensor and pipeline parallelism run on sim only)");
+    spdlog::info("strata.device.kind auto: the sim device (tensor slices, tensor and pipeline parallelism run on sim "
+                 "only)");
     return DeviceChoice::Sim;
   }
   // Offload has not run correctly on a GPU yet (the engine refuses it there: engine/zero_engine.cc),
@@ -126,11 +127,12 @@ DeviceChoice training_device_choice(const TrainConfig& cfg) {
     return DeviceChoice::Sim;
   }
   if (split && resolve_device_kind(cfg.strata.device.kind, {cfg.source}) == DeviceKind::Cuda) {
-    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {} and pipeline = {} on a cuda device: tensor and "
-                                  "pipeline parallelism run on the sim device only in this version (the "
-                                  "vocabulary-parallel ops have no CUDA kernels, and pipeline sends need grouped "
-                                  "NCCL calls); set strata.device.kind to \"sim\", or tensor and pipeline to 1",
-                                  cfg.source, par.tensor, par.pipeline));
+    throw ConfigError(fmt::format("{}: strata.parallel.tensor = {}, tensor_slices = {} and pipeline = {} on a cuda "
+                                  "device: tensor and pipeline parallelism run on the sim device only in this version "
+                                  "(the vocabulary-parallel CUDA kernels have not run on a GPU yet, and pipeline "
+                                  "sends need grouped NCCL calls); set strata.device.kind to \"sim\", or tensor, "
+                                  "tensor_slices and pipeline to 1",
+                                  cfg.source, par.tensor, par.slices(), par.pipeline));
   }
   return cfg.strata.device.kind;
 }

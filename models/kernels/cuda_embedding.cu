@@ -22,11 +22,16 @@ namespace {
 
 // Token ids scanned per step of the backward ownership scan; also the block size of that kernel.
 constexpr int kScanThreads = 256;
+// The whole table as a vocabulary slice: every token id.
+constexpr std::int64_t kAllTokens = 0x7fffffffffffffffLL;
 
+// A rank's rows [vocab_begin, vocab_end) of the table (the whole table: [0, max)); a token outside
+// them gives zeros (embedding_forward_vocab_slice in ops.h).
 template <typename T>
 __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ tokens, const T* __restrict__ wte,
-                                         const T* __restrict__ wpe, T* __restrict__ out, std::int64_t rows,
-                                         std::int64_t seq, std::int64_t channels) {
+                                         std::int64_t vocab_begin, std::int64_t vocab_end, const T* __restrict__ wpe,
+                                         T* __restrict__ out, std::int64_t rows, std::int64_t seq,
+                                         std::int64_t channels) {
   const std::int64_t n = rows * channels;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
@@ -36,8 +41,11 @@ __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ tokens
       out[e] = from_f32<T>(bad_input_nan());
       continue;
     }
-    float v = to_f32(wte[tok * channels + c]);
-    if (wpe != nullptr) v += to_f32(wpe[(r % seq) * channels + c]);
+    float v = 0.0f;
+    if (tok >= vocab_begin && tok < vocab_end) {
+      v = to_f32(wte[(tok - vocab_begin) * channels + c]);
+      if (wpe != nullptr) v += to_f32(wpe[(r % seq) * channels + c]);
+    }
     out[e] = from_f32<T>(v);
   }
 }
@@ -45,12 +53,13 @@ __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ tokens
 template <typename T>
 __global__ void __launch_bounds__(kScanThreads)
     embedding_backward_wte_kernel(const std::int32_t* __restrict__ tokens, const T* __restrict__ dout,
-                                  T* __restrict__ dwte, std::int64_t rows, std::int64_t channels) {
+                                  T* __restrict__ dwte, std::int64_t vocab_begin, std::int64_t vocab_end,
+                                  std::int64_t rows, std::int64_t channels) {
   __shared__ unsigned match_masks[kScanThreads / 32];
   const std::int64_t own_row = blockIdx.x;
   const std::int32_t tok = tokens[own_row];
-  if (tok < 0) return;
-  T* dst = dwte + static_cast<std::int64_t>(tok) * channels;
+  if (tok < 0 || tok < vocab_begin || tok >= vocab_end) return;  // the block's decision is uniform
+  T* dst = dwte + (static_cast<std::int64_t>(tok) - vocab_begin) * channels;
   for (std::int64_t t0 = 0; t0 < rows; t0 += kScanThreads) {
     const std::int64_t i = t0 + threadIdx.x;
     const bool hit = i < rows && tokens[i] == tok;
@@ -89,21 +98,34 @@ __global__ void embedding_backward_wpe_kernel(const T* __restrict__ dout, T* __r
 
 }  // namespace
 
-void embedding_forward(const Launch& L, DType dtype, const std::int32_t* tokens, const void* wte, const void* wpe,
-                       void* out, std::int64_t batch, std::int64_t seq, std::int64_t channels) {
+void embedding_forward_vocab_slice(const Launch& L, DType dtype, const std::int32_t* tokens, const void* wte_slice,
+                                   std::int64_t vocab_begin, std::int64_t vocab_end, const void* wpe, void* out,
+                                   std::int64_t batch, std::int64_t seq, std::int64_t channels) {
   const std::int64_t rows = batch * seq;
   if (rows <= 0 || channels <= 0) return;
   const StreamScope scope(L);
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     embedding_forward_kernel<T><<<element_blocks(rows * channels), kBlockThreads, 0, scope.stream>>>(
-        tokens, static_cast<const T*>(wte), static_cast<const T*>(wpe), static_cast<T*>(out), rows, seq, channels);
+        tokens, static_cast<const T*>(wte_slice), vocab_begin, vocab_end, static_cast<const T*>(wpe),
+        static_cast<T*>(out), rows, seq, channels);
   });
   check_launch();
 }
 
+void embedding_forward(const Launch& L, DType dtype, const std::int32_t* tokens, const void* wte, const void* wpe,
+                       void* out, std::int64_t batch, std::int64_t seq, std::int64_t channels) {
+  embedding_forward_vocab_slice(L, dtype, tokens, wte, 0, kAllTokens, wpe, out, batch, seq, channels);
+}
+
 void embedding_backward(const Launch& L, DType dtype, const std::int32_t* tokens, const void* dout, void* dwte,
                         void* dwpe, std::int64_t batch, std::int64_t seq, std::int64_t channels) {
+  embedding_backward_vocab_slice(L, dtype, tokens, dout, dwte, 0, kAllTokens, dwpe, batch, seq, channels);
+}
+
+void embedding_backward_vocab_slice(const Launch& L, DType dtype, const std::int32_t* tokens, const void* dout,
+                                    void* dwte_slice, std::int64_t vocab_begin, std::int64_t vocab_end, void* dwpe,
+                                    std::int64_t batch, std::int64_t seq, std::int64_t channels) {
   const std::int64_t rows = batch * seq;
   if (rows <= 0 || channels <= 0) return;
   STRATA_CHECK(rows <= 0x7fffffff, "embedding_backward: more token rows than one CUDA grid dimension holds");
@@ -111,7 +133,7 @@ void embedding_backward(const Launch& L, DType dtype, const std::int32_t* tokens
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     embedding_backward_wte_kernel<T><<<static_cast<unsigned>(rows), kScanThreads, 0, scope.stream>>>(
-        tokens, static_cast<const T*>(dout), static_cast<T*>(dwte), rows, channels);
+        tokens, static_cast<const T*>(dout), static_cast<T*>(dwte_slice), vocab_begin, vocab_end, rows, channels);
     check_launch();
     if (dwpe != nullptr) {
       embedding_backward_wpe_kernel<T><<<element_blocks(seq * channels), kBlockThreads, 0, scope.stream>>>(

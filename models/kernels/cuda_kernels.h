@@ -96,10 +96,28 @@ void embedding_forward(const Launch& L, DType dtype, const std::int32_t* tokens,
                        void* out, std::int64_t batch, std::int64_t seq, std::int64_t channels);
 void embedding_backward(const Launch& L, DType dtype, const std::int32_t* tokens, const void* dout, void* dwte,
                         void* dwpe, std::int64_t batch, std::int64_t seq, std::int64_t channels);
+void embedding_forward_vocab_slice(const Launch& L, DType dtype, const std::int32_t* tokens, const void* wte_slice,
+                                   std::int64_t vocab_begin, std::int64_t vocab_end, const void* wpe, void* out,
+                                   std::int64_t batch, std::int64_t seq, std::int64_t channels);
+void embedding_backward_vocab_slice(const Launch& L, DType dtype, const std::int32_t* tokens, const void* dout,
+                                    void* dwte_slice, std::int64_t vocab_begin, std::int64_t vocab_end, void* dwpe,
+                                    std::int64_t batch, std::int64_t seq, std::int64_t channels);
 
 // models/kernels/cuda_cross_entropy.cu.
 void cross_entropy(const Launch& L, DType dtype, const void* logits, const std::int32_t* targets, float* losses,
                    void* dlogits, std::int64_t rows, std::int64_t vocab, std::int64_t ld, float grad_scale);
+
+// models/kernels/cuda_vocab_parallel.cu (tensor parallelism's cross-entropy steps).
+void cross_entropy_row_max(const Launch& L, DType dtype, const void* logits_slice, std::int64_t rows,
+                           std::int64_t cols, std::int64_t ld, float* row_max);
+void cross_entropy_slice_sums(const Launch& L, DType dtype, const void* logits_slice, const std::int32_t* targets,
+                              std::int64_t rows, std::int64_t ld, std::int64_t vocab, std::int64_t slices,
+                              std::int64_t first_slice, std::int64_t local_slices, const float* row_max, double* sums,
+                              float* target_logit);
+void cross_entropy_finish(const Launch& L, DType dtype, const void* logits_slice, const std::int32_t* targets,
+                          float* losses, void* dlogits_slice, std::int64_t rows, std::int64_t ld, std::int64_t vocab,
+                          std::int64_t slices, std::int64_t first_slice, std::int64_t local_slices,
+                          const float* row_max, const double* all_sums, const float* target_logit, float grad_scale);
 
 // models/kernels/cuda_attention.cu (forward) and cuda_attention_backward.cu.
 void attention_forward(const Launch& L, DType dtype, const AttentionShape& shape, const void* q, const void* k,

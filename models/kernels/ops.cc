@@ -270,61 +270,75 @@ void cross_entropy(const KernelContext& ctx, DType dtype, const void* logits, co
       });
 }
 
-// The vocabulary-parallel ops have CPU kernels only (tensor parallelism runs on the sim device).
-template <typename HostFn>
-void launch_cpu_only(const KernelContext& ctx, const char* op, HostFn&& host) {
-  if (ctx.kind != DeviceKind::Sim) {
-    throw DeviceError(fmt::format("model op '{}' (tensor parallelism) has no CUDA kernel yet; tensor parallelism "
-                                  "runs on the sim device",
-                                  op));
-  }
-  launch(ctx, op, std::forward<HostFn>(host), [](const auto&) {});
-}
-
 void embedding_forward_vocab_slice(const KernelContext& ctx, DType dtype, const std::int32_t* tokens,
                                    const void* wte_slice, std::int64_t vocab_begin, std::int64_t vocab_end,
                                    const void* wpe, void* out, std::int64_t batch, std::int64_t seq,
                                    std::int64_t channels) {
-  launch_cpu_only(ctx, "embedding_forward_vocab_slice", [=] {
-    cpu::embedding_forward_vocab_slice(dtype, tokens, wte_slice, vocab_begin, vocab_end, wpe, out, batch, seq,
-                                       channels);
-  });
+  launch(
+      ctx, "embedding_forward_vocab_slice",
+      [=] {
+        cpu::embedding_forward_vocab_slice(dtype, tokens, wte_slice, vocab_begin, vocab_end, wpe, out, batch, seq,
+                                           channels);
+      },
+      [=](const auto& L) {
+        cuda::embedding_forward_vocab_slice(L, dtype, tokens, wte_slice, vocab_begin, vocab_end, wpe, out, batch, seq,
+                                            channels);
+      });
 }
 
 void embedding_backward_vocab_slice(const KernelContext& ctx, DType dtype, const std::int32_t* tokens,
                                     const void* dout, void* dwte_slice, std::int64_t vocab_begin,
                                     std::int64_t vocab_end, void* dwpe, std::int64_t batch, std::int64_t seq,
                                     std::int64_t channels) {
-  launch_cpu_only(ctx, "embedding_backward_vocab_slice", [=] {
-    cpu::embedding_backward_vocab_slice(dtype, tokens, dout, dwte_slice, vocab_begin, vocab_end, dwpe, batch, seq,
-                                        channels);
-  });
+  launch(
+      ctx, "embedding_backward_vocab_slice",
+      [=] {
+        cpu::embedding_backward_vocab_slice(dtype, tokens, dout, dwte_slice, vocab_begin, vocab_end, dwpe, batch, seq,
+                                            channels);
+      },
+      [=](const auto& L) {
+        cuda::embedding_backward_vocab_slice(L, dtype, tokens, dout, dwte_slice, vocab_begin, vocab_end, dwpe, batch,
+                                             seq, channels);
+      });
 }
 
 void cross_entropy_row_max(const KernelContext& ctx, DType dtype, const void* logits_slice, std::int64_t rows,
                            std::int64_t cols, std::int64_t ld, float* row_max) {
-  launch_cpu_only(ctx, "cross_entropy_row_max",
-                  [=] { cpu::cross_entropy_row_max(dtype, logits_slice, rows, cols, ld, row_max); });
+  launch(
+      ctx, "cross_entropy_row_max", [=] { cpu::cross_entropy_row_max(dtype, logits_slice, rows, cols, ld, row_max); },
+      [=](const auto& L) { cuda::cross_entropy_row_max(L, dtype, logits_slice, rows, cols, ld, row_max); });
 }
 
 void cross_entropy_slice_sums(const KernelContext& ctx, DType dtype, const void* logits_slice,
                               const std::int32_t* targets, std::int64_t rows, std::int64_t ld, std::int64_t vocab,
                               std::int64_t slices, std::int64_t first_slice, std::int64_t local_slices,
                               const float* row_max, double* sums, float* target_logit) {
-  launch_cpu_only(ctx, "cross_entropy_slice_sums", [=] {
-    cpu::cross_entropy_slice_sums(dtype, logits_slice, targets, rows, ld, vocab, slices, first_slice, local_slices,
-                                  row_max, sums, target_logit);
-  });
+  launch(
+      ctx, "cross_entropy_slice_sums",
+      [=] {
+        cpu::cross_entropy_slice_sums(dtype, logits_slice, targets, rows, ld, vocab, slices, first_slice, local_slices,
+                                      row_max, sums, target_logit);
+      },
+      [=](const auto& L) {
+        cuda::cross_entropy_slice_sums(L, dtype, logits_slice, targets, rows, ld, vocab, slices, first_slice,
+                                       local_slices, row_max, sums, target_logit);
+      });
 }
 
 void cross_entropy_finish(const KernelContext& ctx, DType dtype, const void* logits_slice, const std::int32_t* targets,
                           float* losses, void* dlogits_slice, std::int64_t rows, std::int64_t ld, std::int64_t vocab,
                           std::int64_t slices, std::int64_t first_slice, std::int64_t local_slices,
                           const float* row_max, const double* all_sums, const float* target_logit, float grad_scale) {
-  launch_cpu_only(ctx, "cross_entropy_finish", [=] {
-    cpu::cross_entropy_finish(dtype, logits_slice, targets, losses, dlogits_slice, rows, ld, vocab, slices,
-                              first_slice, local_slices, row_max, all_sums, target_logit, grad_scale);
-  });
+  launch(
+      ctx, "cross_entropy_finish",
+      [=] {
+        cpu::cross_entropy_finish(dtype, logits_slice, targets, losses, dlogits_slice, rows, ld, vocab, slices,
+                                  first_slice, local_slices, row_max, all_sums, target_logit, grad_scale);
+      },
+      [=](const auto& L) {
+        cuda::cross_entropy_finish(L, dtype, logits_slice, targets, losses, dlogits_slice, rows, ld, vocab, slices,
+                                   first_slice, local_slices, row_max, all_sums, target_logit, grad_scale);
+      });
 }
 
 void residual_add(const KernelContext& ctx, DType dtype, const void* a, const void* b, void* out, std::int64_t n) {

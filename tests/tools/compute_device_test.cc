@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/error.h"
 #include "engine/config.h"
 #include "tools/compute_device.h"
 
@@ -45,6 +46,27 @@ TEST_F(ComputeDeviceChoice, AnExplicitSimIsKept) {
   EXPECT_EQ(training_device_choice(config(R"({"kind": "sim"})",
                                           R"({"stage": 3, "offload_optimizer": {"device": "cpu"}})")),
             DeviceChoice::Sim);
+}
+
+// Tensor slices, tensor and pipeline ranks run on sim only (the vocabulary-parallel CUDA kernels
+// have not run on a GPU): auto takes sim, an explicit cuda is refused naming the keys (where no
+// GPU is usable, the missing GPU is refused first).
+TEST_F(ComputeDeviceChoice, TensorSlicesStayOnSim) {
+  const auto sliced = [](const std::string& kind) {
+    return load_train_config_text(R"({"strata": {"device": {"kind": ")" + kind +
+                                      R"("}, "parallel": {"tensor_slices": 2}}})",
+                                  "compute_device_test", {});
+  };
+  EXPECT_EQ(training_device_choice(sliced("auto")), DeviceChoice::Sim);
+  try {
+    training_device_choice(sliced("cuda"));
+    FAIL() << "tensor_slices 2 on cuda was accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    if (what.find("no cuda device is usable") != std::string::npos) return;
+    EXPECT_NE(what.find("tensor_slices = 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("have not run on a GPU"), std::string::npos) << what;
+  }
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 #  6. bf16 and fp16 (loss scaler) train on cuda: finite losses that fall;
 #  7. under mpirun at world 1 the run takes the NCCL communicator (every collective of ZeRO-3 through
 #     NCCL) and gives the local run's bits;
-#  8. bad input: a device cap over the GPU's memory, and (on a one-GPU machine) two ranks on the
+#  8. bad input: a device cap over the GPU's memory, tensor slices, and (on a one-GPU machine) two ranks on the
 #     one GPU, are refused with a message naming the key or the cause; sim's modeled compute speed
 #     (strata.device.compute_tflops) is reported as ignored.
 #  9. (after 1) strata eval of the cuda-trained weights on cuda and on sim: the same loss within
@@ -194,4 +194,10 @@ if out=$(timeout 120 "$strata" --log-level warn train --config "$config" --steps
     --set strata.device.compute_tflops=1 2>&1) && grep -q "compute_tflops = 1 .*is ignored" <<<"$out"; then
   ok "strata.device.compute_tflops on a GPU is reported as ignored"
 else echo "$out" | tail -3; bad "strata.device.compute_tflops on a GPU: no warning, or the run failed"; fi
+# Tensor slices on one GPU (the vocabulary-parallel CUDA kernels, not yet run in training): refused.
+if out=$(timeout 120 "$strata" --log-level warn train --config "$config" --steps 1 "${cuda[@]}" \
+    --set strata.parallel.tensor_slices=2 2>&1); then
+  bad "tensor_slices 2 on cuda was accepted"
+elif grep -q "tensor_slices = 2" <<<"$out"; then ok "tensor slices on cuda are refused: $(tail -1 <<<"$out" | cut -c1-120)"
+else echo "$out" | tail -3; bad "tensor slices on cuda: the message does not name tensor_slices"; fi
 exit $fail
