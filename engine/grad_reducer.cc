@@ -32,16 +32,16 @@ void GradReducer::begin_micro_batch() {
 // Note [Reductions in flight]: without gradients in place, every group's micro-batch buffer is
 // allocated when the host enqueues that group's backward, and freed on the communication stream
 // once its reduction (and the state home's add) ran. The host runs ahead of the device, so without
-// a bound every group's buffer of a micro-batch was alive at once (tiny at accumulation 4: a peak
-// 0.75 MiB over the plan, with the whole of the room there was taken). So at most
-// kMaxReducing reductions stay queued: before allocating the next buffer the host waits for the
-// oldest. With 2, one group's reduction overlaps the next group's backward, as before. The plan's
-// total counts one group's gradient buffers: on a device sized to it, the next allocation waits
-// for the queued reduction's free (the allocator's retry, ParamFetcher::allocate), so two fit only
-// where there is room; TierPlan::device_in_flight is the most the second can add (tier_plan.cc).
-// The wait blocks the host only,
-// while the compute stream still holds the backward enqueued before it; every rank enqueues the
-// same reductions in the same order, so no rank waits for work another has not enqueued.
+// a bound every group's buffer of a micro-batch was alive at once where there was room (tiny at
+// accumulation 4: a peak 0.75 MiB over the plan). So at most kMaxReducing reductions stay queued:
+// before allocating the next buffer the host waits for the oldest. With 2, one group's reduction
+// overlaps the next group's backward, as before. The plan's total counts one group's gradient
+// buffers: on a device sized to it, the next allocation waits for the queued reduction's free (the
+// allocator's retry, ParamFetcher::allocate), so two fit only where there is room;
+// TierPlan::device_in_flight is the most the second can add (tier_plan.cc). The wait blocks the
+// host only, while the compute stream still holds the backward enqueued before it; every rank
+// enqueues the same reductions in the same order, so no rank waits for work another has not
+// enqueued.
 constexpr std::size_t kMaxReducing = 2;
 
 void GradReducer::bound_in_flight() {

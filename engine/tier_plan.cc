@@ -57,8 +57,7 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     const std::uint64_t pair = (static_cast<std::uint64_t>(G.layout.total_elems()) + G.grad_elems) * wbytes;
     p.device_in_flight = std::max(p.device_in_flight, pair);
   }
-  for (std::size_t g = 0; g < rp.groups.size(); ++g) {
-    const GroupPlan& G = rp.groups[g];
+  for (const GroupPlan& G : rp.groups) {
     const GroupLayout& L = G.layout;
     const std::uint64_t total = L.total_elems();
     const std::uint64_t state = G.state_elems;
