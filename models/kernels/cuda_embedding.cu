@@ -1,4 +1,6 @@
-// CUDA kernels of the token (+ learned position) embedding, forward and backward.
+// CUDA kernels of the token (+ learned position) embedding, forward and backward, over the whole
+// table or a tensor rank's rows [vocab_begin, vocab_end) of it (ops.h's *_vocab_slice: a token
+// outside them gives a zero row forward and adds nothing backward).
 //
 // Forward: one thread per output element. A negative token id (the CPU kernel's STRATA_CHECK)
 // cannot be thrown for on the device; its output row becomes NaN. (The op is not told the vocab

@@ -626,8 +626,6 @@ void expect_device_error(const char* what, Fn&& fn, const std::string& needle) {
   }
 }
 
-// ops.h: the vocabulary-parallel ops have CPU kernels only; a cuda context gets a DeviceError that
-// says so (nothing is launched, so null pointers are fine).
 // The vocabulary-parallel embedding and cross-entropy (tensor parallelism, ops.h) for each rank of
 // 2 holding 2 of 4 slices of a 1000-row vocabulary, as the sliced head calls them. Tolerances (Note
 // [CUDA op tolerances]): the embedding, the row maximum and the target logit are the CPU bits; a
