@@ -33,23 +33,22 @@ void GradReducer::begin_micro_batch() {
 // allocated when the host enqueues that group's backward, and freed on the communication stream
 // once its reduction (and the state home's add) ran. The host runs ahead of the device, so without
 // a bound every group's buffer of a micro-batch was alive at once where there was room (tiny at
-// accumulation 4: a peak 0.75 MiB over the plan). So at most kMaxReducing reductions stay queued:
-// before allocating the next buffer the host waits for the oldest. With 2, one group's reduction
-// overlaps the next group's backward, as before. The plan's total counts one group's gradient
-// buffers: on a device sized to it, the next allocation waits for the queued reduction's free (the
-// allocator's retry, ParamFetcher::allocate), so two fit only where there is room;
-// TierPlan::device_in_flight is the most the second can add (tier_plan.cc). The wait blocks the
-// host only, while the compute stream still holds the backward enqueued before it; every rank
+// accumulation 4: a peak 0.75 MiB over the plan). So at most kReductionsInFlight (run_plan.h)
+// reductions stay queued: before allocating the next buffer the host waits for the oldest. With 2,
+// one group's reduction overlaps the next group's backward, as before. The plan's total counts one
+// group's gradient buffers: on a device sized to it, the next allocation waits for the queued
+// reduction's free (the allocator's retry, ParamFetcher::allocate), so two fit only where there is
+// room; TierPlan::device_in_flight is the most the second can add (tier_plan.cc). The wait blocks
+// the host only, while the compute stream still holds the backward enqueued before it; every rank
 // enqueues the same reductions in the same order, so no rank waits for work another has not
-// enqueued.
-constexpr std::size_t kMaxReducing = 2;
+// enqueued. The step simulator waits the same way (tools/step_sim.cc).
 
 void GradReducer::bound_in_flight() {
   while (!in_flight_.empty() && in_flight_.front()->query()) {
     spare_events_.push_back(std::move(in_flight_.front()));
     in_flight_.pop_front();
   }
-  while (in_flight_.size() >= kMaxReducing) {
+  while (in_flight_.size() >= kReductionsInFlight) {
     in_flight_.front()->synchronize();
     ++in_flight_waits_;
     spare_events_.push_back(std::move(in_flight_.front()));
@@ -58,19 +57,14 @@ void GradReducer::bound_in_flight() {
 }
 
 // Note [Gradients in place]: with one micro-batch per step and a reduction that changes nothing (one
-// rank holds the whole group: world 1 below stage 2, or one shard and one replica at stages 2-3),
+// rank holds the whole group), and the step's gradient on the device (RunPlan::gradients_in_place),
 // the model's backward writes the group's gradient straight into the state home's buffer for the
 // step's gradient (StateHome::reduction_target; the device home keeps it across steps, Note
 // [Gradient buffers kept across steps]) and the reduction is a no-op: no per-micro-batch buffer and
-// no copy. Otherwise every group's micro-batch buffer is allocated when the host enqueues its
-// backward, which runs ahead of the device: on GPT-2 124M all of them were alive at once beside the
-// step's gradient, two copies of the gradients where the plan counts one.
+// no copy. Otherwise each group's backward gets a micro-batch buffer (Note [Reductions in flight]).
 void* GradReducer::in_place_target(std::size_t g) {
-  if (ctx_.accumulation() != 1) return nullptr;
   const GroupPlan& P = ctx_.group(g);
-  const bool identity = ctx_.plan.stage >= 2 ? P.layout.shard_count() == 1 && ctx_.plan.topo.replica_count() == 1
-                                             : ctx_.world.world_size() == 1;
-  if (!identity || P.grad_elems != P.layout.total_elems()) return nullptr;
+  if (!ctx_.plan.gradients_in_place() || P.grad_elems != P.layout.total_elems()) return nullptr;
   return home_.reduction_target(g);
 }
 

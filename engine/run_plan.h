@@ -101,6 +101,10 @@ struct OffloadPlan {
   std::uint64_t pinned_bytes() const;
 };
 
+// Note [Reductions in flight] (engine/grad_reducer.cc): the most gradient reductions the engine
+// keeps queued before the host waits; the plan and the step simulator read it here.
+inline constexpr std::size_t kReductionsInFlight = 2;
+
 struct RunPlan {
   ShardTopology topo;
   int stage = 0;
@@ -117,6 +121,10 @@ struct RunPlan {
 
   bool optimizer_offloaded() const { return offload.optimizer != Home::Device; }
   bool params_offloaded() const { return offload.params != Home::Device; }
+  // Note [Gradients in place] (engine/grad_reducer.cc): one micro-batch per step on one rank, with
+  // the step's gradient on the device, so the backward writes it where the optimizer reads it (no
+  // micro-batch buffer, no reduction).
+  bool gradients_in_place() const { return accumulation == 1 && topo.world_size == 1 && !optimizer_offloaded(); }
   std::size_t working_bytes() const { return dtype_bytes(working); }
   // Host bytes of a chunk's arrays when they live in host memory (each padded to 4 KiB,
   // engine/offload_tier.h): its state, its gradient partial sums, its working weights.

@@ -48,12 +48,11 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     return 0;  // not this rank's (another pipeline stage's), or not gathered
   };
   // Note [Reductions in flight] (engine/grad_reducer.cc): unless the gradients are written in place
-  // (one micro-batch per step on one rank), another group's micro-batch gradient and its reduction
+  // (RunPlan::gradients_in_place), another group's micro-batch gradient and its reduction
   // may still be queued beside the group in use when the device has room for them (on a device
   // sized to the plan the allocation waits for them instead): at most the largest such pair.
-  const bool in_place = rp.accumulation == 1 && rp.topo.world_size == 1;
   for (const GroupPlan& G : rp.groups) {
-    if (in_place) break;
+    if (rp.gradients_in_place()) break;
     const std::uint64_t pair = (static_cast<std::uint64_t>(G.layout.total_elems()) + G.grad_elems) * wbytes;
     p.device_in_flight = std::max(p.device_in_flight, pair);
   }

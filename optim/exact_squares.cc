@@ -32,13 +32,8 @@ void ExactSquares::merge(const ExactSquares& other) {
 }
 
 void ExactSquares::add_shifted(std::uint64_t v, int k) {
-  const int r = k & 31;
-  const std::uint64_t lo = v << r;
-  const std::uint64_t hi = r == 0 ? 0 : v >> (64 - r);  // under 2^31
-  const int w = k >> 5;
-  words[w] += static_cast<std::uint32_t>(lo);
-  words[w + 1] += lo >> 32;
-  words[w + 2] += hi;
+  const SquarePieces p = shifted_pieces(v, k);
+  for (int i = 0; i < 3; ++i) words[p.word + i] += p.piece[i];
 }
 
 double ExactSquares::value() const {
@@ -71,10 +66,9 @@ void add_all(ExactSquares& acc, const T* x, std::size_t begin, std::size_t end) 
   std::uint64_t non_finite = 0;
   std::size_t i = begin;
   const auto one = [&](int set, float v) {
-    const std::uint32_t u = f32_bits(v);
-    const std::uint32_t e = (u >> 23) & 0xFFu;
-    const std::uint64_t m = e == 0 ? (u & 0x7FFFFFu) : ((u & 0x7FFFFFu) | 0x800000u);
-    bins[set][e] += m * m;  // e == 255 (NaN, infinity) is counted below, its bin ignored
+    std::uint64_t m2 = 0;
+    const std::uint32_t e = mantissa_square(v, m2);
+    bins[set][e] += m2;  // e == 255 (NaN, infinity) is counted below, its bin ignored
     non_finite += e == 0xFFu;
   };
   for (; i + kBinSets <= end; i += kBinSets) {
@@ -84,7 +78,7 @@ void add_all(ExactSquares& acc, const T* x, std::size_t begin, std::size_t end) 
   for (int e = 0; e < 255; ++e) {
     std::uint64_t sum = 0;  // all sets together hold at most kBinRun squares: under 2^62
     for (int s = 0; s < kBinSets; ++s) sum += bins[s][e];
-    if (sum != 0) acc.add_shifted(sum, e == 0 ? 0 : 2 * (e - 1));
+    if (sum != 0) acc.add_shifted(sum, square_shift(static_cast<std::uint32_t>(e)));
   }
   acc.non_finite += non_finite;
 }

@@ -47,21 +47,36 @@ struct SquarePieces {
   std::uint32_t piece[3] = {0, 0, 0};
 };
 
-// False for NaN or infinity (nothing to add). A zero gives three zero pieces.
-STRATA_HD bool square_pieces(float x, SquarePieces& out) {
+// x's biased exponent e (255: NaN or infinity) and m^2 for its integer mantissa m (< 2^24), so that
+// x * x = m^2 * 2^square_shift(e) in units of 2^kExactScaleExp.
+STRATA_HD std::uint32_t mantissa_square(float x, std::uint64_t& m2) {
   const std::uint32_t u = f32_bits(x);
   const std::uint32_t e = (u >> 23) & 0xFFu;
-  if (e == 0xFFu) return false;
   const std::uint64_t m = e == 0 ? (u & 0x7FFFFFu) : ((u & 0x7FFFFFu) | 0x800000u);
-  const int k = e == 0 ? 0 : 2 * static_cast<int>(e - 1);
-  const std::uint64_t sq = m * m;  // < 2^48
+  m2 = m * m;  // < 2^48
+  return e;
+}
+STRATA_HD int square_shift(std::uint32_t e) { return e == 0 ? 0 : 2 * static_cast<int>(e - 1); }
+
+// v * 2^k (v < 2^64, k in [0, 506]) as three base-2^32 pieces; the third is under 2^32.
+STRATA_HD SquarePieces shifted_pieces(std::uint64_t v, int k) {
   const int r = k & 31;
-  const std::uint64_t lo = sq << r;                          // the low 64 bits of sq * 2^r
-  const std::uint64_t hi = r == 0 ? 0 : sq >> (64 - r);      // the rest (< 2^16)
+  const std::uint64_t lo = v << r;                      // the low 64 bits of v * 2^r
+  const std::uint64_t hi = r == 0 ? 0 : v >> (64 - r);  // the rest
+  SquarePieces out;
   out.word = k >> 5;
   out.piece[0] = static_cast<std::uint32_t>(lo);
   out.piece[1] = static_cast<std::uint32_t>(lo >> 32);
   out.piece[2] = static_cast<std::uint32_t>(hi);
+  return out;
+}
+
+// False for NaN or infinity (nothing to add). A zero gives three zero pieces.
+STRATA_HD bool square_pieces(float x, SquarePieces& out) {
+  std::uint64_t m2 = 0;
+  const std::uint32_t e = mantissa_square(x, m2);
+  if (e == 0xFFu) return false;
+  out = shifted_pieces(m2, square_shift(e));
   return true;
 }
 

@@ -258,10 +258,11 @@ void EngineSim::reduce(std::size_t g, int unit) {
   }
   end = add_unit(g, unit, end);
   // Note [Reductions in flight]: unless the gradients are in place, the next group's micro-batch
-  // buffer waits until fewer than two reductions are queued (the host blocks, as the engine's does).
-  if (p_.accumulation == 1 && p_.topo.world_size == 1) return;
+  // buffer waits until fewer than kReductionsInFlight reductions are queued (the host blocks, as the
+  // engine's does).
+  if (p_.gradients_in_place()) return;
   in_flight_.push_back(end);
-  while (in_flight_.size() >= 2) {
+  while (in_flight_.size() >= kReductionsInFlight) {
     host_ = std::max(host_, in_flight_.front());
     in_flight_.pop_front();
   }
