@@ -97,6 +97,26 @@ double memcpy_bytes_per_s() {
   return static_cast<double>(bytes) / fastest_call_seconds([&] { std::memcpy(b.data(), a.data(), bytes); }, 5);
 }
 
+// Note [Wake-ups] (tools/step_sim.h): half the median round trip of an empty host function through
+// an idle sim stream, whose worker is woken by it and then wakes the waiting host. The median, not
+// the fastest: a step's wake-ups are many, and what they cost together is their typical cost.
+double sim_wake_seconds() {
+  SimDeviceOptions o;
+  o.capacity_bytes = std::size_t{1} << 20;
+  o.capacity_knob = "strata simulate --machine measure (the wake-up probe)";
+  const std::unique_ptr<Device> device = make_sim_device(o);
+  const std::unique_ptr<Stream> stream = device->create_stream("wake");
+  std::vector<double> trips(301);
+  for (double& t : trips) {
+    const auto t0 = std::chrono::steady_clock::now();
+    stream->launch_host([] {});
+    stream->synchronize();
+    t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::nth_element(trips.begin(), trips.begin() + trips.size() / 2, trips.end());
+  return trips[trips.size() / 2] / 2;
+}
+
 }  // namespace
 
 SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workload) {
@@ -129,6 +149,7 @@ SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workl
   s.host.memory_gbps = adam.memory_gbps;
   s.host.adam_params_per_s = adam.adam_params_per_s;
   m.device_memory_gbps = s.host.memory_gbps;
+  m.wake_seconds = sim_wake_seconds();
   s.gpus.pcie_h2d_gbps = cfg.strata.device.h2d_gbps > 0 ? cfg.strata.device.h2d_gbps : copy / 1e9;
   s.gpus.pcie_d2h_gbps = cfg.strata.device.d2h_gbps > 0 ? cfg.strata.device.d2h_gbps : copy / 1e9;
   const std::vector<std::string> dirs = nvme_dirs_of(cfg);

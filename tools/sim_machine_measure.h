@@ -12,7 +12,9 @@
 //   - CPU Adam and host memory: AdamW and the Adam-shaped pass of tools/yardsticks.h (what
 //     `strata doctor --measure` writes for a host);
 //   - copies: the config's modeled link when it sets one, else memcpy;
-//   - NVMe: the write and read passes `strata bench step` uses, in the config's first nvme_path.
+//   - NVMe: the write and read passes `strata bench step` uses, in the config's first nvme_path;
+//   - wake-ups (Note [Wake-ups] in tools/step_sim.h): half the median round trip of an empty host
+//     function through an idle sim stream.
 #pragma once
 
 #include "engine/config.h"

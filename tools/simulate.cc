@@ -49,8 +49,8 @@ void print_text(const SimResult& r, const StepWorkload& w, const SimMachine& m, 
   std::printf("config %s on %s (%d GPU%s%s): %.2fM parameters, %lld tokens per step\n", w.source.c_str(),
               m.spec.name.c_str(), gpus, gpus == 1 ? "" : "s", tensor.c_str(), static_cast<double>(w.parameters) / 1e6,
               static_cast<long long>(w.tokens_per_step));
-  std::printf("compute: peak %.4g TFLOP/s, efficiency %.3f (blocks) / %.3f (head, embedding)\n",
-              m.spec.gpus.bf16_tflops, m.block_efficiency, m.head_efficiency);
+  std::printf("compute: peak %.4g TFLOP/s, efficiency %.3f (blocks) / %.3f (head, embedding); wake-up %.1f us\n",
+              m.spec.gpus.bf16_tflops, m.block_efficiency, m.head_efficiency, m.wake_seconds * 1e6);
   std::printf("%-14s %12s %8s\n", "queue", "busy s", "of step");
   for (std::size_t q = 0; q < kSimQueues; ++q) {
     std::printf("%-14s %12.6f %7.1f%%\n", sim_queue_name(static_cast<SimQueue>(q)), r.busy_seconds[q],
@@ -75,6 +75,7 @@ nlohmann::json to_json(const SimResult& r, const StepWorkload& w, const SimMachi
                       {"machine", machine_to_json(m.spec)},
                       {"block_efficiency", m.block_efficiency},
                       {"head_efficiency", m.head_efficiency},
+                      {"wake_seconds", m.wake_seconds},
                       {"world_size", w.plan.topo.world_size * w.tensor_ranks},
                       {"tensor_ranks", w.tensor_ranks},
                       {"parameters", w.parameters},
@@ -113,8 +114,10 @@ void print_pipeline_text(const PipelineSimResult& r, const std::vector<StepWorkl
   std::printf("config %s on %s (%d GPUs = data %d x tensor %d x pipeline %d): %.2fM parameters, %lld tokens per step\n",
               w.source.c_str(), m.spec.name.c_str(), gpus, w.plan.topo.world_size, w.tensor_ranks, S.stages,
               static_cast<double>(w.parameters) / 1e6, static_cast<long long>(w.tokens_per_step));
-  std::printf("compute: peak %.4g TFLOP/s, efficiency %.3f (blocks) / %.3f (head, embedding); GPU link %.4g GB/s\n",
-              m.spec.gpus.bf16_tflops, m.block_efficiency, m.head_efficiency, m.spec.gpus.link_gbps);
+  std::printf(
+      "compute: peak %.4g TFLOP/s, efficiency %.3f (blocks) / %.3f (head, embedding); GPU link %.4g GB/s; wake-up %.1f "
+      "us\n",
+      m.spec.gpus.bf16_tflops, m.block_efficiency, m.head_efficiency, m.spec.gpus.link_gbps, m.wake_seconds * 1e6);
   std::printf("pipeline: %d stages, %s, %d micro-batches; %s per boundary and micro-batch each way\n", S.stages,
               std::string(models::pipeline_schedule_name(S.schedule)).c_str(), w.micro_batches,
               format_bytes(static_cast<std::uint64_t>(S.boundary_bytes)).c_str());
@@ -152,6 +155,7 @@ nlohmann::json pipeline_to_json(const PipelineSimResult& r, const std::vector<St
                       {"machine", machine_to_json(m.spec)},
                       {"block_efficiency", m.block_efficiency},
                       {"head_efficiency", m.head_efficiency},
+                      {"wake_seconds", m.wake_seconds},
                       {"world_size", w.plan.topo.world_size * w.tensor_ranks * S.stages},
                       {"tensor_ranks", w.tensor_ranks},
                       {"pipeline_stages", S.stages},

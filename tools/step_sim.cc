@@ -43,6 +43,8 @@ void check_machine(const StepWorkload& w, const SimMachine& m) {
   need(s.gpus.bf16_tflops > 0, "gpus.bf16_tflops", "the model's ops run at it");
   need(m.block_efficiency > 0 && m.head_efficiency > 0, "the compute efficiency", "ops run at peak x efficiency");
   need(m.device_memory_gbps > 0, "the device memory bandwidth", "device-side sums and copies run at it");
+  STRATA_CHECK(m.wake_seconds >= 0 && std::isfinite(m.wake_seconds), "machine {}: a wake-up of {} s", where,
+               m.wake_seconds);
   const RunPlan& p = w.plan;
   bool nvme = p.state_on_nvme() || p.grads_on_nvme();
   for (std::size_t g = 0; g < p.groups.size(); ++g) nvme = nvme || p.params_on_nvme(g);
@@ -64,7 +66,7 @@ Timeline machine_timeline(const SimMachine& m) {
   std::array<SimQueue, kSimQueues> shared{SimQueue::Compute, SimQueue::H2D,  SimQueue::D2H,
                                           SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu};
   if (m.device_is_host) shared[static_cast<std::size_t>(SimQueue::Cpu)] = SimQueue::Compute;
-  return Timeline(shared);
+  return Timeline(shared, m.wake_seconds);
 }
 
 SimResult step_result(const Timeline& timeline, double from, double to, std::int64_t tokens_per_step) {
@@ -127,7 +129,7 @@ void EngineSim::run_actions(std::span<const SimAction> actions, int unit) {
 // step() waits for every reduction and gradient sum (the norm needs them), then updates what was
 // not overlapped.
 void EngineSim::wait_for_gradients() {
-  host_ = std::max({host_, tl_.lane_end(SimLane::Comm), tl_.lane_end(SimLane::Worker)});
+  host_wait(std::max(tl_.lane_end(SimLane::Comm), tl_.lane_end(SimLane::Worker)));
 }
 
 void EngineSim::update() {
@@ -136,6 +138,7 @@ void EngineSim::update() {
       host_ = simulate_pipeline(tl_, SimLane::Host, host_, update_jobs(), p_.offload.slot_count, r_.io);
     }
   } else {
+    norm_on_device();
     end_step_on_device();
   }
   // ParamFetcher::end_step: gathered copies freed, the next step's first groups fetched.
@@ -220,7 +223,7 @@ void EngineSim::start_gather(std::size_t g) {
       double nvme_bytes = 0;
       for (const StateChunk& c : plan(g).chunks) nvme_bytes += c.params == Home::Nvme ? c.elems * wbytes() : 0;
       const std::size_t k = param_slot_back_.size(), slots = std::max<std::size_t>(p_.offload.param_slot_count, 1);
-      if (k >= slots) host_ = std::max(host_, param_slot_back_[k - slots]);  // reserve_param_slot waits
+      if (k >= slots) host_wait(param_slot_back_[k - slots]);  // reserve_param_slot waits
       ready = tl_.add("nvme read params " + gname(g), SimLane::Io, SimQueue::Nvme,
                       transfer_seconds(nvme_bytes, r_.io.nvme_read_bytes_per_s), host_,
                       static_cast<std::uint64_t>(nvme_bytes));
@@ -263,7 +266,7 @@ void EngineSim::reduce(std::size_t g, int unit) {
   if (p_.gradients_in_place()) return;
   in_flight_.push_back(end);
   while (in_flight_.size() >= kReductionsInFlight) {
-    host_ = std::max(host_, in_flight_.front());
+    host_wait(in_flight_.front());
     in_flight_.pop_front();
   }
 }
@@ -359,6 +362,16 @@ std::vector<PipelineJob> EngineSim::update_jobs() const {
     }
   }
   return jobs;
+}
+
+// DeviceStateHome::finish_grads: every group's norm part in one pass over the final gradients (the
+// working dtype with one unit, fp32 sums otherwise), waited for once (Note [One wait for the norm]).
+void EngineSim::norm_on_device() {
+  double bytes = 0;
+  for (const GroupPlan& P : p_.groups) {
+    bytes += static_cast<double>(P.grad_elems) * (p_.accumulation == 1 ? wbytes() : 4.0);
+  }
+  host_wait(comm("gradient norm", device_pass(bytes), host_, bytes, SimQueue::Compute));
 }
 
 // The device home's step (on the comm stream, not waited for by the host): the update of every

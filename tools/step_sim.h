@@ -44,8 +44,21 @@
 //   - Device memory is taken to be enough (the tier plan is checked first): no eviction, no
 //     demand fetch that waits for frees; a tiled block's tile groups are acquired one by one with
 //     the block's FLOPs split by their size.
-//   - Host-side costs that do not grow with the model (the loss readback, scalar decisions,
-//     launching work) are not counted.
+//   - Host-side costs that do not grow with the model (scalar decisions, launching work) are not
+//     counted, except the wake-ups of Note [Wake-ups].
+//
+// Note [Wake-ups]: a stream's worker that has run out of work, or the trainer's thread blocked on
+// a synchronization, sleeps; work handed to it then starts only once it has been woken. On the
+// sim device each stream is a thread sleeping on a condition variable, and a wake-up costs some
+// tens of microseconds on this project's 2-core machines: tiny's 4 ms step has a dozen of them
+// (the loss read back after each micro-batch, step()'s waits for the reductions and for the norm,
+// each stream resuming after an event from another). Charged nothing, the simulator predicted
+// tiny 20 % short, though its compute is calibrated on tiny's own forward and backward (which has
+// no waits). So the Timeline starts an operation SimMachine::wake_seconds late when its lane was
+// idle when it became ready, and the host resumes that late from each wait that blocked it.
+// `--machine measure` measures it as half the median round trip of an empty host function through
+// an idle sim stream (the worker woken, then the host). A GPU's launch and synchronization
+// latencies (microseconds) are not measured here, so a machine file charges none.
 #pragma once
 
 #include <array>
@@ -76,6 +89,10 @@ struct SimMachine {
   // The sim device: the "GPU" is the host's cores, so model ops, the device's state math and the
   // CPU work of offloaded state share one queue.
   bool device_is_host = false;
+  // Note [Wake-ups]: what a stream or the trainer's thread takes to resume after waiting for other
+  // work. Measured on the sim device (`--machine measure`); not in machine files, and 0 for a GPU,
+  // where it has not been measured.
+  double wake_seconds = 0;
 };
 
 enum class ComputeClass : std::uint8_t { Block, Head };

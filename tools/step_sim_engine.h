@@ -58,12 +58,12 @@ class EngineSim {
   // The actions of one micro-batch (`unit`: its index in the step), issued by the host now.
   void run_actions(std::span<const SimAction> actions, int unit);
   // The host waits for the compute stream (the end of a micro-batch).
-  void synchronize_compute() { host_ = std::max(host_, last_compute_); }
+  void synchronize_compute() { host_wait(last_compute_); }
   // step(), first its host sync on every reduction and gradient sum, then the update.
   void wait_for_gradients();
   void update();
   double host() const { return host_; }
-  void host_waits_for(double t) { host_ = std::max(host_, t); }
+  void host_waits_for(double t) { host_wait(t); }
   // When an operation enqueued now on the compute stream would start: what a receive posted there
   // waits for, and when an event recorded there completes.
   double compute_stream_at() const {
@@ -81,6 +81,10 @@ class EngineSim {
     int live = 0;
   };
 
+  // The trainer's thread blocks until `t`; woken then (Note [Wake-ups]) when it had to wait.
+  void host_wait(double t) {
+    if (t > host_) host_ = t + tl_.wake_seconds();
+  }
   const GroupPlan& plan(std::size_t g) const { return p_.groups[g]; }
   double wbytes() const { return static_cast<double>(p_.working_bytes()); }
   std::string gname(std::size_t g) const { return w_.group_names[g]; }
@@ -114,6 +118,7 @@ class EngineSim {
   double add_unit(std::size_t g, int unit, double reduced_at);
   std::vector<PipelineJob> combine_jobs(std::size_t g, int unit) const;
   std::vector<PipelineJob> update_jobs() const;
+  void norm_on_device();
   void end_step_on_device();
 
   const StepWorkload& w_;

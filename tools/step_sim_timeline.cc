@@ -42,7 +42,8 @@ double transfer_seconds(double bytes, double bytes_per_s) {
   return bytes / bytes_per_s;
 }
 
-Timeline::Timeline(const std::array<SimQueue, kSimQueues>& shared) : shared_(shared) {}
+Timeline::Timeline(const std::array<SimQueue, kSimQueues>& shared, double wake_seconds)
+    : shared_(shared), wake_(wake_seconds) {}
 
 Timeline::Timeline()
     : Timeline({SimQueue::Compute, SimQueue::H2D, SimQueue::D2H, SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu}) {}
@@ -74,7 +75,7 @@ double Timeline::reserve(SimQueue queue, double ready, double seconds) {
 
 double Timeline::add(std::string name, SimLane lane, SimQueue queue, double seconds, double ready, std::uint64_t bytes) {
   double& lane_end = lane_end_[static_cast<std::size_t>(lane)];
-  if (lane != SimLane::Io) ready = std::max(ready, lane_end);
+  if (lane != SimLane::Io) ready = ready > lane_end ? ready + wake_ : lane_end;
   const double end = reserve(queue, ready, seconds);
   const double begin = end - std::max(seconds, 0.0);
   if (lane != SimLane::Io) lane_end = end;
@@ -105,6 +106,15 @@ double simulate_pipeline(Timeline& timeline, SimLane lane, double start, const s
   std::size_t issued = 0;  // jobs whose reads are placed
   double thread = start;
   double all_done = start;
+  // A copy the thread hands to its transfer stream and waits for: the stream's worker is woken,
+  // copies, and wakes the thread (Note [Wake-ups] in tools/step_sim.h).
+  const double wake = timeline.wake_seconds();
+  const auto synchronous_copy = [&](std::string name, SimQueue queue, double seconds, double at, std::uint64_t bytes) {
+    timeline.hold(lane, at + wake);
+    const double end = timeline.add(std::move(name), lane, queue, seconds, at, bytes) + wake;
+    timeline.hold(lane, end);
+    return end;
+  };
   for (std::size_t j = 0; j < n; ++j) {
     // ChunkPipeline::run keeps at most `slots` jobs in flight, each in its own slot: job k takes
     // the slot job k-slots gave back and is issued once that job has run. Its reads go out before
@@ -123,15 +133,15 @@ double simulate_pipeline(Timeline& timeline, SimLane lane, double start, const s
     const PipelineJob& job = jobs[j];
     thread = std::max(thread, reads_done[j]);
     if (job.d2h_bytes > 0) {
-      thread = timeline.add(job.name + " d2h", lane, SimQueue::D2H,
-                            transfer_seconds(static_cast<double>(job.d2h_bytes), rates.d2h_bytes_per_s), thread,
-                            job.d2h_bytes);
+      thread = synchronous_copy(job.name + " d2h", SimQueue::D2H,
+                                transfer_seconds(static_cast<double>(job.d2h_bytes), rates.d2h_bytes_per_s), thread,
+                                job.d2h_bytes);
     }
     thread = timeline.add(job.name, lane, SimQueue::Cpu, job.cpu_seconds, thread);
     if (job.h2d_bytes > 0) {
-      thread = timeline.add(job.name + " h2d", lane, SimQueue::H2D,
-                            transfer_seconds(static_cast<double>(job.h2d_bytes), rates.h2d_bytes_per_s), thread,
-                            job.h2d_bytes);
+      thread = synchronous_copy(job.name + " h2d", SimQueue::H2D,
+                                transfer_seconds(static_cast<double>(job.h2d_bytes), rates.h2d_bytes_per_s), thread,
+                                job.h2d_bytes);
     }
     ran[j] = slot_back[j] = thread;
     if (job.nvme_write_bytes > 0) {

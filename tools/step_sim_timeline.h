@@ -59,13 +59,16 @@ class Timeline {
  public:
   // `shared[q]` is the queue whose hardware q runs on: on the sim device the "GPU" is the host's
   // cores, so Cpu work and Compute share one queue there; elsewhere each queue is its own.
-  explicit Timeline(const std::array<SimQueue, kSimQueues>& shared);
+  explicit Timeline(const std::array<SimQueue, kSimQueues>& shared, double wake_seconds = 0);
   Timeline();
 
   // Places an operation of `seconds` on `queue`, no earlier than `ready` nor (except on the Io
-  // lane) than the end of the lane's last operation; returns its end.
+  // lane) than the end of the lane's last operation; returns its end. A lane that is idle when the
+  // operation becomes ready (`ready` after its last operation's end) starts it wake_seconds later
+  // (Note [Wake-ups]).
   double add(std::string name, SimLane lane, SimQueue queue, double seconds, double ready, std::uint64_t bytes = 0);
   double lane_end(SimLane lane) const { return lane_end_[static_cast<std::size_t>(lane)]; }
+  double wake_seconds() const { return wake_; }
   // The lane's thread waits, idle, until `until` (an I/O it must see complete).
   void hold(SimLane lane, double until);
 
@@ -78,6 +81,7 @@ class Timeline {
   double reserve(SimQueue queue, double ready, double seconds);
 
   std::array<SimQueue, kSimQueues> shared_;
+  double wake_ = 0;
   std::array<std::vector<std::pair<double, double>>, kSimQueues> busy_;
   std::array<double, kSimLanes> lane_end_{};
   std::vector<SimOp> ops_;
@@ -105,8 +109,9 @@ struct PipelineRates {
 
 // Runs `jobs` as ChunkPipeline::run does with `slots` pinned slots, its thread being `lane` from
 // `start` on: job j's reads are issued once job j-slots has run and its slot came back (its writes
-// completed), and before later jobs' writes; jobs run in order on the lane; the lane is held until
-// every write has completed, which is when it returns.
+// completed), and before later jobs' writes; jobs run in order on the lane, each copy costing two
+// wake-ups besides its bytes (the transfer stream's worker woken, then the thread waiting for it);
+// the lane is held until every write has completed, which is when it returns.
 double simulate_pipeline(Timeline& timeline, SimLane lane, double start, const std::vector<PipelineJob>& jobs,
                          std::size_t slots, const PipelineRates& rates);
 

@@ -87,6 +87,16 @@ TEST(Pipeline, MoreSlotsOverlapUpToTheDrive) {
   }
 }
 
+// Note [Wake-ups]: each copy of a job costs its bytes and two wake-ups (the transfer stream's
+// worker, then the thread waiting for it); the CPU work between them none.
+TEST(Pipeline, EachCopyWakesTheStreamAndTheThread) {
+  Timeline t({SimQueue::Compute, SimQueue::H2D, SimQueue::D2H, SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu},
+             0.25);
+  const std::vector<PipelineJob> js(3, PipelineJob{"job", 0, 0, 100, 100, 1.0});
+  // Per job: a wake-up, 1 s down, a wake-up, 1 s of CPU, a wake-up, 1 s up, a wake-up.
+  EXPECT_DOUBLE_EQ(simulate_pipeline(t, SimLane::Worker, 0, js, 2, PipelineRates{kInf, kInf, 100, 100}), 3 * 4.0);
+}
+
 TEST(Pipeline, NeverMoreJobsInFlightThanSlots) {
   for (std::size_t slots : {1, 2, 3}) {
     Timeline t;
@@ -135,6 +145,46 @@ TEST(StepSim, RanksShareTheDrives) {
   ASSERT_GT(r.nvme_written_bytes, 0u);
   const double expected = static_cast<double>(r.nvme_read_bytes) / 2e9 + static_cast<double>(r.nvme_written_bytes) / 1e9;
   EXPECT_NEAR(r.step_seconds, expected, 1e-9);
+}
+
+// Note [Wake-ups]: a lane idle when its operation becomes ready starts it a wake-up late; a lane
+// still busy, or the I/O lane (no thread of its own), does not.
+TEST(Timeline, AnIdleLaneStartsAWakeUpLate) {
+  Timeline t({SimQueue::Compute, SimQueue::H2D, SimQueue::D2H, SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu},
+             0.5);
+  EXPECT_DOUBLE_EQ(t.add("a", SimLane::Comm, SimQueue::Collective, 1, 0), 1);    // never ran before: ready at 0
+  EXPECT_DOUBLE_EQ(t.add("b", SimLane::Comm, SimQueue::Collective, 1, 0.5), 2);  // queued behind a
+  EXPECT_DOUBLE_EQ(t.add("c", SimLane::Comm, SimQueue::Collective, 1, 3), 4.5);  // idle from 2: woken at 3
+  EXPECT_DOUBLE_EQ(t.add("d", SimLane::Io, SimQueue::Nvme, 1, 3), 4);
+}
+
+// With compute the only figure that takes time, wake-ups add to the step at least one of
+// themselves per host wait that blocks (each micro-batch's loss, step()'s wait for the
+// reductions and its wait for the norm, Note [One wait for the norm] in
+// engine/state_home_device.cc). The device home's norm is one pass on the comm stream; the tiered
+// home's is in its chunk jobs.
+TEST(StepSim, EveryWaitCostsAWakeUp) {
+  const StepWorkload w = make_step_workload(load_train_config(config_path("tiny.json"), {}), 1, std::uint64_t{64} << 20);
+  ASSERT_EQ(w.micro_batches, 2);
+  SimMachine m = instant_machine();
+  m.spec.gpus.bf16_tflops = 1e-3;
+  m.device_memory_gbps = 1;  // so that the norm's pass has a length
+  const double plain = simulate_step(w, m).step_seconds;
+  EXPECT_GT(plain, 0);
+  m.wake_seconds = 1e-3;
+  const SimResult r = simulate_step(w, m);
+  // The lanes' wake-ups partly overlap each other, so the sum need not be a whole number of them.
+  EXPECT_GE((r.step_seconds - plain) / m.wake_seconds, w.micro_batches + 2 - 1e-9) << r.step_seconds;
+  const auto norms = [](const SimResult& res) {
+    return std::count_if(res.ops.begin(), res.ops.end(), [](const SimOp& op) {
+      return op.lane == SimLane::Comm && op.name == "gradient norm";
+    });
+  };
+  EXPECT_EQ(norms(r), 1);
+  const StepWorkload offloaded = make_step_workload(
+      load_train_config(config_path("tiny.json"), {"zero_optimization.offload_optimizer.device=cpu"}), 1,
+      std::uint64_t{64} << 20);
+  EXPECT_EQ(norms(simulate_step(offloaded, m)), 0);
 }
 
 // Note [Reductions in flight]: with instant compute and a slow GPU link, the host would enqueue the
