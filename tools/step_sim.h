@@ -47,18 +47,20 @@
 //   - Host-side costs that do not grow with the model (scalar decisions, launching work) are not
 //     counted, except the wake-ups of Note [Wake-ups].
 //
-// Note [Wake-ups]: a stream's worker that has run out of work, or the trainer's thread blocked on
-// a synchronization, sleeps; work handed to it then starts only once it has been woken. On the
-// sim device each stream is a thread sleeping on a condition variable, and a wake-up costs some
-// tens of microseconds on this project's 2-core machines: tiny's 4 ms step has a dozen of them
-// (the loss read back after each micro-batch, step()'s waits for the reductions and for the norm,
-// each stream resuming after an event from another). Charged nothing, the simulator predicted
-// tiny 20 % short, though its compute is calibrated on tiny's own forward and backward (which has
-// no waits). So the Timeline starts an operation SimMachine::wake_seconds late when its lane was
-// idle when it became ready, and the host resumes that late from each wait that blocked it.
+// Note [Wake-ups]: a stream's worker that has run out of work, or a thread blocked on a
+// synchronization, sleeps; work handed to it starts only once it has been woken. On the sim device
+// each stream is a thread sleeping on a condition variable, and a wake-up costs 2-25 us on this
+// project's 2-core machines (measured; it depends on how busy the other core is). tiny's 4 ms step
+// has dozens: the loss read back after each micro-batch, step()'s waits for the reductions and for
+// the norm, a stream resuming after an event from another, and with offloaded state two per copy
+// of each chunk job (the transfer stream woken, then the thread that waits for it). Charged
+// nothing, the simulator predicted tiny 20 % short (docs/MEASUREMENTS.md), though its compute is
+// calibrated on tiny's own forward and backward, which has no waits. So an operation starts
+// SimMachine::wake_seconds late when its lane was idle when it became ready, the host resumes that
+// late from each wait that blocked it, and a chunk job's copy costs two of them (simulate_pipeline).
 // `--machine measure` measures it as half the median round trip of an empty host function through
 // an idle sim stream (the worker woken, then the host). A GPU's launch and synchronization
-// latencies (microseconds) are not measured here, so a machine file charges none.
+// latencies (microseconds) have not been measured, so a machine file charges none.
 #pragma once
 
 #include <array>
