@@ -133,11 +133,20 @@ void SlicedPass::norm_backward(const void* dout, const void* x, const void* w, c
     kernel();
     return;
   }
-  // Note [Sequence parallelism]: the weight's gradient runs through the ranks' rows in rank order.
+  // Note [Sequence parallelism]: the weight's gradient runs through the ranks' rows in rank order,
+  // or in fast mode is the all-reduce of each rank's part (the first rank's on the sum so far).
   std::vector<void*> sums{dw};
   if (gpt2) sums.push_back(db);
   const auto C = static_cast<std::size_t>(c.d_model);
   Stream& s = *ctx.stream;
+  if (!tp.ordered_norm_grads) {
+    if (tp.rank > 0) {
+      for (void* p : sums) s.memset(p, 0, C * dtype_bytes(c.dtype));
+    }
+    kernel();
+    for (void* p : sums) tp.comm->all_reduce(p, p, C, c.dtype, ReduceOp::Sum, s);
+    return;
+  }
   if (tp.rank > 0) {
     for (void* p : sums) tp.comm->recv(p, C, c.dtype, tp.rank - 1, s);
   }

@@ -280,18 +280,23 @@ TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const Tensor
     const std::uint64_t gathers = forwards * 2 * L + H + K * 2 * L + T * (2 * L + E) + T * 2 * L;
     t.all_gather_calls += gathers;
     t.all_gather_bytes += gathers * (activation / static_cast<std::uint64_t>(tp.size));
-    if (training) {
+    if (training) {  // the norms' weight gradients: the rank-order chain, or all-reduces
       const std::uint64_t vectors = (2 * L + H) * (c.arch == Architecture::Gpt2 ? 2 : 1);
       const std::uint64_t bytes = static_cast<std::uint64_t>(c.d_model) * dtype_bytes(c.dtype);
-      t.broadcast_calls = vectors;
-      t.broadcast_bytes = vectors * bytes;
-      if (tp.rank > 0) {
-        t.recv_calls = vectors;
-        t.recv_bytes = vectors * bytes;
-      }
-      if (tp.rank + 1 < tp.size) {
-        t.send_calls = vectors;
-        t.send_bytes = vectors * bytes;
+      if (!tp.ordered_norm_grads) {
+        t.all_reduce_calls += vectors;
+        t.all_reduce_bytes += vectors * bytes;
+      } else {
+        t.broadcast_calls = vectors;
+        t.broadcast_bytes = vectors * bytes;
+        if (tp.rank > 0) {
+          t.recv_calls = vectors;
+          t.recv_bytes = vectors * bytes;
+        }
+        if (tp.rank + 1 < tp.size) {
+          t.send_calls = vectors;
+          t.send_bytes = vectors * bytes;
+        }
       }
     }
   }

@@ -74,7 +74,10 @@
 // their rows in rank order: rank r receives the running sums from rank r - 1, adds its rows and
 // sends them on, and the last rank broadcasts the total, so fp32 runs (exact mode) keep the bits of
 // one pass over every row. That chain costs T - 1 sends and a broadcast of d_model values per
-// norm weight, one after the other. A block keeps its norms' outputs as its rank's rows too and
+// norm weight, one after the other, and holds each rank's backward until the ranks before it have
+// passed the norm. Fast mode (TensorParallel::ordered_norm_grads false) drops the order: each rank
+// sums its rows (the first rank onto the gradient so far, the others from zero) and one all-reduce
+// per vector adds them, as Megatron all-reduces its sequence-parallel norm gradients. A block keeps its norms' outputs as its rank's rows too and
 // gathers them again for the column-parallel backward (as Megatron does), so without checkpointing
 // every activation of the norm regions is 1/T. Beside pipeline stages a stage boundary is the rank's rows
 // (Decoder::boundary_elems), sent to the same tensor rank of the next stage; GPT-2's tied head
@@ -108,6 +111,9 @@ struct TensorParallel {
   int slices = 1;  // S (Note [Tensor slices])
   Communicator* comm = nullptr;  // the tensor group; null when T = 1
   bool sequence = false;         // Note [Sequence parallelism] (no effect at T = 1)
+  // Note [Sequence parallelism]: the norms' weight gradients through the ranks' rows in rank order
+  // (exact mode: one pass's bits); false: each rank's rows' part, all-reduced (fast mode).
+  bool ordered_norm_grads = true;
 
   bool sliced() const { return slices > 1; }
   bool split_rows() const { return sequence && size > 1; }
@@ -199,7 +205,8 @@ void place_slice(const ParamTensorSpec& whole_spec, const TensorSlice& slice, st
 // residual gradient (2 per block backward, the embedding's): 2 more per block in training than
 // reduce-scatters. The norms' weight gradients (2 per block and
 // the final one; GPT-2's with their biases) travel as the rank-order chain's receives (ranks after
-// the first), sends (ranks before the last) and the last rank's broadcasts, d_model values each.
+// the first), sends (ranks before the last) and the last rank's broadcasts, d_model values each;
+// without ordered_norm_grads as one all-reduce of d_model values each.
 struct TensorParallelTraffic {
   std::uint64_t all_reduce_calls = 0, all_reduce_bytes = 0;
   std::uint64_t all_gather_calls = 0, all_gather_bytes = 0;

@@ -150,7 +150,8 @@ Estimate estimate_model(const EstimateInputs& in, const Target& t, const models:
   // pipeline stages each stage is planned (its groups, activations and pipeline buffers), and the
   // estimate is the first stage's (the rank train logs) unless another does not fit.
   const int data_world = t.world / (t.tensor * t.pipeline);
-  const models::TensorParallel tp{t.tensor, t.tensor - 1, t.slices, nullptr, in.config.strata.parallel.sequence};
+  const models::TensorParallel tp{t.tensor, t.tensor - 1, t.slices, nullptr, in.config.strata.parallel.sequence,
+                                  in.config.strata.exact};
   std::vector<std::int64_t> bounds;
   try {
     bounds = models::pipeline_boundaries(model, t.pipeline, cfg.strata.parallel.pipeline_layers, cfg.source);

@@ -39,8 +39,8 @@
 //     parallelism (Note [Sequence parallelism] in models/tensor_parallel.h) each all-reduce is a
 //     reduce-scatter and an all-gather, which on a ring move what it moves, so they are charged as
 //     the all-reduces, and the backward's 2 more all-gathers per block (the norms' outputs again) as
-//     one pass each; the norms' weight gradients' rank-order chain (d_model values a hop) and the
-//     norms running on 1/T of the rows are not modeled. Its activation bytes are the decoder's.
+//     one pass each; the norms' weight gradients (exact mode's rank-order chain, fast mode's
+//     all-reduces: d_model values each) and the norms running on 1/T of the rows are not modeled. Its activation bytes are the decoder's.
 //   - Device memory is taken to be enough (the tier plan is checked first): no eviction, no
 //     demand fetch that waits for frees; a tiled block's tile groups are acquired one by one with
 //     the block's FLOPs split by their size.

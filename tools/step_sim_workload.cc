@@ -273,8 +273,8 @@ StepWorkload make_step_workload(const TrainConfig& config, int world_size, std::
   const models::ModelConfig model = training_model_config(config, &checkpointing);
   // Tensor parallelism: the last tensor rank (the most vocabulary rows), sharded over the data ranks.
   const int T = config.strata.parallel.tensor, data_world = world_size / T;
-  const models::TensorParallel tp{T, T - 1, config.strata.parallel.slices(), nullptr,
-                                  config.strata.parallel.sequence};
+  const models::TensorParallel tp{T, T - 1, config.strata.parallel.slices(), nullptr, config.strata.parallel.sequence,
+                                  config.strata.exact};
   models::TilingDecision tiling;
   if (!tp.sliced()) tiling = models::plan_tiling(config, model, checkpointing, world_size, device_bytes);
   const models::Checkpointing ck = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
@@ -306,7 +306,7 @@ std::vector<StepWorkload> make_stage_workloads(const TrainConfig& config, int wo
   STRATA_CHECK(world_size % (T * P) == 0, "a world of {} ranks for tensor {} x pipeline {}", world_size, T, P);
   const int data_world = world_size / (T * P);
   const std::vector<std::int64_t> bounds = models::pipeline_boundaries(model, P, par.pipeline_layers, config.source);
-  const models::TensorParallel tp{T, T - 1, par.slices(), nullptr, par.sequence};
+  const models::TensorParallel tp{T, T - 1, par.slices(), nullptr, par.sequence, config.strata.exact};
   models::TilingDecision tiling;
   if (!tp.sliced()) tiling = models::plan_tiling(config, model, checkpointing, world_size, device_bytes);
   const models::Checkpointing ck = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;

@@ -587,7 +587,7 @@ TrainSummary run_training(const TrainOptions& options) {
   Communicator* pipeline_comm = parallel_groups.pipeline.get();
   Communicator& dcomm = parallel_groups.data ? *parallel_groups.data : *comm;
   const models::TensorParallel tp{layout.tensor(), coords.tensor, cfg.strata.parallel.slices(), tensor_comm,
-                                  cfg.strata.parallel.sequence};
+                                  cfg.strata.parallel.sequence, /*ordered_norm_grads=*/cfg.strata.exact};
   const std::vector<std::int64_t> stage_bounds =
       models::pipeline_boundaries(model, layout.pipeline(), cfg.strata.parallel.pipeline_layers, cfg.source);
   const models::PipelineStage stage = models::training_pipeline_stage(
