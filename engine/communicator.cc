@@ -149,7 +149,10 @@ std::unique_ptr<Communicator> make_local_communicator() { return std::make_uniqu
 
 std::unique_ptr<Communicator> make_world_communicator(Device& device, const CommunicatorOptions& options) {
   if (!launched_by_mpi()) return make_local_communicator();
-  if (device.kind() == DeviceKind::Cuda) return make_nccl_world_communicator(device, options);
+  if (device.kind() == DeviceKind::Cuda) {
+    if (options.mpi_on_cuda) return make_staged_communicator(make_mpi_world_communicator(options), device);
+    return make_nccl_world_communicator(device, options);
+  }
   return make_mpi_world_communicator(options);
 }
 

@@ -2,8 +2,10 @@
 // "Layers").
 //
 // Backends: `local` (one rank: collectives are copies), `mpi` (OpenMPI over host memory, used with
-// the sim device, whose device memory is host memory), and `nccl` (cuda device; the unique id is
-// broadcast over MPI). Multi-rank runs start with `mpirun -np N strata train ...`.
+// the sim device, whose device memory is host memory), `nccl` (cuda device; the unique id is
+// broadcast over MPI) and `mpi-staged` (MPI on cuda through pinned host copies, so that ranks may
+// share one GPU: Note [Staged MPI] in engine/comm_staged.cc). Multi-rank runs start with
+// `mpirun -np N strata train ...`.
 //
 // Note [Deterministic reduction]: in exact mode every sum across ranks is taken in one fixed order,
 // a pairwise tree over rank indices ((r0 + r1) + (r2 + r3)), computed identically on every rank and
@@ -66,15 +68,22 @@ class Communicator {
 
 struct CommunicatorOptions {
   ReductionOrder order = ReductionOrder::Deterministic;
+  bool mpi_on_cuda = false;  // the cuda device talks over staged MPI instead of NCCL (Note [Staged MPI])
 };
 
 // The world communicator for this process: `local` when not started by mpirun (no MPI
-// initialisation at all), else `mpi` for the sim device or `nccl` for the cuda device.
+// initialisation at all), else `mpi` for the sim device, and `nccl` for the cuda device (or with
+// mpi_on_cuda, `mpi-staged`).
 // Throws DeviceError if the cuda device is asked for in a build without NCCL.
 std::unique_ptr<Communicator> make_world_communicator(Device& device, const CommunicatorOptions& options);
 
 // True when this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE or PMI_SIZE set).
 bool launched_by_mpi();
+
+// `inner` (a host-memory communicator: mpi) for buffers in `device`'s memory: every stream-ordered
+// call copies through pinned host staging on its stream (Note [Staged MPI]); host-side calls pass
+// through. `device` must outlive it.
+std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> inner, Device& device);
 
 // The single-rank communicator (no MPI).
 std::unique_ptr<Communicator> make_local_communicator();

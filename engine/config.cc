@@ -308,6 +308,11 @@ StrataConfig parse_strata(ConfigReader r) {
     s.parallel.schedule = schedule == "gpipe" ? PipelineSchedule::GPipe : PipelineSchedule::OneFOneB;
     par.get_bool("stage_recompute", &s.parallel.stage_recompute);
     par.get_bool("sequence", &s.parallel.sequence);
+    std::string communicator = "auto";
+    par.get_choice("communicator", &communicator, {"auto", "mpi", "nccl"});
+    s.parallel.communicator = communicator == "mpi"    ? CommunicatorChoice::Mpi
+                              : communicator == "nccl" ? CommunicatorChoice::Nccl
+                                                       : CommunicatorChoice::Auto;
     nlohmann::json layers;
     par.get_raw("pipeline_layers", &layers);
     if (!layers.is_null()) {

@@ -24,6 +24,10 @@ namespace strata {
 // next (Note [Spill across tiers], engine/tier_plan.h).
 enum class OffloadDevice { None, Cpu, Nvme, Auto };
 enum class DeviceChoice { Auto, Sim, Cuda };
+// The transport of a multi-rank run (strata.parallel.communicator): auto is NCCL on cuda and MPI on
+// sim; mpi on cuda stages device buffers through pinned host memory so that ranks may share a GPU
+// (Note [Staged MPI], engine/comm_staged.cc); nccl needs the cuda device.
+enum class CommunicatorChoice { Auto, Mpi, Nccl };
 enum class Precision { Fp32, Bf16, Fp16 };
 
 struct OffloadConfig {
@@ -144,6 +148,7 @@ struct ParallelConfig {
   // Megatron's sequence parallelism beside tensor parallelism (Note [Sequence parallelism] in
   // models/tensor_parallel.h): the norms and the residual stream split by rows over the T ranks.
   bool sequence = false;
+  CommunicatorChoice communicator = CommunicatorChoice::Auto;
 };
 
 struct StrataConfig {

@@ -70,7 +70,7 @@ double measure_compute(const TrainConfig& cfg, int reps) {
   models::TilingSpec untiled;
   untiled.chunks = models::parse_tiling(cfg.strata.tiling, model).chunks;
   const DeviceChoice choice = training_device_choice(cfg);
-  dopt.tiling.chunks = models::linear_chunks(cfg, untiled, resolve_device_kind(choice, {cfg.source}));
+  dopt.tiling.chunks = models::linear_chunks(cfg, untiled, resolve_device_kind(choice, training_device_source(cfg)));
   models::Decoder decoder(model, dopt);
   const auto groups = decoder.param_groups();
   const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;
@@ -78,7 +78,7 @@ double measure_compute(const TrainConfig& cfg, int reps) {
   for (const auto& g : groups) bytes += g.bytes() + 256 * g.tensors.size();
   SimDeviceOptions o;
   o.capacity_bytes = 2 * bytes + decoder.activation_bytes(micro, seq, true) + (64u << 20);
-  auto device = open_compute_device(choice, 0, o, {cfg.source});
+  auto device = open_compute_device(choice, 0, o, training_device_source(cfg));
   ComputeStream cs(*device, "compute");
   Stream* stream = &cs.stream();
   models::ResidentParamProvider params(groups, device.get());
@@ -133,7 +133,7 @@ double measure_gpu_copies(const TrainConfig& cfg, std::uint64_t bytes) {
 // link.
 double measure_copies(const TrainConfig& cfg, std::uint64_t bytes) {
   if (bytes == 0) return 0;
-  if (resolve_device_kind(training_device_choice(cfg), {cfg.source}) == DeviceKind::Cuda) return measure_gpu_copies(cfg, bytes);
+  if (resolve_device_kind(training_device_choice(cfg), training_device_source(cfg)) == DeviceKind::Cuda) return measure_gpu_copies(cfg, bytes);
   const double gbps = std::max(cfg.strata.device.h2d_gbps, cfg.strata.device.d2h_gbps);
   if (gbps > 0) return static_cast<double>(bytes) / (gbps * 1e9);
   const std::size_t piece = std::min<std::uint64_t>(bytes, 64u << 20);

@@ -63,12 +63,13 @@ DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& so
     if (why_not_cuda != nullptr) *why_not_cuda = why;
     return DeviceKind::Sim;
   }
-  if (ranks_share_gpus(gpus.size())) {
+  if (!source.ranks_may_share_gpus && ranks_share_gpus(gpus.size())) {
     if (choice == DeviceChoice::Cuda) {
       throw ConfigError(fmt::format("{}: {} ranks on this node but {} GPU(s): each rank needs a GPU of its own on cuda "
                                     "(NCCL cannot put two ranks of one communicator on one GPU); start at most {} "
-                                    "rank(s) per node, give each rank its GPU with CUDA_VISIBLE_DEVICES, or set {} "
-                                    "to \"sim\"",
+                                    "rank(s) per node, give each rank its GPU with CUDA_VISIBLE_DEVICES, set "
+                                    "strata.parallel.communicator to \"mpi\" (slow: for checking multi-rank runs on "
+                                    "one GPU), or set {} to \"sim\"",
                                     source.where, local_size(), gpus.size(), gpus.size(), source.knob));
     }
     if (why_not_cuda != nullptr) {
@@ -109,6 +110,12 @@ std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t c
   return device;
 }
 
+DeviceChoiceSource training_device_source(const TrainConfig& cfg) {
+  DeviceChoiceSource source{cfg.source};
+  source.ranks_may_share_gpus = cfg.strata.parallel.communicator == CommunicatorChoice::Mpi;
+  return source;
+}
+
 DeviceChoice training_device_choice(const TrainConfig& cfg) {
   const ParallelConfig& par = cfg.strata.parallel;
   const bool split = par.tensor > 1 || par.pipeline > 1 || par.slices() > 1;
@@ -126,7 +133,7 @@ DeviceChoice training_device_choice(const TrainConfig& cfg) {
                  "a GPU yet)");
     return DeviceChoice::Sim;
   }
-  if (split && resolve_device_kind(cfg.strata.device.kind, {cfg.source}) == DeviceKind::Cuda) {
+  if (split && resolve_device_kind(cfg.strata.device.kind, training_device_source(cfg)) == DeviceKind::Cuda) {
     throw ConfigError(fmt::format("{}: strata.parallel.tensor = {}, tensor_slices = {} and pipeline = {} on a cuda "
                                   "device: tensor and pipeline parallelism run on the sim device only in this version "
                                   "(the vocabulary-parallel CUDA kernels have not run on a GPU yet, and pipeline "
@@ -144,7 +151,7 @@ std::unique_ptr<Device> open_training_device(const TrainConfig& cfg) {
   o.h2d_gbps = d.h2d_gbps;
   o.d2h_gbps = d.d2h_gbps;
   o.latency_us = d.latency_us;
-  return open_compute_device(training_device_choice(cfg), d.memory_bytes, o, {cfg.source});
+  return open_compute_device(training_device_choice(cfg), d.memory_bytes, o, training_device_source(cfg));
 }
 
 std::size_t compute_stream_reserve_bytes(const Device& device) {

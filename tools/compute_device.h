@@ -23,13 +23,16 @@ DeviceChoice parse_device_flag(const std::string& value);
 struct DeviceChoiceSource {
   std::string where;                        // "configs/tiny.json (with --set)", "strata bench model"
   std::string knob = "strata.device.kind";  // or "--device"
+  // The ranks talk over staged MPI (strata.parallel.communicator "mpi", Note [Staged MPI]), so
+  // several may share a GPU.
+  bool ranks_may_share_gpus = false;
 };
 
 // Which backend a choice resolves to for this process (open_compute_device opens that one). Auto:
 // cuda when a GPU is usable and the node's ranks do not outnumber its GPUs, else sim, with the
 // reason in `why_not_cuda` (empty for cuda). Cuda where no GPU is usable, or with more ranks on the
-// node than GPUs (unless CUDA_VISIBLE_DEVICES hands GPUs out per rank), is a ConfigError naming the
-// source and the knob, before any work starts.
+// node than GPUs (unless CUDA_VISIBLE_DEVICES hands GPUs out per rank, or the ranks may share them),
+// is a ConfigError naming the source and the knob, before any work starts.
 DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& source,
                                std::string* why_not_cuda = nullptr);
 
@@ -39,6 +42,10 @@ DeviceKind resolve_device_kind(DeviceChoice choice, const DeviceChoiceSource& so
 // `sim` as given. With auto, logs which one it chose and why.
 std::unique_ptr<Device> open_compute_device(DeviceChoice choice, std::uint64_t cuda_cap_bytes,
                                             const SimDeviceOptions& sim, const DeviceChoiceSource& source);
+
+// Where a training config's device choice comes from: its source, strata.device.kind, and whether
+// its ranks may share a GPU (strata.parallel.communicator "mpi").
+DeviceChoiceSource training_device_source(const TrainConfig& cfg);
 
 // A training config's device choice: strata.device.kind, except that auto takes the sim device
 // for tensor or pipeline parallelism (sim only in this version, saying so), and cuda with them is

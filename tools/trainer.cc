@@ -233,6 +233,13 @@ RunDevice make_run_device(const TrainConfig& cfg) {
 std::unique_ptr<Communicator> make_run_communicator(const TrainConfig& cfg, Device& device) {
   CommunicatorOptions copt;
   copt.order = cfg.strata.exact ? ReductionOrder::Deterministic : ReductionOrder::Fast;
+  copt.mpi_on_cuda = cfg.strata.parallel.communicator == CommunicatorChoice::Mpi;
+  if (cfg.strata.parallel.communicator == CommunicatorChoice::Nccl && device.kind() != DeviceKind::Cuda &&
+      launched_by_mpi()) {
+    throw ConfigError(fmt::format("{}: strata.parallel.communicator \"nccl\" needs the cuda device, and this run is on "
+                                  "{}; set it to \"auto\" or \"mpi\", or strata.device.kind to \"cuda\"",
+                                  cfg.source, device.name()));
+  }
   auto comm = make_world_communicator(device, copt);
   const int rank = comm->rank();
   const int world = comm->world_size();

@@ -1,7 +1,8 @@
 // Multi-rank test of the MPI communicator, run by ctest under `mpirun -np 2` and `-np 4`: every
 // collective against values computed locally from the same formula, with the deterministic tree
-// order checked bit for bit, hybrid-sharding splits, and point to point. Prints "N passed, N failed" per rank and
-// exits non-zero on any failure.
+// order checked bit for bit, hybrid-sharding splits, and point to point; with the argument `staged`
+// the same checks through the staged communicator (Note [Staged MPI]). Prints "N passed, N failed"
+// per rank and exits non-zero on any failure.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -169,7 +170,10 @@ void check_send_recv(Collectives& c) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `staged`: the same checks through the staged communicator (Note [Staged MPI]), whose copies on
+  // the sim device are what they are on cuda, in stream order.
+  const bool staged = argc > 1 && std::string(argv[1]) == "staged";
   if (!launched_by_mpi()) {
     std::fprintf(stderr, "comm_mpi_test must run under mpirun (ctest does this)\n");
     return 1;
@@ -178,11 +182,12 @@ int main() {
   options.capacity_bytes = 64 << 20;
   auto device = make_sim_device(options);
   auto comm = make_world_communicator(*device, CommunicatorOptions{});
+  if (staged) comm = make_staged_communicator(std::move(comm), *device);
   const int rank = comm->rank();
   testing_mpi::RankChecks checks(rank);
   const int world = comm->world_size();
   auto stream = device->create_stream("comm");
-  checks.expect(comm->backend() == "mpi", "backend is mpi");
+  checks.expect(comm->backend() == (staged ? "mpi-staged" : "mpi"), "backend is " + comm->backend());
 
   const std::size_t count = 1000;  // per-rank chunk
   const std::size_t total = count * static_cast<std::size_t>(world);

@@ -113,6 +113,18 @@ TEST(Config, OutOfRangeSaysTheRange) {
   EXPECT_NE(error_of(json::parse(R"({"aio": {"block_size": 5000}})")).find("multiple of 4096"), std::string::npos);
   EXPECT_NE(error_of(json::parse(R"({"strata": {"device": {"memory": "lots"}}})")).find("byte size"),
             std::string::npos);
+  // The transport of a multi-rank run: auto by default, mpi and nccl by name, anything else refused
+  // with the choices (Note [Staged MPI]).
+  EXPECT_EQ(parse_train_config(json::object(), "test.json").strata.parallel.communicator, CommunicatorChoice::Auto);
+  EXPECT_EQ(parse_train_config(json::parse(R"({"strata": {"parallel": {"communicator": "mpi"}}})"), "test.json")
+                .strata.parallel.communicator,
+            CommunicatorChoice::Mpi);
+  EXPECT_EQ(parse_train_config(json::parse(R"({"strata": {"parallel": {"communicator": "nccl"}}})"), "test.json")
+                .strata.parallel.communicator,
+            CommunicatorChoice::Nccl);
+  const std::string transport = error_of(json::parse(R"({"strata": {"parallel": {"communicator": "gloo"}}})"));
+  EXPECT_NE(transport.find("strata.parallel.communicator"), std::string::npos) << transport;
+  EXPECT_NE(transport.find("nccl"), std::string::npos) << transport;
 }
 
 // Well-formed but absurd values: a byte size in bits (or of unclear case), a modeled link so slow a

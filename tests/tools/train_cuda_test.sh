@@ -18,7 +18,8 @@
 #  5. a checkpoint taken at step 4 on cuda and resumed gives the straight run's bits at step 8;
 #  6. bf16 and fp16 (loss scaler) train on cuda: finite losses that fall;
 #  7. under mpirun at world 1 the run takes the NCCL communicator (every collective of ZeRO-3 through
-#     NCCL) and gives the local run's bits;
+#     NCCL) and gives the local run's bits; with strata.parallel.communicator "mpi", 2 and 4 ranks
+#     share the GPU through staged MPI and give the local run's bits too;
 #  8. bad input: a device cap over the GPU's memory, tensor slices, and (on a one-GPU machine) two ranks on the
 #     one GPU, are refused with a message naming the key or the cause; sim's modeled compute speed
 #     (strata.device.compute_tflops) is reported as ignored.
@@ -181,6 +182,22 @@ if [ -n "$mpiexec" ] && [ "$kind" = cuda ] && [ "${gpus:-0}" = 1 ]; then
     --steps 1 "${cuda[@]}" 2>&1) && rc=0 || rc=$?
   if [ "$rc" -ne 0 ] && grep -q "2 ranks on this node but 1 GPU(s)" <<<"$out"; then ok "two ranks on one GPU are refused"
   else echo "$out" | tail -3; bad "two ranks on one GPU: exit $rc without the message"; fi
+fi
+
+# 7c. Staged MPI (Note [Staged MPI], strata.parallel.communicator "mpi"): 2 and 4 ranks share the
+#     GPU and talk over MPI through pinned host copies; exact data parallelism at stage 3 (the same 8
+#     sequences a step) gives the one-rank local run's bits.
+if [ -n "$mpiexec" ] && [ "$kind" = cuda ]; then
+  for np in 2 4; do
+    if timeout 300 "$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np $np "$strata" --log-level info train \
+        --config "$config" --save-weights staged.$np.safetensors --set strata.model='"tiny"' --steps 20 "${cuda[@]}" \
+        --set strata.exact=true --set zero_optimization.stage=3 --set train_micro_batch_size_per_gpu=1 \
+        --set gradient_accumulation_steps=$((8 / np)) --set strata.parallel.communicator='"mpi"' >staged.$np.log 2>&1; then
+      if grep -q "collectives mpi-staged" staged.$np.log; then ok "$np ranks on one GPU use the staged MPI communicator"
+      else bad "$np ranks with communicator mpi: the log does not name mpi-staged"; fi
+      same tiny.x.s0.1x8 staged.$np "tiny exact on cuda: $np ranks through staged MPI at stage 3 = the local run"
+    else tail -20 staged.$np.log; bad "$np ranks on one GPU through staged MPI failed"; fi
+  done
 fi
 
 # 8. A cap larger than the GPU.

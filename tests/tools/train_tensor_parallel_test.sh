@@ -267,6 +267,8 @@ refused() {  # description, expected text, ranks, args...
     echo "FAILED: $what ran"; fail=1
   elif grep -q "$text" refused.txt; then echo "ok: $what refused"; else cat refused.txt; echo "FAILED: $what: no message"; fail=1; fi
 }
+refused "the nccl communicator on the sim device" 'strata.parallel.communicator "nccl" needs the cuda device' 2 \
+  --set strata.parallel.communicator='"nccl"'
 refused "sequence parallelism over 2 ranks of a 31-token micro-batch" "strata.parallel.sequence splits a micro-batch's 31 tokens" 2 \
   --set strata.parallel.tensor=2 --set strata.parallel.sequence=true --set strata.data.seq_len=31 \
   --set train_micro_batch_size_per_gpu=1
