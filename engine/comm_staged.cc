@@ -16,10 +16,14 @@
 // twice and runs on the host. Staging buffers come from a pool kept by size (powers of two from 4
 // KiB): a buffer goes back to the pool from a host function on the stream once the copy out of it
 // has run, so a buffer is never reused while a stream still reads it.
+#include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
