@@ -125,6 +125,10 @@ struct RunPlan {
   // the step's gradient on the device, so the backward writes it where the optimizer reads it (no
   // micro-batch buffer, no reduction).
   bool gradients_in_place() const { return accumulation == 1 && topo.world_size == 1 && !optimizer_offloaded(); }
+  // The dtype of the step's final gradient on the device (what the norm and the update read): with
+  // one micro-batch per step the reduced unit as it is, in the working dtype (Note [One unit's
+  // gradient as it is], engine/state_home_device.cc), else the fp32 sum of the units.
+  DType final_grad_dtype() const { return accumulation == 1 ? working : DType::F32; }
   std::size_t working_bytes() const { return dtype_bytes(working); }
   // Host bytes of a chunk's arrays when they live in host memory (each padded to 4 KiB,
   // engine/offload_tier.h): its state, its gradient partial sums, its working weights.

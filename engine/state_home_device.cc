@@ -104,10 +104,9 @@ class DeviceStateHome final : public StateHome {
   void finish_grads() override {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       Group& G = groups_[g];
-      G.final_dtype = DType::F32;
+      G.final_dtype = ctx_.plan.final_grad_dtype();
       if (ctx_.accumulation() == 1) {
         G.final_grad = G.direct.data();
-        G.final_dtype = ctx_.working();
         continue;
       }
       if (!ctx_.exact()) {

@@ -364,12 +364,12 @@ std::vector<PipelineJob> EngineSim::update_jobs() const {
   return jobs;
 }
 
-// DeviceStateHome::finish_grads: every group's norm part in one pass over the final gradients (the
-// working dtype with one unit, fp32 sums otherwise), waited for once (Note [One wait for the norm]).
+// DeviceStateHome::finish_grads: every group's norm part in one pass over the final gradients
+// (RunPlan::final_grad_dtype), waited for once (Note [One wait for the norm]).
 void EngineSim::norm_on_device() {
   double bytes = 0;
   for (const GroupPlan& P : p_.groups) {
-    bytes += static_cast<double>(P.grad_elems) * (p_.accumulation == 1 ? wbytes() : 4.0);
+    bytes += static_cast<double>(P.grad_elems) * static_cast<double>(dtype_bytes(p_.final_grad_dtype()));
   }
   host_wait(comm("gradient norm", device_pass(bytes), host_, bytes, SimQueue::Compute));
 }
