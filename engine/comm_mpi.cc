@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -114,27 +115,26 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  void send(const void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
-    check_peer(peer);
-    stream.launch_host([this, buffer, count, dtype, peer] {
-      const auto* bytes = static_cast<const char*>(buffer);
-      for (std::size_t off = 0; off < count; off += kPieceElems) {
-        const std::size_t n = std::min(kPieceElems, count - off);
-        STRATA_MPI_CHECK(MPI_Send(bytes + off * dtype_bytes(dtype), static_cast<int>(n), mpi_type(dtype), peer,
-                                  kPointToPointTag, stream_comm_));
+  void exchange(std::span<const PeerOp> ops, Stream& stream) override {
+    for (const PeerOp& op : ops) check_peer(op.peer);
+    // Nonblocking calls, one per piece, then one wait: the transfers progress independently (Note
+    // [Issue order]); MPI matches each pair's messages in the order they were posted.
+    stream.launch_host([this, ops = std::vector<PeerOp>(ops.begin(), ops.end())] {
+      std::vector<MPI_Request> requests;
+      for (const PeerOp& op : ops) {
+        auto* bytes = static_cast<char*>(op.buffer);
+        for (std::size_t off = 0; off < op.count_elems; off += kPieceElems) {
+          const auto n = static_cast<int>(std::min(kPieceElems, op.count_elems - off));
+          char* piece = bytes + off * dtype_bytes(op.dtype);
+          MPI_Request& r = requests.emplace_back();
+          if (op.sends()) {
+            STRATA_MPI_CHECK(MPI_Isend(piece, n, mpi_type(op.dtype), op.peer, kPointToPointTag, stream_comm_, &r));
+          } else {
+            STRATA_MPI_CHECK(MPI_Irecv(piece, n, mpi_type(op.dtype), op.peer, kPointToPointTag, stream_comm_, &r));
+          }
+        }
       }
-    });
-  }
-
-  void recv(void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
-    check_peer(peer);
-    stream.launch_host([this, buffer, count, dtype, peer] {
-      auto* bytes = static_cast<char*>(buffer);
-      for (std::size_t off = 0; off < count; off += kPieceElems) {
-        const std::size_t n = std::min(kPieceElems, count - off);
-        STRATA_MPI_CHECK(MPI_Recv(bytes + off * dtype_bytes(dtype), static_cast<int>(n), mpi_type(dtype), peer,
-                                  kPointToPointTag, stream_comm_, MPI_STATUS_IGNORE));
-      }
+      STRATA_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
     });
   }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -103,11 +104,23 @@ class NcclCommunicator final : public Communicator {
     STRATA_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, native(stream)));
   }
 
-  void send(const void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
-    STRATA_NCCL_CHECK(ncclSend(buffer, count, nccl_type(dtype), peer, comm_, native(stream)));
-  }
-  void recv(void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
-    STRATA_NCCL_CHECK(ncclRecv(buffer, count, nccl_type(dtype), peer, comm_, native(stream)));
+  // One NCCL group (Note [Issue order]); the group is closed even when a call in it fails.
+  void exchange(std::span<const PeerOp> ops, Stream& stream) override {
+    STRATA_NCCL_CHECK(ncclGroupStart());
+    ncclResult_t first_error = ncclSuccess;
+    const char* failed = nullptr;
+    for (const PeerOp& op : ops) {
+      const ncclResult_t rc = op.sends()
+                                  ? ncclSend(op.buffer, op.count_elems, nccl_type(op.dtype), op.peer, comm_, native(stream))
+                                  : ncclRecv(op.buffer, op.count_elems, nccl_type(op.dtype), op.peer, comm_, native(stream));
+      if (rc != ncclSuccess && first_error == ncclSuccess) {
+        first_error = rc;
+        failed = op.sends() ? "ncclSend" : "ncclRecv";
+      }
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (failed != nullptr) detail::nccl_check(first_error, __FILE__, __LINE__, failed);
+    STRATA_NCCL_CHECK(end);
   }
 
   void barrier() override { host_->barrier(); }

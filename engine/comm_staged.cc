@@ -9,8 +9,8 @@
 // call copies its device input into a pinned host buffer on the caller's stream, enqueues the MPI
 // communicator's call on the same stream (its host function runs after the copy, in stream order,
 // and MPI's results are host memory), and copies the result back up, still on that stream. Nothing
-// blocks the caller, so the ordering rules of the NCCL and MPI backends hold unchanged (a pipeline
-// stage's send and its peer's send may both be queued on their own streams). The exact mode's tree
+// blocks the caller, and the ordered wrapper around it (make_world_communicator) keeps NCCL's issue
+// order (Note [Issue order]), so the ordering rules of the NCCL backend hold unchanged. The exact mode's tree
 // order is the MPI communicator's, so the bits are those of the sim device's MPI runs. It is a way
 // to check the multi-rank paths on one GPU, not a fast transport: every collective crosses PCIe
 // twice and runs on the host. Staging buffers come from a pool kept by size (powers of two from 4
@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,20 +112,20 @@ class StagedCommunicator final : public Communicator {
     give_back_after(stream, {std::move(buf)});
   }
 
-  void send(const void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
-    const std::size_t bytes = count * dtype_bytes(dtype);
-    auto buf = pool_->take(bytes);
-    stream.copy_d2h(buf->data(), buffer, bytes);
-    inner_->send(buf->data(), count, dtype, peer, stream);
-    give_back_after(stream, {std::move(buf)});
-  }
-
-  void recv(void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
-    const std::size_t bytes = count * dtype_bytes(dtype);
-    auto buf = pool_->take(bytes);
-    inner_->recv(buf->data(), count, dtype, peer, stream);
-    stream.copy_h2d(buffer, buf->data(), bytes);
-    give_back_after(stream, {std::move(buf)});
+  // Every send staged down, one exchange of host buffers, every receive copied up.
+  void exchange(std::span<const PeerOp> ops, Stream& stream) override {
+    std::vector<PeerOp> host(ops.begin(), ops.end());
+    std::vector<std::shared_ptr<HostBuffer>> buffers;
+    for (PeerOp& op : host) {
+      auto& buf = buffers.emplace_back(pool_->take(op.bytes()));
+      if (op.sends()) stream.copy_d2h(buf->data(), op.buffer, op.bytes());
+      op.buffer = buf->data();
+    }
+    inner_->exchange(host, stream);
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      if (!host[i].sends()) stream.copy_h2d(ops[i].buffer, host[i].buffer, host[i].bytes());
+    }
+    give_back_after(stream, std::move(buffers));
   }
 
   void barrier() override { inner_->barrier(); }

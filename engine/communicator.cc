@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -40,11 +41,9 @@ class LocalCommunicator final : public Communicator {
   void broadcast(void*, std::size_t, DType, int root, Stream&) override {
     STRATA_CHECK(root == 0, "broadcast root {} on a single-rank communicator", root);
   }
-  void send(const void*, std::size_t, DType, int peer, Stream&) override {
-    STRATA_CHECK(false, "send to rank {} on a single-rank communicator", peer);
-  }
-  void recv(void*, std::size_t, DType, int peer, Stream&) override {
-    STRATA_CHECK(false, "receive from rank {} on a single-rank communicator", peer);
+  void exchange(std::span<const PeerOp> ops, Stream&) override {
+    STRATA_CHECK(ops.empty(), "{} with rank {} on a single-rank communicator", ops[0].sends() ? "send" : "receive",
+                 ops[0].peer);
   }
   void barrier() override {}
   double all_reduce_host(double value, ReduceOp) override { return value; }
@@ -84,13 +83,15 @@ class CountingCommunicator final : public Communicator {
     add(counts_->broadcast_calls, counts_->broadcast_bytes, count, dtype);
     inner_->broadcast(buffer, count, dtype, root, stream);
   }
-  void send(const void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
-    add(counts_->send_calls, counts_->send_bytes, count, dtype);
-    inner_->send(buffer, count, dtype, peer, stream);
-  }
-  void recv(void* buffer, std::size_t count, DType dtype, int peer, Stream& stream) override {
-    add(counts_->recv_calls, counts_->recv_bytes, count, dtype);
-    inner_->recv(buffer, count, dtype, peer, stream);
+  void exchange(std::span<const PeerOp> ops, Stream& stream) override {
+    for (const PeerOp& op : ops) {
+      if (op.sends()) {
+        add(counts_->send_calls, counts_->send_bytes, op.count_elems, op.dtype);
+      } else {
+        add(counts_->recv_calls, counts_->recv_bytes, op.count_elems, op.dtype);
+      }
+    }
+    inner_->exchange(ops, stream);
   }
   void barrier() override { inner_->barrier(); }
   double all_reduce_host(double value, ReduceOp op) override { return inner_->all_reduce_host(value, op); }
@@ -109,6 +110,16 @@ class CountingCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+void Communicator::send(const void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream) {
+  const PeerOp op = PeerOp::send(buffer, count_elems, dtype, peer);
+  exchange({&op, 1}, stream);
+}
+
+void Communicator::recv(void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream) {
+  const PeerOp op = PeerOp::recv(buffer, count_elems, dtype, peer);
+  exchange({&op, 1}, stream);
+}
 
 std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner,
                                                          std::shared_ptr<CollectiveCounts> counts) {
@@ -150,10 +161,12 @@ std::unique_ptr<Communicator> make_local_communicator() { return std::make_uniqu
 std::unique_ptr<Communicator> make_world_communicator(Device& device, const CommunicatorOptions& options) {
   if (!launched_by_mpi()) return make_local_communicator();
   if (device.kind() == DeviceKind::Cuda) {
-    if (options.mpi_on_cuda) return make_staged_communicator(make_mpi_world_communicator(options), device);
+    if (options.mpi_on_cuda) {
+      return make_ordered_communicator(make_staged_communicator(make_mpi_world_communicator(options), device), device);
+    }
     return make_nccl_world_communicator(device, options);
   }
-  return make_mpi_world_communicator(options);
+  return make_ordered_communicator(make_mpi_world_communicator(options), device);
 }
 
 bool another_rank_failed(Communicator& world, const std::exception_ptr& error) {

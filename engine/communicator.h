@@ -17,12 +17,24 @@
 //
 // Ordering rule (as NCCL's): collectives of one communicator must be issued in the same order on
 // every rank; enqueue them on one stream, or order the streams with events.
+//
+// Note [Issue order]: a communicator runs its stream-ordered calls one at a time, in the order the
+// host issued them, whichever streams they were issued on. NCCL does: it chains a communicator's
+// kernels with events, because they share its buffers (NVIDIA/nccl#574). The MPI backends do the
+// same (make_ordered_communicator), so that the sim device shows what NCCL would. A call that waits
+// for a peer therefore holds every later call of its communicator too: a send issued before a
+// receive holds the receive until the peer has received, so two ranks that each send to the other
+// and then receive wait for each other for ever (NCCL's sends wait for their receive once a message
+// outgrows its buffers; MPI's past its eager limit). Sends and receives that must progress together
+// go in one exchange(): its transfers progress independently and it completes when all have (an
+// NCCL group; MPI's nonblocking calls).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/device/device.h"
@@ -32,6 +44,25 @@ namespace strata {
 
 enum class ReduceOp { Sum, Max };
 enum class ReductionOrder { Fast, Deterministic };
+
+// One transfer of Communicator::exchange: `count_elems` of `dtype` to or from rank `peer`.
+struct PeerOp {
+  enum class Kind { Send, Recv };
+  Kind kind = Kind::Send;
+  void* buffer = nullptr;  // a send only reads it
+  std::size_t count_elems = 0;
+  DType dtype = DType::F32;
+  int peer = 0;
+
+  static PeerOp send(const void* buffer, std::size_t count_elems, DType dtype, int peer) {
+    return {Kind::Send, const_cast<void*>(buffer), count_elems, dtype, peer};  // read only (above)
+  }
+  static PeerOp recv(void* buffer, std::size_t count_elems, DType dtype, int peer) {
+    return {Kind::Recv, buffer, count_elems, dtype, peer};
+  }
+  bool sends() const { return kind == Kind::Send; }
+  std::size_t bytes() const { return count_elems * dtype_bytes(dtype); }
+};
 
 class Communicator {
  public:
@@ -48,12 +79,14 @@ class Communicator {
   virtual void all_reduce(const void* send, void* recv, std::size_t count_elems, DType dtype, ReduceOp op,
                           Stream& stream) = 0;
   virtual void broadcast(void* buffer, std::size_t count_elems, DType dtype, int root, Stream& stream) = 0;
-  // Point to point (pipeline parallelism's activations and their gradients): `count_elems` to or
-  // from rank `peer` of this communicator, enqueued on `stream`. A send completes when its receive
-  // has (the MPI backend sends in pieces with MPI_Send), so two ranks must not both send to each
-  // other first on streams that then wait: order each pair's send before the peer's receive.
-  virtual void send(const void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream) = 0;
-  virtual void recv(void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream) = 0;
+  // Point to point (pipeline parallelism's activations and their gradients): the sends and
+  // receives of `ops`, enqueued on `stream` as one call (Note [Issue order]): they progress
+  // independently and the call completes when every one has. A send completes when its receive
+  // has. Two transfers to one peer in one call pair with the peer's in their order.
+  virtual void exchange(std::span<const PeerOp> ops, Stream& stream) = 0;
+  // exchange() of one transfer.
+  void send(const void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream);
+  void recv(void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream);
   // Blocks the host until every rank of this communicator has reached the barrier.
   virtual void barrier() = 0;
   // Host-side reductions of small scalars (loss, overflow flags, norms), always deterministic.
@@ -73,7 +106,7 @@ struct CommunicatorOptions {
 
 // The world communicator for this process: `local` when not started by mpirun (no MPI
 // initialisation at all), else `mpi` for the sim device, and `nccl` for the cuda device (or with
-// mpi_on_cuda, `mpi-staged`).
+// mpi_on_cuda, `mpi-staged`); the MPI backends in issue order (Note [Issue order]).
 // Throws DeviceError if the cuda device is asked for in a build without NCCL.
 std::unique_ptr<Communicator> make_world_communicator(Device& device, const CommunicatorOptions& options);
 
@@ -84,6 +117,11 @@ bool launched_by_mpi();
 // call copies through pinned host staging on its stream (Note [Staged MPI]); host-side calls pass
 // through. `device` must outlive it.
 std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> inner, Device& device);
+
+// `inner` with its stream-ordered calls run one at a time in issue order (Note [Issue order]):
+// each waits, on its stream, for the previous call's completion event. For the MPI backends;
+// `device` makes the events and must outlive it. split() orders the new communicator too.
+std::unique_ptr<Communicator> make_ordered_communicator(std::unique_ptr<Communicator> inner, Device& device);
 
 // The single-rank communicator (no MPI).
 std::unique_ptr<Communicator> make_local_communicator();

@@ -10,14 +10,16 @@
 
 namespace strata::models {
 
-// Two device buffers of one boundary's values, each with the events of its last producer (on the
-// compute stream) and its last send.
+// Two device buffers of one boundary's values, each with the event of its last send (Note [Grouped
+// transfers]).
+struct PipelineRunner::RingSlot {
+  DeviceMemory memory;
+  std::unique_ptr<Event> sent;
+  bool in_flight = false;  // `sent` recorded since the slot was last reused
+};
+
 struct PipelineRunner::Ring {
-  struct Slot {
-    DeviceMemory memory;
-    std::unique_ptr<Event> ready, sent;
-    bool in_flight = false;  // `sent` recorded since the slot was last reused
-  };
+  using Slot = RingSlot;
   std::vector<Slot> slots;
   std::size_t next = 0;
 
@@ -25,7 +27,6 @@ struct PipelineRunner::Ring {
     for (int i = 0; i < 2; ++i) {
       Slot s;
       s.memory = device.allocate(bytes, tag);
-      s.ready = device.create_event();
       s.sent = device.create_event();
       slots.push_back(std::move(s));
     }
@@ -59,12 +60,6 @@ std::size_t PipelineRunner::buffer_bytes(const Decoder& decoder, const PipelineS
   return (stash + buffers) * b + tied;
 }
 
-Stream& PipelineRunner::sender(int peer) {
-  std::unique_ptr<Stream>& s = senders_[peer];
-  if (!s) s = rt_.device->create_stream(fmt::format("pipeline sends to stage {}", peer));
-  return *s;
-}
-
 PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const PipelineStage& stage,
                                PipelineSchedule schedule, int micro_batches, std::int64_t batch, std::int64_t seq)
     : decoder_(decoder), rt_(rt), stage_(stage), batch_(batch), seq_(seq), dtype_(decoder.config().dtype) {
@@ -96,6 +91,8 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
     tied_wte_ = device.allocate(decoder.tied_embedding_elems() * dtype_bytes(dtype_), "pipeline tied embedding");
     norm_out_ = std::make_unique<Ring>(device, head_bytes_, "pipeline tied head output");
   }
+  sends_ = device.create_stream(fmt::format("pipeline stage {} sends", stage_.rank));
+  sends_ready_ = device.create_event();
   step_start_ = device.create_event();
   for (std::size_t i = 0; i < ops_.size(); ++i) {
     op_start_.push_back(device.create_event());
@@ -107,9 +104,7 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
 
 PipelineRunner::~PipelineRunner() {
   // Nothing may still read or write the buffers: drain the streams (errors were reported by run_step).
-  std::vector<Stream*> streams{rt_.ctx.stream};
-  for (auto& [peer, s] : senders_) streams.push_back(s.get());
-  for (Stream* s : streams) {
+  for (Stream* s : {rt_.ctx.stream, sends_.get()}) {
     try {
       s->synchronize();
     } catch (...) {  // NOLINT(bugprone-empty-catch): the step that failed has thrown already
@@ -130,12 +125,14 @@ void PipelineRunner::forward(ParamProvider& provider, int a) {
   const int slot = free_slots_.back();
   free_slots_.pop_back();
   stash_of_[static_cast<std::size_t>(a)] = slot;
+  std::vector<PeerOp> receives;
   if (!stage_.first()) {
     void* buf = stash_[static_cast<std::size_t>(slot)].data();
-    stage_.comm->recv(buf, boundary_elems_, dtype_, stage_.rank - 1, compute);
+    receives.push_back(PeerOp::recv(buf, boundary_elems_, dtype_, stage_.rank - 1));
     stats_.received_bytes += boundary_bytes_;
     x_in = buf;
   }
+  exchange(receives);
   ++live_;
   stats_.peak_in_flight = std::max(stats_.peak_in_flight, live_);
   if (stage_.last()) {  // Note [Stage activations]: its blocks' forward into the set (re-materialized: nothing)
@@ -153,21 +150,16 @@ void PipelineRunner::forward(ParamProvider& provider, int a) {
                          out.memory.data(), slot);
   compute.record(*op_end_[op_]);
   timed_[op_] = true;
-  Stream& to_next = sender(stage_.rank + 1);
-  compute.record(*out.ready);
-  to_next.wait(*out.ready);
-  stage_.comm->send(out.memory.data(), boundary_elems_, dtype_, stage_.rank + 1, to_next);
-  to_next.record(*out.sent);
-  out.in_flight = true;
-  stats_.sent_bytes += boundary_bytes_;
+  hold_send(out, stage_.rank + 1, boundary_elems_);
 }
 
 LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scale) {
   Stream& compute = *rt_.ctx.stream;
   const auto i = static_cast<std::size_t>(a);
   Ring::Slot& g = grad_->take(compute);
+  std::vector<PeerOp> receives;
   if (!stage_.last()) {
-    stage_.comm->recv(g.memory.data(), boundary_elems_, dtype_, stage_.rank + 1, compute);
+    receives.push_back(PeerOp::recv(g.memory.data(), boundary_elems_, dtype_, stage_.rank + 1));
     stats_.received_bytes += boundary_bytes_;
   }
   const int slot = stash_of_[i];
@@ -176,10 +168,11 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
   StageTied tied;
   Ring::Slot* norm_out = nullptr;
   if (tied_ && stage_.first()) {  // after the gradient from stage 1: the last stage sends in that order
-    stage_.comm->recv(norm_in_.data(), head_elems_, dtype_, stage_.size - 1, compute);
+    receives.push_back(PeerOp::recv(norm_in_.data(), head_elems_, dtype_, stage_.size - 1));
     stats_.received_bytes += head_bytes_;
     tied.head_norm_in = norm_in_.data();
   }
+  exchange(receives);
   if (tied_ && stage_.last()) {
     norm_out = &norm_out_->take(compute);
     tied.wte = tied_wte_.data();
@@ -190,21 +183,40 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
                                                grad_scale, x_in, g.memory.data(), tied, slot);
   compute.record(*op_end_[op_]);
   timed_[op_] = true;
-  const auto send = [&](Ring::Slot& slot, int peer, std::size_t elems) {
-    Stream& to = sender(peer);
-    compute.record(*slot.ready);
-    to.wait(*slot.ready);
-    stage_.comm->send(slot.memory.data(), elems, dtype_, peer, to);
-    to.record(*slot.sent);
-    slot.in_flight = true;
-    stats_.sent_bytes += elems * dtype_bytes(dtype_);
-  };
-  if (!stage_.first()) send(g, stage_.rank - 1, boundary_elems_);
+  if (!stage_.first()) hold_send(g, stage_.rank - 1, boundary_elems_);
   free_slots_.push_back(slot);  // reused by a later forward on the compute stream
   stash_of_[i] = -1;
-  if (norm_out != nullptr) send(*norm_out, 0, head_elems_);
+  if (norm_out != nullptr) hold_send(*norm_out, 0, head_elems_);
   --live_;
   return loss;
+}
+
+void PipelineRunner::hold_send(RingSlot& slot, int peer, std::size_t elems) {
+  held_.push_back(PeerOp::send(slot.memory.data(), elems, dtype_, peer));
+  held_slots_.push_back(&slot);
+  stats_.sent_bytes += elems * dtype_bytes(dtype_);
+}
+
+void PipelineRunner::exchange(const std::vector<PeerOp>& receives) {
+  if (held_.empty() && receives.empty()) return;
+  // Note [Grouped transfers]: with receives, on the compute stream (which needs them); alone, on
+  // the send stream after the compute stream's work so far (which wrote the buffers).
+  Stream& compute = *rt_.ctx.stream;
+  Stream* stream = &compute;
+  if (receives.empty()) {
+    compute.record(*sends_ready_);
+    sends_->wait(*sends_ready_);
+    stream = sends_.get();
+  }
+  std::vector<PeerOp> ops = held_;
+  ops.insert(ops.end(), receives.begin(), receives.end());
+  stage_.comm->exchange(ops, *stream);
+  for (RingSlot* slot : held_slots_) {
+    stream->record(*slot->sent);
+    slot->in_flight = true;
+  }
+  held_.clear();
+  held_slots_.clear();
 }
 
 std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const FillFn& fill, float grad_scale,
@@ -213,14 +225,15 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
   for (std::size_t a = 0; a < m; ++a) fill(static_cast<int>(a), tokens_[a].data(), targets_[a].data());
   stats_ = {};
   live_ = 0;
+  held_.clear();  // a failed step's
+  held_slots_.clear();
   stash_of_.assign(m, -1);
   free_slots_.clear();
   for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
   std::vector<LossSum> losses(m);
   rt_.ctx.stream->record(*step_start_);  // Note [Measured bubble]: the span starts with the step
   if (tied_) {  // Note [Tied embedding across stages]: this step's embedding weights to the last stage
-    decoder_.share_tied_embedding(rt_, provider, stage_.first() ? &sender(stage_.size - 1) : nullptr,
-                                  tied_wte_.data());
+    decoder_.share_tied_embedding(rt_, provider, stage_.first() ? sends_.get() : nullptr, tied_wte_.data());
     const std::uint64_t bytes = decoder_.tied_embedding_elems() * dtype_bytes(dtype_);
     if (stage_.first()) stats_.sent_bytes += bytes;
     if (stage_.last()) stats_.received_bytes += bytes;
@@ -238,7 +251,8 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
     // As a whole-model micro-batch does: the host does not run ahead of the stage's compute.
     rt_.ctx.stream->synchronize();
   }
-  for (auto& [peer, s] : senders_) s->synchronize();
+  exchange({});  // the last sends
+  sends_->synchronize();
   // Note [Measured bubble]: the events have all completed (the compute stream synchronized last).
   Event* last = nullptr;
   for (std::size_t i = 0; i < ops_.size(); ++i) {

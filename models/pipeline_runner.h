@@ -9,23 +9,28 @@
 // kernel): a stage that finishes early waits for the others at the step's end. It is reported per
 // stage beside the ideal (P - 1) / (A + P - 1), which assumes equal stages.
 //
-// Everything runs on the decoder's compute stream except the sends, which go on a stream per peer
-// (the next stage, the previous one; with a tied embedding across stages also between the first
-// and the last) after an event: a send completes only when the peer receives, so a stage's compute
-// never waits on its own sends, and the sends to a peer leave in the order the peer receives them
-// (all follow the micro-batch order; two streams to one peer could interleave their messages).
-// Receives are on the compute stream, right before the work that needs them. The stage's output
-// and gradient buffers are rings of two; a buffer is reused after the event of its previous send.
+// Note [Grouped transfers]: a communicator runs its calls one at a time in issue order (Note [Issue
+// order], engine/communicator.h), so a stage must not send to a neighbour and then receive from it
+// while the neighbour does the same the other way round: in 1F1B's steady state stage s sends
+// micro-batch k's output to stage s + 1 and then waits for micro-batch j's gradient from it, while
+// s + 1 sends that gradient and then waits for k's output, and each send waits for its receive.
+// The runner therefore holds its sends back and issues them with its next receives as one
+// exchange (Megatron's send_forward_recv_backward and send_backward_recv_forward), on the compute
+// stream, right before the work that needs the received values. Sends with no receive to go with
+// them (the first stage's forwards, the step's last sends) go alone on the stage's send stream, so
+// the compute stream does not wait for them. A stage's sends are issued before its next compute,
+// which is what lets its output and gradient buffers be rings of two: a buffer is reused after the
+// event of its previous send.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <vector>
 
 #include "core/device/device.h"
+#include "engine/communicator.h"
 #include "engine/config.h"
 #include "models/decoder.h"
 #include "models/pipeline.h"
@@ -78,8 +83,14 @@ class PipelineRunner {
 
  private:
   struct Ring;
+  struct RingSlot;
   void forward(ParamProvider& provider, int a);
   LossSum backward(ParamProvider& provider, int a, float grad_scale);
+
+  // Note [Grouped transfers]: `receives` with the held-back sends as one exchange (on the compute
+  // stream, or alone on the send stream); each sent slot's `sent` is recorded after it.
+  void exchange(const std::vector<PeerOp>& receives);
+  void hold_send(RingSlot& slot, int peer, std::size_t elems);
 
   Decoder& decoder_;
   DecoderRuntime rt_;
@@ -92,10 +103,11 @@ class PipelineRunner {
   std::vector<DeviceMemory> stash_;
   std::vector<int> stash_of_;   // micro-batch -> slot (-1: none)
   std::vector<int> free_slots_;
-  Stream& sender(int peer);  // the stream of every send to `peer`, in order (one per neighbour)
-
   std::unique_ptr<Ring> out_, grad_;
-  std::map<int, std::unique_ptr<Stream>> senders_;
+  std::unique_ptr<Stream> sends_;  // exchanges without receives
+  std::unique_ptr<Event> sends_ready_;  // the compute stream's work before such an exchange
+  std::vector<PeerOp> held_;       // sends waiting for the next exchange, and their slots
+  std::vector<RingSlot*> held_slots_;
   // A tied embedding across stages: the last stage's copy of the weights and its final norm's
   // outputs (sent to the first stage), the first stage's receive buffer for them.
   bool tied_ = false;

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -116,6 +117,11 @@ DeviceChoiceSource training_device_source(const TrainConfig& cfg) {
   return source;
 }
 
+bool cuda_parallel_opted_in() {
+  const char* v = std::getenv("STRATA_CUDA_PARALLEL");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
 DeviceChoice training_device_choice(const TrainConfig& cfg) {
   const ParallelConfig& par = cfg.strata.parallel;
   const bool split = par.tensor > 1 || par.pipeline > 1 || par.slices() > 1;
@@ -134,11 +140,16 @@ DeviceChoice training_device_choice(const TrainConfig& cfg) {
     return DeviceChoice::Sim;
   }
   if (split && resolve_device_kind(cfg.strata.device.kind, training_device_source(cfg)) == DeviceKind::Cuda) {
+    if (cuda_parallel_opted_in()) {
+      spdlog::warn("STRATA_CUDA_PARALLEL=1: strata.parallel.tensor = {}, tensor_slices = {} and pipeline = {} on cuda, "
+                   "which has not run on a GPU yet",
+                   par.tensor, par.slices(), par.pipeline);
+      return cfg.strata.device.kind;
+    }
     throw ConfigError(fmt::format("{}: strata.parallel.tensor = {}, tensor_slices = {} and pipeline = {} on a cuda "
                                   "device: tensor and pipeline parallelism run on the sim device only in this version "
-                                  "(the vocabulary-parallel CUDA kernels have not run on a GPU yet, and pipeline "
-                                  "sends need grouped NCCL calls); set strata.device.kind to \"sim\", or tensor, "
-                                  "tensor_slices and pipeline to 1",
+                                  "(they have not run on a GPU yet: README, \"How the CUDA path is verified\"); set "
+                                  "strata.device.kind to \"sim\", or tensor, tensor_slices and pipeline to 1",
                                   cfg.source, par.tensor, par.slices(), par.pipeline));
   }
   return cfg.strata.device.kind;

@@ -49,10 +49,14 @@ DeviceChoiceSource training_device_source(const TrainConfig& cfg);
 
 // A training config's device choice: strata.device.kind, except that auto takes the sim device
 // for tensor or pipeline parallelism (sim only in this version, saying so), and cuda with them is
-// a ConfigError naming the keys; auto also takes sim for a config that offloads to cpu or nvme
-// (the engine refuses offload on cuda until it has run correctly there; STRATA_CUDA_OFFLOAD=1 opts
-// in). Every command that computes a config's steps chooses through it.
+// a ConfigError naming the keys (STRATA_CUDA_PARALLEL=1 runs them on cuda anyway, for the GPU tests);
+// auto also takes sim for a config that offloads to cpu or nvme (the engine refuses offload on cuda
+// until it has run correctly there; STRATA_CUDA_OFFLOAD=1 opts in). Every command that computes a
+// config's steps chooses through it.
 DeviceChoice training_device_choice(const TrainConfig& cfg);
+
+// STRATA_CUDA_PARALLEL=1: tensor and pipeline parallelism on cuda, which have not run on a GPU.
+bool cuda_parallel_opted_in();
 
 // The device of a training run: training_device_choice opened with the config's strata.device
 // (sim: its capacity, default 1 GiB, and modeled link; cuda: strata.device.memory as the cap).

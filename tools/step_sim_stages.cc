@@ -4,23 +4,26 @@
 // Note [Pipelined step simulation]: each stage's rank is the engine model of Note [Step simulator]
 // (tools/step_sim_engine.h) over its own queues (a GPU each), running what PipelineRunner::run_step
 // (models/pipeline_runner.cc) issues, in its order: at the step's start the tied embedding's send
-// (first stage: its embedding group acquired, the weights sent to the last stage, the compute
-// stream waiting for the send, the group released; last stage: the receive); then per op of the
-// stage's schedule (models::pipeline_schedule, GPipe or 1F1B)
-//   forward a:  receive the activations from the previous stage (on the compute stream); take an
+// (first stage: its embedding group acquired, the weights sent alone, the compute stream waiting
+// for the send, the group released; last stage: the receive); then per op of the stage's schedule
+// (models::pipeline_schedule, GPipe or 1F1B)
+//   forward a:  an exchange of the held sends and the activations from the previous stage; take an
 //               output buffer (a ring of two: the compute stream waits for the send of forward
-//               a - 2); the stage_forward's actions; send the output to the next stage;
-//   backward a: take a gradient buffer (the send of backward a - 2 to the previous stage); receive
-//               the gradient from the next stage; with a tied embedding, the first stage also
-//               receives the last stage's final-norm output and the last stage takes its buffer for
-//               it; the stage_backward's actions (re-materialized: the forward again first; the
-//               last stage: the head and loss); send the input's gradient back (and the final-norm
-//               output to the first stage); the host waits for the compute stream;
-// then the host waits for its sends. A message is the sim's MPI_Send/MPI_Recv above MPI's eager
-// limit (a rendezvous): the send waits on its stream (in the order of the stream's earlier sends) for
-// the event after the op that produced it, and moves bytes / gpus.link_gbps over the sender's link
-// (its collectives queue) once the receiver's compute stream has reached the receive, which completes
-// with it. Receives charge the receiver nothing but the wait. The step ends with the trainer's
+//               a - 2); the stage_forward's actions; hold the output's send to the next stage;
+//   backward a: take a gradient buffer (the send of backward a - 2 to the previous stage); an
+//               exchange of the held sends and the gradient from the next stage (with a tied
+//               embedding, on the first stage also the last stage's final-norm output; the last
+//               stage takes its buffer for it); the stage_backward's actions (re-materialized: the
+//               forward again first; the last stage: the head and loss); hold the input gradient's
+//               send (and the final-norm output's to the first stage); the host waits for the
+//               compute stream;
+// then an exchange of the last held sends, and the host waits for them. An exchange (Note [Grouped
+// transfers]) starts when the compute stream reaches it and the stage's previous exchange has ended
+// (Note [Issue order]); with receives it is on the compute stream, which waits for all of its
+// transfers, and without them on the send stream, which nothing waits for but the buffer rings and
+// the step's end. A transfer starts once both ends' exchanges have started and moves bytes /
+// gpus.link_gbps over the sender's link (its collectives queue). Receives charge the receiver
+// nothing but the wait. The step ends with the trainer's
 // collectives over the stages: the span's all-reduce after the micro-batches, the gradient norm's in
 // step() (after each stage's reductions and sums), the loss's after it; so every stage's step is as
 // long as the slowest's, and the prediction is that. Two steps are simulated (the first warms the
@@ -62,8 +65,8 @@ using detail::EngineSim;
 constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
 bool known(double t) { return !std::isnan(t); }
 
-// One point-to-point message. `issued`: when the sender's send stream may start it (the event after
-// the op that produced it); `done`: when the receive, and with it the send, completed.
+// One point-to-point message. `issued`: when the sender's exchange holding it started; `done`: when
+// the receive, and with it the send, completed.
 struct Message {
   double issued = kUnknown;
   double done = kUnknown;
@@ -77,15 +80,25 @@ struct Channel {
   std::vector<Message> messages;
 };
 
-// One thing a stage's host issues, in order (Note [Pipelined step simulation]).
+// A message of a channel: the channel and the micro-batch.
+struct MessageRef {
+  Channel* channel = nullptr;
+  int micro = 0;
+  Message& message() const { return channel->messages[static_cast<std::size_t>(micro)]; }
+};
+
+// One thing a stage's host issues, in order (Note [Pipelined step simulation]). An exchange is
+// Begin (its held sends), a Recv per receive, End.
 struct StageStep {
-  enum Kind : std::uint8_t { Run, Send, Recv, WaitSent, Sync, SendsDone };
+  enum Kind : std::uint8_t { Run, Begin, Recv, End, WaitSent, Sync, SendsDone };
   enum Op : std::uint8_t { None, Forward, Backward };
   Kind kind = Run;
   Op op = None;
   int micro = 0;
   Channel* channel = nullptr;
   std::span<const SimAction> actions;
+  std::vector<MessageRef> sends;  // Begin, End: the exchange's sends
+  bool alone = false;             // Begin, End: no receives (on the send stream)
 };
 
 SimLane send_lane(int from, int to) {
@@ -185,34 +198,50 @@ class PipelineSim {
     const StageWork& S = w.stage;
     std::vector<StageStep> out;
     const auto add = [&](StageStep::Kind kind, Channel* c, int micro) {
-      out.push_back(StageStep{kind, StageStep::None, micro, c, {}});
+      out.push_back(StageStep{kind, StageStep::None, micro, c, {}, {}, false});
     };
-    if (S.tied() && S.first()) {
-      out.push_back(StageStep{StageStep::Run, StageStep::None, 0, nullptr, std::span(S.share_tied).first(1)});
-      add(StageStep::Send, tied, 0);
-      add(StageStep::WaitSent, tied, 0);  // the compute stream waits for the send (share_tied_embedding)
-      out.push_back(StageStep{StageStep::Run, StageStep::None, 0, nullptr, std::span(S.share_tied).subspan(1)});
+    // Note [Grouped transfers]: the held sends and `receives` as one exchange.
+    std::vector<MessageRef> held;
+    const auto exchange = [&](const std::vector<MessageRef>& receives) {
+      if (held.empty() && receives.empty()) return;
+      const bool alone = receives.empty();
+      out.push_back(StageStep{StageStep::Begin, StageStep::None, 0, nullptr, {}, held, alone});
+      for (const MessageRef& r : receives) add(StageStep::Recv, r.channel, r.micro);
+      out.push_back(StageStep{StageStep::End, StageStep::None, 0, nullptr, {}, held, alone});
+      held.clear();
+    };
+    if (S.tied() && S.first()) {  // share_tied_embedding: the send alone, then the compute stream waits for it
+      out.push_back(StageStep{StageStep::Run, StageStep::None, 0, nullptr, std::span(S.share_tied).first(1), {}, false});
+      held.push_back({tied, 0});
+      exchange({});
+      add(StageStep::WaitSent, tied, 0);
+      out.push_back(StageStep{StageStep::Run, StageStep::None, 0, nullptr, std::span(S.share_tied).subspan(1), {}, false});
     }
-    if (S.tied() && S.last()) add(StageStep::Recv, tied, 0);
+    if (S.tied() && S.last()) exchange({{tied, 0}});
     const auto P = static_cast<std::size_t>(p);
     for (const models::PipelineOp& op : S.ops) {
       const int a = op.micro;
       if (op.forward) {
-        if (!S.first()) add(StageStep::Recv, next[P - 1], a);
+        std::vector<MessageRef> receives;
+        if (!S.first()) receives.push_back({next[P - 1], a});
+        exchange(receives);
         if (!S.last() && a >= 2) add(StageStep::WaitSent, next[P], a - 2);  // the output ring of two
-        out.push_back(StageStep{StageStep::Run, StageStep::Forward, a, nullptr, S.forward(w)});
-        if (!S.last()) add(StageStep::Send, next[P], a);
+        out.push_back(StageStep{StageStep::Run, StageStep::Forward, a, nullptr, S.forward(w), {}, false});
+        if (!S.last()) held.push_back({next[P], a});
         continue;
       }
       if (!S.first() && a >= 2) add(StageStep::WaitSent, back[P], a - 2);  // the gradient ring of two
-      if (!S.last()) add(StageStep::Recv, back[P + 1], a);
-      if (S.tied() && S.first()) add(StageStep::Recv, norm, a);
+      std::vector<MessageRef> receives;
+      if (!S.last()) receives.push_back({back[P + 1], a});
+      if (S.tied() && S.first()) receives.push_back({norm, a});
       if (S.tied() && S.last() && a >= 2) add(StageStep::WaitSent, norm, a - 2);
-      out.push_back(StageStep{StageStep::Run, StageStep::Backward, a, nullptr, S.backward(w)});
-      if (!S.first()) add(StageStep::Send, back[P], a);
-      if (S.tied() && S.last()) add(StageStep::Send, norm, a);
+      exchange(receives);
+      out.push_back(StageStep{StageStep::Run, StageStep::Backward, a, nullptr, S.backward(w), {}, false});
+      if (!S.first()) held.push_back({back[P], a});
+      if (S.tied() && S.last()) held.push_back({norm, a});
       add(StageStep::Sync, nullptr, a);
     }
+    exchange({});
     add(StageStep::SendsDone, nullptr, 0);
     return out;
   }
@@ -220,7 +249,8 @@ class PipelineSim {
   // Runs stage p's step `s` if what it waits for is known; false if it must wait for another stage.
   bool try_run(int p, const StageStep& s) {
     EngineSim& e = engine(p);
-    StageStats& st = stats_[static_cast<std::size_t>(p)];
+    const auto i = static_cast<std::size_t>(p);
+    StageStats& st = stats_[i];
     switch (s.kind) {
       case StageStep::Run: {
         const double start = e.compute_stream_at();  // Note [Measured bubble]: the op's start event
@@ -234,23 +264,35 @@ class PipelineSim {
         if (s.op == StageStep::Backward) st.backward_end[a] = e.compute_end();
         return true;
       }
-      case StageStep::Send: {
-        s.channel->messages[static_cast<std::size_t>(s.micro)].issued = e.compute_stream_at();
-        sends_[static_cast<std::size_t>(p)].push_back(&s.channel->messages[static_cast<std::size_t>(s.micro)]);
-        st.sent += static_cast<std::uint64_t>(s.channel->bytes);
+      case StageStep::Begin: {  // after the compute stream's work so far and the previous exchange
+        const double start = std::max(e.compute_stream_at(), exchange_done_[i]);
+        exchange_start_[i] = exchange_done_[i] = start;
+        for (const MessageRef& r : s.sends) {
+          r.message().issued = start;
+          sends_[i].push_back(&r.message());
+          st.sent += static_cast<std::uint64_t>(r.channel->bytes);
+        }
         return true;
       }
-      case StageStep::Recv: {
+      case StageStep::Recv: {  // once both ends' exchanges have started, over the sender's link
         Message& m = s.channel->messages[static_cast<std::size_t>(s.micro)];
         if (!known(m.issued)) return false;
-        const double start = std::max(m.issued, e.compute_stream_at());
+        const double start = std::max(m.issued, exchange_start_[i]);
         Timeline& sender = *timelines_[static_cast<std::size_t>(s.channel->from)];
         m.done = sender.add(fmt::format("send {} {} to stage {}", s.channel->what, s.micro, s.channel->to),
                             send_lane(s.channel->from, s.channel->to), SimQueue::Collective,
                             transfer_seconds(s.channel->bytes, link_), start,
                             static_cast<std::uint64_t>(s.channel->bytes));
-        e.compute_waits_for(m.done);
+        exchange_done_[i] = std::max(exchange_done_[i], m.done);
         st.received += static_cast<std::uint64_t>(s.channel->bytes);
+        return true;
+      }
+      case StageStep::End: {  // when every transfer has; the compute stream waits unless it ran alone
+        for (const MessageRef& r : s.sends) {
+          if (!known(r.message().done)) return false;
+        }
+        for (const MessageRef& r : s.sends) exchange_done_[i] = std::max(exchange_done_[i], r.message().done);
+        if (!s.alone) e.compute_waits_for(exchange_done_[i]);
         return true;
       }
       case StageStep::WaitSent: {
@@ -261,10 +303,10 @@ class PipelineSim {
       }
       case StageStep::Sync: e.synchronize_compute(); return true;
       case StageStep::SendsDone: {
-        for (const Message* m : sends_[static_cast<std::size_t>(p)]) {
+        for (const Message* m : sends_[i]) {
           if (!known(m->done)) return false;
         }
-        for (const Message* m : sends_[static_cast<std::size_t>(p)]) e.host_waits_for(m->done);
+        for (const Message* m : sends_[i]) e.host_waits_for(m->done);
         return true;
       }
     }
@@ -278,6 +320,8 @@ class PipelineSim {
     const int A = w_.front().micro_batches;
     channels_.clear();
     sends_.assign(static_cast<std::size_t>(P), {});
+    exchange_start_.assign(static_cast<std::size_t>(P), 0);
+    exchange_done_.assign(static_cast<std::size_t>(P), 0);
     // next[p]: stage p's outputs to p + 1; back[p]: the gradients of its inputs to p - 1.
     std::vector<Channel*> next(static_cast<std::size_t>(P), nullptr), back(static_cast<std::size_t>(P), nullptr);
     for (int p = 0; p + 1 < P; ++p) {
@@ -334,6 +378,8 @@ class PipelineSim {
   std::vector<StageStats> stats_;
   std::vector<std::unique_ptr<Channel>> channels_;
   std::vector<std::vector<const Message*>> sends_;  // per stage: its messages this step
+  // Per stage: its latest exchange's start and end so far (Note [Issue order]: the next starts after it).
+  std::vector<double> exchange_start_, exchange_done_;
 };
 
 }  // namespace
@@ -366,8 +412,9 @@ void write_stage_trace(const PipelineSimResult& result, const std::string& path)
     for (std::size_t t = 0; t < lanes.size(); ++t) {
       const SimLane lane = lanes[t];
       const bool send = lane == SimLane::SendNext || lane == SimLane::SendPrev || lane == SimLane::SendFar;
-      // The engine's stream names (models/pipeline_runner.cc), so a real trace lines up.
-      const std::string name = send ? fmt::format("pipeline sends to stage {}", peer(lane)) : sim_lane_name(lane);
+      // A transfer occupies the sender's link to its peer (the engine's exchanges run on its compute
+      // or send stream: Note [Grouped transfers]).
+      const std::string name = send ? fmt::format("link to stage {}", peer(lane)) : sim_lane_name(lane);
       events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", p}, {"tid", t}, {"args", {{"name", name}}}});
     }
   }

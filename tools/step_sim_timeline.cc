@@ -28,9 +28,9 @@ const char* sim_lane_name(SimLane lane) {
     case SimLane::Comm: return "zero.comm";
     case SimLane::Worker: return "zero.offload";
     case SimLane::Io: return "nvme";
-    case SimLane::SendNext: return "pipeline sends to the next stage";
-    case SimLane::SendPrev: return "pipeline sends to the previous stage";
-    case SimLane::SendFar: return "pipeline sends between the first and last stage";
+    case SimLane::SendNext: return "link to the next stage";
+    case SimLane::SendPrev: return "link to the previous stage";
+    case SimLane::SendFar: return "link between the first and last stage";
   }
   return "?";
 }

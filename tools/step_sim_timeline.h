@@ -36,9 +36,9 @@ enum class SimLane : std::uint8_t {
   Comm,     // zero.comm: gathers, reductions, device-side state math
   Worker,   // zero.offload: gradient sums and overlapped updates of offloaded state
   Io,       // the I/O engine: asynchronous, no order (only the drives' queue)
-  // A pipeline stage's sends, one stream per peer (models/pipeline_runner.h): to the next stage, to
-  // the previous one, and between the first and the last stage when they are not neighbours (the
-  // tied embedding, Note [Tied embedding across stages]).
+  // A pipeline stage's outgoing links, whose transfers queue on them (Note [Pipelined step
+  // simulation]): to the next stage, to the previous one, and between the first and the last stage
+  // when they are not neighbours (the tied embedding, Note [Tied embedding across stages]).
   SendNext,
   SendPrev,
   SendFar,

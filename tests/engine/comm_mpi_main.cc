@@ -1,6 +1,7 @@
 // Multi-rank test of the MPI communicator, run by ctest under `mpirun -np 2` and `-np 4`: every
 // collective against values computed locally from the same formula, with the deterministic tree
-// order checked bit for bit, hybrid-sharding splits, and point to point; with the argument `staged`
+// order checked bit for bit, hybrid-sharding splits, and point to point (single transfers and
+// exchanges); with the argument `staged`
 // the same checks through the staged communicator (Note [Staged MPI]). Prints "N passed, N failed"
 // per rank and exits non-zero on any failure.
 #include <cmath>
@@ -27,6 +28,7 @@ float contribution(int r, std::size_t i) {
 // What every check uses: the world communicator, one stream on its sim device, and device buffers
 // of `total` floats (`count` per rank) to send from and receive into.
 struct Collectives {
+  Device& device;
   Communicator& comm;
   Stream& stream;
   DeviceMemory& send;
@@ -168,6 +170,43 @@ void check_send_recv(Collectives& c) {
   c.checks.expect(bad == 0, "send/recv along a chain delivers the sender's values (" + std::to_string(bad) + " wrong)");
 }
 
+// Note [Issue order]: one exchange in which every rank first sends to both neighbours and then
+// receives from both. Issued as four calls in that order it would deadlock (each send waits for a
+// receive queued behind the peer's sends; the messages are past MPI's eager limit); in one exchange
+// the transfers progress together. At world 2 both neighbours are one peer: its two transfers pair
+// in the order they are listed.
+void check_exchange(Collectives& c) {
+  const int rank = c.rank, world = c.world;
+  const std::size_t n = std::size_t{1} << 16;  // 256 KiB per message
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  auto value = [](int r, int which, std::size_t i) { return contribution(r, i) + static_cast<float>(which) * 1000.0f; };
+  std::vector<DeviceMemory> bufs;
+  for (int b = 0; b < 4; ++b) bufs.push_back(c.device.allocate(n * sizeof(float), "test exchange"));
+  std::vector<float> host(n);
+  for (int which = 0; which < 2; ++which) {
+    for (std::size_t i = 0; i < n; ++i) host[i] = value(rank, which, i);
+    c.stream.copy_h2d(bufs[static_cast<std::size_t>(which)].data(), host.data(), n * sizeof(float));
+    c.stream.synchronize();
+  }
+  const std::vector<PeerOp> ops{PeerOp::send(bufs[0].data(), n, DType::F32, next),
+                                PeerOp::send(bufs[1].data(), n, DType::F32, prev),
+                                PeerOp::recv(bufs[2].data(), n, DType::F32, prev),
+                                PeerOp::recv(bufs[3].data(), n, DType::F32, next)};
+  c.comm.exchange(ops, c.stream);
+  int bad = 0;
+  for (int which = 0; which < 2; ++which) {  // buffer 2 holds prev's first message, 3 next's second
+    c.stream.copy_d2h(host.data(), bufs[static_cast<std::size_t>(2 + which)].data(), n * sizeof(float));
+    c.stream.synchronize();
+    const int from = which == 0 ? prev : next;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float want = value(from, which, i);
+      bad += std::memcmp(&want, &host[i], sizeof(float)) != 0 ? 1 : 0;
+    }
+  }
+  c.checks.expect(bad == 0, "an exchange of sends to both neighbours before the receives delivers every value (" +
+                                std::to_string(bad) + " wrong)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,7 +232,7 @@ int main(int argc, char** argv) {
   const std::size_t total = count * static_cast<std::size_t>(world);
   DeviceMemory send = device->allocate(total * sizeof(float), "test");
   DeviceMemory recv = device->allocate(total * sizeof(float), "test");
-  Collectives c{*comm, *stream, send, recv, checks, rank, world, count, total};
+  Collectives c{*device, *comm, *stream, send, recv, checks, rank, world, count, total};
   check_reduce_scatter(c);
   check_all_gather(c);
   check_all_reduce_bf16(c);
@@ -201,6 +240,7 @@ int main(int argc, char** argv) {
   check_host_scalars(c);
   check_split(c);
   check_send_recv(c);
+  check_exchange(c);
   comm->barrier();
   return checks.finish();
 }

@@ -1,9 +1,13 @@
 // Single-process tests of the communicator layer: the deterministic tree reduction (its order is
-// the contract that makes world sizes 1, 2 and 4 bit-identical) and the local backend.
+// the contract that makes world sizes 1, 2 and 4 bit-identical), the local backend and the issue
+// order of the ordered wrapper.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "core/device/device.h"
@@ -91,6 +95,38 @@ TEST(LocalCommunicator, CollectivesAreCopiesOnTheStream) {
   EXPECT_EQ(comm->all_reduce_host(2.5, ReduceOp::Sum), 2.5);
   auto sub = comm->split(0, 0);
   EXPECT_EQ(sub->world_size(), 1);
+}
+
+// Note [Issue order]: the ordered communicator runs a call issued on one stream after the call
+// issued before it on another. Stream `first` is held by a gate while it copies a to b; the call
+// issued next, on `second`, copies b to c. In issue order c gets a's values. Unordered, `second`
+// would copy b's old values while `first` waits at the gate.
+TEST(OrderedCommunicator, RunsCallsInIssueOrderAcrossStreams) {
+  SimDeviceOptions options;
+  options.capacity_bytes = 1 << 20;
+  auto device = make_sim_device(options);
+  auto comm = make_ordered_communicator(make_local_communicator(), *device);
+  auto first = device->create_stream("first"), second = device->create_stream("second");
+  constexpr std::size_t n = 64;
+  DeviceMemory a = device->allocate(n * sizeof(float), "a"), b = device->allocate(n * sizeof(float), "b"),
+               c = device->allocate(n * sizeof(float), "c");
+  const std::vector<float> values(n, 7.0f), old(n, -1.0f);
+  first->copy_h2d(a.data(), values.data(), n * sizeof(float));
+  first->copy_h2d(b.data(), old.data(), n * sizeof(float));
+  first->synchronize();
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  first->launch_host([opened] { opened.wait(); });
+  comm->all_reduce(a.data(), b.data(), n, DType::F32, ReduceOp::Sum, *first);
+  comm->all_gather(b.data(), c.data(), n, DType::F32, *second);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // unordered, `second` copies now
+  gate.set_value();
+  std::vector<float> got(n);
+  second->copy_d2h(got.data(), c.data(), n * sizeof(float));
+  second->synchronize();
+  first->synchronize();
+  EXPECT_EQ(got, values);
+  EXPECT_EQ(comm->split(0, 0)->world_size(), 1);
 }
 
 }  // namespace

@@ -264,8 +264,8 @@ TEST(PipelinedStepSim, TraceHasOneProcessPerStage) {
     }
   }
   EXPECT_EQ(pids, (std::set<int>{0, 1, 2, 3}));
-  for (const char* t : {"0: compute", "0: pipeline sends to stage 1", "2: pipeline sends to stage 1",
-                        "2: pipeline sends to stage 3", "3: pipeline sends to stage 2"}) {
+  for (const char* t : {"0: compute", "0: link to stage 1", "2: link to stage 1",
+                        "2: link to stage 3", "3: link to stage 2"}) {
     EXPECT_TRUE(threads.count(t)) << t;
   }
   std::remove(path.c_str());

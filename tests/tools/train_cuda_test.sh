@@ -19,7 +19,8 @@
 #  6. bf16 and fp16 (loss scaler) train on cuda: finite losses that fall;
 #  7. under mpirun at world 1 the run takes the NCCL communicator (every collective of ZeRO-3 through
 #     NCCL) and gives the local run's bits; with strata.parallel.communicator "mpi", 2 and 4 ranks
-#     share the GPU through staged MPI and give the local run's bits too;
+#     share the GPU through staged MPI and give the local run's bits too, and (STRATA_CUDA_PARALLEL=1)
+#     so do pipeline 2 under both schedules and tensor 2 (against one rank of 2 tensor slices);
 #  8. bad input: a device cap over the GPU's memory, tensor slices, and (on a one-GPU machine) two ranks on the
 #     one GPU, are refused with a message naming the key or the cause; sim's modeled compute speed
 #     (strata.device.compute_tflops) is reported as ignored.
@@ -198,6 +199,33 @@ if [ -n "$mpiexec" ] && [ "$kind" = cuda ]; then
       same tiny.x.s0.1x8 staged.$np "tiny exact on cuda: $np ranks through staged MPI at stage 3 = the local run"
     else tail -20 staged.$np.log; bad "$np ranks on one GPU through staged MPI failed"; fi
   done
+fi
+
+# 7d. Tensor and pipeline parallelism on cuda (refused unless STRATA_CUDA_PARALLEL=1), their ranks
+#     sharing the GPU through staged MPI: exact runs at pipeline 2 (1F1B and GPipe) give the local
+#     run's bits, and tensor 2 (the vocabulary-parallel kernels) the bits of one rank computing the
+#     same 2 tensor slices.
+if [ -n "$mpiexec" ] && [ "$kind" = cuda ]; then
+  par=(--config "$config" --set strata.model='"tiny"' "${cuda[@]}" --set strata.exact=true
+       --set zero_optimization.stage=1 --set train_micro_batch_size_per_gpu=1 --set gradient_accumulation_steps=8
+       --set strata.parallel.communicator='"mpi"')
+  two=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$strata" --log-level warn train)
+  if out=$(timeout 120 "${two[@]}" "${par[@]}" --steps 1 --set strata.parallel.pipeline=2 2>&1); then
+    bad "pipeline 2 on cuda was accepted without STRATA_CUDA_PARALLEL=1"
+  elif grep -q "pipeline = 2 on a cuda device" <<<"$out"; then ok "pipeline 2 on cuda is refused without the opt-in"
+  else echo "$out" | tail -3; bad "pipeline 2 on cuda: the refusal does not name the key"; fi
+  for sched in 1f1b gpipe; do
+    if STRATA_CUDA_PARALLEL=1 timeout 300 "${two[@]}" "${par[@]}" --steps 20 --set strata.parallel.pipeline=2 \
+        --set strata.parallel.schedule="\"$sched\"" --save-weights pp.$sched.safetensors >pp.$sched.log 2>&1; then
+      same tiny.x.s0.1x8 pp.$sched "tiny exact on cuda: pipeline 2 ($sched) on one GPU = the local run"
+    else tail -20 pp.$sched.log; bad "pipeline 2 ($sched) on one GPU failed"; fi
+  done
+  if STRATA_CUDA_PARALLEL=1 timeout 300 "$strata" --log-level warn train "${par[@]}" --steps 20 --set strata.parallel.tensor_slices=2 \
+      --save-weights s2.safetensors >s2.log 2>&1 &&
+     STRATA_CUDA_PARALLEL=1 timeout 300 "${two[@]}" "${par[@]}" --steps 20 --set strata.parallel.tensor=2 \
+      --save-weights t2.safetensors >t2.log 2>&1; then
+    same s2 t2 "tiny exact on cuda: tensor 2 on one GPU = one rank of 2 tensor slices"
+  else tail -20 s2.log t2.log; bad "tensor slices or tensor 2 on one GPU failed"; fi
 fi
 
 # 8. A cap larger than the GPU.
