@@ -106,13 +106,14 @@ class NcclCommunicator final : public Communicator {
 
   // One NCCL group (Note [Issue order]); the group is closed even when a call in it fails.
   void exchange(std::span<const PeerOp> ops, Stream& stream) override {
+    const cudaStream_t s = native(stream);
     STRATA_NCCL_CHECK(ncclGroupStart());
     ncclResult_t first_error = ncclSuccess;
     const char* failed = nullptr;
     for (const PeerOp& op : ops) {
       const ncclResult_t rc = op.sends()
-                                  ? ncclSend(op.buffer, op.count_elems, nccl_type(op.dtype), op.peer, comm_, native(stream))
-                                  : ncclRecv(op.buffer, op.count_elems, nccl_type(op.dtype), op.peer, comm_, native(stream));
+                                  ? ncclSend(op.buffer, op.count_elems, nccl_type(op.dtype), op.peer, comm_, s)
+                                  : ncclRecv(op.buffer, op.count_elems, nccl_type(op.dtype), op.peer, comm_, s);
       if (rc != ncclSuccess && first_error == ncclSuccess) {
         first_error = rc;
         failed = op.sends() ? "ncclSend" : "ncclRecv";

@@ -81,8 +81,9 @@ class Communicator {
   virtual void broadcast(void* buffer, std::size_t count_elems, DType dtype, int root, Stream& stream) = 0;
   // Point to point (pipeline parallelism's activations and their gradients): the sends and
   // receives of `ops`, enqueued on `stream` as one call (Note [Issue order]): they progress
-  // independently and the call completes when every one has. A send completes when its receive
-  // has. Two transfers to one peer in one call pair with the peer's in their order.
+  // independently and the call completes when every one has. A send may wait until its receive is
+  // posted (it does past the transport's buffers). Two transfers to one peer in one call pair with
+  // the peer's in their order.
   virtual void exchange(std::span<const PeerOp> ops, Stream& stream) = 0;
   // exchange() of one transfer.
   void send(const void* buffer, std::size_t count_elems, DType dtype, int peer, Stream& stream);

@@ -4,9 +4,9 @@
 // blocks: the first stage also the embedding, the last the final norm and the head. A step's A
 // micro-batches flow through the stages: each stage's output, the residual stream of batch x seq x
 // d_model values, goes point to point to the next stage, and its gradient comes back the same way
-// (engine/communicator.h send/recv; MPI on sim: the training engine does not run on cuda yet, and
-// over NCCL, which runs a communicator's operations in issue order, 1F1B needs each send grouped with
-// its matching receive or a communicator per direction first). The order of a stage's work is its
+// (engine/communicator.h exchange: each stage's sends go with its next receives, Note [Grouped
+// transfers] in models/pipeline_runner.h, since a communicator runs its calls in issue order, Note
+// [Issue order]). The order of a stage's work is its
 // schedule (pipeline_schedule): GPipe runs every micro-batch's forward, then every backward; 1F1B
 // (PipeDream-Flush, Megatron's default) runs P - p - 1 forwards, then alternates one forward with one
 // backward, then drains the backwards, so stage p holds at most P - p micro-batches in flight

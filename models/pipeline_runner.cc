@@ -157,6 +157,9 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
   Stream& compute = *rt_.ctx.stream;
   const auto i = static_cast<std::size_t>(a);
   Ring::Slot& g = grad_->take(compute);
+  // Note [Grouped transfers]: the receive below must not land in a buffer whose send is still held.
+  STRATA_CHECK(std::find(held_slots_.begin(), held_slots_.end(), &g) == held_slots_.end(),
+               "pipeline stage {}: micro-batch {}'s gradient buffer still has a send held", stage_.rank, a);
   std::vector<PeerOp> receives;
   if (!stage_.last()) {
     receives.push_back(PeerOp::recv(g.memory.data(), boundary_elems_, dtype_, stage_.rank + 1));

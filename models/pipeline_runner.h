@@ -17,10 +17,13 @@
 // The runner therefore holds its sends back and issues them with its next receives as one
 // exchange (Megatron's send_forward_recv_backward and send_backward_recv_forward), on the compute
 // stream, right before the work that needs the received values. Sends with no receive to go with
-// them (the first stage's forwards, the step's last sends) go alone on the stage's send stream, so
-// the compute stream does not wait for them. A stage's sends are issued before its next compute,
-// which is what lets its output and gradient buffers be rings of two: a buffer is reused after the
-// event of its previous send.
+// them (the first stage's tied embedding and its forwards, the last stage's backwards under GPipe,
+// the step's last sends) go alone on the stage's send stream, so the compute stream does not wait
+// for them until its next exchange, which the issue order puts after them. A stage's sends are
+// issued before its next compute, which is what lets its output and gradient buffers be rings of
+// two: a buffer is reused after the event of its previous send. A held send leaves at the stage's
+// next op, after the host's wait for the backward and the engine's micro-batch bracket: host time
+// there delays the neighbour (small today; the simulator leaves host time out).
 #pragma once
 
 #include <cstddef>

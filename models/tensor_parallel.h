@@ -84,7 +84,8 @@
 // still sends the final norm's output whole (it is gathered). T must divide batch x seq.
 //
 // Not built yet: tiling beside tensor parallelism, the cuda device (the vocabulary-parallel ops'
-// CUDA kernels, models/kernels/cuda_vocab_parallel.cu, have not run on a GPU; train refuses cuda).
+// CUDA kernels, models/kernels/cuda_vocab_parallel.cu, have not run on a GPU; train refuses cuda
+// unless STRATA_CUDA_PARALLEL=1).
 #pragma once
 
 #include <cstddef>

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <initializer_list>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -141,9 +142,12 @@ DeviceChoice training_device_choice(const TrainConfig& cfg) {
   }
   if (split && resolve_device_kind(cfg.strata.device.kind, training_device_source(cfg)) == DeviceKind::Cuda) {
     if (cuda_parallel_opted_in()) {
-      spdlog::warn("STRATA_CUDA_PARALLEL=1: strata.parallel.tensor = {}, tensor_slices = {} and pipeline = {} on cuda, "
-                   "which has not run on a GPU yet",
-                   par.tensor, par.slices(), par.pipeline);
+      static std::once_flag warned;  // the choice is made more than once per command
+      std::call_once(warned, [&] {
+        spdlog::warn("STRATA_CUDA_PARALLEL=1: strata.parallel.tensor = {}, tensor_slices = {} and pipeline = {} on "
+                     "cuda, which has not run on a GPU yet",
+                     par.tensor, par.slices(), par.pipeline);
+      });
       return cfg.strata.device.kind;
     }
     throw ConfigError(fmt::format("{}: strata.parallel.tensor = {}, tensor_slices = {} and pipeline = {} on a cuda "

@@ -234,8 +234,8 @@ class PipelineSim {
       std::vector<MessageRef> receives;
       if (!S.last()) receives.push_back({back[P + 1], a});
       if (S.tied() && S.first()) receives.push_back({norm, a});
-      if (S.tied() && S.last() && a >= 2) add(StageStep::WaitSent, norm, a - 2);
       exchange(receives);
+      if (S.tied() && S.last() && a >= 2) add(StageStep::WaitSent, norm, a - 2);
       out.push_back(StageStep{StageStep::Run, StageStep::Backward, a, nullptr, S.backward(w), {}, false});
       if (!S.first()) held.push_back({back[P], a});
       if (S.tied() && S.last()) held.push_back({norm, a});

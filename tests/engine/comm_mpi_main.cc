@@ -221,7 +221,8 @@ int main(int argc, char** argv) {
   options.capacity_bytes = 64 << 20;
   auto device = make_sim_device(options);
   auto comm = make_world_communicator(*device, CommunicatorOptions{});
-  if (staged) comm = make_staged_communicator(std::move(comm), *device);
+  // As make_world_communicator nests them on cuda: staged inside, issue order outside.
+  if (staged) comm = make_ordered_communicator(make_staged_communicator(std::move(comm), *device), *device);
   const int rank = comm->rank();
   testing_mpi::RankChecks checks(rank);
   const int world = comm->world_size();

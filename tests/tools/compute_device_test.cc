@@ -19,8 +19,14 @@ TrainConfig config(const std::string& strata_device, const std::string& zero) {
 
 class ComputeDeviceChoice : public ::testing::Test {
  protected:
-  void SetUp() override { ::unsetenv("STRATA_CUDA_OFFLOAD"); }
-  void TearDown() override { ::unsetenv("STRATA_CUDA_OFFLOAD"); }
+  void SetUp() override {
+    ::unsetenv("STRATA_CUDA_OFFLOAD");
+    ::unsetenv("STRATA_CUDA_PARALLEL");
+  }
+  void TearDown() override {
+    ::unsetenv("STRATA_CUDA_OFFLOAD");
+    ::unsetenv("STRATA_CUDA_PARALLEL");
+  }
 };
 
 // Offload has not run correctly on a GPU: auto takes sim for a config that asks for it.
@@ -66,6 +72,29 @@ TEST_F(ComputeDeviceChoice, TensorSlicesStayOnSim) {
     if (what.find("no cuda device is usable") != std::string::npos) return;
     EXPECT_NE(what.find("tensor_slices = 2"), std::string::npos) << what;
     EXPECT_NE(what.find("have not run on a GPU"), std::string::npos) << what;
+  }
+}
+
+// STRATA_CUDA_PARALLEL=1 lifts the refusal: an explicit cuda with pipeline stages is kept (auto
+// still takes sim). Where no GPU is usable the missing GPU is refused first, so the opt-in cannot
+// be seen to take effect.
+TEST_F(ComputeDeviceChoice, TheParallelOptInKeepsCuda) {
+  const auto piped = [](const std::string& kind) {
+    return load_train_config_text(R"({"strata": {"device": {"kind": ")" + kind +
+                                      R"("}, "parallel": {"pipeline": 2}}})",
+                                  "compute_device_test", {});
+  };
+  ::setenv("STRATA_CUDA_PARALLEL", "1", 1);
+  EXPECT_EQ(training_device_choice(piped("auto")), DeviceChoice::Sim);
+  try {
+    EXPECT_EQ(training_device_choice(piped("cuda")), DeviceChoice::Cuda);
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find("pipeline = 2"), std::string::npos) << "refused despite the opt-in: " << what;
+    if (what.find("no cuda device is usable") != std::string::npos) {
+      GTEST_SKIP() << "no usable GPU here, so cuda is refused before the opt-in matters: " << what;
+    }
+    FAIL() << what;
   }
 }
 

@@ -146,8 +146,8 @@ TEST(PipelinedStepSim, OnlyTheLinkTakesTimeSoTheStepIsTheMessagesChain) {
 }
 
 // A stage's outputs are a ring of two buffers, each reused after its send completed, and a send
-// completes when the next stage's compute stream reaches the receive (MPI_Send of a message above
-// the eager limit). GPipe, stage 0 one block, stage 1 seven (f: one block's forward): stage 0's
+// completes once the next stage's exchange holding the receive has started (Note [Grouped
+// transfers]; a message above MPI's eager limit). GPipe, stage 0 one block, stage 1 seven (f: one block's forward): stage 0's
 // forwards 0-2 run back to back; forward 3 reuses micro-batch 1's buffer, whose receive stage 1
 // posts after its forward 0, [f, 8f].
 TEST(PipelinedStepSim, AnOutputBufferIsReusedOnlyOnceTheNextStageReceivedIt) {
