@@ -215,14 +215,14 @@ if [ -n "$mpiexec" ] && [ "$kind" = cuda ]; then
   elif grep -q "pipeline = 2 on a cuda device" <<<"$out"; then ok "pipeline 2 on cuda is refused without the opt-in"
   else echo "$out" | tail -3; bad "pipeline 2 on cuda: the refusal does not name the key"; fi
   for sched in 1f1b gpipe; do
-    if STRATA_CUDA_PARALLEL=1 timeout 300 "${two[@]}" "${par[@]}" --steps 20 --set strata.parallel.pipeline=2 \
+    if STRATA_CUDA_PARALLEL=1 timeout 150 "${two[@]}" "${par[@]}" --steps 20 --set strata.parallel.pipeline=2 \
         --set strata.parallel.schedule="\"$sched\"" --save-weights pp.$sched.safetensors >pp.$sched.log 2>&1; then
       same tiny.x.s0.1x8 pp.$sched "tiny exact on cuda: pipeline 2 ($sched) on one GPU = the local run"
     else tail -20 pp.$sched.log; bad "pipeline 2 ($sched) on one GPU failed"; fi
   done
-  if STRATA_CUDA_PARALLEL=1 timeout 300 "$strata" --log-level warn train "${par[@]}" --steps 20 --set strata.parallel.tensor_slices=2 \
+  if STRATA_CUDA_PARALLEL=1 timeout 150 "$strata" --log-level warn train "${par[@]}" --steps 20 --set strata.parallel.tensor_slices=2 \
       --save-weights s2.safetensors >s2.log 2>&1 &&
-     STRATA_CUDA_PARALLEL=1 timeout 300 "${two[@]}" "${par[@]}" --steps 20 --set strata.parallel.tensor=2 \
+     STRATA_CUDA_PARALLEL=1 timeout 150 "${two[@]}" "${par[@]}" --steps 20 --set strata.parallel.tensor=2 \
       --save-weights t2.safetensors >t2.log 2>&1; then
     same s2 t2 "tiny exact on cuda: tensor 2 on one GPU = one rank of 2 tensor slices"
   else tail -20 s2.log t2.log; bad "tensor slices or tensor 2 on one GPU failed"; fi
