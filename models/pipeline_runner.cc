@@ -118,21 +118,44 @@ std::size_t PipelineRunner::buffer_bytes() const {
   return buffers * boundary_bytes_ + heads * head_bytes_ + tied_wte_.size_bytes();
 }
 
-void PipelineRunner::forward(ParamProvider& provider, int a) {
+void PipelineRunner::post(std::size_t i) {
   Stream& compute = *rt_.ctx.stream;
-  const void* x_in = nullptr;
-  STRATA_CHECK(!free_slots_.empty(), "pipeline stage {}: no slot for micro-batch {}", stage_.rank, a);
-  const int slot = free_slots_.back();
-  free_slots_.pop_back();
-  stash_of_[static_cast<std::size_t>(a)] = slot;
+  const PipelineOp& op = ops_[i];
+  const auto a = static_cast<std::size_t>(op.micro);
   std::vector<PeerOp> receives;
-  if (!stage_.first()) {
-    void* buf = stash_[static_cast<std::size_t>(slot)].data();
-    receives.push_back(PeerOp::recv(buf, boundary_elems_, dtype_, stage_.rank - 1));
-    stats_.received_bytes += boundary_bytes_;
-    x_in = buf;
+  if (op.forward) {  // a stash slot for its input (the first stage's holds nothing)
+    STRATA_CHECK(!free_slots_.empty(), "pipeline stage {}: no slot for micro-batch {}", stage_.rank, op.micro);
+    const int slot = free_slots_.back();
+    free_slots_.pop_back();
+    stash_of_[a] = slot;
+    if (!stage_.first()) {
+      receives.push_back(PeerOp::recv(stash_[static_cast<std::size_t>(slot)].data(), boundary_elems_, dtype_,
+                                      stage_.rank - 1));
+      stats_.received_bytes += boundary_bytes_;
+    }
+  } else {  // a gradient buffer for its output's gradient (the last stage's is the loss's)
+    RingSlot& g = grad_->take(compute);
+    // The receive must not land in a buffer whose send is still held.
+    STRATA_CHECK(std::find(held_slots_.begin(), held_slots_.end(), &g) == held_slots_.end(),
+                 "pipeline stage {}: micro-batch {}'s gradient buffer still has a send held", stage_.rank, op.micro);
+    grad_of_[a] = &g;
+    if (!stage_.last()) {
+      receives.push_back(PeerOp::recv(g.memory.data(), boundary_elems_, dtype_, stage_.rank + 1));
+      stats_.received_bytes += boundary_bytes_;
+    }
+    if (tied_ && stage_.first()) {  // after the gradient from stage 1: the last stage sends in that order
+      receives.push_back(PeerOp::recv(norm_in_.data(), head_elems_, dtype_, stage_.size - 1));
+      stats_.received_bytes += head_bytes_;
+    }
   }
   exchange(receives);
+  posted_[i] = true;
+}
+
+void PipelineRunner::forward(ParamProvider& provider, int a) {
+  Stream& compute = *rt_.ctx.stream;
+  const int slot = stash_of_[static_cast<std::size_t>(a)];
+  const void* x_in = stage_.first() ? nullptr : stash_[static_cast<std::size_t>(slot)].data();
   ++live_;
   stats_.peak_in_flight = std::max(stats_.peak_in_flight, live_);
   if (stage_.last()) {  // Note [Stage activations]: its blocks' forward into the set (re-materialized: nothing)
@@ -156,26 +179,13 @@ void PipelineRunner::forward(ParamProvider& provider, int a) {
 LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scale) {
   Stream& compute = *rt_.ctx.stream;
   const auto i = static_cast<std::size_t>(a);
-  Ring::Slot& g = grad_->take(compute);
-  // Note [Grouped transfers]: the receive below must not land in a buffer whose send is still held.
-  STRATA_CHECK(std::find(held_slots_.begin(), held_slots_.end(), &g) == held_slots_.end(),
-               "pipeline stage {}: micro-batch {}'s gradient buffer still has a send held", stage_.rank, a);
-  std::vector<PeerOp> receives;
-  if (!stage_.last()) {
-    receives.push_back(PeerOp::recv(g.memory.data(), boundary_elems_, dtype_, stage_.rank + 1));
-    stats_.received_bytes += boundary_bytes_;
-  }
+  Ring::Slot& g = *grad_of_[i];
   const int slot = stash_of_[i];
   STRATA_CHECK(slot >= 0, "pipeline stage {}: backward of micro-batch {} before its forward", stage_.rank, a);
   const void* x_in = stage_.first() ? nullptr : stash_[static_cast<std::size_t>(slot)].data();
   StageTied tied;
   Ring::Slot* norm_out = nullptr;
-  if (tied_ && stage_.first()) {  // after the gradient from stage 1: the last stage sends in that order
-    receives.push_back(PeerOp::recv(norm_in_.data(), head_elems_, dtype_, stage_.size - 1));
-    stats_.received_bytes += head_bytes_;
-    tied.head_norm_in = norm_in_.data();
-  }
-  exchange(receives);
+  if (tied_ && stage_.first()) tied.head_norm_in = norm_in_.data();
   if (tied_ && stage_.last()) {
     norm_out = &norm_out_->take(compute);
     tied.wte = tied_wte_.data();
@@ -189,6 +199,7 @@ LossSum PipelineRunner::backward(ParamProvider& provider, int a, float grad_scal
   if (!stage_.first()) hold_send(g, stage_.rank - 1, boundary_elems_);
   free_slots_.push_back(slot);  // reused by a later forward on the compute stream
   stash_of_[i] = -1;
+  grad_of_[i] = nullptr;
   if (norm_out != nullptr) hold_send(*norm_out, 0, head_elems_);
   --live_;
   return loss;
@@ -242,8 +253,11 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
     if (stage_.last()) stats_.received_bytes += bytes;
   }
   timed_.assign(ops_.size(), false);
+  posted_.assign(ops_.size(), false);
+  grad_of_.assign(m, nullptr);
   for (op_ = 0; op_ < ops_.size(); ++op_) {
     const PipelineOp& op = ops_[op_];
+    if (!posted_[op_]) post(op_);
     if (op.forward) {
       forward(provider, op.micro);
       continue;
@@ -251,6 +265,9 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
     begin(op.micro);
     losses[static_cast<std::size_t>(op.micro)] = backward(provider, op.micro, grad_scale);
     end(op.micro);
+    // Note [Grouped transfers]: the next op's exchange, and with it this backward's sends, goes out
+    // before the host waits.
+    if (op_ + 1 < ops_.size()) post(op_ + 1);
     // As a whole-model micro-batch does: the host does not run ahead of the stage's compute.
     rt_.ctx.stream->synchronize();
   }

@@ -21,9 +21,9 @@
 // the step's last sends) go alone on the stage's send stream, so the compute stream does not wait
 // for them until its next exchange, which the issue order puts after them. A stage's sends are
 // issued before its next compute, which is what lets its output and gradient buffers be rings of
-// two: a buffer is reused after the event of its previous send. A held send leaves at the stage's
-// next op, after the host's wait for the backward and the engine's micro-batch bracket: host time
-// there delays the neighbour (small today; the simulator leaves host time out).
+// two: a buffer is reused after the event of its previous send. After a backward the runner posts
+// the next op's exchange before the host waits for the compute stream, so the backward's sends
+// leave as soon as its kernels end rather than once the host has woken from that wait.
 #pragma once
 
 #include <cstddef>
@@ -87,6 +87,9 @@ class PipelineRunner {
  private:
   struct Ring;
   struct RingSlot;
+  // Note [Grouped transfers]: op i's receive buffers taken (a stash slot, a gradient buffer) and
+  // its receives issued with the held sends; once per op, possibly ahead of the op.
+  void post(std::size_t i);
   void forward(ParamProvider& provider, int a);
   LossSum backward(ParamProvider& provider, int a, float grad_scale);
 
@@ -124,6 +127,8 @@ class PipelineRunner {
   int live_ = 0;
   std::size_t op_ = 0;       // the op run_step is at
   std::vector<bool> timed_;  // whether op i recorded its events this step
+  std::vector<bool> posted_;  // whether op i's exchange has been issued this step
+  std::vector<RingSlot*> grad_of_;  // micro-batch -> its gradient buffer, from post to backward
 };
 
 }  // namespace strata::models

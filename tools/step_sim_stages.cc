@@ -15,8 +15,9 @@
 //               embedding, on the first stage also the last stage's final-norm output; the last
 //               stage takes its buffer for it); the stage_backward's actions (re-materialized: the
 //               forward again first; the last stage: the head and loss); hold the input gradient's
-//               send (and the final-norm output's to the first stage); the host waits for the
-//               compute stream;
+//               send (and the final-norm output's to the first stage); the next op's exchange (its
+//               buffer taken first) goes out now, not at that op; the host waits for the compute
+//               stream;
 // then an exchange of the last held sends, and the host waits for them. An exchange (Note [Grouped
 // transfers]) starts when the compute stream reaches it and the stage's previous exchange has ended
 // (Note [Issue order]); with receives it is on the compute stream, which waits for all of its
@@ -219,26 +220,39 @@ class PipelineSim {
     }
     if (S.tied() && S.last()) exchange({{tied, 0}});
     const auto P = static_cast<std::size_t>(p);
-    for (const models::PipelineOp& op : S.ops) {
+    // An op's exchange (PipelineRunner::post): a backward first takes its gradient buffer (the ring
+    // of two: the send of backward a - 2 to the previous stage).
+    const auto post = [&](const models::PipelineOp& op) {
       const int a = op.micro;
+      std::vector<MessageRef> receives;
       if (op.forward) {
-        std::vector<MessageRef> receives;
         if (!S.first()) receives.push_back({next[P - 1], a});
-        exchange(receives);
+      } else {
+        if (!S.first() && a >= 2) add(StageStep::WaitSent, back[P], a - 2);
+        if (!S.last()) receives.push_back({back[P + 1], a});
+        if (S.tied() && S.first()) receives.push_back({norm, a});
+      }
+      exchange(receives);
+    };
+    std::vector<bool> posted(S.ops.size(), false);
+    for (std::size_t i = 0; i < S.ops.size(); ++i) {
+      const models::PipelineOp& op = S.ops[i];
+      const int a = op.micro;
+      if (!posted[i]) post(op);
+      if (op.forward) {
         if (!S.last() && a >= 2) add(StageStep::WaitSent, next[P], a - 2);  // the output ring of two
         out.push_back(StageStep{StageStep::Run, StageStep::Forward, a, nullptr, S.forward(w), {}, false});
         if (!S.last()) held.push_back({next[P], a});
         continue;
       }
-      if (!S.first() && a >= 2) add(StageStep::WaitSent, back[P], a - 2);  // the gradient ring of two
-      std::vector<MessageRef> receives;
-      if (!S.last()) receives.push_back({back[P + 1], a});
-      if (S.tied() && S.first()) receives.push_back({norm, a});
-      exchange(receives);
       if (S.tied() && S.last() && a >= 2) add(StageStep::WaitSent, norm, a - 2);
       out.push_back(StageStep{StageStep::Run, StageStep::Backward, a, nullptr, S.backward(w), {}, false});
       if (!S.first()) held.push_back({back[P], a});
       if (S.tied() && S.last()) held.push_back({norm, a});
+      if (i + 1 < S.ops.size()) {  // the next op's exchange before the host's wait
+        post(S.ops[i + 1]);
+        posted[i + 1] = true;
+      }
       add(StageStep::Sync, nullptr, a);
     }
     exchange({});
