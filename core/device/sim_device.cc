@@ -18,6 +18,17 @@
 // The memcpy happens at the start of the window; nobody can observe the data before the modeled
 // completion because completion is only visible through the stream's order. When the memcpy itself
 // is slower than the model, the copy takes the memcpy's time: the model is a lower bound.
+//
+// Note [Pageable copies]: an "asynchronous" CUDA copy between the device and pageable host memory
+// (not page-locked through pin_host) may be synchronous with the host: to pageable memory it
+// returns only once the copy has run; from pageable memory the driver may wait for the stream and
+// stage the data (the CUDA API reference, "API synchronization behavior"). Only pinned memory is
+// sure to give an asynchronous copy. The sim device takes the worst case: copy_h2d and copy_d2h
+// with a host range that is not inside one pinned buffer block the calling thread until the copy
+// has run, after the stream's earlier work. So a pageable copy shows as the host synchronization
+// it may be, an order that could hang on cuda (the host waits for a stream that waits for the
+// host) hangs on sim too, and a pageable copy from a host function of its own stream, which would
+// wait for itself, is refused with a DeviceError.
 #include <sys/types.h>
 
 #include <algorithm>
@@ -25,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -106,6 +118,17 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
   std::mutex pinned_mutex;
   std::map<const void*, std::size_t> pinned;  // ptr -> bytes
   std::size_t pinned_bytes = 0;
+
+  // Whether [ptr, ptr + bytes) lies inside one pinned buffer (Note [Pageable copies]).
+  bool pinned_range(const void* ptr, std::size_t bytes) {
+    std::lock_guard lock(pinned_mutex);
+    auto it = pinned.upper_bound(ptr);
+    if (it == pinned.begin()) return false;
+    --it;
+    const auto begin = reinterpret_cast<std::uintptr_t>(it->first);
+    const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+    return p >= begin && p - begin <= it->second && bytes <= it->second - (p - begin);
+  }
 };
 
 [[noreturn]] void throw_destroyed(std::string_view device_name, std::string_view owner, std::string_view what) {
@@ -256,7 +279,10 @@ class SimStream final : public Stream {
     if (bytes == 0) return rethrow_if_failed();  // a no-op, but a failed stream still says so
     check_device_range(*state, "copy_h2d", "destination", dst_device, bytes);
     check_host_pointer("copy_h2d", "source", src_host);
-    enqueue_work([=](SimDeviceState& s) { s.h2d.copy(dst_device, src_host, bytes); });
+    const bool pageable = !state->pinned_range(src_host, bytes);
+    if (pageable) refuse_pageable_on_own_worker("copy_h2d", "source");
+    const std::uint64_t ticket = enqueue_work([=](SimDeviceState& s) { s.h2d.copy(dst_device, src_host, bytes); });
+    if (pageable) wait_for_ticket(ticket);  // Note [Pageable copies]
   }
 
   void copy_d2h(void* dst_host, const void* src_device, std::size_t bytes) override {
@@ -264,7 +290,10 @@ class SimStream final : public Stream {
     if (bytes == 0) return rethrow_if_failed();  // a no-op, but a failed stream still says so
     check_host_pointer("copy_d2h", "destination", dst_host);
     check_device_range(*state, "copy_d2h", "source", src_device, bytes);
-    enqueue_work([=](SimDeviceState& s) { s.d2h.copy(dst_host, src_device, bytes); });
+    const bool pageable = !state->pinned_range(dst_host, bytes);
+    if (pageable) refuse_pageable_on_own_worker("copy_d2h", "destination");
+    const std::uint64_t ticket = enqueue_work([=](SimDeviceState& s) { s.d2h.copy(dst_host, src_device, bytes); });
+    if (pageable) wait_for_ticket(ticket);  // Note [Pageable copies]
   }
 
   void copy_d2d(void* dst_device, const void* src_device, std::size_t bytes) override {
@@ -370,20 +399,42 @@ class SimStream final : public Stream {
     STRATA_CHECK(ptr != nullptr, "stream '{}' on {} {}: {} host pointer is null", name_, device_name_, what, role);
   }
 
-  void enqueue_work(std::function<void(SimDeviceState&)> fn) {
-    enqueue(Task{TaskKind::Work, [fn = std::move(fn)](SimDeviceState* state) { fn(*state); }}, nullptr);
+  std::uint64_t enqueue_work(std::function<void(SimDeviceState&)> fn) {
+    return enqueue(Task{TaskKind::Work, [fn = std::move(fn)](SimDeviceState* state) { fn(*state); }}, nullptr);
   }
 
-  // Appends `task` (after `prepare`, run under the stream's lock) unless the stream has failed.
-  void enqueue(Task task, const std::function<void(Task&)>& prepare) {
+  // Appends `task` (after `prepare`, run under the stream's lock) unless the stream has failed;
+  // returns its ticket (the count of tasks enqueued with it).
+  std::uint64_t enqueue(Task task, const std::function<void(Task&)>& prepare) {
+    std::uint64_t ticket = 0;
     {
       std::lock_guard lock(mutex_);
       rethrow_if_failed_locked();
       if (prepare) prepare(task);
       queue_.push_back(std::move(task));
-      ++enqueued_;
+      ticket = ++enqueued_;
     }
     work_cv_.notify_one();
+    return ticket;
+  }
+
+  // Blocks until the task with `ticket` has run; rethrows the stream's error (a synchronous copy
+  // reports its failure, as cudaMemcpyAsync from pageable memory does).
+  void wait_for_ticket(std::uint64_t ticket) {
+    std::unique_lock lock(mutex_);
+    idle_cv_.wait(lock, [&] { return completed_ >= ticket; });
+    rethrow_if_failed_locked();
+  }
+
+  // A pageable copy waits for its own stream; from a host function of that stream it would wait
+  // for itself (on cuda the stream hangs).
+  void refuse_pageable_on_own_worker(std::string_view what, std::string_view role) const {
+    if (std::this_thread::get_id() != worker_.get_id()) return;
+    throw DeviceError(fmt::format(
+        "stream '{}' on {}: {} from a host function of the same stream with a {} in pageable host memory: the copy "
+        "is synchronous (Note [Pageable copies]) and would wait for the function that issues it, which hangs on "
+        "cuda; pin the host memory (HostBuffer) or copy on another stream",
+        name_, device_name_, what, role));
   }
 
   void rethrow_if_failed() {

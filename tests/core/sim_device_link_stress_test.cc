@@ -95,6 +95,8 @@ TEST(SimDevice, LinksAreFullDuplexAndSharedPerDirection) {
   DeviceMemory d1 = device->allocate(kBytes, "duplex");
   DeviceMemory d2 = device->allocate(kBytes, "duplex");
   std::vector<unsigned char> h1(kBytes, 1), h2(kBytes, 2);
+  device->pin_host(h1.data(), kBytes);  // pinned: the copies are queued and overlap (Note [Pageable copies])
+  device->pin_host(h2.data(), kBytes);
   s1->memset(d1.data(), 0, kBytes);  // fault the pages in (memset goes over the unthrottled d2d link)
   s1->memset(d2.data(), 0, kBytes);
   s1->synchronize();
@@ -141,6 +143,10 @@ TEST(SimDevice, StressManyStreamsMatchesSerialReference) {
     ring.push_back(device->allocate(kBytes, "ring"));
     priv.push_back(device->allocate(kBytes, "private"));
     for (std::size_t k = 0; k < kElems; ++k) host_src[i][k] = static_cast<std::uint32_t>(i * 1000 + k);
+  }
+  // Pinned, so the copies queue instead of blocking this thread (Note [Pageable copies]).
+  for (auto* arrays : {&host_src, &ring_out, &priv_out}) {
+    for (auto& a : *arrays) device->pin_host(a.data(), kBytes);
   }
   auto setup = device->create_stream("setup");
   for (int i = 0; i < kStreams; ++i) setup->memset(ring[i].data(), i + 1, kBytes);

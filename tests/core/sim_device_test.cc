@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -357,6 +358,7 @@ TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
   DeviceMemory keep = device->allocate(64 * KiB, "kept");
   const void* p = mem.data();
   std::vector<unsigned char> host(128 * KiB);
+  device->pin_host(host.data(), host.size());  // so the copies below queue behind the gate (Note [Pageable copies])
   Gate gate;
   copier->launch_host([&gate] { gate.wait(); });  // holds the copier back; `stream` ran no host function
   std::unique_ptr<Event> opened(device->create_event());
@@ -375,6 +377,7 @@ TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
   copier->synchronize();
   stream->synchronize();
   EXPECT_THROW(copier->copy_d2h(host.data(), p, 16), Error);  // freed now
+  device->unpin_host(host.data());
 }
 
 // On a stream that has run host functions the free is issued in stream order (the cuda backend
@@ -426,6 +429,83 @@ TEST(SimDevice, PinnedHostRegistry) {
   EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
 }
 
+// Note [Pageable copies]: a copy to or from host memory that is not pinned returns only once it
+// has run (as CUDA's), so it waits for the stream's earlier work; a pinned one (or any range inside
+// a pinned buffer) is queued and returns at once.
+TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
+  auto device = make_sim_device(small_device());
+  auto stream = device->create_stream("s");
+  DeviceMemory mem = device->allocate(64 * KiB, "t");
+  stream->memset(mem.data(), 0x5a, 64 * KiB);
+  HostBufferOptions options;
+  options.pinner = device.get();
+  HostBuffer pinned = HostBuffer::allocate(64 * KiB, options);
+  ASSERT_TRUE(pinned.pinned());
+  std::vector<unsigned char> pageable(64 * KiB);
+  auto* pin = static_cast<unsigned char*>(pinned.data());
+
+  Gate gate;
+  stream->launch_host([&gate] { gate.wait(); });  // holds the stream until the gate opens
+  // Queued copies into the pinned buffer (whole and a range inside it) return while it is held.
+  // Were they synchronous, the wait below times out and the gate is opened so nothing hangs.
+  auto queued = std::async(std::launch::async, [&] {
+    stream->copy_d2h(pin, mem.data(), 64 * KiB);
+    stream->copy_h2d(mem.data(), pin + 1024, 4 * KiB);
+  });
+  if (queued.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    gate.open();
+    queued.get();
+    FAIL() << "a copy to pinned memory blocked the caller";
+  }
+  queued.get();
+  std::atomic<bool> returned{false};
+  auto blocking = std::async(std::launch::async, [&] {
+    stream->copy_d2h(pageable.data(), mem.data(), 64 * KiB);
+    returned.store(true);
+  });
+  // A broken (asynchronous) pageable copy returns now; a correct one cannot before the gate opens.
+  EXPECT_EQ(blocking.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  EXPECT_FALSE(returned.load());
+  gate.open();
+  blocking.get();
+  // Returned means done: the bytes are there without a synchronize.
+  EXPECT_EQ(pageable[0], 0x5a);
+  EXPECT_EQ(pageable[64 * KiB - 1], 0x5a);
+  stream->synchronize();
+  EXPECT_EQ(pin[0], 0x5a);
+
+  // A range that runs past the end of a pinned range is not pinned: it blocks too.
+  std::vector<unsigned char> half_pinned(128 * KiB);
+  device->pin_host(half_pinned.data(), 64 * KiB);
+  Gate second;
+  stream->launch_host([&second] { second.wait(); });
+  auto outside = std::async(std::launch::async,
+                            [&] { stream->copy_h2d(mem.data(), half_pinned.data() + 60 * KiB, 8 * KiB); });
+  EXPECT_EQ(outside.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  second.open();
+  outside.get();
+  stream->synchronize();
+  device->unpin_host(half_pinned.data());
+}
+
+// From a host function of its own stream a pageable copy would wait for itself (on cuda the stream
+// hangs): the sim device refuses it, and the stream's error names the rule.
+TEST(SimDevice, APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused) {
+  auto device = make_sim_device(small_device());
+  auto stream = device->create_stream("worker");
+  DeviceMemory mem = device->allocate(4 * KiB, "t");
+  std::vector<unsigned char> pageable(4 * KiB);
+  Stream* self = stream.get();
+  stream->launch_host([&] { self->copy_d2h(pageable.data(), mem.data(), 4 * KiB); });
+  try {
+    stream->synchronize();
+    FAIL() << "the self-waiting copy was accepted";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("Pageable copies"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("worker"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SimDevice, UseAfterDeviceIsDestroyedThrows) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("late");
@@ -460,6 +540,7 @@ TEST(SimDevice, WorkQueuedWhenTheDeviceDiesFailsInsteadOfTouchingFreedMemory) {
   auto stream = device->create_stream("orphan");
   DeviceMemory mem = device->allocate(1 * MiB, "t");
   std::vector<unsigned char> host(1 * MiB, 1);
+  device->pin_host(host.data(), host.size());  // so the copy queues behind the gate (Note [Pageable copies])
   Gate gate;
   std::atomic<bool> later_work_ran{false};
   stream->launch_host([&] { gate.wait(); });
