@@ -71,6 +71,9 @@ struct TrainSummary {
   // Per step (rank 0): wall seconds, NVMe bytes read and written, host<->device bytes of offloaded state.
   std::vector<double> step_seconds;
   std::vector<std::uint64_t> step_nvme_read, step_nvme_written, step_copy_bytes;
+  // Copies of pageable host memory per step: each may be a host synchronization on cuda (Note
+  // [Pageable copies]).
+  std::vector<std::uint64_t> step_pageable_copies;
   // NVMe writes per step of all ranks (rank 0's steps after the first, times the world size) and
   // what they mean for the drives: one per nvme_path directory, each rated --drive-tbw.
   SsdWear wear;

@@ -30,6 +30,8 @@ struct StepFigures {
   TierIoStats io_before;
   TierIoStats io;
   std::uint64_t copy_before = 0;  // engine.offload_copy_bytes() before the step
+  std::uint64_t pageable_before = 0;  // the device's pageable copies before the step
+  std::uint64_t pageable_copies() const { return stats.pageable_copies - pageable_before; }
 };
 
 // A one-line progress bar on an interactive stderr, redrawn in place each step.

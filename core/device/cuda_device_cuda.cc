@@ -457,6 +457,8 @@ class CudaStream final : public Stream {
   void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, std::string_view what) {
     auto state = enter(what);
     if (bytes == 0) return;
+    if (kind == cudaMemcpyHostToDevice) state->count_if_pageable(src, bytes);
+    if (kind == cudaMemcpyDeviceToHost) state->count_if_pageable(dst, bytes);
     ScopedDevice on(state->ordinal);
     const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, stream_);
     if (err != cudaSuccess) {

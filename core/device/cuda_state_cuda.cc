@@ -287,6 +287,13 @@ void CudaState::unpin(void* ptr) noexcept {
   log_if_failed(cudaHostUnregister(ptr), "cudaHostUnregister", name);
 }
 
+void CudaState::count_if_pageable(const void* ptr, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (detail::inside_one_range(pinned_, ptr, bytes)) return;
+  ++stats_.pageable_copies;
+  stats_.pageable_copy_bytes += bytes;
+}
+
 void CudaState::add_stream(cudaStream_t s) {
   std::lock_guard lock(mutex_);
   streams_.insert(s);

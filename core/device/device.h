@@ -51,6 +51,11 @@ struct MemoryStats {
   std::uint64_t total_allocations = 0;
   std::uint64_t failed_allocations = 0;
   std::size_t pinned_host_bytes = 0;
+  // Copies between the device and host memory that is not pinned, since creation: each may block
+  // its caller until it has run, after its stream's earlier work (Note [Pageable copies] in
+  // core/device/sim_device.cc).
+  std::uint64_t pageable_copies = 0;
+  std::uint64_t pageable_copy_bytes = 0;
   std::map<std::string, std::size_t> bytes_by_tag;       // live bytes per tag
   std::map<std::string, std::size_t> peak_bytes_by_tag;  // peak live bytes per tag
 
@@ -62,6 +67,18 @@ struct MemoryStats {
 std::string format_memory_report(std::string_view device_name, const MemoryStats& stats);
 
 namespace detail {
+// Whether [ptr, ptr + bytes) lies inside one of `ranges` (start -> length, as the backends keep
+// their pinned host memory).
+template <typename Key>
+bool inside_one_range(const std::map<Key, std::size_t>& ranges, const void* ptr, std::size_t bytes) {
+  auto it = ranges.upper_bound(static_cast<Key>(const_cast<void*>(ptr)));
+  if (it == ranges.begin()) return false;
+  --it;
+  const auto begin = reinterpret_cast<std::uintptr_t>(it->first);
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  return p >= begin && p - begin <= it->second && bytes <= it->second - (p - begin);
+}
+
 // Returns an allocation to its device. Held weakly by DeviceMemory so that memory freed after
 // its device is gone is a no-op rather than a use-after-free.
 class DeviceMemoryReleaser {

@@ -119,15 +119,17 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
   std::map<const void*, std::size_t> pinned;  // ptr -> bytes
   std::size_t pinned_bytes = 0;
 
-  // Whether [ptr, ptr + bytes) lies inside one pinned buffer (Note [Pageable copies]).
-  bool pinned_range(const void* ptr, std::size_t bytes) {
+  std::uint64_t pageable_copies = 0;  // under pinned_mutex, as the registry they are judged by
+  std::uint64_t pageable_copy_bytes = 0;
+
+  // Whether a copy of [ptr, ptr + bytes) is pageable (not inside one pinned buffer), counted if
+  // so (Note [Pageable copies]).
+  bool pageable_copy(const void* ptr, std::size_t bytes) {
     std::lock_guard lock(pinned_mutex);
-    auto it = pinned.upper_bound(ptr);
-    if (it == pinned.begin()) return false;
-    --it;
-    const auto begin = reinterpret_cast<std::uintptr_t>(it->first);
-    const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-    return p >= begin && p - begin <= it->second && bytes <= it->second - (p - begin);
+    if (detail::inside_one_range(pinned, ptr, bytes)) return false;
+    ++pageable_copies;
+    pageable_copy_bytes += bytes;
+    return true;
   }
 };
 
@@ -279,7 +281,7 @@ class SimStream final : public Stream {
     if (bytes == 0) return rethrow_if_failed();  // a no-op, but a failed stream still says so
     check_device_range(*state, "copy_h2d", "destination", dst_device, bytes);
     check_host_pointer("copy_h2d", "source", src_host);
-    const bool pageable = !state->pinned_range(src_host, bytes);
+    const bool pageable = state->pageable_copy(src_host, bytes);
     if (pageable) refuse_pageable_on_own_worker("copy_h2d", "source");
     const std::uint64_t ticket = enqueue_work([=](SimDeviceState& s) { s.h2d.copy(dst_device, src_host, bytes); });
     if (pageable) wait_for_ticket(ticket);  // Note [Pageable copies]
@@ -290,7 +292,7 @@ class SimStream final : public Stream {
     if (bytes == 0) return rethrow_if_failed();  // a no-op, but a failed stream still says so
     check_host_pointer("copy_d2h", "destination", dst_host);
     check_device_range(*state, "copy_d2h", "source", src_device, bytes);
-    const bool pageable = !state->pinned_range(dst_host, bytes);
+    const bool pageable = state->pageable_copy(dst_host, bytes);
     if (pageable) refuse_pageable_on_own_worker("copy_d2h", "destination");
     const std::uint64_t ticket = enqueue_work([=](SimDeviceState& s) { s.d2h.copy(dst_host, src_device, bytes); });
     if (pageable) wait_for_ticket(ticket);  // Note [Pageable copies]
@@ -529,6 +531,8 @@ class SimDevice final : public Device {
     MemoryStats stats = state_->allocator.stats();
     std::lock_guard lock(state_->pinned_mutex);
     stats.pinned_host_bytes = state_->pinned_bytes;
+    stats.pageable_copies = state_->pageable_copies;
+    stats.pageable_copy_bytes = state_->pageable_copy_bytes;
     return stats;
   }
 

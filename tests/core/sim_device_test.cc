@@ -458,6 +458,7 @@ TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
     FAIL() << "a copy to pinned memory blocked the caller";
   }
   queued.get();
+  EXPECT_EQ(device->memory_stats().pageable_copies, 0u);
   std::atomic<bool> returned{false};
   auto blocking = std::async(std::launch::async, [&] {
     stream->copy_d2h(pageable.data(), mem.data(), 64 * KiB);
@@ -471,6 +472,8 @@ TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
   // Returned means done: the bytes are there without a synchronize.
   EXPECT_EQ(pageable[0], 0x5a);
   EXPECT_EQ(pageable[64 * KiB - 1], 0x5a);
+  EXPECT_EQ(device->memory_stats().pageable_copies, 1u);  // counted (MemoryStats)
+  EXPECT_EQ(device->memory_stats().pageable_copy_bytes, 64 * KiB);
   stream->synchronize();
   EXPECT_EQ(pin[0], 0x5a);
 
@@ -485,6 +488,7 @@ TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
   second.open();
   outside.get();
   stream->synchronize();
+  EXPECT_EQ(device->memory_stats().pageable_copies, 2u);
   device->unpin_host(half_pinned.data());
 }
 

@@ -3,6 +3,7 @@
 #  1. exact mode, 10 steps, 4 units per step: byte-identical weight files between the in-memory
 #     run and optimizer cpu|nvme x parameters cpu|nvme at stage 3, world 1 and 2, with the update
 #     waiting (gradient clipping on) and overlapped with backward (clipping off); tiled = untiled;
+#     and each step copies pageable host memory only for the micro-batches' tokens and losses;
 #  1a. one micro-batch per step in bf16/fp16: in memory (the 16-bit gradient read as it is) = offloaded;
 #  2. a model whose state is >= 16x the sim device trains with everything on NVMe, and its loss falls;
 #     a block too large for the device is tiled automatically and gives the untiled weights;
@@ -51,6 +52,13 @@ for clip in 1.0 0; do
       else
         [ "$overlapped" = 0 ] && ok "clipping on: the update waits for the norm" || bad "clipping on: $overlapped overlapped updates"
       fi
+      # Note [Pageable copies]: per micro-batch the tokens and targets go up and the losses come back
+      # from pageable host memory (each a host synchronization on cuda the design names); the
+      # engine's step, offload included, copies only pinned memory.
+      pageable=$(python3 -c "import json, sys; print(sorted(set(json.load(open(sys.argv[1]))['pageable_copies_per_step'])))" \
+        "w1.$opt.$param.c$clip.json")
+      [ "$pageable" = "[12]" ] && ok "optimizer $opt, params $param: 12 pageable copies per step (3 per micro-batch)" ||
+        bad "optimizer $opt, params $param: pageable copies per step $pageable, expected [12] (3 per micro-batch)"
     done
   done
 done
