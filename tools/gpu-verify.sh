@@ -1,19 +1,63 @@
 #!/usr/bin/env bash
 # The GPU machine's checks, in one command (README "How the CUDA path is verified"): run after
 # `bash .gpu/remote.sh` built Strata with CUDA into BUILD (../shared/gpu/README.md).
-#   1. the gpu-labelled tests (ctest -L gpu): the model op set against its CPU reference, the engine's
+#   1. offload on cuda (refused unless STRATA_CUDA_OFFLOAD=1, engine/zero_engine.cc): tiny with the
+#      optimizer on the CPU, then the demo (configs/demo.json), each with per-step seconds in a metrics
+#      file and, if it is still running at its limit, every thread's stack (gdb, else eu-stack, else
+#      /proc) before it is killed, so a hang and a slow run tell apart;
+#   2. the gpu-labelled tests (ctest -L gpu): the model op set against its CPU reference, the engine's
 #      device ops, the CUDA AdamW, training on cuda (tests/tools/train_cuda_test.sh);
-#   2. compute-sanitizer memcheck and racecheck over the op and device-op suites (where installed);
-#   3. the demo (configs/demo.json) trained on the GPU, 20 steps;
+#   3. compute-sanitizer memcheck and racecheck over the op and device-op suites (where installed);
 #   4. tools/gpu-bench.sh: Strata beside PyTorch eager (unless --no-bench).
-# Logs go to OUTDIR. Usage: gpu-verify.sh BUILD OUTDIR [--no-bench] [--no-sanitizer]
+# Logs go to OUTDIR. Usage: gpu-verify.sh BUILD OUTDIR [--no-bench] [--no-sanitizer] [--no-offload]
 set -uo pipefail
-b="$1"; out="$2"; shift 2
+mkdir -p "$2"
+b="$(cd "$1" && pwd)"; out="$(cd "$2" && pwd)"; shift 2
 here="$(cd "$(dirname "$0")" && pwd)"
-mkdir -p "$out"
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 t0=$(date +%s)
 stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+# Runs CMD with a limit of SECS seconds; if it is still running then, writes every thread's stack to
+# LOG.stacks first. Returns CMD's status (137 when killed).
+run_watched() {  # SECS LOG CMD...
+  local secs="$1" log="$2"; shift 2
+  "$@" >"$log" 2>&1 &
+  local pid=$! waited=0
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$secs" ]; do sleep 1; waited=$((waited + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "still running after $secs s: stacks in $log.stacks"
+    if command -v gdb >/dev/null; then
+      timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt 40" >"$log.stacks" 2>&1
+    elif command -v eu-stack >/dev/null; then
+      timeout 60 eu-stack -p "$pid" >"$log.stacks" 2>&1
+    else
+      for t in /proc/"$pid"/task/*; do
+        echo "== thread ${t##*/} $(cat "$t/comm") wchan $(cat "$t/wchan" 2>/dev/null)"; cat "$t/stack" 2>/dev/null
+      done >"$log.stacks"
+    fi
+    kill -9 "$pid" 2>/dev/null
+  fi
+  wait "$pid"
+}
+# Offload on cuda is refused until it runs right (engine/zero_engine.cc); STRATA_CUDA_OFFLOAD=1 opts in.
+# The summary of a run: its status, the steps it finished (strata.metrics) and their seconds.
+offload_run() {  # NAME SECS CONFIG ARGS...
+  local name="$1" secs="$2" config="$3"; shift 3
+  stamp "offload on cuda: $name"
+  mkdir -p "$out/$name"
+  (cd "$out/$name" && export STRATA_CUDA_OFFLOAD=1 && run_watched "$secs" train.log "$b/bin/strata" train --config "$config" \
+     --set strata.device.kind='"cuda"' --set strata.metrics='"metrics.jsonl"' --summary-json summary.json "$@")
+  echo "$name: rc $?; steps done $(wc -l <"$out/$name/metrics.jsonl" 2>/dev/null || echo 0); seconds per step:" \
+    "$(sed -n 's/.*"seconds": *\([0-9.eE+-]*\).*/\1/p' "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')"
+  tail -3 "$out/$name/train.log"
+}
+if [[ " $* " != *" --no-offload "* ]]; then
+  # tiny (45K parameters) with the optimizer on the CPU: seconds on sim.
+  offload_run tiny-cpu-offload 60 "$here/../configs/tiny.json" --steps 5 \
+    --set zero_optimization.offload_optimizer.device='"cpu"'
+  # The demo: ZeRO-3, bf16, state on NVMe, the GPU capped at 6 MiB (20 steps take 16 s on sim).
+  offload_run demo 120 "$here/../configs/demo.json" --steps 20
+fi
 stamp "ctest -L gpu"
 ctest --test-dir "$b" -L gpu --output-on-failure -j4 --timeout 600 >"$out/ctest-gpu.log" 2>&1
 echo "ctest -L gpu: rc $?"; grep -E "tests passed|Failed|\*\*\*|Not Run|Skipped" "$out/ctest-gpu.log" | head -40
@@ -44,11 +88,6 @@ if [[ " $* " != *" --no-sanitizer "* ]] && command -v compute-sanitizer >/dev/nu
     done
   done
 fi
-# Offload on cuda is refused until it runs right (engine/zero_engine.cc); STRATA_CUDA_OFFLOAD=1 reproduces it.
-stamp "the demo on cuda (configs/demo.json: ZeRO-3, bf16, state on NVMe, the GPU capped at 6 MiB; STRATA_CUDA_OFFLOAD=1)"
-(cd "$out" && mkdir -p demo && cd demo && STRATA_CUDA_OFFLOAD=1 timeout 120 "$b/bin/strata" train --config "$here/../configs/demo.json" \
-   --set strata.device.kind='"cuda"' --steps 20 --summary-json summary.json >train.log 2>&1)
-echo "demo on cuda: rc $?"; tail -4 "$out/demo/train.log"
 if [[ " $* " != *" --no-bench "* ]]; then
   stamp "gpu-bench"
   bash "$here/gpu-bench.sh" "$b/bin/strata" "$out/bench"
