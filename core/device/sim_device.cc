@@ -133,6 +133,13 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
   }
 };
 
+// True on a sim stream's worker thread, where host functions run (Note [Host functions on cuda]
+// in core/device/cuda_device_cuda.cc: page-locking there would wait for the function itself).
+bool& on_sim_stream_worker() noexcept {
+  thread_local bool inside = false;
+  return inside;
+}
+
 [[noreturn]] void throw_destroyed(std::string_view device_name, std::string_view owner, std::string_view what) {
   throw DeviceError(fmt::format("device {} was destroyed; {} was used afterwards ({}). Streams, events and device "
                                 "memory must not outlive their Device: destroy them first",
@@ -452,6 +459,7 @@ class SimStream final : public Stream {
   }
 
   void worker_loop() {
+    on_sim_stream_worker() = true;
     for (;;) {
       Task task;
       bool skip = false;
@@ -544,9 +552,19 @@ class SimDevice final : public Device {
 
   std::unique_ptr<Event> create_event() override { return std::make_unique<SimEvent>(state_, state_->name); }
 
-  // Sim copies need no page-locking; the registry only feeds the pinned_host_bytes statistic and
-  // catches double registration, which cudaHostRegister also refuses.
+  // Sim copies need no page-locking; the registry tells pinned from pageable copies (Note [Pageable
+  // copies]), feeds the pinned_host_bytes statistic and catches double registration, which
+  // cudaHostRegister also refuses. As on cuda, page-locking inside a host function is refused:
+  // cudaHostRegister synchronizes the device, whose stream waits for the function (Note [Host
+  // functions on cuda]); unpinning there is allowed (cuda defers it).
   void pin_host(void* ptr, std::size_t bytes) override {
+    if (on_sim_stream_worker()) {
+      throw DeviceError(fmt::format(
+          "{}: pin_host inside a host function of a stream: on cuda page-locking synchronizes the whole device, "
+          "and the stream running the function waits for the function, so it would never return. Page-lock host "
+          "memory before enqueueing the work that uses it (Note [Host functions on cuda])",
+          state_->name));
+    }
     if (ptr == nullptr || bytes == 0) {
       throw DeviceError(fmt::format("{}: pin_host({}, {} bytes): nothing to pin; pass a non-empty host buffer",
                                     state_->name, ptr, bytes));

@@ -510,6 +510,29 @@ TEST(SimDevice, APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused) {
   }
 }
 
+// As on cuda (Note [Host functions on cuda]): page-locking inside a host function would wait for
+// the device, whose stream waits for the function; it is refused. Unpinning there is allowed.
+TEST(SimDevice, PinningInsideAHostFunctionIsRefused) {
+  auto device = make_sim_device(small_device());
+  auto stream = device->create_stream("worker");
+  std::vector<unsigned char> a(4 * KiB), b(4 * KiB);
+  device->pin_host(b.data(), b.size());
+  stream->launch_host([&] { device->unpin_host(b.data()); });
+  stream->synchronize();
+  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
+  stream->launch_host([&] { device->pin_host(a.data(), a.size()); });
+  try {
+    stream->synchronize();
+    FAIL() << "pin_host inside a host function was accepted";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("pin_host inside a host function"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
+  device->pin_host(a.data(), a.size());  // from the host thread: fine
+  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 4 * KiB);
+  device->unpin_host(a.data());
+}
+
 TEST(SimDevice, UseAfterDeviceIsDestroyedThrows) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("late");
