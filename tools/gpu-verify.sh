@@ -35,7 +35,13 @@ run_watched() {  # SECS LOG CMD...
         echo "== thread ${t##*/} $(cat "$t/comm") wchan $(cat "$t/wchan" 2>/dev/null)"; cat "$t/stack" 2>/dev/null
       done >"$log.stacks"
     fi
+    { echo "== every thread's name and wait channel"
+      for t in /proc/"$pid"/task/*; do echo "${t##*/} $(cat "$t/comm" 2>/dev/null) $(cat "$t/wchan" 2>/dev/null)"; done
+    } >>"$log.stacks" 2>&1
     kill -9 "$pid" 2>/dev/null
+    waited=0  # a process stuck in the driver may not die: do not wait for it past 10 s
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 10 ]; do sleep 1; waited=$((waited + 1)); done
+    if kill -0 "$pid" 2>/dev/null; then echo "pid $pid did not die after kill -9; going on"; return 137; fi
   fi
   wait "$pid"
 }
@@ -45,9 +51,10 @@ offload_run() {  # NAME SECS CONFIG ARGS...
   local name="$1" secs="$2" config="$3"; shift 3
   stamp "offload on cuda: $name"
   mkdir -p "$out/$name"
+  rm -f "$out/$name"/metrics.jsonl "$out/$name"/summary.json "$out/$name"/train.log*  # strata.metrics appends
   (cd "$out/$name" && export STRATA_CUDA_OFFLOAD=1 && run_watched "$secs" train.log "$b/bin/strata" train --config "$config" \
      --set strata.device.kind='"cuda"' --set strata.metrics='"metrics.jsonl"' --summary-json summary.json "$@")
-  echo "$name: rc $?; steps done $(wc -l <"$out/$name/metrics.jsonl" 2>/dev/null || echo 0); seconds per step:" \
+  echo "$name: rc $?; steps done $(cat "$out/$name/metrics.jsonl" 2>/dev/null | wc -l); seconds per step:" \
     "$(sed -n 's/.*"seconds": *\([0-9.eE+-]*\).*/\1/p' "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')"
   tail -3 "$out/$name/train.log"
 }

@@ -16,7 +16,7 @@
 //  * Copies and host functions are asynchronous; pointers must stay valid until the stream has
 //    passed them (use an event, Stream::synchronize, or Stream::release_after for device memory).
 //    Except: a copy to or from host memory that is not pinned (pin_host) blocks the caller until
-//    it has run, as CUDA's do (Note [Pageable copies] in core/device/sim_device.cc).
+//    it has run, as CUDA's may (Note [Pageable copies] in core/device/sim_device.cc).
 //  * An exception thrown by work on a stream is sticky: the next synchronize() on that stream
 //    (or any later enqueue) rethrows it, as CUDA reports asynchronous errors.
 //  * DeviceMemory, Stream and Event must not outlive their Device: using them afterwards throws
