@@ -122,14 +122,14 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
   std::uint64_t pageable_copies = 0;  // under pinned_mutex, as the registry they are judged by
   std::uint64_t pageable_copy_bytes = 0;
 
-  // Whether a copy of [ptr, ptr + bytes) is pageable (not inside one pinned buffer), counted if
-  // so (Note [Pageable copies]).
-  bool pageable_copy(const void* ptr, std::size_t bytes) {
+  bool pinned_range(const void* ptr, std::size_t bytes) {
     std::lock_guard lock(pinned_mutex);
-    if (detail::inside_one_range(pinned, ptr, bytes)) return false;
+    return detail::inside_one_range(pinned, ptr, bytes);
+  }
+  void count_pageable(std::size_t bytes) {
+    std::lock_guard lock(pinned_mutex);
     ++pageable_copies;
     pageable_copy_bytes += bytes;
-    return true;
   }
 };
 
@@ -288,10 +288,8 @@ class SimStream final : public Stream {
     if (bytes == 0) return rethrow_if_failed();  // a no-op, but a failed stream still says so
     check_device_range(*state, "copy_h2d", "destination", dst_device, bytes);
     check_host_pointer("copy_h2d", "source", src_host);
-    const bool pageable = state->pageable_copy(src_host, bytes);
-    if (pageable) refuse_pageable_on_own_worker("copy_h2d", "source");
-    const std::uint64_t ticket = enqueue_work([=](SimDeviceState& s) { s.h2d.copy(dst_device, src_host, bytes); });
-    if (pageable) wait_for_ticket(ticket);  // Note [Pageable copies]
+    enqueue_host_copy(*state, "copy_h2d", "source", src_host, bytes,
+                      [=](SimDeviceState& s) { s.h2d.copy(dst_device, src_host, bytes); });
   }
 
   void copy_d2h(void* dst_host, const void* src_device, std::size_t bytes) override {
@@ -299,10 +297,8 @@ class SimStream final : public Stream {
     if (bytes == 0) return rethrow_if_failed();  // a no-op, but a failed stream still says so
     check_host_pointer("copy_d2h", "destination", dst_host);
     check_device_range(*state, "copy_d2h", "source", src_device, bytes);
-    const bool pageable = state->pageable_copy(dst_host, bytes);
-    if (pageable) refuse_pageable_on_own_worker("copy_d2h", "destination");
-    const std::uint64_t ticket = enqueue_work([=](SimDeviceState& s) { s.d2h.copy(dst_host, src_device, bytes); });
-    if (pageable) wait_for_ticket(ticket);  // Note [Pageable copies]
+    enqueue_host_copy(*state, "copy_d2h", "destination", dst_host, bytes,
+                      [=](SimDeviceState& s) { s.d2h.copy(dst_host, src_device, bytes); });
   }
 
   void copy_d2d(void* dst_device, const void* src_device, std::size_t bytes) override {
@@ -435,10 +431,22 @@ class SimStream final : public Stream {
     rethrow_if_failed_locked();
   }
 
-  // A pageable copy waits for its own stream; from a host function of that stream it would wait
-  // for itself (on cuda the stream hangs).
-  void refuse_pageable_on_own_worker(std::string_view what, std::string_view role) const {
-    if (std::this_thread::get_id() != worker_.get_id()) return;
+  // Note [Pageable copies]: queues a copy between the device and `host`; when [host, host + bytes)
+  // is not inside one pinned buffer, counts it and blocks until it has run. From a host function of
+  // this stream such a copy would wait for itself (on cuda the stream hangs): refused.
+  void enqueue_host_copy(SimDeviceState& state, std::string_view what, std::string_view role, const void* host,
+                         std::size_t bytes, std::function<void(SimDeviceState&)> fn) {
+    if (state.pinned_range(host, bytes)) {
+      enqueue_work(std::move(fn));
+      return;
+    }
+    if (std::this_thread::get_id() == worker_.get_id()) throw_pageable_on_own_worker(what, role);
+    const std::uint64_t ticket = enqueue_work(std::move(fn));
+    state.count_pageable(bytes);
+    wait_for_ticket(ticket);
+  }
+
+  [[noreturn]] void throw_pageable_on_own_worker(std::string_view what, std::string_view role) const {
     throw DeviceError(fmt::format(
         "stream '{}' on {}: {} from a host function of the same stream with a {} in pageable host memory: the copy "
         "is synchronous (Note [Pageable copies]) and would wait for the function that issues it, which hangs on "
