@@ -18,7 +18,9 @@ namespace {
 class DeviceStateHome final : public StateHome {
  public:
   DeviceStateHome(EngineContext& ctx, WorkingWeights& weights)
-      : ctx_(ctx), weights_(weights), groups_(ctx.group_count()) {}
+      : ctx_(ctx), weights_(weights), groups_(ctx.group_count()) {
+    allocate_norms();
+  }
 
   // Note [Gradient buffers kept across steps]: the step's gradient (one unit: the reduction itself,
   // Note [One unit's gradient as it is]; fast mode: the fp32 accumulator) has the same size every
@@ -242,22 +244,26 @@ class DeviceStateHome final : public StateHome {
   // group (on the sim device some 40 us a wait: tiny's step() spent about 380 us from the last loss
   // to the next step's first copy, about 200 us after this change; on a GPU, a stream
   // synchronization per group). So every group's norm op is enqueued into one pinned host buffer
-  // (a slice per group, allocated at the first step; the copies into it stay asynchronous on cuda)
-  // and finish_grads waits once for all of them.
-  void enqueue_norms() {
+  // (a slice per group; the copies into it stay asynchronous on cuda) and finish_grads waits once
+  // for all of them. The buffer is page-locked with the state home, before any step's work is queued:
+  // at the first step, streams were running and on cuda the pin may wait for all of them (Note
+  // [Pinning while streams run] in core/device/sim_device.cc).
+  void allocate_norms() {
     const bool exact = ctx_.exact();
     const std::size_t item = exact ? sizeof(optim::ExactSquares) : sizeof(double);
-    if (norms_.empty()) {
-      std::size_t items = 0;
-      for (std::size_t g = 0; g < groups_.size(); ++g) {
-        norm_offsets_.push_back(items);
-        const std::size_t n = ctx_.group(g).grad_elems;
-        items += exact ? device_ops::exact_sum_squares_parts(n) : device_ops::sum_squares_blocks(n);
-      }
-      HostBufferOptions o;
-      o.pinner = &ctx_.device;
-      norms_ = HostBuffer::allocate(std::max<std::size_t>(items, 1) * item, o);
+    std::size_t items = 0;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      norm_offsets_.push_back(items);
+      const std::size_t n = ctx_.group(g).grad_elems;
+      items += exact ? device_ops::exact_sum_squares_parts(n) : device_ops::sum_squares_blocks(n);
     }
+    HostBufferOptions o;
+    o.pinner = &ctx_.device;
+    norms_ = HostBuffer::allocate(std::max<std::size_t>(items, 1) * item, o);
+  }
+
+  void enqueue_norms() {
+    const bool exact = ctx_.exact();
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       const std::size_t n = ctx_.group(g).grad_elems;
       const Group& G = groups_[g];

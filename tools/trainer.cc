@@ -430,7 +430,9 @@ StepFigures run_step(StepLoop& l, std::int64_t s) {
   const auto step_start = Clock::now();
   f.io_before = l.engine.tier_stats();
   f.copy_before = l.engine.offload_copy_bytes();
-  f.pageable_before = l.device.memory_stats().pageable_copies;
+  const MemoryStats before = l.device.memory_stats();
+  f.pageable_before = before.pageable_copies;
+  f.pins_before = before.host_pins;
   l.checkpoints.before_step(l.engine, s + 1, s + 1 == l.cfg.strata.steps);
   f.lr = lr_for_step(l.cfg.scheduler, l.cfg.optimizer.lr, s);
   l.engine.prepare_step(f.lr);
@@ -462,6 +464,7 @@ void record_step(TrainSummary& summary, const StepFigures& f, std::int64_t s, st
   summary.step_nvme_written.push_back(io.nvme_bytes_written - f.io_before.nvme_bytes_written);
   summary.step_copy_bytes.push_back(engine.offload_copy_bytes() - f.copy_before);
   summary.step_pageable_copies.push_back(f.pageable_copies());
+  summary.step_pins.push_back(f.pins());
 }
 
 // Seconds the steps took in all, and inside step().

@@ -74,6 +74,9 @@ struct TrainSummary {
   // Copies of pageable host memory per step: each may be a host synchronization on cuda (Note
   // [Pageable copies]).
   std::vector<std::uint64_t> step_pageable_copies;
+  // Page-locks (pin_host) per step: each may stall every stream on cuda (Note [Pinning while
+  // streams run]).
+  std::vector<std::uint64_t> step_pins;
   // NVMe writes per step of all ranks (rank 0's steps after the first, times the world size) and
   // what they mean for the drives: one per nvme_path directory, each rated --drive-tbw.
   SsdWear wear;

@@ -32,6 +32,8 @@ struct StepFigures {
   std::uint64_t copy_before = 0;  // engine.offload_copy_bytes() before the step
   std::uint64_t pageable_before = 0;  // the device's pageable copies before the step
   std::uint64_t pageable_copies() const { return stats.pageable_copies - pageable_before; }
+  std::uint64_t pins_before = 0;  // the device's host_pins before the step
+  std::uint64_t pins() const { return stats.host_pins - pins_before; }
 };
 
 // A one-line progress bar on an interactive stderr, redrawn in place each step.

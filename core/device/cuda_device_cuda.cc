@@ -133,6 +133,15 @@ WaitValue32Fn wait_value32() {
   return fn;
 }
 
+class HostWorker;
+
+// The HostWorker whose thread this is (null elsewhere): a pageable copy on that worker's own stream
+// is refused, as on sim (Note [Pageable copies] in core/device/sim_device.cc).
+const HostWorker*& current_host_worker() noexcept {
+  thread_local const HostWorker* worker = nullptr;
+  return worker;
+}
+
 class HostWorker {
  public:
   HostWorker(int ordinal, std::string label, std::shared_ptr<StreamFailure> failure)
@@ -217,6 +226,7 @@ class HostWorker {
   void run() {
     (void)cudaSetDevice(ordinal_);
     cuda_backend::on_host_function_thread() = true;
+    current_host_worker() = this;
     for (;;) {
       Task task;
       {
@@ -457,8 +467,16 @@ class CudaStream final : public Stream {
   void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, std::string_view what) {
     auto state = enter(what);
     if (bytes == 0) return;
-    if (kind == cudaMemcpyHostToDevice) state->count_if_pageable(src, bytes);
-    if (kind == cudaMemcpyDeviceToHost) state->count_if_pageable(dst, bytes);
+    const void* host = kind == cudaMemcpyHostToDevice ? src : kind == cudaMemcpyDeviceToHost ? dst : nullptr;
+    const bool pageable = host != nullptr && !state->pinned_range(host, bytes);
+    if (pageable && current_host_worker() != nullptr && current_host_worker() == own_host_worker()) {
+      // The driver would wait inside cudaMemcpyAsync for this stream, which waits for this function.
+      throw DeviceError(fmt::format(
+          "{}: {} from a host function of the same stream with pageable host memory at {}: the copy may be "
+          "synchronous (Note [Pageable copies]) and would wait for the function that issues it, which hangs; pin "
+          "the host memory (HostBuffer) or copy on another stream",
+          stream_label(), what, host));
+    }
     ScopedDevice on(state->ordinal);
     const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, stream_);
     if (err != cudaSuccess) {
@@ -467,6 +485,12 @@ class CudaStream final : public Stream {
                                     format_bytes(bytes), describe_pointer(src, bytes), describe_pointer(dst, bytes),
                                     cuda_text(err)));
     }
+    if (pageable) state->count_pageable(bytes);  // counted once issued, as on sim
+  }
+
+  const HostWorker* own_host_worker() {
+    std::lock_guard lock(host_worker_mutex_);
+    return host_worker_.get();
   }
 
   std::weak_ptr<CudaState> state_;

@@ -262,6 +262,7 @@ void CudaState::pin(void* ptr, std::size_t bytes) {
   }
   pinned_[ptr] = bytes;
   stats_.pinned_host_bytes += bytes;
+  ++stats_.host_pins;  // Note [Pinning while streams run] (core/device/sim_device.cc)
 }
 
 void CudaState::unpin(void* ptr) noexcept {
@@ -287,9 +288,13 @@ void CudaState::unpin(void* ptr) noexcept {
   log_if_failed(cudaHostUnregister(ptr), "cudaHostUnregister", name);
 }
 
-void CudaState::count_if_pageable(const void* ptr, std::size_t bytes) {
+bool CudaState::pinned_range(const void* ptr, std::size_t bytes) const {
   std::lock_guard lock(mutex_);
-  if (detail::inside_one_range(pinned_, ptr, bytes)) return;
+  return detail::inside_one_range(pinned_, ptr, bytes);
+}
+
+void CudaState::count_pageable(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
   ++stats_.pageable_copies;
   stats_.pageable_copy_bytes += bytes;
 }

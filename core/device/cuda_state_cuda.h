@@ -86,9 +86,11 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   // and unpin defers cudaHostUnregister to the next pin or unpin outside one (or the destructor).
   void pin(void* ptr, std::size_t bytes);
   void unpin(void* ptr) noexcept;
-  // Counts a copy of [ptr, ptr + bytes) of host memory that this device has not pinned
-  // (MemoryStats::pageable_copies; Note [Pageable copies] in core/device/sim_device.cc).
-  void count_if_pageable(const void* ptr, std::size_t bytes);
+  // Whether [ptr, ptr + bytes) lies inside one host range this device pinned; a copy of host memory
+  // that does not is counted (MemoryStats::pageable_copies; Note [Pageable copies] in
+  // core/device/sim_device.cc).
+  bool pinned_range(const void* ptr, std::size_t bytes) const;
+  void count_pageable(std::size_t bytes);
 
   // Streams and events are registered so that the state's destructor can destroy the ones that
   // outlive the Device (Note [Cuda lifetimes]).

@@ -56,6 +56,10 @@ struct MemoryStats {
   // core/device/sim_device.cc).
   std::uint64_t pageable_copies = 0;
   std::uint64_t pageable_copy_bytes = 0;
+  // Successful pin_host calls since creation. On cuda page-locking may wait for every stream (Note
+  // [Pinning while streams run] in core/device/sim_device.cc): a pin in the middle of a step can
+  // stall the whole device.
+  std::uint64_t host_pins = 0;
   std::map<std::string, std::size_t> bytes_by_tag;       // live bytes per tag
   std::map<std::string, std::size_t> peak_bytes_by_tag;  // peak live bytes per tag
 

@@ -29,6 +29,17 @@
 // it may be, an order that could hang on cuda (the host waits for a stream that waits for the
 // host) hangs on sim too, and a pageable copy from a host function of its own stream, which would
 // wait for itself, is refused with a DeviceError.
+//
+// Note [Pinning while streams run]: CUDA's programming guide lists a page-locked host allocation
+// among the calls that synchronize streams implicitly (two commands of different streams cannot
+// overlap when one is issued between them), and cudaHostRegister may wait for the device. A pin in
+// the middle of a step, while streams work, therefore stalls every stream on cuda, and if a stream
+// waits for the pinning thread (a host function waiting on it), nothing moves. Both backends count
+// pin_host calls (MemoryStats::host_pins); `strata train` reports them per step, and the engine
+// pins its host buffers before the first step's work, so every step pins nothing
+// (train_offload_test.sh checks it). Counting every pin, rather than only those that met a
+// working stream, keeps the check deterministic: whether a stream is still busy at the moment of a
+// pin is a matter of timing.
 #include <sys/types.h>
 
 #include <algorithm>
@@ -121,6 +132,7 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
 
   std::uint64_t pageable_copies = 0;  // under pinned_mutex, as the registry they are judged by
   std::uint64_t pageable_copy_bytes = 0;
+  std::uint64_t host_pins = 0;  // under pinned_mutex (Note [Pinning while streams run])
 
   bool pinned_range(const void* ptr, std::size_t bytes) {
     std::lock_guard lock(pinned_mutex);
@@ -423,12 +435,15 @@ class SimStream final : public Stream {
     return ticket;
   }
 
-  // Blocks until the task with `ticket` has run; rethrows the stream's error (a synchronous copy
-  // reports its failure, as cudaMemcpyAsync from pageable memory does).
+  // Blocks until the task with `ticket` has run; rethrows the stream's error when it came from that
+  // task or an earlier one (a synchronous copy reports its own failure, or the failure that made the
+  // stream skip it, as cudaMemcpyAsync from pageable memory does). A failure of work queued after
+  // it (by another thread, say) is not this copy's: that copy's data arrived, and the error stays
+  // sticky for the stream's next enqueue or synchronize.
   void wait_for_ticket(std::uint64_t ticket) {
     std::unique_lock lock(mutex_);
     idle_cv_.wait(lock, [&] { return completed_ >= ticket; });
-    rethrow_if_failed_locked();
+    if (error_ticket_ <= ticket) rethrow_if_failed_locked();
   }
 
   // Note [Pageable copies]: queues a copy between the device and `host`; when [host, host + bytes)
@@ -484,7 +499,10 @@ class SimStream final : public Stream {
       task.run = nullptr;  // drop captures (release_after's memory) before the task counts as done
       {
         std::lock_guard lock(mutex_);
-        if (failure && !error_) error_ = std::move(failure);
+        if (failure && !error_) {
+          error_ = std::move(failure);
+          error_ticket_ = completed_ + 1;  // tasks run in ticket order: this one's ticket
+        }
         ++completed_;
       }
       idle_cv_.notify_all();
@@ -522,6 +540,7 @@ class SimStream final : public Stream {
   std::uint64_t completed_ = 0;
   bool stopping_ = false;
   std::optional<std::string> error_;  // sticky: the first failure's message
+  std::uint64_t error_ticket_ = UINT64_MAX;  // the ticket of the task that failed first
   std::thread worker_;                // last: starts after everything above exists
 };
 
@@ -549,6 +568,7 @@ class SimDevice final : public Device {
     stats.pinned_host_bytes = state_->pinned_bytes;
     stats.pageable_copies = state_->pageable_copies;
     stats.pageable_copy_bytes = state_->pageable_copy_bytes;
+    stats.host_pins = state_->host_pins;
     return stats;
   }
 
@@ -583,6 +603,7 @@ class SimDevice final : public Device {
                                     state_->name, ptr));
     }
     state_->pinned_bytes += bytes;
+    ++state_->host_pins;  // Note [Pinning while streams run]
   }
 
   void unpin_host(void* ptr) noexcept override {

@@ -2,12 +2,14 @@
 // they run in stream order, may call CUDA (copy and synchronize on another stream; pinning there is
 // refused and unpinning deferred), turn an exception into the stream's sticky error, a copy to
 // pageable memory behind one finishes, and a stream destroyed with
-// host functions still queued runs them first. Labelled `gpu` (tests/core/CMakeLists.txt): every
+// host functions still queued runs them first; a pageable copy from a host function of its own
+// stream is refused. Labelled `gpu` (tests/core/CMakeLists.txt): every
 // test skips, saying why, where no cuda device is usable. A deadlock shows as ctest's timeout.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -73,6 +75,33 @@ TEST_F(CudaStreamHost, APageableCopyBehindAHostFunctionFinishes) {
   stream->synchronize();
   EXPECT_TRUE(ran.load());
   for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(back[i], static_cast<int>(i) * 3);
+}
+
+// From a host function of its own stream a pageable copy would wait for the function issuing it:
+// refused, as on sim (Note [Pageable copies]); the stream's error names the rule. A pinned copy
+// there is only queued behind the function and is fine.
+TEST_F(CudaStreamHost, APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused) {
+  auto stream = device_->create_stream("self");
+  constexpr std::size_t bytes = 64 << 10;
+  DeviceMemory d = device_->allocate(bytes, "test.d");
+  stream->memset(d.data(), 0x33, bytes);
+  HostBufferOptions o;
+  o.pinner = device_.get();
+  HostBuffer pinned = HostBuffer::allocate(bytes, o);
+  Stream* self = stream.get();
+  stream->launch_host([&] { self->copy_d2h(pinned.data(), d.data(), bytes); });
+  stream->synchronize();
+  EXPECT_EQ(static_cast<const unsigned char*>(pinned.data())[bytes - 1], 0x33);
+  const std::uint64_t before = device_->memory_stats().pageable_copies;
+  std::vector<unsigned char> pageable(bytes);
+  stream->launch_host([&] { self->copy_d2h(pageable.data(), d.data(), bytes); });
+  try {
+    stream->synchronize();
+    FAIL() << "the self-waiting copy was accepted";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("Pageable copies"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(device_->memory_stats().pageable_copies, before);  // refused copies are not counted
 }
 
 // The offload worker's pattern: inside a host function, copy on a second stream into memory pinned

@@ -29,6 +29,7 @@ namespace strata {
 namespace {
 
 using testing_sim::fill_pattern;
+using testing_sim::HangWatchdog;
 using testing_sim::small_device;
 
 // A one-shot gate a host function can block on until the test opens it.
@@ -429,6 +430,16 @@ TEST(SimDevice, PinnedHostRegistry) {
   EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
 }
 
+// Waits (up to 10 s) until the device has counted `n` pageable copies: a pageable copy is counted
+// once queued, before it blocks its caller.
+void wait_until_pageable_copies(Device& device, std::uint64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (device.memory_stats().pageable_copies < n) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the pageable copy was never queued";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 // Note [Pageable copies]: a copy to or from host memory that is not pinned returns only once it
 // has run (as CUDA's), so it waits for the stream's earlier work; a pinned one (or any range inside
 // a pinned buffer) is queued and returns at once.
@@ -464,7 +475,10 @@ TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
     stream->copy_d2h(pageable.data(), mem.data(), 64 * KiB);
     returned.store(true);
   });
-  // A broken (asynchronous) pageable copy returns now; a correct one cannot before the gate opens.
+  // The copy is counted once queued; from then a broken (asynchronous) copy returns at once, a
+  // correct one cannot before the gate opens. Waiting for the count first means a thread slow to
+  // start on a loaded machine cannot make the check below pass by luck.
+  wait_until_pageable_copies(*device, 1);
   EXPECT_EQ(blocking.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
   EXPECT_FALSE(returned.load());
   gate.open();
@@ -484,12 +498,39 @@ TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
   stream->launch_host([&second] { second.wait(); });
   auto outside = std::async(std::launch::async,
                             [&] { stream->copy_h2d(mem.data(), half_pinned.data() + 60 * KiB, 8 * KiB); });
+  wait_until_pageable_copies(*device, 2);
   EXPECT_EQ(outside.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
   second.open();
   outside.get();
   stream->synchronize();
   EXPECT_EQ(device->memory_stats().pageable_copies, 2u);
   device->unpin_host(half_pinned.data());
+}
+
+// A blocking copy reports its own failure, not that of work queued after it by another thread: its
+// data arrived. The later failure stays sticky for the stream's next call. (Before the failing task's
+// ticket was recorded, the copy's caller usually woke after the later task had failed and threw.)
+TEST(SimDevice, APageableCopyDoesNotReportTheFailureOfLaterWork) {
+  auto device = make_sim_device(small_device());
+  DeviceMemory mem = device->allocate(4 * KiB, "t");
+  std::vector<unsigned char> pageable(4 * KiB);
+  for (int round = 0; round < 20; ++round) {
+    auto stream = device->create_stream("s");
+    stream->memset(mem.data(), round, 4 * KiB);
+    Gate gate;
+    stream->launch_host([&gate] { gate.wait(); });
+    auto copy = std::async(std::launch::async, [&] { stream->copy_d2h(pageable.data(), mem.data(), 4 * KiB); });
+    wait_until_pageable_copies(*device, static_cast<std::uint64_t>(round) + 1);
+    stream->launch_host([] { throw std::runtime_error("later work failed"); });
+    gate.open();
+    EXPECT_NO_THROW(copy.get()) << "round " << round;
+    EXPECT_EQ(pageable[4 * KiB - 1], round);
+    EXPECT_THROW(stream->synchronize(), DeviceError);
+  }
+  // A copy queued after a failure was skipped: it reports that failure.
+  auto stream = device->create_stream("failed");
+  stream->launch_host([] { throw std::runtime_error("earlier work failed"); });
+  EXPECT_THROW(stream->copy_d2h(pageable.data(), mem.data(), 4 * KiB), DeviceError);
 }
 
 // From a host function of its own stream a pageable copy would wait for itself (on cuda the stream
@@ -500,6 +541,9 @@ TEST(SimDevice, APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused) {
   DeviceMemory mem = device->allocate(4 * KiB, "t");
   std::vector<unsigned char> pageable(4 * KiB);
   Stream* self = stream.get();
+  // Were the rule broken, the copy would wait for itself: fail by name instead of hanging.
+  HangWatchdog watchdog("SimDevice.APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused: a pageable copy from a "
+                        "host function of its own stream waited for itself");
   stream->launch_host([&] { self->copy_d2h(pageable.data(), mem.data(), 4 * KiB); });
   try {
     stream->synchronize();
@@ -531,6 +575,20 @@ TEST(SimDevice, PinningInsideAHostFunctionIsRefused) {
   device->pin_host(a.data(), a.size());  // from the host thread: fine
   EXPECT_EQ(device->memory_stats().pinned_host_bytes, 4 * KiB);
   device->unpin_host(a.data());
+}
+
+// Note [Pinning while streams run]: every successful pin is counted; a refused one is not.
+TEST(SimDevice, HostPinsAreCounted) {
+  auto device = make_sim_device(small_device());
+  std::vector<unsigned char> x(4 * KiB), y(4 * KiB);
+  EXPECT_EQ(device->memory_stats().host_pins, 0u);
+  device->pin_host(x.data(), x.size());
+  EXPECT_EQ(device->memory_stats().host_pins, 1u);
+  EXPECT_THROW(device->pin_host(x.data(), x.size()), DeviceError);  // already pinned
+  device->pin_host(y.data(), y.size());
+  device->unpin_host(x.data());
+  device->unpin_host(y.data());
+  EXPECT_EQ(device->memory_stats().host_pins, 2u);
 }
 
 TEST(SimDevice, UseAfterDeviceIsDestroyedThrows) {

@@ -1,11 +1,19 @@
 // What the sim device tests (sim_device_test.cc, sim_device_link_stress_test.cc) share: a small
-// sim device's options and a byte pattern that shows a shifted or partial copy.
+// sim device's options, a byte pattern that shows a shifted or partial copy, and a watchdog that
+// turns a hang into a failure naming it.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <span>
+#include <string>
+#include <thread>
 
 #include "core/device/device.h"
 #include "core/units.h"
@@ -31,5 +39,40 @@ inline void fill_pattern(std::span<unsigned char> buf, std::uint64_t seed) {
   }
   for (; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 31 + seed);
 }
+
+// While alive, ends the process with a message naming `what` if it is not destroyed within
+// `limit`: a test whose broken rule would deadlock (a copy waiting for itself) fails with the reason
+// instead of hanging until ctest's timeout. The process must end: a deadlocked thread cannot be
+// unwound.
+class HangWatchdog {
+ public:
+  explicit HangWatchdog(std::string what, std::chrono::seconds limit = std::chrono::seconds(30))
+      : what_(std::move(what)), thread_([this, limit] {
+          std::unique_lock lock(mutex_);
+          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
+            std::fprintf(stderr, "FAILED: hung for %lld s: %s\n", static_cast<long long>(limit.count()),
+                         what_.c_str());
+            std::fflush(stderr);
+            std::_Exit(1);
+          }
+        }) {}
+  ~HangWatchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  HangWatchdog(const HangWatchdog&) = delete;
+  HangWatchdog& operator=(const HangWatchdog&) = delete;
+
+ private:
+  const std::string what_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the members it reads exist
+};
 
 }  // namespace strata::testing_sim
