@@ -14,8 +14,9 @@ models=("$@")
 here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$out"
 # The attention op alone beside cuBLAS (bf16, causal, 16 heads x batch 4 at seq 1024; fewer at longer).
-# Both tensor-core kernels (Note [Two tensor-core kernels]: fa2 is the default, wmma opt-in).
-for variant in fa2 wmma; do
+# Every tensor-core kernel (Note [Two tensor-core kernels]: fa2 is the default, wmma opt-in; fa2w,
+# Note [Wide warps], opt-in until timed here).
+for variant in fa2 fa2w wmma; do
   for hd in 64 128; do
     for seq in 1024 2048 4096; do
       echo "attention $variant head_dim $hd seq $seq"

@@ -56,6 +56,11 @@ offload_run() {  # NAME SECS CONFIG ARGS...
      --set strata.device.kind='"cuda"' --set strata.metrics='"metrics.jsonl"' --summary-json summary.json "$@")
   echo "$name: rc $?; steps done $(cat "$out/$name/metrics.jsonl" 2>/dev/null | wc -l); seconds per step:" \
     "$(sed -n 's/.*"seconds": *\([0-9.eE+-]*\).*/\1/p' "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')"
+  # Host synchronizations a step may hide on cuda: pageable copies (Note [Pageable copies]) and
+  # page-locks during a step (Note [Pinning while streams run]).
+  echo "$name: pageable copies per step: $(sed -n 's/.*"pageable_copies": *\([0-9]*\).*/\1/p' \
+    "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')host pins per step: $(sed -n \
+    's/.*"host_pins": *\([0-9]*\).*/\1/p' "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')"
   tail -3 "$out/$name/train.log"
 }
 if [[ " $* " != *" --no-offload "* ]]; then
@@ -76,6 +81,10 @@ echo "models_cuda_test: rc $?"
 STRATA_ATTENTION_TC=wmma timeout 120 "$b/tests/models/models_cuda_test" --gtest_filter='*ttention*' \
   >"$out/models_cuda_test.wmma.log" 2>&1
 echo "attention tests with STRATA_ATTENTION_TC=wmma: rc $? $(grep -E 'PASSED|FAILED' "$out/models_cuda_test.wmma.log" | head -3)"
+# fa2's forward with two row tiles per warp (Note [Wide warps]): written without a GPU, opt-in.
+STRATA_ATTENTION_TC=fa2w timeout 120 "$b/tests/models/models_cuda_test" --gtest_filter='*ttention*' \
+  >"$out/models_cuda_test.fa2w.log" 2>&1
+echo "attention tests with STRATA_ATTENTION_TC=fa2w: rc $? $(grep -E 'PASSED|FAILED' "$out/models_cuda_test.fa2w.log" | head -3)"
 grep "margin" "$out/models_cuda_test.log" | awk -F'worst err/bound ' '{split($2, a, " "); print a[1], $0}' | sort -g |
   tail -5 | cut -c1-160
 if [[ " $* " != *" --no-sanitizer "* ]] && command -v compute-sanitizer >/dev/null; then
@@ -91,6 +100,10 @@ if [[ " $* " != *" --no-sanitizer "* ]] && command -v compute-sanitizer >/dev/nu
           --gtest_filter='*ttention*' >"$out/sanitizer-$tool-$t.wmma.log" 2>&1
         echo "compute-sanitizer $tool $t (wmma attention): rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
           "$out/sanitizer-$tool-$t.wmma.log" | tail -1)"
+        STRATA_ATTENTION_TC=fa2w timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$exe" \
+          --gtest_filter='*ttention*' >"$out/sanitizer-$tool-$t.fa2w.log" 2>&1
+        echo "compute-sanitizer $tool $t (fa2w attention): rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+          "$out/sanitizer-$tool-$t.fa2w.log" | tail -1)"
       fi
     done
   done

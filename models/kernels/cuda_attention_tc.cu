@@ -155,7 +155,11 @@ bool tc_supported(DType dtype, const AttentionShape& s, std::initializer_list<co
 TcVariant tc_variant() {
   static const TcVariant variant = [] {
     const char* v = std::getenv("STRATA_ATTENTION_TC");
-    return v != nullptr && std::strcmp(v, "wmma") == 0 ? TcVariant::Wmma : TcVariant::Fa2;
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "fa2") == 0) return TcVariant::Fa2;
+    if (std::strcmp(v, "wmma") == 0) return TcVariant::Wmma;
+    if (std::strcmp(v, "fa2w") == 0) return TcVariant::Fa2Wide;
+    throw ConfigError(std::string("STRATA_ATTENTION_TC=") + v +
+                      " is not a tensor-core attention kernel; use fa2 (the default), fa2w or wmma, or unset it");
   }();
   return variant;
 }
@@ -163,6 +167,7 @@ TcVariant tc_variant() {
 void tc_forward(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k, const void* v,
                 void* out, float* lse, float scale) {
   if (tc_variant() == TcVariant::Wmma) return tc_forward_wmma(stream, dtype, s, q, k, v, out, lse, scale);
+  if (tc_variant() == TcVariant::Fa2Wide) return tc_forward_wide(stream, dtype, s, q, k, v, out, lse, scale);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     if (s.head_dim == 64) tc_kernels::forward_tc<T, 64>(stream, s, q, k, v, out, lse, scale);

@@ -179,12 +179,12 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // zero-filled. Thread t copies chunk tc::copy_chunk(t) of rows tc::copy_row(t) + n kRowsPerPass:
 // 8 consecutive threads write 8 different bank groups, and since kRowsPerPass is a multiple of 8
 // the swizzled offset of row r + n kRowsPerPass is that of row r plus n kRowsPerPass D. The whole
-// block calls it; the caller commits the group.
-template <int D, int Rows, typename T>
+// block (Threads threads) calls it; the caller commits the group.
+template <int D, int Rows, typename T, int Threads = kTcThreads>
 __device__ __forceinline__ void load_tile_async(const T* src, int64_t row_stride, int valid, T* dst) {
   constexpr int kChunks = D / 8;
-  constexpr int kRowsPerPass = kTcThreads / kChunks;
-  static_assert(kTcThreads % kChunks == 0 && kRowsPerPass % 8 == 0 && Rows % kRowsPerPass == 0,
+  constexpr int kRowsPerPass = Threads / kChunks;
+  static_assert(Threads % kChunks == 0 && kRowsPerPass % 8 == 0 && Rows % kRowsPerPass == 0,
                 "every thread copies the same chunk column of rows kRowsPerPass apart");
   const int r0 = tc::copy_row<D>(static_cast<int>(threadIdx.x)), c = tc::copy_chunk<D>(static_cast<int>(threadIdx.x));
   const T* const from = src + r0 * row_stride + c * 8;
@@ -200,16 +200,16 @@ __device__ __forceinline__ void load_tile_async(const T* src, int64_t row_stride
 // (S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T). acc[n] is the C fragment of columns
 // 8n..8n+7. A by ldmatrix (tc::ldsm_a_addr), B by ldmatrix without .trans from its [n][k] rows
 // (tc::ldsm_b_addr): registers 0, 1 are block 2np, registers 2, 3 block 2np + 1.
-// Key tile `tile` (kBN rows of k and of v, KV head g of batch item b) into one stage of the
+// Key tile `tile` (BN rows of k and of v, KV head g of batch item b) into one stage of the
 // double-buffered K/V tiles: k's rows, then v's (forward and dQ).
-template <int D, typename T>
+template <int D, typename T, int Threads = kTcThreads, int BN = kBN>
 __device__ __forceinline__ void load_kv_tile_async(const Layout& lay, const T* k, const T* v, int64_t b, int64_t g,
                                                    int tile, T* stage) {
-  const int64_t j0 = int64_t{tile} * kBN;
-  const int valid = static_cast<int>(std::min(int64_t{kBN}, lay.seq - j0));
+  const int64_t j0 = int64_t{tile} * BN;
+  const int valid = static_cast<int>(std::min(int64_t{BN}, lay.seq - j0));
   const int64_t first = lay.kv_index(b, j0, g);
-  load_tile_async<D, kBN>(k + first, lay.kv_row_stride, valid, stage);
-  load_tile_async<D, kBN>(v + first, lay.kv_row_stride, valid, stage + kBN * D);
+  load_tile_async<D, BN, T, Threads>(k + first, lay.kv_row_stride, valid, stage);
+  load_tile_async<D, BN, T, Threads>(v + first, lay.kv_row_stride, valid, stage + BN * D);
 }
 
 template <typename T, int D, int N>
@@ -253,6 +253,59 @@ __device__ __forceinline__ void mma_p_rows(const float (&p)[N / 8][4], const T* 
       ldsm_x4_trans(bb, m_tile + tc::tile_offset<D>(kk * 16 + pb.row, dp * 16 + pb.col));
       TcOps<T>::mma(acc[2 * dp], a, bb[0], bb[1]);
       TcOps<T>::mma(acc[2 * dp + 1], a, bb[2], bb[3]);
+    }
+  }
+}
+
+// The two products above for MT row tiles of 16 per warp (Note [Wide warps] in
+// cuda_attention_tc_wide.cu): each B fragment loaded feeds MT products. Row tile mt of A starts at
+// a_row0 + 16 mt; acc[mt] and p[mt] are its C fragments.
+template <typename T, int D, int N, int MT>
+__device__ __forceinline__ void mma_rows_rows_t_tiles(const T* a_tile, int a_row0, const T* b_tile, int lane,
+                                                      float (&acc)[MT][N / 8][4]) {
+  const tc::RowCol pa = tc::ldsm_a_addr(lane), pb = tc::ldsm_b_addr(lane);
+#pragma unroll 2
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_tile + tc::tile_offset<D>(a_row0 + 16 * mt + pa.row, kk * 16 + pa.col));
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t bb[4];
+      ldsm_x4(bb, b_tile + tc::tile_offset<D>(np * 16 + pb.row, kk * 16 + pb.col));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        TcOps<T>::mma(acc[mt][2 * np], a[mt], bb[0], bb[1]);
+        TcOps<T>::mma(acc[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+      }
+    }
+  }
+}
+
+template <typename T, int D, int N, int MT>
+__device__ __forceinline__ void mma_p_rows_tiles(const float (&p)[MT][N / 8][4], const T* m_tile, int lane,
+                                                 float (&acc)[MT][D / 8][4]) {
+  const tc::RowCol pb = tc::ldsm_bt_addr(lane);
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        a[mt][r] = TcOps<T>::pack(p[mt][2 * kk + tc::a_source_block(2 * r)][tc::a_source_elem(2 * r)],
+                                  p[mt][2 * kk + tc::a_source_block(2 * r + 1)][tc::a_source_elem(2 * r + 1)]);
+      }
+    }
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t bb[4];
+      ldsm_x4_trans(bb, m_tile + tc::tile_offset<D>(kk * 16 + pb.row, dp * 16 + pb.col));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        TcOps<T>::mma(acc[mt][2 * dp], a[mt], bb[0], bb[1]);
+        TcOps<T>::mma(acc[mt][2 * dp + 1], a[mt], bb[2], bb[3]);
+      }
     }
   }
 }
