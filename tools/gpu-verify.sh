@@ -7,6 +7,8 @@
 #      /proc) before it is killed, so a hang and a slow run tell apart;
 #   2. the gpu-labelled tests (ctest -L gpu): the model op set against its CPU reference, the engine's
 #      device ops, the CUDA AdamW, training on cuda (tests/tools/train_cuda_test.sh);
+#      the attention tests again with each opt-in kernel (wmma, fa2w), and when fa2w passes, fa2 and
+#      fa2w timed alone, alternating;
 #   3. compute-sanitizer memcheck and racecheck over the op and device-op suites (where installed);
 #   4. tools/gpu-bench.sh: Strata beside PyTorch eager (unless --no-bench).
 # Logs go to OUTDIR. Usage: gpu-verify.sh BUILD OUTDIR [--no-bench] [--no-sanitizer] [--no-offload]
@@ -84,7 +86,22 @@ echo "attention tests with STRATA_ATTENTION_TC=wmma: rc $? $(grep -E 'PASSED|FAI
 # fa2's forward with two row tiles per warp (Note [Wide warps]): written without a GPU, opt-in.
 STRATA_ATTENTION_TC=fa2w timeout 120 "$b/tests/models/models_cuda_test" --gtest_filter='*ttention*' \
   >"$out/models_cuda_test.fa2w.log" 2>&1
-echo "attention tests with STRATA_ATTENTION_TC=fa2w: rc $? $(grep -E 'PASSED|FAILED' "$out/models_cuda_test.fa2w.log" | head -3)"
+fa2w_rc=$?
+echo "attention tests with STRATA_ATTENTION_TC=fa2w: rc $fa2w_rc $(grep -E 'PASSED|FAILED' "$out/models_cuda_test.fa2w.log" | head -3)"
+if [ "$fa2w_rc" = 0 ]; then
+  # Whether fa2w should become the default: the attention op alone, fa2 and fa2w alternating (a few
+  # seconds each; tools/gpu-bench.sh has the full table).
+  stamp "attention fa2 against fa2w"
+  for hd in 64 128; do
+    for seq in 1024 4096; do
+      for variant in fa2 fa2w; do
+        STRATA_ATTENTION_TC=$variant timeout 60 "$b/bin/strata" --log-level warn bench attention --device cuda \
+          --dtype bf16 --batch $((4096 / seq)) --seq $seq --heads 16 --head-dim $hd --reps 5 --json 2>&1 |
+          tee -a "$out/attention.fa2-vs-fa2w.jsonl" | sed "s/^/$variant hd $hd seq $seq: /" | cut -c1-300
+      done
+    done
+  done
+fi
 grep "margin" "$out/models_cuda_test.log" | awk -F'worst err/bound ' '{split($2, a, " "); print a[1], $0}' | sort -g |
   tail -5 | cut -c1-160
 if [[ " $* " != *" --no-sanitizer "* ]] && command -v compute-sanitizer >/dev/null; then

@@ -9,7 +9,8 @@
 // scalar kernels. Flash-attention 2's kernels written with mma.sync.m16n8k16, ldmatrix and
 // cp.async (inline PTX; the fragment, ldmatrix and swizzle maps are attention_tc_layout.h's, where
 // the PTX ISA's layouts are quoted, checked on the host by tests/models/attention_tc_layout_test.cc):
-//  * every block has 8 warps; a warp owns 16 rows (query rows, or in dK/dV key rows) and keeps its
+//  * every block has 8 warps (the fa2w forward: 4 of 32 rows, Note [Wide warps] in
+//    cuda_attention_tc_wide.cu); a warp owns 16 rows (query rows, or in dK/dV key rows) and keeps its
 //    products in registers: a score tile's fp32 C fragments are masked, exponentiated and rounded
 //    into the A fragments of the next product, never through shared memory. Shared tiles are rows
 //    of head_dim elements with the XOR swizzle of attention_tc_layout.h (no bank conflicts for
@@ -196,10 +197,6 @@ __device__ __forceinline__ void load_tile_async(const T* src, int64_t row_stride
   }
 }
 
-// acc[n] += A B^T for the warp: A the 16 rows a_row0.. of a [row][D] tile, B the N rows of another
-// (S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T). acc[n] is the C fragment of columns
-// 8n..8n+7. A by ldmatrix (tc::ldsm_a_addr), B by ldmatrix without .trans from its [n][k] rows
-// (tc::ldsm_b_addr): registers 0, 1 are block 2np, registers 2, 3 block 2np + 1.
 // Key tile `tile` (BN rows of k and of v, KV head g of batch item b) into one stage of the
 // double-buffered K/V tiles: k's rows, then v's (forward and dQ).
 template <int D, typename T, int Threads = kTcThreads, int BN = kBN>
@@ -212,6 +209,10 @@ __device__ __forceinline__ void load_kv_tile_async(const Layout& lay, const T* k
   load_tile_async<D, BN, T, Threads>(v + first, lay.kv_row_stride, valid, stage + BN * D);
 }
 
+// acc[n] += A B^T for the warp: A the 16 rows a_row0.. of a [row][D] tile, B the N rows of another
+// (S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T). acc[n] is the C fragment of columns
+// 8n..8n+7. A by ldmatrix (tc::ldsm_a_addr), B by ldmatrix without .trans from its [n][k] rows
+// (tc::ldsm_b_addr): registers 0, 1 are block 2np, registers 2, 3 block 2np + 1.
 template <typename T, int D, int N>
 __device__ __forceinline__ void mma_rows_rows_t(const T* a_tile, int a_row0, const T* b_tile, int lane,
                                                 float (&acc)[N / 8][4]) {

@@ -6,15 +6,20 @@
 // or V fragment it loads with ldmatrix feeds one m16n8k16 product. On an H100 an ldmatrix .x4 moves
 // 512 bytes through shared memory's 128 bytes per clock (4 clocks) while an mma.sync m16n8k16 takes
 // about 1.5-2: per 16-column step of S = Q K^T over 64 keys a warp issued 5 ldmatrix (1 for Q, 4
-// for K) for 8 products, so shared memory, not the tensor cores, bounds the kernel. It measured
-// 14-21 % of cuBLAS's GEMM rate there (docs/MEASUREMENTS.md). Here a block still covers 128 query
-// rows, with 4 warps of 32 rows: each K or V fragment feeds two products (6 ldmatrix for 16
-// products in S, 4 for 16 in P V), the layout flash-attention 2's own forward uses. The
-// probabilities are exp2 of the raw scores times scale * log2(e) less the running maximum so
-// scaled: one FFMA and one MUFU.EX2 each, where expf's range reduction costs several instructions
-// more; the maximum is kept on raw scores (scale > 0, so it commutes). lse = m * scale + log(l), as
-// the backward recomputes p = exp(s * scale - lse). The probabilities differ from fa2's by a few
-// fp32 ulps before they are rounded to the element type for P V.
+// for K) for 8 products (0.56 ldmatrix a product over S and P V), so shared memory, not the tensor
+// cores, bounds the kernel. It measured 14-21 % of cuBLAS's GEMM rate there (docs/MEASUREMENTS.md).
+// Here a block still covers 128 query rows, with 4 warps of 32 rows: each K or V fragment feeds two
+// products, the layout flash-attention 2's own forward uses: 0.31 ldmatrix a product at head dim 64
+// (S: 2 for Q and 4 for K per 16 products), 0.375 at 128 (32 keys a step: 2 for Q and 2 for K per
+// 8), so the larger gain is expected at 64. Occupancy is unchanged: 8 warps per SM (2 blocks of
+// 128 threads at 255 registers, against 1 of 256 at 180-242). The probabilities are exp2 of the
+// raw scores times scale * log2(e) less the running maximum so scaled: one FFMA and one ex2.approx
+// .ftz each (no denormal handling: a probability under 2^-126 becomes 0), where expf's range
+// reduction costs several instructions more; the maximum is kept on raw scores (scale > 0, so it
+// commutes). lse = m * scale + log(l), as the backward recomputes p = exp(s * scale - lse). The
+// probabilities differ from fa2's by fp32 rounding (the products s * scale * log2(e) round
+// differently: tens of ulps where |m * scale| is large), far below the rounding of P to the element
+// type for P V.
 // Written without a GPU (2026-11-27): opt-in until it has passed the attention op tests and been
 // timed beside fa2 on one (tools/gpu-verify.sh and tools/gpu-bench.sh run it).
 #include <cmath>
@@ -29,6 +34,13 @@ constexpr int kWideTiles = 2;                          // 16-row tiles per warp
 constexpr int kWideWarps = kBM / (16 * kWideTiles);    // 4
 constexpr int kWideThreads = kWideWarps * 32;          // 128
 constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x by one MUFU.EX2, subnormal results flushed to 0 (exp2f adds their scaling); 2^-inf = 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 // Keys per step: 32 at head dim 128, where 64 left ptxas 50 registers short (200 bytes spilled
 // with 255 registers); 64 at head dim 64.
 template <int D>
@@ -40,7 +52,7 @@ constexpr std::size_t forward_wide_shared_bytes() {
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kWideThreads)
+__global__ void __launch_bounds__(kWideThreads, 2)  // two blocks per SM: 255 registers x 128 threads each
     attention_forward_tc_wide_kernel(Layout lay, const T* __restrict__ q, const T* __restrict__ k,
                                      const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse,
                                      float scale) {
@@ -119,7 +131,7 @@ __global__ void __launch_bounds__(kWideThreads)
         // Every computed row sees key j0 in every computed tile: the new maximum is finite, and
         // exp2(-inf) = 0 for the first tile's correction and for masked keys.
         const float m_new = fmaxf(m[mt][r], quad_max(tile_max[r]));
-        corr[mt][r] = exp2f((m[mt][r] - m_new) * scale_log2);
+        corr[mt][r] = exp2_ftz((m[mt][r] - m_new) * scale_log2);
         m[mt][r] = m_new;
         m_scaled[r] = m_new * scale_log2;
       }
@@ -127,7 +139,7 @@ __global__ void __launch_bounds__(kWideThreads)
       for (int nb = 0; nb < BN / 8; ++nb) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float p = exp2f(fmaf(s[mt][nb][e], scale_log2, -m_scaled[e / 2]));
+          const float p = exp2_ftz(fmaf(s[mt][nb][e], scale_log2, -m_scaled[e / 2]));
           sum[e / 2] += p;
           s[mt][nb][e] = p;
         }
