@@ -278,6 +278,9 @@ void tc_backward(cudaStream_t stream, DType dtype, const AttentionShape& s, cons
   if (tc_variant() == TcVariant::Wmma) {
     return tc_backward_wmma(stream, dtype, s, q, k, v, out, lse, dout, dq, dk, dv, scale);
   }
+  if (tc_variant() == TcVariant::Fa2Wide && s.head_dim == 64) {
+    return tc_backward_wide64(stream, dtype, s, q, k, v, out, lse, dout, dq, dk, dv, scale);
+  }
   auto run = [&](auto tag) {
     using T = decltype(tag);
     if (s.head_dim == 64) tc_kernels::backward_tc<T, 64>(stream, s, q, k, v, out, lse, dout, dq, dk, dv, scale);

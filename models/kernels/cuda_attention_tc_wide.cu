@@ -1,6 +1,6 @@
 // Flash-attention 2's forward with two 16-row tiles per warp (STRATA_ATTENTION_TC=fa2w; Note [Wide
-// warps]). The backward of that variant is fa2's (cuda_attention_tc_backward.cu): the forward's
-// outputs (out, and lse in natural-log units) are the same contract.
+// warps]). The backward of that variant (cuda_attention_tc_wide_backward.cu at head dim 64, fa2's
+// cuda_attention_tc_backward.cu at 128) takes the same contract: out, and lse in natural-log units.
 //
 // Note [Wide warps]: in fa2's forward (cuda_attention_tc.cu) a warp owns 16 query rows, so every K
 // or V fragment it loads with ldmatrix feeds one m16n8k16 product. On an H100 an ldmatrix .x4 moves
