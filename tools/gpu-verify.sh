@@ -83,7 +83,8 @@ echo "models_cuda_test: rc $?"
 STRATA_ATTENTION_TC=wmma timeout 120 "$b/tests/models/models_cuda_test" --gtest_filter='*ttention*' \
   >"$out/models_cuda_test.wmma.log" 2>&1
 echo "attention tests with STRATA_ATTENTION_TC=wmma: rc $? $(grep -E 'PASSED|FAILED' "$out/models_cuda_test.wmma.log" | head -3)"
-# fa2's forward with two row tiles per warp (Note [Wide warps]): written without a GPU, opt-in.
+# fa2's kernels with two row tiles per warp (Note [Wide warps]; the backward at head dim 64 only):
+# written without a GPU, opt-in.
 STRATA_ATTENTION_TC=fa2w timeout 120 "$b/tests/models/models_cuda_test" --gtest_filter='*ttention*' \
   >"$out/models_cuda_test.fa2w.log" 2>&1
 fa2w_rc=$?
