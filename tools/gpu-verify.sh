@@ -5,10 +5,10 @@
 #      optimizer on the CPU, then the demo (configs/demo.json), each with per-step seconds in a metrics
 #      file and, if it is still running at its limit, every thread's stack (gdb, else eu-stack, else
 #      /proc) before it is killed, so a hang and a slow run tell apart;
-#   2. the gpu-labelled tests (ctest -L gpu): the model op set against its CPU reference, the engine's
-#      device ops, the CUDA AdamW, training on cuda (tests/tools/train_cuda_test.sh);
-#      the attention tests again with each opt-in kernel (wmma, fa2w), and when fa2w passes, fa2 and
-#      fa2w timed alone, alternating;
+#   2. the attention tests with each opt-in kernel (wmma, fa2w), and when fa2w passes, fa2 and fa2w
+#      timed alone, alternating; then the gpu-labelled tests (ctest -L gpu): the model op set against
+#      its CPU reference, the engine's device ops, the CUDA AdamW, training on cuda
+#      (tests/tools/train_cuda_test.sh);
 #   3. compute-sanitizer memcheck and racecheck over the op and device-op suites (where installed);
 #   4. tools/gpu-bench.sh: Strata beside PyTorch eager (unless --no-bench).
 # Logs go to OUTDIR. Usage: gpu-verify.sh BUILD OUTDIR [--no-bench] [--no-sanitizer] [--no-offload]
@@ -72,13 +72,9 @@ if [[ " $* " != *" --no-offload "* ]]; then
   # The demo: ZeRO-3, bf16, state on NVMe, the GPU capped at 6 MiB (20 steps take 16 s on sim).
   offload_run demo 120 "$here/../configs/demo.json" --steps 20
 fi
-stamp "ctest -L gpu"
-ctest --test-dir "$b" -L gpu --output-on-failure -j4 --timeout 600 >"$out/ctest-gpu.log" 2>&1
-echo "ctest -L gpu: rc $?"; grep -E "tests passed|Failed|\*\*\*|Not Run|Skipped" "$out/ctest-gpu.log" | head -40
-grep -E "^(ok|FAILED|skipped):" "$out/ctest-gpu.log" | head -80
-# The op tests' margins (worst error over its bound per comparison; 1 = at the bound): the closest.
-timeout 300 "$b/tests/models/models_cuda_test" >"$out/models_cuda_test.log" 2>&1
-echo "models_cuda_test: rc $?"
+# Before ctest -L gpu, whose training runs take minutes: the opt-in attention kernels are quick to test
+# and time, and the call's limit must not cut them off.
+stamp "attention kernels: wmma, fa2w"
 # The WMMA kernels (Note [Two tensor-core kernels]): opt-in beside the default flash-attention 2 ones.
 STRATA_ATTENTION_TC=wmma timeout 120 "$b/tests/models/models_cuda_test" --gtest_filter='*ttention*' \
   >"$out/models_cuda_test.wmma.log" 2>&1
@@ -103,6 +99,13 @@ if [ "$fa2w_rc" = 0 ]; then
     done
   done
 fi
+stamp "ctest -L gpu"
+ctest --test-dir "$b" -L gpu --output-on-failure -j4 --timeout 600 >"$out/ctest-gpu.log" 2>&1
+echo "ctest -L gpu: rc $?"; grep -E "tests passed|Failed|\*\*\*|Not Run|Skipped" "$out/ctest-gpu.log" | head -40
+grep -E "^(ok|FAILED|skipped):" "$out/ctest-gpu.log" | head -80
+# The op tests' margins (worst error over its bound per comparison; 1 = at the bound): the closest.
+timeout 300 "$b/tests/models/models_cuda_test" >"$out/models_cuda_test.log" 2>&1
+echo "models_cuda_test: rc $?"
 grep "margin" "$out/models_cuda_test.log" | awk -F'worst err/bound ' '{split($2, a, " "); print a[1], $0}' | sort -g |
   tail -5 | cut -c1-160
 if [[ " $* " != *" --no-sanitizer "* ]] && command -v compute-sanitizer >/dev/null; then
