@@ -114,16 +114,10 @@ void tc_backward(cudaStream_t stream, DType dtype, const AttentionShape& s, cons
 // memcheck and racecheck too; then the WMMA kernels go. Both take the same calls and keep the same
 // numerics contract (tests/models/ops_attention_cuda_test.cc runs either, tools/gpu-verify.sh both).
 // STRATA_ATTENTION_TC=fa2w takes fa2's kernels with two 16-row tiles per warp (Note [Wide warps],
-// cuda_attention_tc_wide.cu): the forward, and the backward at head dim 64 (fa2's at 128). Written
+// cuda_attention_tc.cu): the forward, and the backward at head dim 64 (fa2's at 128). Written
 // without a GPU, opt-in until it has passed the op tests and been timed beside fa2 on one.
 enum class TcVariant { Wmma, Fa2, Fa2Wide };
 TcVariant tc_variant();
-void tc_forward_wide(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,
-                     const void* v, void* out, float* lse, float scale);
-// fa2w's backward at head dim 64 (cuda_attention_tc_wide_backward.cu); at 128 fa2w takes fa2's.
-void tc_backward_wide64(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,
-                        const void* v, const void* out, const float* lse, const void* dout, void* dq, void* dk,
-                        void* dv, float scale);
 void tc_forward_wmma(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,
                      const void* v, void* out, float* lse, float scale);
 void tc_backward_wmma(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,

@@ -9,8 +9,8 @@
 // scalar kernels. Flash-attention 2's kernels written with mma.sync.m16n8k16, ldmatrix and
 // cp.async (inline PTX; the fragment, ldmatrix and swizzle maps are attention_tc_layout.h's, where
 // the PTX ISA's layouts are quoted, checked on the host by tests/models/attention_tc_layout_test.cc):
-//  * every block has 8 warps (the fa2w forward: 4 of 32 rows, Note [Wide warps] in
-//    cuda_attention_tc_wide.cu); a warp owns 16 rows (query rows, or in dK/dV key rows) and keeps its
+//  * every block has 8 warps (fa2w: 4 of 32 rows, Note [Wide warps] in cuda_attention_tc.cu); a
+//    warp owns 16 rows (query rows, or in dK/dV key rows) and keeps its
 //    products in registers: a score tile's fp32 C fragments are masked, exponentiated and rounded
 //    into the A fragments of the next product, never through shared memory. Shared tiles are rows
 //    of head_dim elements with the XOR swizzle of attention_tc_layout.h (no bank conflicts for
@@ -62,6 +62,12 @@ constexpr int kBM = kWarps * 16;  // query rows per forward / dQ block, key rows
 constexpr int kBN = 64;           // keys per forward / dQ step
 template <int D>
 constexpr int kBQ = D == 64 ? 64 : 32;  // query rows per dK/dV step (fewer at 128: registers)
+// Warps and threads of a block of kBM rows whose warps own MT row tiles of 16 (fa2: 1, fa2w: 2;
+// Note [Wide warps] in cuda_attention_tc.cu).
+template <int MT>
+constexpr int kWarpsFor = kBM / (16 * MT);
+template <int MT>
+constexpr int kThreadsFor = kWarpsFor<MT> * 32;
 
 // ---------- PTX wrappers ----------
 
@@ -209,63 +215,17 @@ __device__ __forceinline__ void load_kv_tile_async(const Layout& lay, const T* k
   load_tile_async<D, BN, T, Threads>(v + first, lay.kv_row_stride, valid, stage + BN * D);
 }
 
-// acc[n] += A B^T for the warp: A the 16 rows a_row0.. of a [row][D] tile, B the N rows of another
-// (S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T). acc[n] is the C fragment of columns
-// 8n..8n+7. A by ldmatrix (tc::ldsm_a_addr), B by ldmatrix without .trans from its [n][k] rows
-// (tc::ldsm_b_addr): registers 0, 1 are block 2np, registers 2, 3 block 2np + 1.
-template <typename T, int D, int N>
+// acc[mt][n] += A B^T for the warp: A its MT row tiles of 16 (tile mt: rows a_row0 + 16 mt ..) of a
+// [row][D] tile, B the N rows of another (S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T).
+// acc[mt][n] is the C fragment of columns 8n..8n+7 of row tile mt. A by ldmatrix
+// (tc::ldsm_a_addr), B by ldmatrix without .trans from its [n][k] rows (tc::ldsm_b_addr): registers
+// 0, 1 are block 2np, registers 2, 3 block 2np + 1. Each B fragment loaded feeds MT products (Note
+// [Wide warps] in cuda_attention_tc.cu).
+template <typename T, int D, int N, int MT>
 __device__ __forceinline__ void mma_rows_rows_t(const T* a_tile, int a_row0, const T* b_tile, int lane,
-                                                float (&acc)[N / 8][4]) {
+                                                float (&acc)[MT][N / 8][4]) {
   const tc::RowCol pa = tc::ldsm_a_addr(lane), pb = tc::ldsm_b_addr(lane);
 #pragma unroll 2  // fully unrolled, ptxas hoists all the loads of the product and spills at D = 128
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];
-    ldsm_x4(a, a_tile + tc::tile_offset<D>(a_row0 + pa.row, kk * 16 + pa.col));
-#pragma unroll
-    for (int np = 0; np < N / 16; ++np) {
-      uint32_t bb[4];
-      ldsm_x4(bb, b_tile + tc::tile_offset<D>(np * 16 + pb.row, kk * 16 + pb.col));
-      TcOps<T>::mma(acc[2 * np], a, bb[0], bb[1]);
-      TcOps<T>::mma(acc[2 * np + 1], a, bb[2], bb[3]);
-    }
-  }
-}
-
-// acc[n] += P M for the warp: P the 16 x N fp32 product in C fragments (p[n]: columns 8n..8n+7),
-// rounded to T into A fragments in registers (A columns 16kk.. are C blocks 2kk, 2kk + 1:
-// tc::a_source_block / a_source_elem), M the N rows of a [row][D] tile read as B = M ([k][n], n
-// contiguous) by ldmatrix .trans (tc::ldsm_bt_addr): registers 0, 1 are block 2dp, 2, 3 block
-// 2dp + 1. (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q.)
-template <typename T, int D, int N>
-__device__ __forceinline__ void mma_p_rows(const float (&p)[N / 8][4], const T* m_tile, int lane,
-                                           float (&acc)[D / 8][4]) {
-  const tc::RowCol pb = tc::ldsm_bt_addr(lane);
-#pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    uint32_t a[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      a[r] = TcOps<T>::pack(p[2 * kk + tc::a_source_block(2 * r)][tc::a_source_elem(2 * r)],
-                            p[2 * kk + tc::a_source_block(2 * r + 1)][tc::a_source_elem(2 * r + 1)]);
-    }
-#pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
-      uint32_t bb[4];
-      ldsm_x4_trans(bb, m_tile + tc::tile_offset<D>(kk * 16 + pb.row, dp * 16 + pb.col));
-      TcOps<T>::mma(acc[2 * dp], a, bb[0], bb[1]);
-      TcOps<T>::mma(acc[2 * dp + 1], a, bb[2], bb[3]);
-    }
-  }
-}
-
-// The two products above for MT row tiles of 16 per warp (Note [Wide warps] in
-// cuda_attention_tc_wide.cu): each B fragment loaded feeds MT products. Row tile mt of A starts at
-// a_row0 + 16 mt; acc[mt] and p[mt] are its C fragments.
-template <typename T, int D, int N, int MT>
-__device__ __forceinline__ void mma_rows_rows_t_tiles(const T* a_tile, int a_row0, const T* b_tile, int lane,
-                                                      float (&acc)[MT][N / 8][4]) {
-  const tc::RowCol pa = tc::ldsm_a_addr(lane), pb = tc::ldsm_b_addr(lane);
-#pragma unroll 2
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[MT][4];
 #pragma unroll
@@ -283,9 +243,14 @@ __device__ __forceinline__ void mma_rows_rows_t_tiles(const T* a_tile, int a_row
   }
 }
 
+// acc[mt][n] += P M for the warp: P the MT x 16 x N fp32 product in C fragments (p[mt][n]: columns
+// 8n..8n+7 of row tile mt), rounded to T into A fragments in registers (A columns 16kk.. are C
+// blocks 2kk, 2kk + 1: tc::a_source_block / a_source_elem), M the N rows of a [row][D] tile read as
+// B = M ([k][n], n contiguous) by ldmatrix .trans (tc::ldsm_bt_addr): registers 0, 1 are block
+// 2dp, 2, 3 block 2dp + 1. (O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q.)
 template <typename T, int D, int N, int MT>
-__device__ __forceinline__ void mma_p_rows_tiles(const float (&p)[MT][N / 8][4], const T* m_tile, int lane,
-                                                 float (&acc)[MT][D / 8][4]) {
+__device__ __forceinline__ void mma_p_rows(const float (&p)[MT][N / 8][4], const T* m_tile, int lane,
+                                           float (&acc)[MT][D / 8][4]) {
   const tc::RowCol pb = tc::ldsm_bt_addr(lane);
 #pragma unroll
   for (int kk = 0; kk < N / 16; ++kk) {
