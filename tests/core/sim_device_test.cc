@@ -1,8 +1,8 @@
 // Tests of the sim device backend against the Device contract (core/device/device.h): stream
 // order, events joining streams, exact copies of awkward sizes, out-of-memory reports, sticky
-// errors, release_after, pinned-host bookkeeping, and use after the device is destroyed. The
-// modeled link and load (timed tests, a multi-stream stress run, concurrent threads):
-// sim_device_link_stress_test.cc.
+// errors, release_after, and use after the device is destroyed. Host memory (the pinned registry,
+// pageable copies, pinning rules): sim_device_host_memory_test.cc. The modeled link and load (timed
+// tests, a multi-stream stress run, concurrent threads): sim_device_link_stress_test.cc.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -29,29 +29,8 @@ namespace strata {
 namespace {
 
 using testing_sim::fill_pattern;
-using testing_sim::HangWatchdog;
+using testing_sim::Gate;
 using testing_sim::small_device;
-
-// A one-shot gate a host function can block on until the test opens it.
-class Gate {
- public:
-  void open() {
-    {
-      std::lock_guard lock(mutex_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  void wait() {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return open_; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 TEST(SimDevice, NameKindAndCapacity) {
   SimDeviceOptions o = small_device(10 * MiB + 100);
@@ -403,192 +382,6 @@ TEST(SimDevice, AHostFunctionMayCopyMemoryReleasedAfterIt) {
   EXPECT_EQ(host[0], 0x5a);
   EXPECT_EQ(host[64 * KiB - 1], 0x5a);
   EXPECT_EQ(device->memory_stats().live_allocations, 0u);
-}
-
-TEST(SimDevice, PinnedHostRegistry) {
-  auto device = make_sim_device(small_device());
-  std::vector<unsigned char> a(5000), b(3000);
-  device->pin_host(a.data(), a.size());
-  device->pin_host(b.data(), b.size());
-  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 8000u);
-  EXPECT_THROW(device->pin_host(a.data(), a.size()), DeviceError);  // already pinned
-  EXPECT_THROW(device->pin_host(nullptr, 10), DeviceError);
-  int unknown = 0;
-  device->unpin_host(&unknown);  // ignored
-  device->unpin_host(a.data());
-  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 3000u);
-  device->unpin_host(b.data());
-  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
-
-  HostBufferOptions options;
-  options.pinner = device.get();
-  {
-    HostBuffer buffer = HostBuffer::allocate(64 * KiB, options);
-    EXPECT_TRUE(buffer.pinned());
-    EXPECT_EQ(device->memory_stats().pinned_host_bytes, 64 * KiB);
-  }
-  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
-}
-
-// Waits (up to 10 s) until the device has counted `n` pageable copies: a pageable copy is counted
-// once queued, before it blocks its caller.
-void wait_until_pageable_copies(Device& device, std::uint64_t n) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (device.memory_stats().pageable_copies < n) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the pageable copy was never queued";
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
-// Note [Pageable copies]: a copy to or from host memory that is not pinned returns only once it
-// has run (as CUDA's), so it waits for the stream's earlier work; a pinned one (or any range inside
-// a pinned buffer) is queued and returns at once.
-TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
-  auto device = make_sim_device(small_device());
-  auto stream = device->create_stream("s");
-  DeviceMemory mem = device->allocate(64 * KiB, "t");
-  stream->memset(mem.data(), 0x5a, 64 * KiB);
-  HostBufferOptions options;
-  options.pinner = device.get();
-  HostBuffer pinned = HostBuffer::allocate(64 * KiB, options);
-  ASSERT_TRUE(pinned.pinned());
-  std::vector<unsigned char> pageable(64 * KiB);
-  auto* pin = static_cast<unsigned char*>(pinned.data());
-
-  Gate gate;
-  stream->launch_host([&gate] { gate.wait(); });  // holds the stream until the gate opens
-  // Queued copies into the pinned buffer (whole and a range inside it) return while it is held.
-  // Were they synchronous, the wait below times out and the gate is opened so nothing hangs.
-  auto queued = std::async(std::launch::async, [&] {
-    stream->copy_d2h(pin, mem.data(), 64 * KiB);
-    stream->copy_h2d(mem.data(), pin + 1024, 4 * KiB);
-  });
-  if (queued.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    gate.open();
-    queued.get();
-    FAIL() << "a copy to pinned memory blocked the caller";
-  }
-  queued.get();
-  EXPECT_EQ(device->memory_stats().pageable_copies, 0u);
-  std::atomic<bool> returned{false};
-  auto blocking = std::async(std::launch::async, [&] {
-    stream->copy_d2h(pageable.data(), mem.data(), 64 * KiB);
-    returned.store(true);
-  });
-  // The copy is counted once queued; from then a broken (asynchronous) copy returns at once, a
-  // correct one cannot before the gate opens. Waiting for the count first means a thread slow to
-  // start on a loaded machine cannot make the check below pass by luck.
-  wait_until_pageable_copies(*device, 1);
-  EXPECT_EQ(blocking.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
-  EXPECT_FALSE(returned.load());
-  gate.open();
-  blocking.get();
-  // Returned means done: the bytes are there without a synchronize.
-  EXPECT_EQ(pageable[0], 0x5a);
-  EXPECT_EQ(pageable[64 * KiB - 1], 0x5a);
-  EXPECT_EQ(device->memory_stats().pageable_copies, 1u);  // counted (MemoryStats)
-  EXPECT_EQ(device->memory_stats().pageable_copy_bytes, 64 * KiB);
-  stream->synchronize();
-  EXPECT_EQ(pin[0], 0x5a);
-
-  // A range that runs past the end of a pinned range is not pinned: it blocks too.
-  std::vector<unsigned char> half_pinned(128 * KiB);
-  device->pin_host(half_pinned.data(), 64 * KiB);
-  Gate second;
-  stream->launch_host([&second] { second.wait(); });
-  auto outside = std::async(std::launch::async,
-                            [&] { stream->copy_h2d(mem.data(), half_pinned.data() + 60 * KiB, 8 * KiB); });
-  wait_until_pageable_copies(*device, 2);
-  EXPECT_EQ(outside.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
-  second.open();
-  outside.get();
-  stream->synchronize();
-  EXPECT_EQ(device->memory_stats().pageable_copies, 2u);
-  device->unpin_host(half_pinned.data());
-}
-
-// A blocking copy reports its own failure, not that of work queued after it by another thread: its
-// data arrived. The later failure stays sticky for the stream's next call. (Before the failing task's
-// ticket was recorded, the copy's caller usually woke after the later task had failed and threw.)
-TEST(SimDevice, APageableCopyDoesNotReportTheFailureOfLaterWork) {
-  auto device = make_sim_device(small_device());
-  DeviceMemory mem = device->allocate(4 * KiB, "t");
-  std::vector<unsigned char> pageable(4 * KiB);
-  for (int round = 0; round < 20; ++round) {
-    auto stream = device->create_stream("s");
-    stream->memset(mem.data(), round, 4 * KiB);
-    Gate gate;
-    stream->launch_host([&gate] { gate.wait(); });
-    auto copy = std::async(std::launch::async, [&] { stream->copy_d2h(pageable.data(), mem.data(), 4 * KiB); });
-    wait_until_pageable_copies(*device, static_cast<std::uint64_t>(round) + 1);
-    stream->launch_host([] { throw std::runtime_error("later work failed"); });
-    gate.open();
-    EXPECT_NO_THROW(copy.get()) << "round " << round;
-    EXPECT_EQ(pageable[4 * KiB - 1], round);
-    EXPECT_THROW(stream->synchronize(), DeviceError);
-  }
-  // A copy queued after a failure was skipped: it reports that failure.
-  auto stream = device->create_stream("failed");
-  stream->launch_host([] { throw std::runtime_error("earlier work failed"); });
-  EXPECT_THROW(stream->copy_d2h(pageable.data(), mem.data(), 4 * KiB), DeviceError);
-}
-
-// From a host function of its own stream a pageable copy would wait for itself (on cuda the stream
-// hangs): the sim device refuses it, and the stream's error names the rule.
-TEST(SimDevice, APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused) {
-  auto device = make_sim_device(small_device());
-  auto stream = device->create_stream("worker");
-  DeviceMemory mem = device->allocate(4 * KiB, "t");
-  std::vector<unsigned char> pageable(4 * KiB);
-  Stream* self = stream.get();
-  // Were the rule broken, the copy would wait for itself: fail by name instead of hanging.
-  HangWatchdog watchdog("SimDevice.APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused: a pageable copy from a "
-                        "host function of its own stream waited for itself");
-  stream->launch_host([&] { self->copy_d2h(pageable.data(), mem.data(), 4 * KiB); });
-  try {
-    stream->synchronize();
-    FAIL() << "the self-waiting copy was accepted";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("Pageable copies"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("worker"), std::string::npos) << e.what();
-  }
-}
-
-// As on cuda (Note [Host functions on cuda]): page-locking inside a host function would wait for
-// the device, whose stream waits for the function; it is refused. Unpinning there is allowed.
-TEST(SimDevice, PinningInsideAHostFunctionIsRefused) {
-  auto device = make_sim_device(small_device());
-  auto stream = device->create_stream("worker");
-  std::vector<unsigned char> a(4 * KiB), b(4 * KiB);
-  device->pin_host(b.data(), b.size());
-  stream->launch_host([&] { device->unpin_host(b.data()); });
-  stream->synchronize();
-  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
-  stream->launch_host([&] { device->pin_host(a.data(), a.size()); });
-  try {
-    stream->synchronize();
-    FAIL() << "pin_host inside a host function was accepted";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("pin_host inside a host function"), std::string::npos) << e.what();
-  }
-  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
-  device->pin_host(a.data(), a.size());  // from the host thread: fine
-  EXPECT_EQ(device->memory_stats().pinned_host_bytes, 4 * KiB);
-  device->unpin_host(a.data());
-}
-
-// Note [Pinning while streams run]: every successful pin is counted; a refused one is not.
-TEST(SimDevice, HostPinsAreCounted) {
-  auto device = make_sim_device(small_device());
-  std::vector<unsigned char> x(4 * KiB), y(4 * KiB);
-  EXPECT_EQ(device->memory_stats().host_pins, 0u);
-  device->pin_host(x.data(), x.size());
-  EXPECT_EQ(device->memory_stats().host_pins, 1u);
-  EXPECT_THROW(device->pin_host(x.data(), x.size()), DeviceError);  // already pinned
-  device->pin_host(y.data(), y.size());
-  device->unpin_host(x.data());
-  device->unpin_host(y.data());
-  EXPECT_EQ(device->memory_stats().host_pins, 2u);
 }
 
 TEST(SimDevice, UseAfterDeviceIsDestroyedThrows) {

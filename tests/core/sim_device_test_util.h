@@ -1,6 +1,6 @@
 // What the sim device tests (sim_device_test.cc, sim_device_link_stress_test.cc) share: a small
-// sim device's options, a byte pattern that shows a shifted or partial copy, and a watchdog that
-// turns a hang into a failure naming it.
+// sim device's options, a byte pattern that shows a shifted or partial copy, a gate a host
+// function can block on, and a watchdog that turns a hang into a failure naming it.
 #pragma once
 
 #include <chrono>
@@ -39,6 +39,27 @@ inline void fill_pattern(std::span<unsigned char> buf, std::uint64_t seed) {
   }
   for (; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 31 + seed);
 }
+
+// A one-shot gate a host function can block on until the test opens it.
+class Gate {
+ public:
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
 
 // While alive, ends the process with a message naming `what` if it is not destroyed within
 // `limit`: a test whose broken rule would deadlock (a copy waiting for itself) fails with the reason
