@@ -1,5 +1,7 @@
 // The MPI communicator: collectives over host memory for the sim device (whose device memory is
-// host memory), run on the stream's worker thread in stream order (see engine/communicator.h).
+// host memory), each enqueued as a sim kernel (core/device/sim_kernel.h) that runs the MPI calls in
+// stream order, as an NCCL kernel runs on a GPU (see engine/communicator.h). The same collectives
+// run on the calling thread for the staged communicator (engine/comm_host.h).
 //
 // MPI is initialised once per process with MPI_THREAD_MULTIPLE (stream workers and the host
 // thread both call MPI) and finalised at exit. Each communicator owns two duplicated MPI
@@ -15,7 +17,9 @@
 
 #include <fmt/format.h>
 
+#include "core/device/sim_kernel.h"
 #include "core/error.h"
+#include "engine/comm_host.h"
 #include "engine/communicator.h"
 
 namespace strata {
@@ -67,7 +71,7 @@ MPI_Datatype mpi_type(DType dtype) { return dtype == DType::F32 ? MPI_FLOAT : MP
 // buffers stay bounded (16 Mi elements: 64 MiB of fp32 per rank chunk).
 constexpr std::size_t kPieceElems = std::size_t{16} << 20;
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public Communicator, public HostCollectives {
  public:
   MpiCommunicator(MPI_Comm parent, ReductionOrder order) : order_(order) {
     STRATA_MPI_CHECK(MPI_Comm_dup(parent, &stream_comm_));
@@ -91,51 +95,60 @@ class MpiCommunicator final : public Communicator {
   std::string backend() const override { return "mpi"; }
 
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) override {
-    stream.launch_host([this, send, recv, count, dtype] { all_gather_now(send, recv, count, dtype); });
+    launch_sim_kernel(stream, [this, send, recv, count, dtype] { all_gather_now(send, recv, count, dtype); });
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                       Stream& stream) override {
-    stream.launch_host([this, send, recv, count, dtype, op] { reduce_scatter_now(send, recv, count, dtype, op); });
+    launch_sim_kernel(stream,
+                      [this, send, recv, count, dtype, op] { reduce_scatter_now(send, recv, count, dtype, op); });
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, Stream& stream) override {
-    stream.launch_host([this, send, recv, count, dtype, op] { all_reduce_now(send, recv, count, dtype, op); });
+    launch_sim_kernel(stream, [this, send, recv, count, dtype, op] { all_reduce_now(send, recv, count, dtype, op); });
   }
 
   void broadcast(void* buffer, std::size_t count, DType dtype, int root, Stream& stream) override {
     STRATA_CHECK(root >= 0 && root < world_, "broadcast root {} outside 0..{}", root, world_ - 1);
-    stream.launch_host([this, buffer, count, dtype, root] {
-      auto* bytes = static_cast<char*>(buffer);
-      for (std::size_t off = 0; off < count; off += kPieceElems) {
-        const std::size_t n = std::min(kPieceElems, count - off);
-        STRATA_MPI_CHECK(MPI_Bcast(bytes + off * dtype_bytes(dtype), static_cast<int>(n), mpi_type(dtype), root,
-                                   stream_comm_));
-      }
-    });
+    launch_sim_kernel(stream, [this, buffer, count, dtype, root] { broadcast_now(buffer, count, dtype, root); });
   }
 
   void exchange(std::span<const PeerOp> ops, Stream& stream) override {
     for (const PeerOp& op : ops) check_peer(op.peer);
-    // Nonblocking calls, one per piece, then one wait: the transfers progress independently (Note
-    // [Issue order]); MPI matches each pair's messages in the order they were posted.
-    stream.launch_host([this, ops = std::vector<PeerOp>(ops.begin(), ops.end())] {
-      std::vector<MPI_Request> requests;
-      for (const PeerOp& op : ops) {
-        auto* bytes = static_cast<char*>(op.buffer);
-        for (std::size_t off = 0; off < op.count_elems; off += kPieceElems) {
-          const auto n = static_cast<int>(std::min(kPieceElems, op.count_elems - off));
-          char* piece = bytes + off * dtype_bytes(op.dtype);
-          MPI_Request& r = requests.emplace_back();
-          if (op.sends()) {
-            STRATA_MPI_CHECK(MPI_Isend(piece, n, mpi_type(op.dtype), op.peer, kPointToPointTag, stream_comm_, &r));
-          } else {
-            STRATA_MPI_CHECK(MPI_Irecv(piece, n, mpi_type(op.dtype), op.peer, kPointToPointTag, stream_comm_, &r));
-          }
+    launch_sim_kernel(stream, [this, ops = std::vector<PeerOp>(ops.begin(), ops.end())] { exchange_now(ops); });
+  }
+
+  // ---- HostCollectives: the calls themselves, on the calling thread
+
+  void broadcast_now(void* buffer, std::size_t count, DType dtype, int root) override {
+    STRATA_CHECK(root >= 0 && root < world_, "broadcast root {} outside 0..{}", root, world_ - 1);
+    auto* bytes = static_cast<char*>(buffer);
+    for (std::size_t off = 0; off < count; off += kPieceElems) {
+      const std::size_t n = std::min(kPieceElems, count - off);
+      STRATA_MPI_CHECK(
+          MPI_Bcast(bytes + off * dtype_bytes(dtype), static_cast<int>(n), mpi_type(dtype), root, stream_comm_));
+    }
+  }
+
+  // Nonblocking calls, one per piece, then one wait: the transfers progress independently (Note
+  // [Issue order]); MPI matches each pair's messages in the order they were posted.
+  void exchange_now(std::span<const PeerOp> ops) override {
+    for (const PeerOp& op : ops) check_peer(op.peer);
+    std::vector<MPI_Request> requests;
+    for (const PeerOp& op : ops) {
+      auto* bytes = static_cast<char*>(op.buffer);
+      for (std::size_t off = 0; off < op.count_elems; off += kPieceElems) {
+        const auto n = static_cast<int>(std::min(kPieceElems, op.count_elems - off));
+        char* piece = bytes + off * dtype_bytes(op.dtype);
+        MPI_Request& r = requests.emplace_back();
+        if (op.sends()) {
+          STRATA_MPI_CHECK(MPI_Isend(piece, n, mpi_type(op.dtype), op.peer, kPointToPointTag, stream_comm_, &r));
+        } else {
+          STRATA_MPI_CHECK(MPI_Irecv(piece, n, mpi_type(op.dtype), op.peer, kPointToPointTag, stream_comm_, &r));
         }
       }
-      STRATA_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
-    });
+    }
+    STRATA_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
   }
 
   void barrier() override { STRATA_MPI_CHECK(MPI_Barrier(host_comm_)); }
@@ -170,6 +183,8 @@ class MpiCommunicator final : public Communicator {
     } while (off < bytes);
   }
 
+  HostCollectives* host_collectives() override { return this; }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
     STRATA_MPI_CHECK(MPI_Comm_split(host_comm_, color, key, &sub));
@@ -178,8 +193,7 @@ class MpiCommunicator final : public Communicator {
     return result;
   }
 
- private:
-  void all_gather_now(const void* send, void* recv, std::size_t count, DType dtype) {
+  void all_gather_now(const void* send, void* recv, std::size_t count, DType dtype) override {
     const std::size_t esize = dtype_bytes(dtype);
     if (count <= kPieceElems) {
       // In place when this rank's block already sits in its slot of `recv` (MPI forbids aliasing).
@@ -200,7 +214,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  void reduce_scatter_now(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  void reduce_scatter_now(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     const std::size_t esize = dtype_bytes(dtype);
     const auto world = static_cast<std::size_t>(world_);
     if (order_ == ReductionOrder::Fast && dtype == DType::F32 && count <= kPieceElems) {
@@ -225,7 +239,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  void all_reduce_now(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  void all_reduce_now(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     const std::size_t esize = dtype_bytes(dtype);
     const auto world = static_cast<std::size_t>(world_);
     if (order_ == ReductionOrder::Fast && dtype == DType::F32 && count <= kPieceElems) {
@@ -243,6 +257,7 @@ class MpiCommunicator final : public Communicator {
     std::memcpy(recv, padded.data(), count * esize);
   }
 
+ private:
   void check_peer(int peer) const {
     STRATA_CHECK(peer >= 0 && peer < world_ && peer != rank_, "point-to-point peer {} of rank {} in a world of {}",
                  peer, rank_, world_);

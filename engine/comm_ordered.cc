@@ -51,6 +51,8 @@ class OrderedCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     return std::make_unique<OrderedCommunicator>(inner_->split(color, key), device_);
   }
+  // Host-side calls run in the order their thread makes them: nothing to order.
+  HostCollectives* host_collectives() override { return inner_->host_collectives(); }
 
  private:
   template <class Call>

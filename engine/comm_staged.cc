@@ -5,17 +5,21 @@
 // Note [Staged MPI]: NCCL puts one rank of a communicator on one GPU, so on a machine with one GPU
 // the multi-rank paths of the engine (ZeRO's gathers and reductions across ranks, every data x
 // tensor x pipeline split) could not run on cuda at all. With `strata.parallel.communicator` =
-// "mpi" on cuda, the ranks may share a GPU and talk over MPI in host memory: each stream-ordered
-// call copies its device input into a pinned host buffer on the caller's stream, enqueues the MPI
-// communicator's call on the same stream (its host function runs after the copy, in stream order,
-// and MPI's results are host memory), and copies the result back up, still on that stream. Nothing
-// blocks the caller, and the ordered wrapper around it (make_world_communicator) keeps NCCL's issue
-// order (Note [Issue order]), so the ordering rules of the NCCL backend hold unchanged. The exact mode's tree
-// order is the MPI communicator's, so the bits are those of the sim device's MPI runs. It is a way
-// to check the multi-rank paths on one GPU, not a fast transport: every collective crosses PCIe
-// twice and runs on the host. Staging buffers come from a pool kept by size (powers of two from 4
-// KiB): a buffer goes back to the pool from a host function on the stream once the copy out of it
-// has run, so a buffer is never reused while a stream still reads it.
+// "mpi" on cuda, the ranks may share a GPU and talk over MPI in host memory. The host drives each
+// call (Note [Host-driven offload] in docs/DESIGN.md): it copies the device input into a pinned
+// host buffer on the caller's stream, waits on an event recorded after that copy, runs the MPI
+// collective on the calling thread (engine/comm_host.h), and enqueues the copy of the result back
+// up on the same stream; later work on the stream follows that copy in stream order, and no stream
+// ever waits for a host thread. The caller is blocked for the collective, so a staged call costs
+// its host the time of the collective, and of the stream's earlier work: it is a way to check the
+// multi-rank paths on one GPU, not a fast transport (every collective crosses PCIe twice and runs
+// on the host). The ordered wrapper around it (make_world_communicator) keeps NCCL's issue order
+// (Note [Issue order]); as every rank issues its calls in program order, blocking the caller adds
+// no cycle between ranks that the issue order does not already have. The exact mode's tree order is
+// the MPI communicator's, so the bits are those of the sim device's MPI runs. Staging buffers come
+// from a pool kept by size (powers of two from 4 KiB); a buffer goes back with the event recorded
+// after the last copy that reads it and is reused only once that event has completed (the host
+// waits for it, never a stream), as PyTorch's CachingHostAllocator does.
 #include <algorithm>
 #include <bit>
 #include <cstddef>
@@ -29,47 +33,60 @@
 
 #include "core/error.h"
 #include "core/host_buffer.h"
+#include "engine/comm_host.h"
 #include "engine/communicator.h"
 
 namespace strata {
 namespace {
 
-// Pinned host buffers by size class, shared with the host functions that give them back.
+// Pinned host buffers by size class, each returned with the event after which no stream reads it.
 class StagingPool {
  public:
   explicit StagingPool(Device& device) : device_(device) {}
 
   std::shared_ptr<HostBuffer> take(std::size_t bytes) {
     const std::size_t size = std::bit_ceil(std::max<std::size_t>(bytes, 4096));
+    Returned reuse;
     {
       std::lock_guard lock(mutex_);
-      std::vector<std::shared_ptr<HostBuffer>>& free = free_[size];
+      std::vector<Returned>& free = free_[size];
       if (!free.empty()) {
-        std::shared_ptr<HostBuffer> b = std::move(free.back());
-        free.pop_back();
-        return b;
+        reuse = std::move(free.front());
+        free.erase(free.begin());
       }
+    }
+    if (reuse.buffer) {
+      if (reuse.after) reuse.after->synchronize();  // the host waits for the last copy out of it
+      return std::move(reuse.buffer);
     }
     HostBufferOptions o;
     o.pinner = &device_;
     return std::make_shared<HostBuffer>(HostBuffer::allocate(size, o));
   }
 
-  void give_back(std::shared_ptr<HostBuffer> b) {
+  void give_back(std::vector<std::shared_ptr<HostBuffer>> buffers, const std::shared_ptr<Event>& after) {
     std::lock_guard lock(mutex_);
-    free_[b->size_bytes()].push_back(std::move(b));
+    for (auto& b : buffers) free_[b->size_bytes()].push_back(Returned{std::move(b), after});
   }
 
  private:
+  struct Returned {
+    std::shared_ptr<HostBuffer> buffer;
+    std::shared_ptr<Event> after;  // null: no stream reads it
+  };
   Device& device_;
   std::mutex mutex_;
-  std::map<std::size_t, std::vector<std::shared_ptr<HostBuffer>>> free_;
+  std::map<std::size_t, std::vector<Returned>> free_;
 };
 
 class StagedCommunicator final : public Communicator {
  public:
   StagedCommunicator(std::unique_ptr<Communicator> inner, Device& device, std::shared_ptr<StagingPool> pool)
-      : inner_(std::move(inner)), device_(device), pool_(std::move(pool)) {}
+      : inner_(std::move(inner)), host_(inner_->host_collectives()), device_(device),
+        pool_(std::move(pool)) {
+    STRATA_CHECK(host_ != nullptr, "the staged communicator needs a host-memory communicator (mpi), got {}",
+                 inner_->backend());
+  }
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
@@ -79,7 +96,8 @@ class StagedCommunicator final : public Communicator {
     const std::size_t bytes = count * dtype_bytes(dtype);
     auto in = pool_->take(bytes), out = pool_->take(bytes * world());
     stream.copy_d2h(in->data(), send, bytes);
-    inner_->all_gather(in->data(), out->data(), count, dtype, stream);
+    wait_for(stream);
+    host_->all_gather_now(in->data(), out->data(), count, dtype);
     stream.copy_h2d(recv, out->data(), bytes * world());
     give_back_after(stream, {std::move(in), std::move(out)});
   }
@@ -89,7 +107,8 @@ class StagedCommunicator final : public Communicator {
     const std::size_t bytes = count * dtype_bytes(dtype);
     auto in = pool_->take(bytes * world()), out = pool_->take(bytes);
     stream.copy_d2h(in->data(), send, bytes * world());
-    inner_->reduce_scatter(in->data(), out->data(), count, dtype, op, stream);
+    wait_for(stream);
+    host_->reduce_scatter_now(in->data(), out->data(), count, dtype, op);
     stream.copy_h2d(recv, out->data(), bytes);
     give_back_after(stream, {std::move(in), std::move(out)});
   }
@@ -98,7 +117,8 @@ class StagedCommunicator final : public Communicator {
     const std::size_t bytes = count * dtype_bytes(dtype);
     auto buf = pool_->take(bytes);
     stream.copy_d2h(buf->data(), send, bytes);
-    inner_->all_reduce(buf->data(), buf->data(), count, dtype, op, stream);
+    wait_for(stream);
+    host_->all_reduce_now(buf->data(), buf->data(), count, dtype, op);
     stream.copy_h2d(recv, buf->data(), bytes);
     give_back_after(stream, {std::move(buf)});
   }
@@ -107,7 +127,8 @@ class StagedCommunicator final : public Communicator {
     const std::size_t bytes = count * dtype_bytes(dtype);
     auto buf = pool_->take(bytes);
     if (rank() == root) stream.copy_d2h(buf->data(), buffer, bytes);
-    inner_->broadcast(buf->data(), count, dtype, root, stream);
+    wait_for(stream);
+    host_->broadcast_now(buf->data(), count, dtype, root);
     if (rank() != root) stream.copy_h2d(buffer, buf->data(), bytes);
     give_back_after(stream, {std::move(buf)});
   }
@@ -121,7 +142,8 @@ class StagedCommunicator final : public Communicator {
       if (op.sends()) stream.copy_d2h(buf->data(), op.buffer, op.bytes());
       op.buffer = buf->data();
     }
-    inner_->exchange(host, stream);
+    wait_for(stream);
+    host_->exchange_now(host);
     for (std::size_t i = 0; i < host.size(); ++i) {
       if (!host[i].sends()) stream.copy_h2d(ops[i].buffer, host[i].buffer, host[i].bytes());
     }
@@ -140,15 +162,22 @@ class StagedCommunicator final : public Communicator {
  private:
   std::size_t world() const { return static_cast<std::size_t>(world_size()); }
 
-  // The buffers return to the pool once the stream has run everything queued so far (the copies
-  // out of them included).
+  // The host waits for everything queued on `stream` so far (the copies down included).
+  void wait_for(Stream& stream) {
+    std::unique_ptr<Event> down = device_.create_event();
+    stream.record(*down);
+    down->synchronize();
+  }
+
+  // The buffers return to the pool with an event recorded after the copies out of them.
   void give_back_after(Stream& stream, std::vector<std::shared_ptr<HostBuffer>> buffers) {
-    stream.launch_host([pool = pool_, buffers = std::move(buffers)]() mutable {
-      for (auto& b : buffers) pool->give_back(std::move(b));
-    });
+    std::shared_ptr<Event> after = device_.create_event();
+    stream.record(*after);
+    pool_->give_back(std::move(buffers), after);
   }
 
   std::unique_ptr<Communicator> inner_;
+  HostCollectives* host_;  // inner_'s host-side calls
   Device& device_;
   std::shared_ptr<StagingPool> pool_;
 };

@@ -42,6 +42,8 @@
 
 namespace strata {
 
+class HostCollectives;
+
 enum class ReduceOp { Sum, Max };
 enum class ReductionOrder { Fast, Deterministic };
 
@@ -98,6 +100,11 @@ class Communicator {
   // A communicator over the ranks with the same `color`, ordered by `key` (MPI_Comm_split); used
   // for hybrid sharding (shard groups of F ranks and replica groups across them).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // The same collectives run on the calling thread over host memory (engine/comm_host.h), where
+  // this backend has them (mpi, and the ordered wrapper over it); null otherwise. For the staged
+  // communicator (Note [Staged MPI]).
+  virtual HostCollectives* host_collectives() { return nullptr; }
 };
 
 struct CommunicatorOptions {

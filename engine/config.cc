@@ -273,6 +273,7 @@ StrataConfig parse_strata(ConfigReader r) {
                                            "least {} TFLOPS, or 0 for the host's speed",
                                            s.device.compute_tflops, kMinModeledTflops));
     }
+    d.get_count("chaos", &s.device.chaos_seed, 0, UINT64_MAX);
     d.finish();
   }
   {

@@ -94,6 +94,9 @@ struct DeviceConfig {
   // sim: the modeled compute rate of the model's matmuls and attention (Note [Modeled compute] in
   // models/kernels/ops.h), 1e12 FLOP/s; 0 = the host's speed.
   double compute_tflops = 0;
+  // sim: non-zero seeds the schedule-chaos mode (Note [Schedule chaos], core/device/sim_device.cc):
+  // random pauses before every stream task and every offload host task, to try rare orders.
+  std::uint64_t chaos_seed = 0;
 };
 
 struct CheckpointConfig {

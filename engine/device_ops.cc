@@ -1,7 +1,7 @@
 // The engine's device-op front layer (engine/device_ops.h): checks the arguments once, then routes
 // each op by the stream's device kind, in one place (launch below, as in models/kernels/ops.cc):
 // on sim to its CPU kernel (the `cpu` namespace here, or the optim/ function it promises the bits
-// of), enqueued with Stream::launch_host with its arguments captured by value; on cuda to its
+// of), enqueued as a sim kernel (core/device/sim_kernel.h) with its arguments captured by value; on cuda to its
 // launcher in engine/device_ops_cuda.h, enqueued on the stream's cudaStream_t.
 //
 // The CUDA lambdas are generic (`auto` parameter) so that in builds without the CUDA backend they
@@ -22,6 +22,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "core/device/sim_kernel.h"
 #include "core/dtype_bulk.h"
 #include "core/error.h"
 #include "core/tsan.h"
@@ -133,7 +134,7 @@ void* cuda_stream(Stream& stream, const char* op) {
 template <typename HostFn, typename CudaFn>
 void launch(Stream& stream, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device) {
   switch (stream.device().kind()) {
-    case DeviceKind::Sim: stream.launch_host(std::function<void()>(std::forward<HostFn>(host))); return;
+    case DeviceKind::Sim: launch_sim_kernel(stream, std::function<void()>(std::forward<HostFn>(host))); return;
     case DeviceKind::Cuda:
 #if defined(STRATA_HAVE_CUDA)
       device(cuda_stream(stream, op));

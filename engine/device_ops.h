@@ -9,15 +9,16 @@
 // unless an argument says otherwise, and must stay valid until the stream has passed the op (an
 // event, Stream::synchronize, Stream::release_after). Zero elements enqueue nothing. The op is
 // chosen by stream.device().kind() (engine/device_ops.cc, modelled on models/kernels/ops.cc):
-//  * sim: the CPU kernel, enqueued with Stream::launch_host (it runs on the stream's worker; its
-//    arguments are captured by value). An exception it throws becomes the stream's sticky error.
+//  * sim: the CPU kernel, enqueued as a sim kernel (core/device/sim_kernel.h: it runs on the
+//    stream's worker; its arguments are captured by value). An exception it throws becomes the
+//    stream's sticky error.
 //  * cuda: a CUDA launch on the stream's cudaStream_t (engine/device_ops_cuda.cu). An op with no
 //    CUDA kernel yet throws DeviceError at enqueue time, naming the op. In a build without the
 //    CUDA backend every op on a cuda stream throws DeviceError saying so.
 // Argument errors (shard sizes, null pointers) are reported at enqueue time on both backends,
 // never later through the stream.
 //
-// Bits: each op's comment names the host function whose bits it gives. On sim it is that very
+// Bits: each op's comment names the host (CPU) function whose bits it gives. On sim it is that very
 // function (or the same per-element expression); on cuda the kernels run the same STRATA_HD
 // element math (core/dtype.h, optim/optim_math.h), so finite results have the same bits; only the
 // payload of a NaN may differ (a GPU writes the canonical NaN).

@@ -56,9 +56,9 @@ class TierStore {
   TierStore& operator=(const TierStore&) = delete;
 
   // Host arrays: created zero-filled on first use, page-aligned, freed by remove(). `device_copies`:
-  // a device stream copies to or from the array, so it is page-locked (through the pinner, if any);
-  // it must be created that way, outside host functions, as page-locking inside one would never
-  // return on cuda (Note [Host functions on cuda]). Arrays only the CPU touches stay pageable.
+  // a device stream copies to or from the array, so it is page-locked (through the pinner, if any)
+  // when created, at set-up (Note [Pinning while streams run] in core/device/sim_device.cc). Arrays
+  // only the CPU touches stay pageable.
   std::span<std::byte> host(const std::string& key, std::size_t bytes, bool device_copies = false);
   void remove(const std::string& key);
 

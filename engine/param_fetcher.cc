@@ -122,7 +122,6 @@ DeviceMemory ParamFetcher::allocate(std::size_t bytes, std::string_view tag, std
   } catch (const OutOfMemoryError&) {
   }
   std::vector<Stream*> streams = {&ctx_.comm};
-  if (home_.host_stream() != nullptr) streams.push_back(home_.host_stream());
   for (const Group& H : groups_) {
     Stream* used = H.last_use_stream;
     if (used != nullptr && std::find(streams.begin(), streams.end(), used) == streams.end()) streams.push_back(used);
@@ -130,7 +129,9 @@ DeviceMemory ParamFetcher::allocate(std::size_t bytes, std::string_view tag, std
   // Note [Deterministic prefetch]: whether the first try failed depends on which queued frees had
   // run; once they all ran the memory state is the same on every rank, so the decisions below (a
   // prefetch gives up, a demand fetch evicts gathered copies that must be gathered again later,
-  // which is a collective) are the same on every rank.
+  // which is a collective) are the same on every rank. The home's host work frees reduced
+  // gradients as it goes: it is drained first.
+  home_.synchronize();
   for (Stream* s : streams) s->synchronize();
   if (prefetch) return ctx_.device.allocate(bytes, tag);  // evict nothing
   try {
@@ -142,6 +143,7 @@ DeviceMemory ParamFetcher::allocate(std::size_t bytes, std::string_view tag, std
     if (h == keep_group || H.live > 0 || H.gathered.empty()) continue;
     free_gathered(h, H.last_use_stream != nullptr ? H.last_use_stream : &ctx_.comm);
   }
+  home_.synchronize();
   for (Stream* s : streams) s->synchronize();
   return ctx_.device.allocate(bytes, tag);
 }

@@ -55,9 +55,8 @@ class StateHome {
   virtual void init_group(std::size_t g, const float* master_full, const void* working_full) = 0;
   // The device-resident fp32 master of g's state range (W may alias it), or null.
   virtual float* device_master(std::size_t g) const = 0;
-  // Host streams of the home, which the device allocator drains before it gives up (or null).
-  virtual Stream* host_stream() const { return nullptr; }
-  // Waits for the home's own queued work.
+  // Waits for the home's own queued host work (which frees device memory as it goes: the device
+  // allocator drains it before it gives up).
   virtual void synchronize() {}
 
   // ---- one step

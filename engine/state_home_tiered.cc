@@ -38,7 +38,7 @@ T* as(std::span<std::byte> s) {
 }  // namespace
 
 // Builds what the plan's offload section asks for: the swap store (one file per NVMe directory),
-// the host/NVMe array store, the pinned pools and the two host-side streams.
+// the host/NVMe array store, the pinned pools, the host thread and the transfer stream.
 TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : ctx_(ctx), weights_(weights) {
   const OffloadPlan& op = ctx_.plan.offload;
   params_ = ctx_.plan.params_offloaded();
@@ -75,7 +75,7 @@ TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : 
     pp.pinner = op.pin_params ? &ctx_.device : nullptr;
     param_pool_ = std::make_unique<offload::BufferPool>(pp, nullptr);
   }
-  worker_ = ctx_.device.create_stream("zero.offload");
+  executor_ = std::make_unique<HostExecutor>("zero.offload", ctx_.config.strata.device.chaos_seed);
   transfer_ = ctx_.device.create_stream("zero.transfer");
   spdlog::debug("offload: optimizer on {} ({} of {} chunks on NVMe), params {} ({} chunks on NVMe), chunks of {} "
                 "elements, {} pinned slots of {}, swap {}",
@@ -85,9 +85,14 @@ TieredStateHome::TieredStateHome(EngineContext& ctx, WorkingWeights& weights) : 
 }
 
 TieredStateHome::~TieredStateHome() {
-  // Queued host work reads this home's arrays: let it finish before they are freed.
+  // Queued host work reads this home's arrays, and queued copies its slots: let them finish first.
   try {
-    worker_->synchronize();
+    executor_->drain();
+  } catch (const std::exception& e) {
+    spdlog::error("zero engine shutdown: {}", e.what());
+  }
+  try {
+    for (SlotInFlight& s : slots_in_flight_) s.copied->synchronize();
     transfer_->synchronize();
   } catch (const std::exception& e) {
     spdlog::error("zero engine shutdown: {}", e.what());
@@ -148,15 +153,20 @@ bool TieredStateHome::take_overlap(double lr) {
   return overlapped;
 }
 
+// Note [Host-driven offload] (docs/DESIGN.md): the host thread waits on the event recorded after
+// the reduction, copies the gradient down and combines it; the reduced buffer is freed by that
+// thread once its copies down have completed, so no work names it after its free.
 void TieredStateHome::add_unit(std::size_t g, DeviceMemory reduced, int unit) {
-  std::shared_ptr<Event> ready(ctx_.device.create_event());
-  ctx_.comm.record(*ready);
-  worker_->wait(*ready);
+  std::shared_ptr<Event> reduced_event(ctx_.device.create_event());
+  ctx_.comm.record(*reduced_event);
   const bool last = unit + 1 == ctx_.accumulation();
   const bool overlap = last && overlap_step_;
-  const void* src = reduced.data();
-  worker_->launch_host([this, g, src, unit, last, overlap, ready] { combine(g, src, unit, last, overlap); });
-  worker_->release_after(std::move(reduced));
+  auto held = std::make_shared<DeviceMemory>(std::move(reduced));
+  executor_->submit([this, g, held, reduced_event, unit, last, overlap] {
+    reduced_event->synchronize();
+    combine(g, held->data(), unit, last, overlap);
+    held->reset();  // every copy of it has completed (combine waits for each)
+  });
 }
 
 // One micro-batch's reduced gradient of group g (device, working dtype) joins the step's sum on
@@ -340,13 +350,24 @@ void TieredStateHome::drop_grads() {
   }
 }
 
+// A slot whose copies up have completed goes back to the pool first; with none free, the host waits
+// for the oldest copies in flight (Note [Deterministic prefetch]: a slot is waited for, never given
+// up, so every rank issues the same gathers).
 std::shared_ptr<offload::BufferLease> TieredStateHome::reserve_param_slot(std::size_t g) {
   if (!ctx_.plan.params_on_nvme(g)) return nullptr;
-  return std::make_shared<offload::BufferLease>(param_pool_->acquire());
+  while (!slots_in_flight_.empty() && slots_in_flight_.front().copied->query()) slots_in_flight_.pop_front();
+  offload::BufferLease lease;
+  while (!param_pool_->try_acquire(&lease)) {
+    if (slots_in_flight_.empty()) return std::make_shared<offload::BufferLease>(param_pool_->acquire());
+    slots_in_flight_.front().copied->synchronize();
+    slots_in_flight_.pop_front();
+  }
+  return std::make_shared<offload::BufferLease>(std::move(lease));
 }
 
-// NVMe chunks are read into the group's slot and go up from there once the reads completed; host
-// chunks go up from their host arrays.
+// NVMe chunks are read into the group's slot and go up from there once the host has seen the reads
+// complete (Note [Host-driven offload]: a stream never waits for I/O); host chunks go up from their
+// host arrays. The slot returns with the event recorded after the copies.
 void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<offload::BufferLease> slot) {
   const GroupPlan& P = ctx_.group(g);
   const std::size_t wbytes = ctx_.wbytes();
@@ -359,7 +380,7 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
       reads.push_back(store_->swap().read(param_key(g, k), slot->span().subspan(c.begin * wbytes, c.elems * wbytes)));
       store_->count_read(c.elems * wbytes);
     }
-    comm.launch_host([reads] { offload::wait_all(reads); });
+    offload::wait_all(reads);
   }
   auto* out = static_cast<std::byte*>(dst);
   for (std::size_t k = 0; k < P.chunks.size();) {
@@ -374,7 +395,11 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
     }
     copy_bytes_.fetch_add(bytes);
   }
-  if (slot) comm.launch_host([slot]() mutable { slot.reset(); });
+  if (slot) {
+    SlotInFlight s{ctx_.device.create_event(), std::move(slot)};
+    comm.record(*s.copied);
+    slots_in_flight_.push_back(std::move(s));
+  }
 }
 
 StateHomeStats TieredStateHome::stats() const {

@@ -2,23 +2,28 @@
 // engine/zero_engine.h): each rank's master weights and moments live on the optimizer tier in
 // chunks (engine/offload_tier.h), never on the device. Each micro-batch's reduced gradient goes
 // device -> host on a transfer stream and is combined there (the same binary-counter tree, the same
-// bits) into fp32 chunks on the same tier by a worker stream that runs while backward goes on; the
-// last micro-batch forms the final gradient and its per-block sums of squares. The step streams
+// bits) into fp32 chunks on the same tier by the offload host thread (engine/host_executor.h),
+// which waits on the event recorded after the reduction and works while backward goes on (Note
+// [Host-driven offload] in docs/DESIGN.md); the last micro-batch forms the final gradient and its
+// per-block sums of squares. The step streams
 // the chunks through the pinned pool (Note [Chunk pipeline]): NVMe read -> CPU update ->
 // low-precision pack -> NVMe write or device upload, several chunks in flight; where it can, the
 // update runs during backward (Note [Overlapped update]). With offload_param (stage 3) the sharded
 // working weights live on the parameter tier too, and fetches bring them NVMe -> pinned slot ->
-// device. Each chunk lives on its own tier (host or NVMe) as the plan says. Files: engine/state_home_tiered.cc (set-up, sums, update), engine/state_home_tiered_state.cc
+// device: the host waits for the NVMe reads, then enqueues the copies up, and the slot returns with
+// the event recorded after them. Each chunk lives on its own tier (host or NVMe) as the plan says. Files: engine/state_home_tiered.cc (set-up, sums, update), engine/state_home_tiered_state.cc
 // (checkpoints). Not part of the engine's interface.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/host_executor.h"
 #include "engine/state_home.h"
 #include "offload/swap_store.h"
 
@@ -31,13 +36,12 @@ class TieredStateHome final : public StateHome {
 
   void init_group(std::size_t g, const float* master_full, const void* working_full) override;
   float* device_master(std::size_t /*g*/) const override { return nullptr; }
-  Stream* host_stream() const override { return worker_.get(); }
-  void synchronize() override { worker_->synchronize(); }
+  void synchronize() override { executor_->drain(); }
 
   bool prepare_step(double lr) override;
   bool take_overlap(double lr) override;
   void add_unit(std::size_t g, DeviceMemory reduced, int unit) override;
-  void finish_grads() override { worker_->synchronize(); }
+  void finish_grads() override { executor_->drain(); }
   std::vector<double> block_partials(std::size_t g) override { return block_partials_[g]; }
   bool partials_are_shards() const override { return true; }
   optim::ExactSquares exact_squares(std::size_t g) override;
@@ -95,8 +99,15 @@ class TieredStateHome final : public StateHome {
   std::unique_ptr<TierStore> store_;
   std::unique_ptr<offload::BufferPool> pool_;        // the optimizer's chunk pipeline
   std::unique_ptr<offload::BufferPool> param_pool_;  // NVMe -> device parameter fetches
-  std::unique_ptr<Stream> worker_;    // gradient combines and overlapped updates (host work, in order)
-  std::unique_ptr<Stream> transfer_;  // d2h of reduced gradients, h2d of new weights (from the worker)
+  std::unique_ptr<HostExecutor> executor_;  // gradient combines and overlapped updates (host work, in order)
+  std::unique_ptr<Stream> transfer_;        // d2h of reduced gradients, h2d of new weights
+  // Parameter slots whose copies up may still run, each with the event recorded after them, oldest
+  // first; a slot returns to the pool once its event has completed (reserve_param_slot).
+  struct SlotInFlight {
+    std::unique_ptr<Event> copied;
+    std::shared_ptr<offload::BufferLease> slot;
+  };
+  std::deque<SlotInFlight> slots_in_flight_;
   // Per group: the per-block sums of squares of the step's final gradient (taken when it is formed,
   // chunk by chunk; outside exact mode).
   std::vector<std::vector<double>> block_partials_;

@@ -81,7 +81,7 @@ StatePiece TieredStateHome::fetch_piece(std::size_t /*index*/, const StateChunkI
 }
 
 std::vector<float> TieredStateHome::master_range(std::size_t g) {
-  worker_->synchronize();
+  executor_->drain();
   const GroupPlan& P = ctx_.group(g);
   std::vector<float> out(P.state_elems);
   HostBuffer staging;

@@ -166,6 +166,7 @@ std::unique_ptr<Device> open_training_device(const TrainConfig& cfg) {
   o.h2d_gbps = d.h2d_gbps;
   o.d2h_gbps = d.d2h_gbps;
   o.latency_us = d.latency_us;
+  o.chaos_seed = d.chaos_seed;
   return open_compute_device(training_device_choice(cfg), d.memory_bytes, o, training_device_source(cfg));
 }
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The GPU machine's checks, in one command (README "How the CUDA path is verified"): run after
 # `bash .gpu/remote.sh` built Strata with CUDA into BUILD (../shared/gpu/README.md).
-#   1. offload on cuda (refused unless STRATA_CUDA_OFFLOAD=1, engine/zero_engine.cc): tiny with the
-#      optimizer on the CPU, then the demo (configs/demo.json), each with per-step seconds in a metrics
-#      file and, if it is still running at its limit, every thread's stack (gdb, else eu-stack, else
-#      /proc) before it is killed, so a hang and a slow run tell apart;
+#   0. the host-driven stream patterns the offload pipeline uses (core_cuda_test: seconds);
+#   1. offload on cuda (refused unless STRATA_CUDA_OFFLOAD=1, engine/zero_engine.cc; host-driven since
+#      2026-11-28, Note [Host-driven offload]): tiny with the optimizer on the CPU, tiny in exact mode
+#      with the optimizer on NVMe and the parameters on the CPU against the same run on sim (same
+#      bits?), then the demo (configs/demo.json), each with per-step seconds in a metrics file and, if
+#      it is still running at its limit, every thread's stack (gdb, else eu-stack, else /proc) before
+#      it is killed, so a hang and a slow run tell apart;
 #   2. the attention tests with each opt-in kernel (wmma, fa2w), and when fa2w passes, fa2 and fa2w
 #      timed alone, alternating; then the gpu-labelled tests (ctest -L gpu): the model op set against
 #      its CPU reference, the engine's device ops, the CUDA AdamW, training on cuda
@@ -65,10 +68,26 @@ offload_run() {  # NAME SECS CONFIG ARGS...
     's/.*"host_pins": *\([0-9]*\).*/\1/p' "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')"
   tail -3 "$out/$name/train.log"
 }
+stamp "host-driven stream patterns (core_cuda_test)"
+timeout 120 "$b/tests/core/core_cuda_test" >"$out/core_cuda_test.log" 2>&1
+echo "core_cuda_test: rc $? $(grep -E 'PASSED|FAILED' "$out/core_cuda_test.log" | head -3)"
 if [[ " $* " != *" --no-offload "* ]]; then
   # tiny (45K parameters) with the optimizer on the CPU: seconds on sim.
   offload_run tiny-cpu-offload 60 "$here/../configs/tiny.json" --steps 5 \
     --set zero_optimization.offload_optimizer.device='"cpu"'
+  # Exact mode, ZeRO-3, optimizer on NVMe, parameters on the CPU, 2 micro-batches: cuda against sim.
+  exact=(--steps 5 --set strata.exact=true --set zero_optimization.stage=3 --set gradient_accumulation_steps=2
+         --set zero_optimization.offload_optimizer.device='"nvme"' --set zero_optimization.offload_param.device='"cpu"'
+         --set zero_optimization.offload_optimizer.nvme_path='"nvme"' --save-weights weights.safetensors)
+  offload_run tiny-exact-offload 90 "$here/../configs/tiny.json" "${exact[@]}"
+  mkdir -p "$out/tiny-exact-offload-sim"
+  (cd "$out/tiny-exact-offload-sim" && timeout 90 "$b/bin/strata" train --config "$here/../configs/tiny.json" \
+     --set strata.device.kind='"sim"' "${exact[@]}" >train.log 2>&1)
+  if cmp -s "$out/tiny-exact-offload/weights.safetensors" "$out/tiny-exact-offload-sim/weights.safetensors"; then
+    echo "tiny-exact-offload: cuda and sim weights are the same bits"
+  else
+    echo "tiny-exact-offload: cuda and sim weights DIFFER (or a run failed: see both train.log)"
+  fi
   # The demo: ZeRO-3, bf16, state on NVMe, the GPU capped at 6 MiB (20 steps take 16 s on sim).
   offload_run demo 120 "$here/../configs/demo.json" --steps 20
 fi

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/device/sim_kernel.h"
 #include "core/file_io.h"
 #include "core/host_buffer.h"
 #include "engine/tier_plan.h"
@@ -97,7 +98,7 @@ double memcpy_bytes_per_s() {
   return static_cast<double>(bytes) / fastest_call_seconds([&] { std::memcpy(b.data(), a.data(), bytes); }, 5);
 }
 
-// Note [Wake-ups] (tools/step_sim.h): half the median round trip of an empty host function through
+// Note [Wake-ups] (tools/step_sim.h): half the median round trip of an empty sim kernel through
 // an idle sim stream, whose worker is woken by it and then wakes the waiting host. The median, not
 // the fastest: a step's wake-ups are many, and what they cost together is their typical cost.
 double sim_wake_seconds() {
@@ -109,7 +110,7 @@ double sim_wake_seconds() {
   std::vector<double> trips(301);
   for (double& t : trips) {
     const auto t0 = std::chrono::steady_clock::now();
-    stream->launch_host([] {});
+    launch_sim_kernel(*stream, [] {});
     stream->synchronize();
     t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

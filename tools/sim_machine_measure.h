@@ -6,7 +6,7 @@
 //   - efficiency: the FLOPs of one micro-batch of the config's model (cut to 8 blocks when it has
 //     more; the blocks are alike) over its fastest forward+backward on the sim device, divided by
 //     that peak; one figure for the blocks and the head. The per-op costs the FLOP count leaves out
-//     (norms, softmax, launching host functions on the stream) are inside it. This calibrates the
+//     (norms, softmax, launching sim kernels on the stream) are inside it. This calibrates the
 //     compute queue on the config's own shapes, so what the check against `bench step` tests is
 //     the rest: the engine's schedule, how the queues overlap and wait for each other.
 //   - CPU Adam and host memory: AdamW and the Adam-shaped pass of tools/yardsticks.h (what

@@ -210,7 +210,8 @@ void EngineSim::prefetch_after(std::size_t position) {
 }
 
 // ParamFetcher::start_gather: the shard from the device, host or NVMe (through a pinned slot that
-// the host waits for), up to the device on the comm stream, then all-gathered.
+// the host waits for, and reads the host waits for: Note [Host-driven offload]), up to the device
+// on the comm stream, then all-gathered.
 void EngineSim::start_gather(std::size_t g) {
   const GroupLayout& L = plan(g).layout;
   const double shard_bytes = static_cast<double>(L.shard_elems()) * wbytes();
@@ -227,6 +228,7 @@ void EngineSim::start_gather(std::size_t g) {
       ready = tl_.add("nvme read params " + gname(g), SimLane::Io, SimQueue::Nvme,
                       transfer_seconds(nvme_bytes, r_.io.nvme_read_bytes_per_s), host_,
                       static_cast<std::uint64_t>(nvme_bytes));
+      host_wait(ready);  // upload_params: the host waits for the reads, then enqueues the copies up
     }
     end = comm("h2d params " + gname(g), transfer_seconds(shard_bytes, r_.io.h2d_bytes_per_s), ready, shard_bytes,
                SimQueue::H2D);
@@ -280,7 +282,8 @@ double EngineSim::add_unit(std::size_t g, int unit, double reduced_at) {
     const double bytes = static_cast<double>(P.grad_elems) * (wbytes() + 8);
     return comm("gradient sum " + gname(g), device_pass(bytes), reduced_at, bytes, SimQueue::Compute);
   }
-  // The worker takes the unit from here; the comm stream is done with it.
+  // The offload host thread takes the unit from here (it waits on the reduction's event); the comm
+  // stream is done with it.
   simulate_pipeline(tl_, SimLane::Worker, reduced_at, combine_jobs(g, unit), p_.offload.slot_count, r_.io);
   return reduced_at;
 }

@@ -58,7 +58,7 @@
 // calibrated on tiny's own forward and backward, which has no waits. So an operation starts
 // SimMachine::wake_seconds late when its lane was idle when it became ready, the host resumes that
 // late from each wait that blocked it, and a chunk job's copy costs two of them (simulate_pipeline).
-// `--machine measure` measures it as half the median round trip of an empty host function through
+// `--machine measure` measures it as half the median round trip of an empty sim kernel through
 // an idle sim stream (the worker woken, then the host). A GPU's launch and synchronization
 // latencies (microseconds) have not been measured, so a machine file charges none.
 #pragma once

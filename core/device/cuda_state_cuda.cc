@@ -10,13 +10,14 @@
 // pool failure is reported the same way (OutOfMemoryError with format_memory_report). The pool
 // keeps freed memory up to the capacity (release threshold) instead of returning it to the driver
 // at every synchronization. Its internal fragmentation is not visible through the runtime API, so
-// largest_free_block_bytes reports the free bytes. allocate() waits for alloc_stream_, so the pool
-// must not let an allocation reuse memory whose free is still queued on another stream by making
-// alloc_stream_ wait for that stream (cudaMemPoolReuseAllowInternalDependencies, on by default):
-// the host would then wait inside allocate() for other streams' work, and for a stream blocked on
-// one of its host functions (Note [Host functions on cuda]) that can be work which waits for the
-// very thread that allocates. So that reuse is off: the pool reuses only frees that have run, and
-// grows (up to the GPU, under the capacity counted here) otherwise.
+// largest_free_block_bytes reports the free bytes. allocate() waits for alloc_stream_; the pool
+// could let an allocation reuse memory whose free is still queued on another stream by making
+// alloc_stream_ wait for that stream (cudaMemPoolReuseAllowInternalDependencies, on by default),
+// and allocate() would then wait for whatever that stream still has queued (compute, a gather).
+// No stream ever waits for the host (Note [Host-driven offload] in docs/DESIGN.md), so that wait
+// would end, but it would stall the host's enqueueing for no gain: that reuse is off, the pool
+// reuses only frees that have run, and grows (up to the GPU, under the capacity counted here)
+// otherwise.
 #include "core/device/cuda_state_cuda.h"
 
 #include <cuda.h>
@@ -125,7 +126,6 @@ CudaState::~CudaState() {
                  ptr, format_bytes(bytes));
     log_if_failed(cudaHostUnregister(ptr), "cudaHostUnregister", name);
   }
-  for (void* p : deferred_unpins_) log_if_failed(cudaHostUnregister(p), "cudaHostUnregister", name);
   for (cudaEvent_t e : events_) log_if_failed(cudaEventDestroy(e), "cudaEventDestroy", name);
   for (cudaStream_t s : streams_) log_if_failed(cudaStreamDestroy(s), "cudaStreamDestroy", name);
   log_if_failed(cudaStreamDestroy(alloc_stream_), "cudaStreamDestroy", name);
@@ -212,30 +212,7 @@ void CudaState::reset_peak() {
   stats_.peak_bytes_by_tag = stats_.bytes_by_tag;
 }
 
-bool& on_host_function_thread() noexcept {
-  thread_local bool inside = false;
-  return inside;
-}
-
-void CudaState::unregister_deferred() noexcept {
-  std::vector<void*> deferred;
-  {
-    std::lock_guard lock(mutex_);
-    deferred.swap(deferred_unpins_);
-  }
-  ScopedDevice on(ordinal, std::nothrow);
-  for (void* p : deferred) log_if_failed(cudaHostUnregister(p), "cudaHostUnregister", name);
-}
-
 void CudaState::pin(void* ptr, std::size_t bytes) {
-  if (on_host_function_thread()) {
-    throw DeviceError(fmt::format(
-        "{}: pin_host inside a host function of a cuda stream: page-locking synchronizes the whole device, and "
-        "the stream running the function waits for the function, so it would never return. Page-lock host "
-        "memory before enqueueing the work that uses it (Note [Host functions on cuda])",
-        name));
-  }
-  unregister_deferred();  // a deferred range must go before the same addresses can be registered again
   if (ptr == nullptr || bytes == 0) {
     throw DeviceError(fmt::format("{}: pin_host({}, {} bytes): nothing to pin; pass a non-empty host buffer", name,
                                   ptr, bytes));
@@ -275,15 +252,7 @@ void CudaState::unpin(void* ptr) noexcept {
     }
     stats_.pinned_host_bytes -= it->second;
     pinned_.erase(it);
-    if (on_host_function_thread()) {
-      // cudaHostUnregister here would wait for the device, which waits for this function
-      // (Note [Host functions on cuda]). The pages stay locked until the next pin or unpin
-      // outside a host function, or the device's destruction.
-      deferred_unpins_.push_back(ptr);
-      return;
-    }
   }
-  unregister_deferred();
   ScopedDevice on(ordinal, std::nothrow);
   log_if_failed(cudaHostUnregister(ptr), "cudaHostUnregister", name);
 }

@@ -81,9 +81,7 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   void reset_peak();
 
   // cudaHostRegister of a large buffer takes a while, so it runs outside the lock; the registry
-  // entry is claimed first so that two threads cannot pin the same memory. Neither may run inside
-  // a host function of a cuda stream (Note [Host functions on cuda]): there pin throws DeviceError,
-  // and unpin defers cudaHostUnregister to the next pin or unpin outside one (or the destructor).
+  // entry is claimed first so that two threads cannot pin the same memory.
   void pin(void* ptr, std::size_t bytes);
   void unpin(void* ptr) noexcept;
   // Whether [ptr, ptr + bytes) lies inside one host range this device pinned; a copy of host memory
@@ -110,7 +108,6 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   };
 
   MemoryStats stats_locked() const;
-  void unregister_deferred() noexcept;
   [[noreturn]] void throw_out_of_memory_locked(std::size_t bytes, std::string_view tag, std::string_view why) const;
 
   mutable std::mutex mutex_;
@@ -119,12 +116,8 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   MemoryStats stats_;
   std::unordered_map<void*, Allocation> allocations_;
   std::map<void*, std::size_t> pinned_;
-  std::vector<void*> deferred_unpins_;  // unpinned inside a host function; unregistered later
   std::set<cudaStream_t> streams_;
   std::set<cudaEvent_t> events_;
 };
-
-// True on the thread that runs a cuda stream's host functions (Note [Host functions on cuda]).
-bool& on_host_function_thread() noexcept;
 
 }  // namespace strata::cuda_backend

@@ -1,19 +1,26 @@
 // The Device abstraction: memory, streams and events of one accelerator (docs/DESIGN.md, "The
 // device abstraction"). Three things are kept apart, as in ggml's backend interface:
 //   * allocation policy and the owned allocation: Device::allocate -> DeviceMemory (RAII);
-//   * ordering: Stream (an ordered queue of copies, host functions and kernels) and Event;
+//   * ordering: Stream (an ordered queue of kernels, copies and event record/wait) and Event;
 //   * page-locking of host memory: Device is the HostMemoryPinner that core/host_buffer uses.
 //
 // Two backends implement it: `sim` (core/device/sim_device.cc, sim_allocator.h), device memory that is host memory
 // behind a hard capacity cap, streams run by worker threads, copies throttled to a modeled link;
 // and `cuda` (core/device/cuda_device_cuda.cc), the same contract over the CUDA runtime.
 //
+// Note [Host-driven offload] (docs/DESIGN.md): the host waits on the device, the device never
+// waits on the host. A stream carries kernels (enqueued by the device front layers: CUDA
+// launches, or sim kernels, core/device/sim_kernel.h), copies, frees and event record/wait; no
+// stream runs host code of the engine. Host threads wait on events (Event::synchronize, query),
+// do host work, and enqueue the next copies themselves; a stream waits only on an event whose
+// record has already been enqueued.
+//
 // Contract shared by both backends (tests in tests/core hold the sim backend to it):
 //  * Work on one stream runs in enqueue order. Work on different streams is unordered unless an
 //    event joins them: a.record(e); b.wait(e) makes b's later work wait for a's earlier work.
 //  * Stream::wait and Event::query/synchronize on an event that was never recorded throw
 //    DeviceError (CUDA would silently treat it as complete; that hides ordering bugs).
-//  * Copies and host functions are asynchronous; pointers must stay valid until the stream has
+//  * Copies and kernels are asynchronous; pointers must stay valid until the stream has
 //    passed them (use an event, Stream::synchronize, or Stream::release_after for device memory).
 //    Except: a copy to or from host memory that is not pinned (pin_host) blocks the caller until
 //    it has run, as CUDA's may (Note [Pageable copies] in core/device/sim_device.cc).
@@ -143,13 +150,9 @@ class Stream {
   virtual void copy_d2d(void* dst_device, const void* src_device, std::size_t bytes) = 0;
   virtual void memset(void* dst_device, int value, std::size_t bytes) = 0;
 
-  // Runs `fn` on a host thread in stream order: the stream's worker on sim (how CPU kernels run), a
-  // thread of the stream's own on cuda (Note [Host functions on cuda]: `fn` may call CUDA, but must
-  // not wait for later work of its own stream or for the whole device). An exception from `fn`
-  // becomes the stream's error.
-  virtual void launch_host(std::function<void()> fn) = 0;
-
-  // Frees `memory` once all work enqueued so far on this stream has run (cudaFreeAsync).
+  // Frees `memory` once all work enqueued so far on this stream has run (cudaFreeAsync). Work
+  // enqueued afterwards, on any stream, must not name it (Note [Released memory] in
+  // core/device/sim_allocator.h).
   virtual void release_after(DeviceMemory memory) = 0;
 
   virtual void record(Event& event) = 0;
@@ -208,6 +211,11 @@ struct SimDeviceOptions {
   double d2h_gbps = 0;  // device->host (full duplex: its own link)
   double d2d_gbps = 0;  // device memory bandwidth for d2d copies
   double latency_us = 0;  // fixed cost added to each copy
+  // Note [Schedule chaos] (core/device/sim_device.cc): non-zero, every stream task starts after a
+  // seeded random pause of up to chaos_max_us, so that rare orders are tried (tests, and
+  // strata.device.chaos).
+  std::uint64_t chaos_seed = 0;
+  double chaos_max_us = 200;
   // What sets the capacity, named when it cannot be had: the config key, or the flags of a command
   // that sizes its device itself (strata eval: --batch-size and --seq-len).
   std::string capacity_knob = "strata.device.memory";

@@ -27,14 +27,14 @@
 // with a host range that is not inside one pinned buffer block the calling thread until the copy
 // has run, after the stream's earlier work. So a pageable copy shows as the host synchronization
 // it may be, an order that could hang on cuda (the host waits for a stream that waits for the
-// host) hangs on sim too, and a pageable copy from a host function of its own stream, which would
-// wait for itself, is refused with a DeviceError.
+// host) hangs on sim too, and a pageable copy from inside a sim kernel, which would make the device
+// wait (Note [Sim kernels] in core/device/sim_kernel.h), is refused with a DeviceError.
 //
 // Note [Pinning while streams run]: CUDA's programming guide lists a page-locked host allocation
 // among the calls that synchronize streams implicitly (two commands of different streams cannot
 // overlap when one is issued between them), and cudaHostRegister may wait for the device. A pin in
-// the middle of a step, while streams work, therefore stalls every stream on cuda, and if a stream
-// waits for the pinning thread (a host function waiting on it), nothing moves. Both backends count
+// the middle of a step, while streams work, therefore stalls every stream on cuda (no stream waits
+// for a host thread, Note [Host-driven offload], so it cannot deadlock, but it costs time). Both backends count
 // pin_host calls (MemoryStats::host_pins); `strata train` reports them per step, and the engine
 // pins its host buffers before the first step's work, so every step pins nothing
 // (train_offload_test.sh checks it). Counting every pin, rather than only those that met a
@@ -53,6 +53,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -60,6 +61,7 @@
 
 #include "core/device/device.h"
 #include "core/device/sim_allocator.h"
+#include "core/device/sim_kernel.h"
 #include "core/error.h"
 #include "core/units.h"
 
@@ -106,6 +108,27 @@ class ModeledLink {
   Clock::time_point busy_until_{};
 };
 
+// Note [Schedule chaos]: with SimDeviceOptions::chaos_seed set, every stream task (copy, kernel,
+// event record or wait, free) starts after a random pause, drawn from a generator of the stream's
+// own seeded from the device's, so that orders CUDA allows but two idle cores rarely produce (a
+// copy finishing after the kernel queued behind a later event, an event completing late) are
+// tried. Half the tasks get no pause; the rest up to chaos_max_us.
+class Chaos {
+ public:
+  Chaos(std::uint64_t seed, double max_us) : rng_(seed), max_us_(max_us), on_(seed != 0 && max_us > 0) {}
+  void pause() {
+    if (!on_) return;
+    std::uniform_real_distribution<double> d(-max_us_, max_us_);
+    const double us = d(rng_);
+    if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  double max_us_;
+  bool on_;
+};
+
 // What DeviceMemory, Stream and Event share with the Device (Note [Sim lifetimes]).
 class SimDeviceState final : public detail::DeviceMemoryReleaser {
  public:
@@ -115,9 +138,18 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
                                       .alignment_bytes = o.alignment_bytes, .capacity_knob = o.capacity_knob}),
         h2d(o.h2d_gbps, o.latency_us),
         d2h(o.d2h_gbps, o.latency_us),
-        d2d(o.d2d_gbps, o.latency_us) {}
+        d2d(o.d2d_gbps, o.latency_us),
+        chaos_seed(o.chaos_seed),
+        chaos_max_us(o.chaos_max_us) {}
 
   void release(void* ptr) noexcept override { allocator.release(ptr); }
+
+  // Note [Schedule chaos]: each stream's own generator, seeded from the device's seed and the
+  // stream's creation index.
+  Chaos chaos_for_next_stream() {
+    const std::uint64_t index = streams_created.fetch_add(1);
+    return Chaos(chaos_seed == 0 ? 0 : chaos_seed * 0x9E3779B97F4A7C15ULL + index + 1, chaos_max_us);
+  }
 
   const std::string name;
   SimAllocator allocator;
@@ -125,6 +157,9 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
   ModeledLink d2h;
   ModeledLink d2d;
   std::atomic<Device*> device{nullptr};  // null once the Device is destroyed
+  const std::uint64_t chaos_seed;
+  const double chaos_max_us;
+  std::atomic<std::uint64_t> streams_created{0};
 
   std::mutex pinned_mutex;
   std::map<const void*, std::size_t> pinned;  // ptr -> bytes
@@ -145,12 +180,23 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
   }
 };
 
-// True on a sim stream's worker thread, where host functions run (Note [Host functions on cuda]
-// in core/device/cuda_device_cuda.cc: page-locking there would wait for the function itself).
+// True on a sim stream's worker thread, where kernels run (Note [Sim kernels] in
+// core/device/sim_kernel.h).
 bool& on_sim_stream_worker() noexcept {
   thread_local bool inside = false;
   return inside;
 }
+
+// Note [Sim kernels]: what a GPU kernel cannot do, a sim kernel may not do either.
+void refuse_inside_kernel(std::string_view device_name, std::string_view what) {
+  if (!on_sim_stream_worker()) return;
+  throw DeviceError(fmt::format(
+      "{}: {} inside a sim kernel: a kernel runs on the device and must never wait for the host or for other "
+      "streams (a GPU would hang). Wait on events from a host thread, then enqueue the next work (Note [Sim "
+      "kernels] in core/device/sim_kernel.h)",
+      device_name, what));
+}
+
 
 [[noreturn]] void throw_destroyed(std::string_view device_name, std::string_view owner, std::string_view what) {
   throw DeviceError(fmt::format("device {} was destroyed; {} was used afterwards ({}). Streams, events and device "
@@ -209,6 +255,7 @@ class SimEvent final : public Event {
 
   void synchronize() override {
     lock_alive(device_, device_name_, "an event", "Event::synchronize");
+    refuse_inside_kernel(device_name_, "Event::synchronize");
     std::uint64_t gen = 0;
     {
       std::lock_guard lock(state_->mutex);
@@ -268,10 +315,14 @@ const SimEvent& as_sim_event(const Event& event, std::string_view what) {
   return *sim;
 }
 
-class SimStream final : public Stream {
+class SimStream final : public Stream, public SimKernelQueue {
  public:
   SimStream(const std::shared_ptr<SimDeviceState>& device, std::string name)
-      : device_(device), device_name_(device->name), name_(std::move(name)), owner_(fmt::format("stream '{}'", name_)) {
+      : device_(device),
+        device_name_(device->name),
+        name_(std::move(name)),
+        owner_(fmt::format("stream '{}'", name_)),
+        chaos_(device->chaos_for_next_stream()) {
     worker_ = std::thread([this] { worker_loop(); });
   }
 
@@ -329,20 +380,20 @@ class SimStream final : public Stream {
     enqueue_work([=](SimDeviceState& s) { s.d2d.fill(dst_device, value, bytes); });
   }
 
-  void launch_host(std::function<void()> fn) override {
-    usable_state("launch_host");
-    if (!fn) {
-      throw DeviceError(fmt::format("stream '{}' on {}: launch_host got an empty function", name_, device_name_));
+  // Note [Sim kernels] in core/device/sim_kernel.h.
+  void launch_kernel(std::function<void()> kernel) override {
+    usable_state("launch_kernel");
+    if (!kernel) {
+      throw DeviceError(fmt::format("stream '{}' on {}: launch_kernel got an empty function", name_, device_name_));
     }
-    ran_host_.store(true);
-    enqueue_work([fn = std::move(fn)](SimDeviceState&) { fn(); });
+    enqueue_work([kernel = std::move(kernel)](SimDeviceState&) { kernel(); });
   }
 
   void release_after(DeviceMemory memory) override {
     auto state = usable_state("release_after");
-    // Note [Released memory]: as the cuda backend, which calls cudaFreeAsync now on a stream that
-    // has never run a host function and from the host-function thread, in stream order, on one that has.
-    if (!ran_host_.load() && !memory.empty()) state->allocator.retire(memory.data());
+    // Note [Released memory]: as the cuda backend, which calls cudaFreeAsync now: work issued from
+    // here on may not name the memory, though queued work still may.
+    if (!memory.empty()) state->allocator.retire(memory.data());
     // std::function needs a copyable callable; the shared_ptr carries the move-only owner.
     auto held = std::make_shared<DeviceMemory>(std::move(memory));
     enqueue(Task{TaskKind::Control, [held](SimDeviceState*) { held->reset(); }}, nullptr);
@@ -374,6 +425,7 @@ class SimStream final : public Stream {
 
   void synchronize() override {
     lock_alive(device_, device_name_, owner_, "synchronize");
+    refuse_inside_kernel(device_name_, fmt::format("Stream::synchronize of stream '{}'", name_));
     std::unique_lock lock(mutex_);
     idle_cv_.wait(lock, [&] { return completed_ == enqueued_; });
     rethrow_if_failed_locked();
@@ -447,25 +499,25 @@ class SimStream final : public Stream {
   }
 
   // Note [Pageable copies]: queues a copy between the device and `host`; when [host, host + bytes)
-  // is not inside one pinned buffer, counts it and blocks until it has run. From a host function of
-  // this stream such a copy would wait for itself (on cuda the stream hangs): refused.
+  // is not inside one pinned buffer, counts it and blocks until it has run. Inside a sim kernel such
+  // a copy would make the device wait (Note [Sim kernels]): refused.
   void enqueue_host_copy(SimDeviceState& state, std::string_view what, std::string_view role, const void* host,
                          std::size_t bytes, std::function<void(SimDeviceState&)> fn) {
     if (state.pinned_range(host, bytes)) {
       enqueue_work(std::move(fn));
       return;
     }
-    if (std::this_thread::get_id() == worker_.get_id()) throw_pageable_on_own_worker(what, role);
+    if (on_sim_stream_worker()) throw_pageable_inside_kernel(what, role);
     const std::uint64_t ticket = enqueue_work(std::move(fn));
     state.count_pageable(bytes);
     wait_for_ticket(ticket);
   }
 
-  [[noreturn]] void throw_pageable_on_own_worker(std::string_view what, std::string_view role) const {
+  [[noreturn]] void throw_pageable_inside_kernel(std::string_view what, std::string_view role) const {
     throw DeviceError(fmt::format(
-        "stream '{}' on {}: {} from a host function of the same stream with a {} in pageable host memory: the copy "
-        "is synchronous (Note [Pageable copies]) and would wait for the function that issues it, which hangs on "
-        "cuda; pin the host memory (HostBuffer) or copy on another stream",
+        "stream '{}' on {}: {} from inside a sim kernel with a {} in pageable host memory: the copy is synchronous "
+        "(Note [Pageable copies]), and a kernel must never wait (Note [Sim kernels] in core/device/sim_kernel.h); "
+        "issue the copy from a host thread, or pin the host memory (HostBuffer)",
         name_, device_name_, what, role));
   }
 
@@ -494,6 +546,7 @@ class SimStream final : public Stream {
         queue_.pop_front();
         skip = error_.has_value() && task.kind == TaskKind::Work;
       }
+      chaos_.pause();  // Note [Schedule chaos]
       std::optional<std::string> failure;
       if (!skip) failure = run_task(task);
       task.run = nullptr;  // drop captures (release_after's memory) before the task counts as done
@@ -530,7 +583,7 @@ class SimStream final : public Stream {
   const std::string device_name_;
   const std::string name_;
   const std::string owner_;  // "stream 'name'", for messages
-  std::atomic<bool> ran_host_{false};  // launch_host was called (Note [Released memory])
+  Chaos chaos_;  // used by the worker only
 
   std::mutex mutex_;
   std::condition_variable work_cv_;  // worker waits for tasks
@@ -582,17 +635,10 @@ class SimDevice final : public Device {
 
   // Sim copies need no page-locking; the registry tells pinned from pageable copies (Note [Pageable
   // copies]), feeds the pinned_host_bytes statistic and catches double registration, which
-  // cudaHostRegister also refuses. As on cuda, page-locking inside a host function is refused:
-  // cudaHostRegister synchronizes the device, whose stream waits for the function (Note [Host
-  // functions on cuda]); unpinning there is allowed (cuda defers it).
+  // cudaHostRegister also refuses. Page-locking may wait for the device (Note [Pinning while
+  // streams run]), so inside a kernel it is refused (Note [Sim kernels]).
   void pin_host(void* ptr, std::size_t bytes) override {
-    if (on_sim_stream_worker()) {
-      throw DeviceError(fmt::format(
-          "{}: pin_host inside a host function of a stream: on cuda page-locking synchronizes the whole device, "
-          "and the stream running the function waits for the function, so it would never return. Page-lock host "
-          "memory before enqueueing the work that uses it (Note [Host functions on cuda])",
-          state_->name));
-    }
+    refuse_inside_kernel(state_->name, "pin_host");
     if (ptr == nullptr || bytes == 0) {
       throw DeviceError(fmt::format("{}: pin_host({}, {} bytes): nothing to pin; pass a non-empty host buffer",
                                     state_->name, ptr, bytes));
@@ -624,6 +670,18 @@ void check_option(bool ok, std::string_view what, double value, std::string_view
 
 }  // namespace
 
+bool inside_sim_kernel() noexcept { return on_sim_stream_worker(); }
+
+void launch_sim_kernel(Stream& stream, std::function<void()> kernel) {
+  auto* queue = dynamic_cast<SimKernelQueue*>(&stream);
+  if (queue == nullptr) {
+    throw DeviceError(fmt::format("stream '{}' of {} is not a sim stream: a CPU kernel runs only on the sim device; "
+                                  "use the device's own kernels",
+                                  stream.name(), stream.device().name()));
+  }
+  queue->launch_kernel(std::move(kernel));
+}
+
 std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options) {
   check_option(options.ordinal >= 0, "ordinal", options.ordinal, "use 0 or above");
   const auto rate_ok = [](double v) { return std::isfinite(v) && v >= 0; };
@@ -631,6 +689,8 @@ std::unique_ptr<Device> make_sim_device(const SimDeviceOptions& options) {
   check_option(rate_ok(options.d2h_gbps), "d2h_gbps", options.d2h_gbps, "use 0 (unthrottled) or a positive GB/s");
   check_option(rate_ok(options.d2d_gbps), "d2d_gbps", options.d2d_gbps, "use 0 (unthrottled) or a positive GB/s");
   check_option(rate_ok(options.latency_us), "latency_us", options.latency_us, "use 0 or a positive microsecond count");
+  check_option(rate_ok(options.chaos_max_us) && options.chaos_max_us <= 100000, "chaos_max_us", options.chaos_max_us,
+               "use 0 to 100000 microseconds");
   return std::make_unique<SimDevice>(options);
 }
 

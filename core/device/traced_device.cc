@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "core/device/sim_kernel.h"
 #include "core/error.h"
 
 namespace strata {
@@ -20,8 +21,36 @@ void TraceRecorder::add(TraceSlice slice) {
   slices_.push_back(std::move(slice));
 }
 
+void TraceRecorder::set_origin(std::shared_ptr<Event> origin, double origin_us) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  origin_event_ = std::move(origin);
+  origin_event_us_ = origin_us;
+}
+
+void TraceRecorder::add_timed(std::string stream, const char* op, std::size_t bytes, std::shared_ptr<Event> begin,
+                              std::shared_ptr<Event> end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  timed_.push_back(Timed{TraceSlice{std::move(stream), op, bytes, 0, 0}, std::move(begin), std::move(end)});
+  // Completed ones become slices now, so their events are not held for the whole run.
+  while (!timed_.empty() && timed_.front().end->query()) resolve_front_locked();
+}
+
+void TraceRecorder::resolve_front_locked() const {
+  Timed& t = timed_.front();
+  STRATA_CHECK(origin_event_ != nullptr, "a timed trace slice without an origin event (make_traced_device sets it)");
+  t.slice.begin_us = origin_event_us_ + 1000.0 * t.begin->elapsed_ms_since(*origin_event_);
+  t.slice.end_us = origin_event_us_ + 1000.0 * t.end->elapsed_ms_since(*origin_event_);
+  slices_.push_back(std::move(t.slice));
+  timed_.pop_front();
+}
+
 std::vector<TraceSlice> TraceRecorder::slices() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A host thread waits on the events here, never a stream (Note [Host-driven offload]).
+  while (!timed_.empty()) {
+    timed_.front().end->synchronize();
+    resolve_front_locked();
+  }
   return slices_;
 }
 
@@ -58,10 +87,13 @@ void TraceRecorder::write_chrome_trace(const std::string& path, int rank) const 
 
 namespace {
 
-class TracedStream final : public Stream {
+class TracedStream final : public Stream, public SimKernelQueue {
  public:
   TracedStream(Device& device, std::unique_ptr<Stream> inner, std::shared_ptr<TraceRecorder> recorder)
-      : device_(device), inner_(std::move(inner)), recorder_(std::move(recorder)) {}
+      : device_(device),
+        inner_(std::move(inner)),
+        recorder_(std::move(recorder)),
+        sim_(dynamic_cast<SimKernelQueue*>(inner_.get())) {}
 
   Device& device() override { return device_; }
   const std::string& name() const override { return inner_->name(); }
@@ -78,13 +110,15 @@ class TracedStream final : public Stream {
   void memset(void* dst, int value, std::size_t bytes) override {
     traced("memset", bytes, [&] { inner_->memset(dst, value, bytes); });
   }
-  void launch_host(std::function<void()> fn) override {
+  // A sim kernel stamps its own slice: it runs on the sim stream's worker (Note [Sim kernels]).
+  void launch_kernel(std::function<void()> kernel) override {
+    if (sim_ == nullptr) launch_sim_kernel(*inner_, nullptr);  // throws, naming the stream
     auto rec = recorder_;
     std::string stream = inner_->name();
-    inner_->launch_host([fn = std::move(fn), rec, stream = std::move(stream)] {
+    sim_->launch_kernel([kernel = std::move(kernel), rec, stream = std::move(stream)] {
       const double begin = rec->now_us();
-      fn();
-      rec->add(TraceSlice{stream, "host", 0, begin, rec->now_us()});
+      kernel();
+      rec->add(TraceSlice{stream, "kernel", 0, begin, rec->now_us()});
     });
   }
   void release_after(DeviceMemory memory) override { inner_->release_after(std::move(memory)); }
@@ -94,15 +128,24 @@ class TracedStream final : public Stream {
   void* native_handle() override { return inner_->native_handle(); }
 
  private:
-  // Brackets an operation with host functions that stamp its start and end in stream order.
+  // Brackets an operation with two stamps in stream order: on sim two kernels that read the host
+  // clock (exact); elsewhere two events, turned into times later (TraceRecorder::add_timed).
   template <typename Enqueue>
   void traced(const char* op, std::size_t bytes, Enqueue enqueue) {
+    if (sim_ == nullptr) {
+      std::shared_ptr<Event> begin = inner_->device().create_event(), end = inner_->device().create_event();
+      inner_->record(*begin);
+      enqueue();
+      inner_->record(*end);
+      recorder_->add_timed(inner_->name(), op, bytes, std::move(begin), std::move(end));
+      return;
+    }
     auto begin = std::make_shared<double>(0.0);
     auto rec = recorder_;
-    inner_->launch_host([begin, rec] { *begin = rec->now_us(); });
+    sim_->launch_kernel([begin, rec] { *begin = rec->now_us(); });
     enqueue();
     std::string stream = inner_->name();
-    inner_->launch_host([begin, rec, stream = std::move(stream), op, bytes] {
+    sim_->launch_kernel([begin, rec, stream = std::move(stream), op, bytes] {
       rec->add(TraceSlice{stream, op, bytes, *begin, rec->now_us()});
     });
   }
@@ -110,6 +153,7 @@ class TracedStream final : public Stream {
   Device& device_;
   std::unique_ptr<Stream> inner_;
   std::shared_ptr<TraceRecorder> recorder_;
+  SimKernelQueue* sim_;  // inner_ as a sim stream, or null
 };
 
 class TracedDevice final : public Device {
@@ -136,6 +180,14 @@ class TracedDevice final : public Device {
 }  // namespace
 
 std::unique_ptr<Device> make_traced_device(Device& inner, std::shared_ptr<TraceRecorder> recorder) {
+  if (inner.kind() != DeviceKind::Sim) {
+    // Event times are relative: one event, completed now, ties them to the recorder's clock.
+    std::unique_ptr<Stream> stream = inner.create_stream("trace.origin");
+    std::shared_ptr<Event> origin = inner.create_event();
+    stream->record(*origin);
+    origin->synchronize();
+    recorder->set_origin(std::move(origin), recorder->now_us());
+  }
   return std::make_unique<TracedDevice>(inner, std::move(recorder));
 }
 

@@ -1,5 +1,5 @@
 // The op-set front layer (models/kernels/ops.h): routes each op to its CPU kernel (inline, or
-// enqueued on a sim stream with launch_host) or, on a cuda context, to its CUDA launcher
+// enqueued on a sim stream as a sim kernel) or, on a cuda context, to its CUDA launcher
 // (models/kernels/cuda_kernels.h: cuBLAS for matmul, Strata's kernels in models/kernels/*.cu for
 // the rest, enqueued on the stream's cudaStream_t). Arguments are captured by value: on a stream
 // the kernel runs later, after the caller returned.
@@ -14,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/device/sim_kernel.h"
 #include "core/error.h"
 #include "models/kernels/cpu_kernels.h"
 #include "models/kernels/cuda_kernels.h"
@@ -89,13 +90,13 @@ void launch_op(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_
         host();
       } else if (ctx.modeled_flops_per_s > 0 && flops > 0) {  // Note [Modeled compute]
         const auto modeled = std::chrono::duration<double>(flops / ctx.modeled_flops_per_s);
-        ctx.stream->launch_host([fn = std::forward<HostFn>(host), modeled] {
+        launch_sim_kernel(*ctx.stream, [fn = std::forward<HostFn>(host), modeled] {
           const auto done = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(modeled);
           fn();
           std::this_thread::sleep_until(done);
         });
       } else {
-        ctx.stream->launch_host(std::function<void()>(std::forward<HostFn>(host)));
+        launch_sim_kernel(*ctx.stream, std::function<void()>(std::forward<HostFn>(host)));
       }
       return;
     case DeviceKind::Cuda:

@@ -4,7 +4,7 @@
 // and raw device pointers plus a DType for the tensor elements (fp32, bf16 or fp16; statistics such
 // as layer-norm means, log-sum-exps and losses are always fp32, token ids int32). Arithmetic is fp32.
 //
-//  * sim device: the op is enqueued with Stream::launch_host and runs the CPU kernel of
+//  * sim device: the op is enqueued as a sim kernel (core/device/sim_kernel.h) and runs the CPU kernel of
 //    models/kernels/cpu_kernels.h (OpenBLAS sgemm, oneTBB row/element kernels).
 //  * cuda device: the op launches the kernels of models/kernels/cuda_kernels.h (cuBLAS for matmul)
 //    on the stream's cudaStream_t; matmul needs one CublasHandles bound to that stream. The

@@ -1,23 +1,23 @@
-// Host functions on a cuda stream (Note [Host functions on cuda], core/device/cuda_device_cuda.cc):
-// they run in stream order, may call CUDA (copy and synchronize on another stream; pinning there is
-// refused and unpinning deferred), turn an exception into the stream's sticky error, a copy to
-// pageable memory behind one finishes, and a stream destroyed with
-// host functions still queued runs them first; a pageable copy from a host function of its own
-// stream is refused. Labelled `gpu` (tests/core/CMakeLists.txt): every
-// test skips, saying why, where no cuda device is usable. A deadlock shows as ctest's timeout.
+// The host-driven contract on a cuda device (Note [Host-driven offload] in docs/DESIGN.md): host
+// threads wait on events, do host work and enqueue the next copies; no stream waits for a host
+// thread. These are the offload pipeline's patterns, each of which must finish with the right
+// bytes: host work between copies ordered by an event, a pageable copy behind queued work, a
+// second thread that waits on another stream's event, copies, and frees the device memory itself,
+// pinning while streams work, and two threads enqueueing on one stream; and the tracing device's
+// event-timed slices. Labelled `gpu` (tests/core/CMakeLists.txt): every test skips, saying why,
+// where no cuda device is usable. A deadlock shows as ctest's timeout.
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/device/traced_device.h"
 #include "core/error.h"
 #include "core/host_buffer.h"
 #include "tests/core/cuda_test_util.h"
@@ -25,18 +25,22 @@
 namespace strata {
 namespace {
 
-using CudaStreamHost = strata::testing::CudaDeviceTest;
+using CudaHostDriven = strata::testing::CudaDeviceTest;
 
-// d2h copy -> host function reading what it copied and writing a host buffer -> h2d copy of what it
-// wrote -> d2h back: the stream orders the host function between its copies. Pinned host memory:
-// a copy from pageable memory may read it when enqueued (cudaMemcpyAsync stages it), not in order.
-TEST_F(CudaStreamHost, HostFunctionsRunInStreamOrderBetweenCopies) {
+HostBuffer pinned(Device& device, std::size_t bytes) {
+  HostBufferOptions o;
+  o.pinner = &device;
+  return HostBuffer::allocate(bytes, o);
+}
+
+// d2h copy -> event -> the host waits, reads what was copied and writes a host buffer -> h2d copy of
+// what it wrote -> d2h back.
+TEST_F(CudaHostDriven, HostWorkBetweenCopiesIsOrderedByEvents) {
   constexpr std::size_t n = 1 << 20;
   auto stream = device_->create_stream("order");
-  HostBufferOptions o;
-  o.pinner = device_.get();
-  HostBuffer src_b = HostBuffer::allocate(n * sizeof(int), o), seen_b = HostBuffer::allocate(n * sizeof(int), o),
-             written_b = HostBuffer::allocate(n * sizeof(int), o), back_b = HostBuffer::allocate(n * sizeof(int), o);
+  auto copied = device_->create_event();
+  HostBuffer src_b = pinned(*device_, n * sizeof(int)), seen_b = pinned(*device_, n * sizeof(int)),
+             written_b = pinned(*device_, n * sizeof(int)), back_b = pinned(*device_, n * sizeof(int));
   int* src = static_cast<int*>(src_b.data());
   int* seen = static_cast<int*>(seen_b.data());
   int* written = static_cast<int*>(written_b.data());
@@ -47,9 +51,9 @@ TEST_F(CudaStreamHost, HostFunctionsRunInStreamOrderBetweenCopies) {
   for (int round = 0; round < 20; ++round) {
     stream->copy_h2d(a.data(), src, n * sizeof(int));
     stream->copy_d2h(seen, a.data(), n * sizeof(int));
-    stream->launch_host([=] {
-      for (std::size_t i = 0; i < n; ++i) written[i] = seen[i] * 2 + round;
-    });
+    stream->record(*copied);
+    copied->synchronize();
+    for (std::size_t i = 0; i < n; ++i) written[i] = seen[i] * 2 + round;
     stream->copy_h2d(b.data(), written, n * sizeof(int));
     stream->copy_d2h(back, b.data(), n * sizeof(int));
     stream->synchronize();
@@ -57,174 +61,118 @@ TEST_F(CudaStreamHost, HostFunctionsRunInStreamOrderBetweenCopies) {
   }
 }
 
-// A copy to pageable memory (the driver waits for the stream inside cudaMemcpyAsync) queued behind a
-// host function still working: it must finish, with the device's bytes.
-TEST_F(CudaStreamHost, APageableCopyBehindAHostFunctionFinishes) {
-  constexpr std::size_t n = 1 << 20;
+// A copy to pageable memory (the driver may wait for the stream inside cudaMemcpyAsync) behind
+// queued work finishes with the device's bytes, and is counted.
+TEST_F(CudaHostDriven, APageableCopyBehindQueuedWorkFinishes) {
+  constexpr std::size_t bytes = 64 << 20;
   auto stream = device_->create_stream("pageable");
-  DeviceMemory a = device_->allocate(n * sizeof(int), "test.a");
-  std::vector<int> src(n), back(n, -1);
-  for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<int>(i) * 3;
-  stream->copy_h2d(a.data(), src.data(), n * sizeof(int));
-  std::atomic<bool> ran{false};
-  stream->launch_host([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    ran = true;
-  });
-  stream->copy_d2h(back.data(), a.data(), n * sizeof(int));
-  stream->synchronize();
-  EXPECT_TRUE(ran.load());
-  for (std::size_t i = 0; i < n; i += 4099) ASSERT_EQ(back[i], static_cast<int>(i) * 3);
-}
-
-// From a host function of its own stream a pageable copy would wait for the function issuing it:
-// refused, as on sim (Note [Pageable copies]); the stream's error names the rule. A pinned copy
-// there is only queued behind the function and is fine.
-TEST_F(CudaStreamHost, APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused) {
-  auto stream = device_->create_stream("self");
-  constexpr std::size_t bytes = 64 << 10;
   DeviceMemory d = device_->allocate(bytes, "test.d");
-  stream->memset(d.data(), 0x33, bytes);
-  HostBufferOptions o;
-  o.pinner = device_.get();
-  HostBuffer pinned = HostBuffer::allocate(bytes, o);
-  Stream* self = stream.get();
-  stream->launch_host([&] { self->copy_d2h(pinned.data(), d.data(), bytes); });
-  stream->synchronize();
-  EXPECT_EQ(static_cast<const unsigned char*>(pinned.data())[bytes - 1], 0x33);
+  for (int i = 0; i < 8; ++i) stream->memset(d.data(), 0x40 + i, bytes);
+  std::vector<unsigned char> pageable(bytes, 0);
   const std::uint64_t before = device_->memory_stats().pageable_copies;
-  std::vector<unsigned char> pageable(bytes);
-  stream->launch_host([&] { self->copy_d2h(pageable.data(), d.data(), bytes); });
-  try {
-    stream->synchronize();
-    FAIL() << "the self-waiting copy was accepted";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("Pageable copies"), std::string::npos) << e.what();
-  }
-  EXPECT_EQ(device_->memory_stats().pageable_copies, before);  // refused copies are not counted
-}
-
-// The offload worker's pattern: inside a host function, copy on a second stream into memory pinned
-// beforehand, and wait for it. Must finish (no deadlock) and give the right bytes.
-TEST_F(CudaStreamHost, HostFunctionsMayCopyOnAnotherStreamAndWaitForIt) {
-  auto worker = device_->create_stream("worker");
-  auto transfer = device_->create_stream("transfer");
-  constexpr std::size_t bytes = 4 << 20;
-  DeviceMemory d = device_->allocate(bytes, "test.d");
-  transfer->memset(d.data(), 0x5a, bytes);
-  transfer->synchronize();
-  HostBufferOptions o;
-  o.pinner = device_.get();
-  HostBuffer pinned = HostBuffer::allocate(bytes, o);
-  std::atomic<int> done{0};
-  for (int i = 0; i < 8; ++i) {
-    worker->launch_host([&] {
-      std::memset(pinned.data(), 0, bytes);
-      transfer->copy_d2h(pinned.data(), d.data(), bytes);
-      transfer->synchronize();
-      const auto* p = static_cast<const unsigned char*>(pinned.data());
-      if (p[0] != 0x5a || p[bytes - 1] != 0x5a) throw std::runtime_error("wrong bytes");
-      done.fetch_add(1);
-    });
-  }
-  worker->synchronize();
-  EXPECT_EQ(done.load(), 8);
-}
-
-// Memory released behind a host function stays valid until the function ran: the offload worker
-// reads a reduced gradient in a host function and releases it right after enqueueing it (Note
-// [Released memory]: with cudaFreeAsync called at once, the function's copy failed on an H100).
-TEST_F(CudaStreamHost, MemoryReleasedAfterAHostFunctionOutlivesIt) {
-  auto worker = device_->create_stream("worker");
-  auto transfer = device_->create_stream("transfer");
-  constexpr std::size_t bytes = 1 << 20;
-  std::atomic<int> good{0};
-  for (int i = 0; i < 8; ++i) {
-    DeviceMemory d = device_->allocate(bytes, "test.released");
-    transfer->memset(d.data(), 0x30 + i, bytes);
-    transfer->synchronize();
-    const void* src = d.data();
-    worker->launch_host([&, src, i] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the free run first, if it can
-      std::vector<unsigned char> back(bytes);
-      transfer->copy_d2h(back.data(), src, bytes);
-      transfer->synchronize();
-      if (back[0] == 0x30 + i && back[bytes - 1] == 0x30 + i) good.fetch_add(1);
-    });
-    worker->release_after(std::move(d));
-  }
-  worker->synchronize();
-  EXPECT_EQ(good.load(), 8);
-  EXPECT_EQ(device_->memory_stats().live_allocations, 0u);
-}
-
-// cudaHostRegister/cudaHostUnregister inside a host function never returned on an H200 (Note [Host
-// functions on cuda]): pinning there is refused with a message, and unpinning is deferred, so the
-// stream still finishes and the pages are unregistered by the next pin.
-TEST_F(CudaStreamHost, PinningInsideAHostFunctionIsRefusedAndUnpinningIsDeferred) {
-  const std::size_t pinned_before = device_->memory_stats().pinned_host_bytes;
-  HostBufferOptions o;
-  o.pinner = device_.get();
-  auto unpinner = device_->create_stream("unpins");
-  auto held = std::make_shared<HostBuffer>(HostBuffer::allocate(1 << 20, o));
-  // The host function holds the only reference: ~HostBuffer unpins on the stream's thread.
-  unpinner->launch_host([held = std::move(held)]() mutable { held.reset(); });
-  unpinner->synchronize();
-  EXPECT_EQ(device_->memory_stats().pinned_host_bytes, pinned_before);
-  HostBuffer again = HostBuffer::allocate(1 << 20, o);  // flushes the deferred unregistration first
-  EXPECT_TRUE(again.pinned());
-
-  auto pinner = device_->create_stream("pins");
-  pinner->launch_host([&] { HostBuffer b = HostBuffer::allocate(1 << 20, o); });
-  try {
-    pinner->synchronize();
-    FAIL() << "page-locking inside a host function was not refused";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("pin_host inside a host function"), std::string::npos) << e.what();
-  }
-}
-
-TEST_F(CudaStreamHost, AnExceptionIsTheStreamsStickyErrorAndLaterHostFunctionsAreSkipped) {
-  auto stream = device_->create_stream("fails");
-  std::atomic<bool> later_ran{false};
-  stream->launch_host([] { throw std::runtime_error("host function failed on purpose"); });
-  stream->launch_host([&] { later_ran = true; });
-  try {
-    stream->synchronize();
-    FAIL() << "synchronize did not report the failed host function";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("failed on purpose"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(later_ran.load());
-  EXPECT_THROW(stream->launch_host([] {}), DeviceError);
-}
-
-TEST_F(CudaStreamHost, AStreamDestroyedWithQueuedHostFunctionsRunsThemFirst) {
-  std::atomic<int> ran{0};
-  {
-    auto stream = device_->create_stream("short-lived");
-    DeviceMemory m = device_->allocate(64 << 20, "test.m");
-    for (int i = 0; i < 16; ++i) {
-      stream->memset(m.data(), i, 64 << 20);
-      stream->launch_host([&] { ran.fetch_add(1); });
-    }
-    stream->release_after(std::move(m));
-  }
-  EXPECT_EQ(ran.load(), 16);
-}
-
-// Two threads enqueue on one stream: every host function runs once, and the stream finishes.
-TEST_F(CudaStreamHost, ConcurrentEnqueuesOnOneStreamFinish) {
-  auto stream = device_->create_stream("shared");
-  std::atomic<int> ran{0};
-  auto enqueue = [&] {
-    for (int i = 0; i < 200; ++i) stream->launch_host([&] { ran.fetch_add(1); });
-  };
-  std::thread t1(enqueue), t2(enqueue);
-  t1.join();
-  t2.join();
+  stream->copy_d2h(pageable.data(), d.data(), bytes);
   stream->synchronize();
-  EXPECT_EQ(ran.load(), 400);
+  EXPECT_EQ(pageable[0], 0x47);
+  EXPECT_EQ(pageable[bytes - 1], 0x47);
+  EXPECT_EQ(device_->memory_stats().pageable_copies, before + 1);
+}
+
+// The offload pipeline's pattern: the main thread reduces into device memory on a "comm" stream and
+// records an event; a host thread waits on it, copies down on a transfer stream into pinned
+// staging, waits, checks the bytes and frees the device memory itself, while the main thread goes
+// on enqueueing. Every buffer is freed only after its last copy completed (Note [Released memory]).
+TEST_F(CudaHostDriven, AHostThreadWaitsOnEventsCopiesAndFrees) {
+  constexpr std::size_t bytes = 4 << 20;
+  constexpr int kUnits = 64;
+  auto comm = device_->create_stream("comm");
+  auto transfer = device_->create_stream("transfer");
+  HostBuffer staging = pinned(*device_, bytes);
+  std::atomic<int> wrong{0}, done{0};
+  struct Unit {
+    std::shared_ptr<DeviceMemory> memory;
+    std::shared_ptr<Event> reduced;
+    int value;
+  };
+  std::vector<Unit> units;
+  for (int u = 0; u < kUnits; ++u) {
+    auto mem = std::make_shared<DeviceMemory>(device_->allocate(bytes, "test.reduced"));
+    comm->memset(mem->data(), u & 0xff, bytes);
+    std::shared_ptr<Event> ev = device_->create_event();
+    comm->record(*ev);
+    units.push_back(Unit{std::move(mem), std::move(ev), u & 0xff});
+  }
+  std::thread host([&] {
+    for (Unit& u : units) {
+      u.reduced->synchronize();
+      transfer->copy_d2h(staging.data(), u.memory->data(), bytes);
+      transfer->synchronize();
+      const auto* p = static_cast<const unsigned char*>(staging.data());
+      if (p[0] != u.value || p[bytes - 1] != u.value) wrong.fetch_add(1);
+      u.memory->reset();
+      done.fetch_add(1);
+    }
+  });
+  DeviceMemory busy = device_->allocate(bytes, "test.busy");
+  for (int i = 0; i < 200; ++i) comm->memset(busy.data(), i & 0xff, bytes);  // the main thread goes on
+  host.join();
+  comm->synchronize();
+  EXPECT_EQ(done.load(), kUnits);
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+// Page-locking while streams work (Note [Pinning while streams run]) may stall them, but never
+// hangs: no stream waits for the pinning thread.
+TEST_F(CudaHostDriven, PinningWhileStreamsWorkFinishes) {
+  constexpr std::size_t bytes = 64 << 20;
+  auto stream = device_->create_stream("busy");
+  DeviceMemory d = device_->allocate(bytes, "test.busy");
+  for (int i = 0; i < 50; ++i) stream->memset(d.data(), i, bytes);
+  for (int i = 0; i < 4; ++i) {
+    HostBuffer b = pinned(*device_, 8 << 20);
+    stream->copy_d2h(b.data(), d.data(), 8 << 20);
+    stream->synchronize();
+  }
+  EXPECT_EQ(device_->memory_stats().pinned_host_bytes, 0u);
+}
+
+// Two threads enqueue on one stream: every copy runs once, and the stream finishes.
+TEST_F(CudaHostDriven, ConcurrentEnqueuesOnOneStreamFinish) {
+  auto stream = device_->create_stream("shared");
+  DeviceMemory d = device_->allocate(1 << 20, "test.shared");
+  HostBuffer h = pinned(*device_, 1 << 20);
+  auto enqueue = [&] {
+    for (int i = 0; i < 500; ++i) stream->copy_d2h(h.data(), d.data(), 4096);
+  };
+  std::thread other(enqueue);
+  enqueue();
+  other.join();
+  stream->synchronize();
+  SUCCEED();
+}
+
+// The tracing device times copies on cuda with events (core/device/traced_device.h): every slice
+// has its stream, a begin before its end, and lies inside the test's own time.
+TEST_F(CudaHostDriven, TracedCopiesAreTimedByEvents) {
+  auto recorder = std::make_shared<TraceRecorder>();
+  auto traced = make_traced_device(*device_, recorder);
+  auto stream = traced->create_stream("traced");
+  DeviceMemory d = traced->allocate(16 << 20, "test.traced");
+  HostBuffer h = pinned(*device_, 16 << 20);
+  const double start = recorder->now_us();
+  for (int i = 0; i < 10; ++i) {
+    stream->memset(d.data(), i, 16 << 20);
+    stream->copy_d2h(h.data(), d.data(), 16 << 20);
+  }
+  stream->synchronize();
+  const double end = recorder->now_us();
+  const std::vector<TraceSlice> slices = recorder->slices();
+  ASSERT_EQ(slices.size(), 20u);
+  for (const TraceSlice& s : slices) {
+    EXPECT_EQ(s.stream, "traced");
+    EXPECT_LE(s.begin_us, s.end_us) << s.op;
+    EXPECT_GE(s.begin_us, start - 1000) << s.op;  // the origin's host time is taken just after its event
+    EXPECT_LE(s.end_us, end + 1000) << s.op;
+  }
 }
 
 }  // namespace

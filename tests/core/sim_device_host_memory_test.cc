@@ -1,10 +1,11 @@
 // Tests of the sim device's host-memory rules (core/device/sim_device.cc): the pinned registry, Note
 // [Pageable copies] (a copy of pageable memory blocks its caller, reports only its own failure, and
-// is refused from a host function of its own stream), page-locking refused inside a host function,
-// and Note [Pinning while streams run] (pins are counted).
+// is refused inside a sim kernel), Note [Sim kernels] (no page-locking and no waits inside a
+// kernel), and Note [Pinning while streams run] (pins are counted).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/device/device.h"
+#include "core/device/sim_kernel.h"
 #include "core/error.h"
 #include "core/host_buffer.h"
 #include "core/units.h"
@@ -77,7 +79,7 @@ TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
   auto* pin = static_cast<unsigned char*>(pinned.data());
 
   Gate gate;
-  stream->launch_host([&gate] { gate.wait(); });  // holds the stream until the gate opens
+  launch_sim_kernel(*stream, [&gate] { gate.wait(); });  // holds the stream until the gate opens
   // Queued copies into the pinned buffer (whole and a range inside it) return while it is held.
   // Were they synchronous, the wait below times out and the gate is opened so nothing hangs.
   auto queued = std::async(std::launch::async, [&] {
@@ -116,7 +118,7 @@ TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
   std::vector<unsigned char> half_pinned(128 * KiB);
   device->pin_host(half_pinned.data(), 64 * KiB);
   Gate second;
-  stream->launch_host([&second] { second.wait(); });
+  launch_sim_kernel(*stream, [&second] { second.wait(); });
   auto outside = std::async(std::launch::async,
                             [&] { stream->copy_h2d(mem.data(), half_pinned.data() + 60 * KiB, 8 * KiB); });
   wait_until_pageable_copies(*device, 2);
@@ -139,10 +141,10 @@ TEST(SimDevice, APageableCopyDoesNotReportTheFailureOfLaterWork) {
     auto stream = device->create_stream("s");
     stream->memset(mem.data(), round, 4 * KiB);
     Gate gate;
-    stream->launch_host([&gate] { gate.wait(); });
+    launch_sim_kernel(*stream, [&gate] { gate.wait(); });
     auto copy = std::async(std::launch::async, [&] { stream->copy_d2h(pageable.data(), mem.data(), 4 * KiB); });
     wait_until_pageable_copies(*device, static_cast<std::uint64_t>(round) + 1);
-    stream->launch_host([] { throw std::runtime_error("later work failed"); });
+    launch_sim_kernel(*stream, [] { throw std::runtime_error("later work failed"); });
     gate.open();
     EXPECT_NO_THROW(copy.get()) << "round " << round;
     EXPECT_EQ(pageable[4 * KiB - 1], round);
@@ -150,47 +152,51 @@ TEST(SimDevice, APageableCopyDoesNotReportTheFailureOfLaterWork) {
   }
   // A copy queued after a failure was skipped: it reports that failure.
   auto stream = device->create_stream("failed");
-  stream->launch_host([] { throw std::runtime_error("earlier work failed"); });
+  launch_sim_kernel(*stream, [] { throw std::runtime_error("earlier work failed"); });
   EXPECT_THROW(stream->copy_d2h(pageable.data(), mem.data(), 4 * KiB), DeviceError);
 }
 
-// From a host function of its own stream a pageable copy would wait for itself (on cuda the stream
-// hangs): the sim device refuses it, and the stream's error names the rule.
-TEST(SimDevice, APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused) {
+// Note [Sim kernels]: a pageable copy blocks its caller (Note [Pageable copies]); from inside a
+// kernel, on its own stream or another, it would make the device wait: refused, naming the stream.
+TEST(SimDevice, APageableCopyInsideASimKernelIsRefused) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("worker");
+  auto other = device->create_stream("other");
   DeviceMemory mem = device->allocate(4 * KiB, "t");
   std::vector<unsigned char> pageable(4 * KiB);
-  Stream* self = stream.get();
-  // Were the rule broken, the copy would wait for itself: fail by name instead of hanging.
-  HangWatchdog watchdog("SimDevice.APageableCopyFromAHostFunctionOfItsOwnStreamIsRefused: a pageable copy from a "
-                        "host function of its own stream waited for itself");
-  stream->launch_host([&] { self->copy_d2h(pageable.data(), mem.data(), 4 * KiB); });
-  try {
-    stream->synchronize();
-    FAIL() << "the self-waiting copy was accepted";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("Pageable copies"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("worker"), std::string::npos) << e.what();
+  // Were the rule broken, the first copy would wait for itself: fail by name instead of hanging.
+  HangWatchdog watchdog("SimDevice.APageableCopyInsideASimKernelIsRefused: a pageable copy from a kernel of its own "
+                        "stream waited for itself");
+  for (Stream* target : {stream.get(), other.get()}) {
+    launch_sim_kernel(*stream, [&, target] { target->copy_d2h(pageable.data(), mem.data(), 4 * KiB); });
+    try {
+      stream->synchronize();
+      FAIL() << "a pageable copy inside a kernel was accepted (on '" << target->name() << "')";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("Pageable copies"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("inside a sim kernel"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(target->name()), std::string::npos) << e.what();
+    }
+    stream = device->create_stream("worker");  // the failed one stays failed
   }
 }
 
-// As on cuda (Note [Host functions on cuda]): page-locking inside a host function would wait for
-// the device, whose stream waits for the function; it is refused. Unpinning there is allowed.
-TEST(SimDevice, PinningInsideAHostFunctionIsRefused) {
+// Page-locking may wait for the device (Note [Pinning while streams run]): inside a kernel it is
+// refused. Unpinning there is allowed.
+TEST(SimDevice, PinningInsideASimKernelIsRefused) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("worker");
   std::vector<unsigned char> a(4 * KiB), b(4 * KiB);
   device->pin_host(b.data(), b.size());
-  stream->launch_host([&] { device->unpin_host(b.data()); });
+  launch_sim_kernel(*stream, [&] { device->unpin_host(b.data()); });
   stream->synchronize();
   EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
-  stream->launch_host([&] { device->pin_host(a.data(), a.size()); });
+  launch_sim_kernel(*stream, [&] { device->pin_host(a.data(), a.size()); });
   try {
     stream->synchronize();
-    FAIL() << "pin_host inside a host function was accepted";
+    FAIL() << "pin_host inside a kernel was accepted";
   } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("pin_host inside a host function"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pin_host inside a sim kernel"), std::string::npos) << e.what();
   }
   EXPECT_EQ(device->memory_stats().pinned_host_bytes, 0u);
   device->pin_host(a.data(), a.size());  // from the host thread: fine
@@ -198,7 +204,35 @@ TEST(SimDevice, PinningInsideAHostFunctionIsRefused) {
   device->unpin_host(a.data());
 }
 
-// Note [Pinning while streams run]: every successful pin is counted; a refused one is not.
+// Note [Sim kernels]: the device never waits for the host. A kernel that waits on an event or a
+// stream is refused (a GPU kernel cannot; streams that waited for host threads hung GPUs), so engine code
+// that made a stream wait for host work fails on CI.
+TEST(SimDevice, ASimKernelMayNotWaitOnEventsOrStreams) {
+  auto device = make_sim_device(small_device());
+  auto stream = device->create_stream("kernel");
+  auto other = device->create_stream("other");
+  auto event = device->create_event();
+  other->record(*event);
+  other->synchronize();
+  HangWatchdog watchdog("SimDevice.ASimKernelMayNotWaitOnEventsOrStreams: a wait inside a kernel hung");
+  const std::vector<std::pair<std::string, std::function<void()>>> waits = {
+      {"Event::synchronize", [&] { event->synchronize(); }},
+      {"Stream::synchronize of stream 'other'", [&] { other->synchronize(); }},
+      {"Stream::synchronize of stream 'kernel'", [&] { stream->synchronize(); }},
+  };
+  for (const auto& [what, wait] : waits) {
+    auto s = device->create_stream("kernel");
+    launch_sim_kernel(*s, wait);
+    try {
+      s->synchronize();
+      FAIL() << what << " inside a kernel was accepted";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find(what + " inside a sim kernel"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(event->query());  // a query does not wait: allowed
+}
+
 TEST(SimDevice, HostPinsAreCounted) {
   auto device = make_sim_device(small_device());
   std::vector<unsigned char> x(4 * KiB), y(4 * KiB);

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/device/device.h"
+#include "core/device/sim_kernel.h"
 #include "core/units.h"
 #include "tests/core/sim_device_test_util.h"
 
@@ -123,7 +124,7 @@ TEST(SimDevice, LinksAreFullDuplexAndSharedPerDirection) {
   EXPECT_GE(shared_ms, 1.9 * one_ms);
 }
 
-// 8 streams, thousands of operations: copies, memsets, host functions and a ring of cross-stream
+// 8 streams, thousands of operations: copies, memsets, sim kernels and a ring of cross-stream
 // waits. Compared with the same operations run serially on plain host memory.
 TEST(SimDevice, StressManyStreamsMatchesSerialReference) {
   constexpr int kStreams = 8;
@@ -169,7 +170,7 @@ TEST(SimDevice, StressManyStreamsMatchesSerialReference) {
       if (r > 0 || i > 0) s.wait(*events[prev]);
       s.copy_h2d(pv, host_src[i].data(), kBytes);           // independent traffic
       s.copy_d2d(mine, ring[prev].as<std::uint32_t>(), kBytes);  // needs prev's latest result
-      s.launch_host([mine, pv, round] {
+      launch_sim_kernel(s, [mine, pv, round] {
         for (std::size_t k = 0; k < kElems; ++k) mine[k] = mine[k] * 3u + pv[k] + round;
       });
       if (r % 7 == 3) s.memset(pv, 0, kBytes / 2);

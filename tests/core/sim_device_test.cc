@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "core/device/device.h"
+#include "core/device/sim_kernel.h"
 #include "core/error.h"
 #include "core/host_buffer.h"
 #include "core/units.h"
@@ -80,13 +81,13 @@ TEST(SimDevice, WorkOnOneStreamRunsInEnqueueOrder) {
   std::vector<std::uint32_t> host(1024);
   std::vector<std::uint32_t> seen;
   for (int i = 0; i < 500; ++i) {
-    stream->launch_host([&order, i] { order.push_back(i); });
+    launch_sim_kernel(*stream, [&order, i] { order.push_back(i); });
     if (i % 50 == 0) {
       std::fill(host.begin(), host.end(), 0u);
       host[7] = static_cast<std::uint32_t>(i);
       // host[] is rewritten below only after synchronize, so the copy's source stays valid.
       stream->copy_h2d(dev, host.data(), 4 * KiB);
-      stream->launch_host([&seen, dev] { seen.push_back(dev[7]); });
+      launch_sim_kernel(*stream, [&seen, dev] { seen.push_back(dev[7]); });
       stream->synchronize();
     }
   }
@@ -106,13 +107,13 @@ TEST(SimDevice, EventJoinsStreams) {
   Gate gate;
   std::atomic<int> value{0};
   std::atomic<int> observed{-1};
-  producer->launch_host([&] {
+  launch_sim_kernel(*producer, [&] {
     gate.wait();
     value.store(42);
   });
   producer->record(*produced);
   consumer->wait(*produced);
-  consumer->launch_host([&] { observed.store(value.load()); });
+  launch_sim_kernel(*consumer, [&] { observed.store(value.load()); });
   consumer->record(*consumed);
 
   // The consumer may not pass the wait while the producer is held at the gate. Giving it time to
@@ -129,6 +130,56 @@ TEST(SimDevice, EventJoinsStreams) {
   EXPECT_TRUE(produced->query());
 }
 
+// Note [Schedule chaos]: with a seed, tasks start after random pauses, so stream order and events
+// are what keeps results right. A chain of three streams joined by events, a copy round trip, and
+// a kernel that checks what it reads, over many seeds; and the pauses are real (the same work
+// takes longer than without them).
+TEST(SimDevice, ScheduleChaosKeepsStreamOrderAndEvents) {
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    SimDeviceOptions o = small_device();
+    o.chaos_seed = seed;
+    o.chaos_max_us = 300;
+    auto device = make_sim_device(o);
+    auto a = device->create_stream("a"), b = device->create_stream("b"), c = device->create_stream("c");
+    auto ab = device->create_event(), bc = device->create_event();
+    DeviceMemory mem = device->allocate(4 * KiB, "t");
+    auto* p = mem.as<unsigned char>();
+    std::vector<unsigned char> host(4 * KiB, static_cast<unsigned char>(seed)), back(4 * KiB, 0);
+    device->pin_host(host.data(), host.size());
+    device->pin_host(back.data(), back.size());
+    std::atomic<int> wrong{0};
+    a->copy_h2d(p, host.data(), host.size());
+    a->record(*ab);
+    b->wait(*ab);
+    launch_sim_kernel(*b, [&wrong, p, seed] {
+      for (std::size_t i = 0; i < 4 * KiB; ++i) {
+        if (p[i] != static_cast<unsigned char>(seed)) wrong.fetch_add(1);
+        p[i] = static_cast<unsigned char>(p[i] + 1);
+      }
+    });
+    b->record(*bc);
+    c->wait(*bc);
+    c->copy_d2h(back.data(), p, back.size());
+    c->synchronize();
+    EXPECT_EQ(wrong.load(), 0) << "seed " << seed;
+    EXPECT_EQ(back[0], static_cast<unsigned char>(seed + 1)) << "seed " << seed;
+    EXPECT_EQ(back[4 * KiB - 1], static_cast<unsigned char>(seed + 1)) << "seed " << seed;
+    device->unpin_host(host.data());
+    device->unpin_host(back.data());
+  }
+  // The pauses happen: 200 empty kernels with chaos up to 2 ms take longer than 50 ms (half the
+  // tasks pause, 0.5 ms on average: ~100 ms expected), while the same without chaos take far less.
+  SimDeviceOptions o = small_device();
+  o.chaos_seed = 7;
+  o.chaos_max_us = 2000;
+  auto device = make_sim_device(o);
+  auto s = device->create_stream("paused");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) launch_sim_kernel(*s, [] {});
+  s->synchronize();
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(50));
+}
+
 TEST(SimDevice, WaitUsesTheRecordAtTheTimeOfTheWait) {
   auto device = make_sim_device(small_device());
   auto a = device->create_stream("a");
@@ -139,8 +190,8 @@ TEST(SimDevice, WaitUsesTheRecordAtTheTimeOfTheWait) {
   Gate gate;
   std::atomic<bool> b_ran{false};
   b->wait(*e);  // refers to the completed record: must not wait for the re-record below
-  b->launch_host([&] { b_ran.store(true); });
-  a->launch_host([&] { gate.wait(); });
+  launch_sim_kernel(*b, [&] { b_ran.store(true); });
+  launch_sim_kernel(*a, [&] { gate.wait(); });
   a->record(*e);
   b->synchronize();  // would hang if b waited for the second record
   EXPECT_TRUE(b_ran.load());
@@ -175,7 +226,7 @@ TEST(SimDevice, ElapsedTimeBetweenEvents) {
   auto start = device->create_event();
   auto end = device->create_event();
   stream->record(*start);
-  stream->launch_host([] { std::this_thread::sleep_for(std::chrono::milliseconds(15)); });
+  launch_sim_kernel(*stream, [] { std::this_thread::sleep_for(std::chrono::milliseconds(15)); });
   stream->record(*end);
   stream->synchronize();
   // Lower bound only: the sleep lies between the two completions.
@@ -276,11 +327,11 @@ TEST(SimDevice, StickyErrorFromHostFunction) {
   auto after = device->create_event();
   std::atomic<bool> later_work_ran{false};
   Gate gate;  // holds the failure back until everything below is enqueued
-  failing->launch_host([&] {
+  launch_sim_kernel(*failing, [&] {
     gate.wait();
     throw std::runtime_error("kernel exploded");
   });
-  failing->launch_host([&] { later_work_ran.store(true); });
+  launch_sim_kernel(*failing, [&] { later_work_ran.store(true); });
   failing->record(*after);  // control work still runs, so waiters on other streams never hang
   other->wait(*after);
   gate.open();
@@ -296,9 +347,9 @@ TEST(SimDevice, StickyErrorFromHostFunction) {
     }
   }
   EXPECT_FALSE(later_work_ran.load());
-  EXPECT_THROW(failing->launch_host([] {}), DeviceError);
+  EXPECT_THROW(launch_sim_kernel(*failing, [] {}), DeviceError);
   EXPECT_THROW(failing->copy_h2d(nullptr, nullptr, 0), DeviceError);
-  other->launch_host([] {});
+  launch_sim_kernel(*other, [] {});
   other->synchronize();  // errors belong to their stream
 }
 
@@ -309,7 +360,7 @@ TEST(SimDevice, ReleaseAfterFreesOnlyOncePriorWorkRan) {
   auto* p = mem.as<unsigned char>();
   Gate gate;
   std::atomic<int> wrong{0};
-  stream->launch_host([&gate, &wrong, p] {
+  launch_sim_kernel(*stream, [&gate, &wrong, p] {
     gate.wait();
     std::memset(p, 0x42, 1 * MiB);
     // Nobody else may have been handed this memory while the stream still used it.
@@ -328,7 +379,7 @@ TEST(SimDevice, ReleaseAfterFreesOnlyOncePriorWorkRan) {
 }
 
 // Note [Released memory]: as cudaMemcpyAsync after cudaFreeAsync, a copy issued after release_after
-// on a stream that never ran a host function is refused, though the free itself has not run yet;
+// is refused, though the free itself has not run yet;
 // a copy that runs off the end of an allocation or names freed memory is refused too.
 TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
   auto device = make_sim_device(small_device());
@@ -340,7 +391,7 @@ TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
   std::vector<unsigned char> host(128 * KiB);
   device->pin_host(host.data(), host.size());  // so the copies below queue behind the gate (Note [Pageable copies])
   Gate gate;
-  copier->launch_host([&gate] { gate.wait(); });  // holds the copier back; `stream` ran no host function
+  launch_sim_kernel(*copier, [&gate] { gate.wait(); });  // holds the copier back
   std::unique_ptr<Event> opened(device->create_event());
   copier->record(*opened);
   stream->wait(*opened);  // and holds `stream` back through an event, so the free cannot run yet
@@ -360,30 +411,6 @@ TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
   device->unpin_host(host.data());
 }
 
-// On a stream that has run host functions the free is issued in stream order (the cuda backend
-// frees from its host-function thread), so a host function queued before the release may still
-// copy the memory: the offload worker's pattern.
-TEST(SimDevice, AHostFunctionMayCopyMemoryReleasedAfterIt) {
-  auto device = make_sim_device(small_device());
-  auto worker = device->create_stream("worker");
-  auto transfer = device->create_stream("transfer");
-  DeviceMemory mem = device->allocate(64 * KiB, "reduced");
-  transfer->memset(mem.data(), 0x5a, 64 * KiB);
-  transfer->synchronize();
-  const void* p = mem.data();
-  std::vector<unsigned char> host(64 * KiB);
-  worker->launch_host([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    transfer->copy_d2h(host.data(), p, 64 * KiB);
-    transfer->synchronize();
-  });
-  worker->release_after(std::move(mem));
-  worker->synchronize();
-  EXPECT_EQ(host[0], 0x5a);
-  EXPECT_EQ(host[64 * KiB - 1], 0x5a);
-  EXPECT_EQ(device->memory_stats().live_allocations, 0u);
-}
-
 TEST(SimDevice, UseAfterDeviceIsDestroyedThrows) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("late");
@@ -395,7 +422,7 @@ TEST(SimDevice, UseAfterDeviceIsDestroyedThrows) {
   device.reset();
 
   try {
-    stream->launch_host([] {});
+    launch_sim_kernel(*stream, [] {});
     FAIL() << "enqueue after the device was destroyed succeeded";
   } catch (const DeviceError& e) {
     EXPECT_NE(std::string(e.what()).find("device sim:0 was destroyed"), std::string::npos) << e.what();
@@ -421,9 +448,9 @@ TEST(SimDevice, WorkQueuedWhenTheDeviceDiesFailsInsteadOfTouchingFreedMemory) {
   device->pin_host(host.data(), host.size());  // so the copy queues behind the gate (Note [Pageable copies])
   Gate gate;
   std::atomic<bool> later_work_ran{false};
-  stream->launch_host([&] { gate.wait(); });
+  launch_sim_kernel(*stream, [&] { gate.wait(); });
   stream->copy_h2d(mem.data(), host.data(), host.size());
-  stream->launch_host([&] { later_work_ran.store(true); });
+  launch_sim_kernel(*stream, [&] { later_work_ran.store(true); });
   mem.reset();
   device.reset();
   gate.open();

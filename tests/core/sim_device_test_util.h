@@ -40,7 +40,8 @@ inline void fill_pattern(std::span<unsigned char> buf, std::uint64_t seed) {
   for (; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 31 + seed);
 }
 
-// A one-shot gate a host function can block on until the test opens it.
+// A one-shot gate a sim kernel can block on until the test opens it (a test's stand-in for slow
+// device work; engine kernels never wait).
 class Gate {
  public:
   void open() {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/device/sim_kernel.h"
 #include "core/dtype.h"
 #include "engine/communicator.h"
 
@@ -116,7 +117,7 @@ TEST(OrderedCommunicator, RunsCallsInIssueOrderAcrossStreams) {
   first->synchronize();
   std::promise<void> gate;
   std::shared_future<void> opened = gate.get_future().share();
-  first->launch_host([opened] { opened.wait(); });
+  launch_sim_kernel(*first, [opened] { opened.wait(); });
   comm->all_reduce(a.data(), b.data(), n, DType::F32, ReduceOp::Sum, *first);
   comm->all_gather(b.data(), c.data(), n, DType::F32, *second);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // unordered, `second` copies now

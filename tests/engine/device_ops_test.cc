@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/device/sim_kernel.h"
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/device_ops.h"
@@ -110,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(device_ops, DeviceOpsOptimizer, ::testing::ValuesIn(tes
 
 // ---- Stream order ------------------------------------------------------------------------------
 
-// A one-shot gate a host function can block a stream on until the test opens it.
+// A one-shot gate a sim kernel can block a stream on until the test opens it.
 class Gate {
  public:
   void open() {
@@ -320,7 +321,7 @@ TEST_P(DeviceOpsOrder, RunsBehindEarlierWorkAndShowsAfterSynchronize) {
   const Bytes before = p->read();
   ASSERT_NE(before, p->expected) << "the test needs a result that differs from the initial contents";
   Gate gate;
-  stream_->launch_host([&gate] { gate.wait(); });
+  launch_sim_kernel(*stream_, [&gate] { gate.wait(); });
   p->enqueue(*stream_);
   // The stream is held at the gate: the op is enqueued behind it and cannot have run.
   EXPECT_EQ(p->read(), before) << op_name(GetParam()) << " ran on the caller's thread, not on the stream";
@@ -399,7 +400,7 @@ TEST_P(DeviceOpsSnapshot, OptimizerUpdateTakesTheGroupAsItWasAtEnqueue) {
   optim::OptimShard shard{std::span<float>(dp.as<float>(), n), std::span<float>(dm.as<float>(), n),
                           std::span<float>(dv.as<float>(), adam ? n : 0), optim::GradRef{dg.data(), DType::F32}, {}};
   Gate gate;
-  stream_->launch_host([&gate] { gate.wait(); });
+  launch_sim_kernel(*stream_, [&gate] { gate.wait(); });
   optimizer_update(*stream_, group, std::span<const optim::OptimShard>(&shard, 1), 1.0f, 2);
   group.set_lr(0.5);  // after the enqueue, before the update runs
   gate.open();
@@ -462,7 +463,7 @@ TEST_P(DeviceOpsBadShard, IsRefusedAtEnqueueAndLeavesTheStreamHealthy) {
       break;
   }
   Gate gate;
-  stream_->launch_host([&gate] { gate.wait(); });
+  launch_sim_kernel(*stream_, [&gate] { gate.wait(); });
   try {
     optimizer_update(*stream_, group, std::span<const optim::OptimShard>(&shard, 1), 1.0f, 1);
     ADD_FAILURE() << "a bad shard must be refused";
@@ -484,7 +485,7 @@ class DeviceOpsEdges : public SimDeviceOps, public ::testing::WithParamInterface
 
 TEST_P(DeviceOpsEdges, ZeroElementsEnqueueNothing) {
   Gate gate;
-  stream_->launch_host([&gate] { gate.wait(); });
+  launch_sim_kernel(*stream_, [&gate] { gate.wait(); });
   enqueue_op(GetParam(), *stream_, OpCall{});  // all pointers null: nothing may touch them
   gate.open();
   EXPECT_NO_THROW(stream_->synchronize());
@@ -527,7 +528,6 @@ class FakeCudaStream : public Stream {
   void copy_d2h(void* d, const void* s, std::size_t b) override { ++enqueued; inner_->copy_d2h(d, s, b); }
   void copy_d2d(void* d, const void* s, std::size_t b) override { ++enqueued; inner_->copy_d2d(d, s, b); }
   void memset(void* d, int v, std::size_t b) override { ++enqueued; inner_->memset(d, v, b); }
-  void launch_host(std::function<void()> fn) override { ++enqueued; inner_->launch_host(std::move(fn)); }
   void release_after(DeviceMemory memory) override { ++enqueued; inner_->release_after(std::move(memory)); }
   void record(Event& e) override { inner_->record(e); }
   void wait(const Event& e) override { inner_->wait(e); }

@@ -3,8 +3,12 @@
 // the stage-0 single-rank run over the same units (computed in-process on every rank with the
 // local communicator); at stage 3 each rank's device bytes for model state are about 1/N of
 // stage 0's; with the optimizer (and parameters) offloaded to host memory or NVMe, waiting or overlapped with
-// backward, the weights are the same bits too. Prints "N passed, N failed" per rank; exits non-zero on any failure.
+// backward, the weights are the same bits too. With the argument `chaos`, only the offload cases
+// run, each under several seeds of schedule chaos (Note [Schedule chaos]: random pauses before every
+// stream task and offload host task; STRATA_CHAOS_SEEDS seeds, default 3), and must give the same
+// bits every time. Prints "N passed, N failed" per rank; exits non-zero on any failure.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -31,9 +35,14 @@ TrainConfig toy_config(int stage, int accumulation, int factor) {
 using Run = testing_toy::ToyRun;
 
 // This rank runs units a * world + rank for a < accumulation.
-Run run(const TrainConfig& config, Communicator& comm, int steps, const ToyShape& shape, bool prepare = false) {
+// A non-zero `chaos_seed` seeds schedule chaos on the device and the offload host thread (each rank
+// its own seed).
+Run run(const TrainConfig& config, Communicator& comm, int steps, const ToyShape& shape, bool prepare = false,
+        std::uint64_t chaos_seed = 0) {
   SimDeviceOptions o;
   o.capacity_bytes = 256 << 20;
+  o.chaos_seed = chaos_seed == 0 ? 0 : chaos_seed * 16 + static_cast<std::uint64_t>(comm.rank());
+  o.chaos_max_us = 150;
   auto device = make_sim_device(o);
   testing_toy::ToyRunOptions options;
   options.steps = steps;
@@ -85,7 +94,8 @@ void check_stages_match_single_rank(Communicator& world, Communicator& local, te
 // Offload at stage 3 (and the optimizer alone at stage 2), on a toy wide enough for several chunks per
 // group: the same bits as the single-rank in-memory run, with the update waiting (clipping on) and
 // overlapped with backward (clipping off).
-void check_offload_matches_in_memory(Communicator& world, Communicator& local, testing_mpi::RankChecks& checks) {
+void check_offload_matches_in_memory(Communicator& world, Communicator& local, testing_mpi::RankChecks& checks,
+                                     int chaos_seeds = 0) {
   const int rank = world.rank();
   const int W = world.world_size();
   const std::string dir = std::filesystem::current_path().string() + "/engine_mpi_swap_w" + std::to_string(W);
@@ -108,16 +118,20 @@ void check_offload_matches_in_memory(Communicator& world, Communicator& local, t
       TrainConfig c = toy_config(k.stage, 1, 0);
       if (!clip) c.gradient_clipping = 0;
       testing_toy::toy_offload(c, k.opt, k.param, dir);
-      const Run r = run(c, world, 3, wide, /*prepare=*/!clip);
+      for (int seed = chaos_seeds > 0 ? 1 : 0; seed <= chaos_seeds; ++seed) {
+      c.strata.device.chaos_seed = seed == 0 ? 0 : static_cast<std::uint64_t>(seed) * 16 + static_cast<std::uint64_t>(rank);
+      const Run r = run(c, world, 3, wide, /*prepare=*/!clip, static_cast<std::uint64_t>(seed));
       const std::string what = "world " + std::to_string(W) + " stage " + std::to_string(k.stage) + " optimizer " +
                                std::string(offload_device_name(k.opt)) + " params " +
-                               std::string(offload_device_name(k.param)) + (clip ? " (waiting)" : " (overlapped)");
+                               std::string(offload_device_name(k.param)) + (clip ? " (waiting)" : " (overlapped)") +
+                               (seed > 0 ? ", chaos seed " + std::to_string(seed) : "");
       checks.expect(count_differences(r, reference) == 0,
                     what + ": " + std::to_string(count_differences(r, reference)) +
                         " weights differ from the single-rank in-memory run; " + first_difference(r, reference));
       checks.expect(clip ? r.overlapped_updates == 0 : r.overlapped_updates == r.chunk_updates && r.chunk_updates > 0,
                     what + ": " + std::to_string(r.overlapped_updates) + " of " + std::to_string(r.chunk_updates) +
                         " chunk updates overlapped");
+      }
     }
   }
   world.barrier();
@@ -143,7 +157,8 @@ void check_stage3_memory(Communicator& world, testing_mpi::RankChecks& checks) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool chaos = argc > 1 && std::strcmp(argv[1], "chaos") == 0;
   if (!launched_by_mpi()) {
     std::fprintf(stderr, "engine_mpi_test must run under mpirun (ctest does this)\n");
     return 1;
@@ -155,6 +170,13 @@ int main() {
   auto local = make_local_communicator();
   const int rank = world->rank();
   testing_mpi::RankChecks checks(rank);
+  if (chaos) {
+    const char* v = std::getenv("STRATA_CHAOS_SEEDS");
+    const int seeds = v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : 3;
+    check_offload_matches_in_memory(*world, *local, checks, seeds);
+    world->barrier();
+    return checks.finish();
+  }
   check_stages_match_single_rank(*world, *local, checks);
   check_offload_matches_in_memory(*world, *local, checks);
   check_stage3_memory(*world, checks);

@@ -1,7 +1,7 @@
 // A toy model for the engine tests, written against ParamProvider exactly as the real decoders
 // are: a tied embedding E [V, D] used at the input and the output, L residual blocks
 // x <- x + tanh(W x + b), and a squared-error loss on the tied output logits E x. Its forward and
-// backward run as host functions on the compute stream, and it exercises what matters to the
+// backward run as sim kernels on the compute stream, and it exercises what matters to the
 // engine: many groups, a group acquired twice per pass (tied weights, gradients accumulated from two
 // places), forward then reverse order. Unit u of step s reads tokens derived from (s, u) only, so
 // any split of units over ranks and micro-batches sees the same data (Note [Exact gradient sums]).
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/device/sim_kernel.h"
 #include "engine/communicator.h"
 #include "engine/config.h"
 #include "engine/param_provider.h"
@@ -72,7 +73,7 @@ inline int toy_token(std::int64_t step, std::int64_t unit, int t, int vocab) {
   return static_cast<int>(h % static_cast<std::uint64_t>(vocab));
 }
 
-// The activations of one unit, shared by the host functions its passes launch on the stream.
+// The activations of one unit, shared by the sim kernels its passes launch on the stream.
 struct ToyActs {
   std::vector<std::vector<float>> x;  // [T][(L+1)*D]
   std::vector<std::vector<float>> a;  // tanh outputs [T][L*D]
@@ -85,7 +86,7 @@ inline void toy_forward(ParamProvider& provider, Stream& stream, const ToyShape&
                         const std::shared_ptr<ToyActs>& acts, const std::vector<int>& tok) {
   const int D = s.dim, L = s.layers, T = s.tokens;
   auto E = provider.acquire_params(0, ParamPhase::Forward, &stream);
-  stream.launch_host([acts, tok, E = static_cast<const float*>(E[0]), T, D, L] {
+  launch_sim_kernel(stream, [acts, tok, E = static_cast<const float*>(E[0]), T, D, L] {
     for (int t = 0; t < T; ++t) {
       for (int d = 0; d < D; ++d) acts->x[t][d] = E[tok[static_cast<std::size_t>(t)] * D + d];
     }
@@ -94,7 +95,7 @@ inline void toy_forward(ParamProvider& provider, Stream& stream, const ToyShape&
   provider.release_params(0, &stream);
   for (int l = 0; l < L; ++l) {
     auto P = provider.acquire_params(static_cast<std::size_t>(1 + l), ParamPhase::Forward, &stream);
-    stream.launch_host([acts, W = static_cast<const float*>(P[0]), b = static_cast<const float*>(P[1]), T, D, l] {
+    launch_sim_kernel(stream, [acts, W = static_cast<const float*>(P[0]), b = static_cast<const float*>(P[1]), T, D, l] {
       for (int t = 0; t < T; ++t) {
         const float* x = &acts->x[t][static_cast<std::size_t>(l * D)];
         float* xn = &acts->x[t][static_cast<std::size_t>((l + 1) * D)];
@@ -118,7 +119,7 @@ inline void toy_output_and_loss(ParamProvider& provider, Stream& stream, const T
   const int V = s.vocab, D = s.dim, L = s.layers, T = s.tokens;
   auto E2 = provider.acquire_params(0, ParamPhase::Forward, &stream);
   auto dE = provider.acquire_grads(0, &stream);
-  stream.launch_host([acts, tok, E = static_cast<const float*>(E2[0]), dEp = static_cast<float*>(dE[0]), T, D, V, L] {
+  launch_sim_kernel(stream, [acts, tok, E = static_cast<const float*>(E2[0]), dEp = static_cast<float*>(dE[0]), T, D, V, L] {
     float loss = 0;
     for (int t = 0; t < T; ++t) {
       const float* x = &acts->x[t][static_cast<std::size_t>(L * D)];
@@ -148,7 +149,7 @@ inline void toy_backward(ParamProvider& provider, Stream& stream, const ToyShape
   for (int l = L - 1; l >= 0; --l) {
     auto P = provider.acquire_params(static_cast<std::size_t>(1 + l), ParamPhase::Backward, &stream);
     auto G = provider.acquire_grads(static_cast<std::size_t>(1 + l), &stream);
-    stream.launch_host([acts, W = static_cast<const float*>(P[0]), dW = static_cast<float*>(G[0]),
+    launch_sim_kernel(stream, [acts, W = static_cast<const float*>(P[0]), dW = static_cast<float*>(G[0]),
                         db = static_cast<float*>(G[1]), T, D, l] {
       for (int t = 0; t < T; ++t) {
         const float* x = &acts->x[t][static_cast<std::size_t>(l * D)];
@@ -172,7 +173,7 @@ inline void toy_backward(ParamProvider& provider, Stream& stream, const ToyShape
     provider.release_params(static_cast<std::size_t>(1 + l), &stream);
   }
   auto dE2 = provider.acquire_grads(0, &stream);
-  stream.launch_host([acts, tok, dEp = static_cast<float*>(dE2[0]), T, D] {
+  launch_sim_kernel(stream, [acts, tok, dEp = static_cast<float*>(dE2[0]), T, D] {
     for (int t = 0; t < T; ++t) {
       for (int d = 0; d < D; ++d) dEp[tok[static_cast<std::size_t>(t)] * D + d] += acts->dx[t][d];
     }

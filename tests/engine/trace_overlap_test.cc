@@ -49,7 +49,7 @@ TEST(Trace, PrefetchGathersOverlapCompute) {
     if (a.stream != "zero.comm") continue;
     ++comm_slices;
     for (const auto& b : slices) {
-      if (b.stream == "compute" && b.op == "host" && a.begin_us < b.end_us && b.begin_us < a.end_us) {
+      if (b.stream == "compute" && b.op == "kernel" && a.begin_us < b.end_us && b.begin_us < a.end_us) {
         ++overlaps;
         break;
       }
