@@ -40,6 +40,7 @@ GroupViews ParamFetcher::acquire(std::size_t g, ParamPhase phase, Stream* stream
   stream->wait(*G.gathered_event);
   ++G.live;
   G.last_use_stream = stream;
+  if (std::find(G.users.begin(), G.users.end(), stream) == G.users.end()) G.users.push_back(stream);
   if (trace_valid_) prefetch_after(trace_pos_);
   return views_of(P.layout, G.gathered.data(), ctx_.working());
 }
@@ -63,9 +64,18 @@ void ParamFetcher::release(std::size_t g, Stream* stream) {
   free_gathered(g, stream);
 }
 
+// The free goes on `stream` after every other stream that used the copy has passed its last use:
+// an event on each, which `stream` waits for (stream order only; no host wait).
 void ParamFetcher::free_gathered(std::size_t g, Stream* stream) {
   Group& G = groups_[g];
   live_elems_ -= total_elems(g);
+  for (Stream* user : G.users) {
+    if (user == stream) continue;
+    std::unique_ptr<Event> used = ctx_.device.create_event();
+    user->record(*used);
+    stream->wait(*used);
+  }
+  G.users.clear();
   stream->release_after(std::move(G.gathered));
 }
 

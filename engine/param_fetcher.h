@@ -47,6 +47,9 @@ class ParamFetcher {
     DeviceMemory gathered;  // stage 3: the full W while gathered
     std::unique_ptr<Event> gathered_event;
     Stream* last_use_stream = nullptr;
+    // Every stream that acquired the gathered copy since it was gathered: its free waits for each
+    // (free_gathered), as PyTorch's record_stream.
+    std::vector<Stream*> users;
     int live = 0;
   };
   struct TraceEntry {

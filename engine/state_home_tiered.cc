@@ -154,18 +154,28 @@ bool TieredStateHome::take_overlap(double lr) {
 }
 
 // Note [Host-driven offload] (docs/DESIGN.md): the host thread waits on the event recorded after
-// the reduction, copies the gradient down and combines it; the reduced buffer is freed by that
-// thread once its copies down have completed, so no work names it after its free.
+// the reduction, copies the gradient down and combines it. The reduced buffer is freed by whichever
+// thread drops the task (the executor's, once the task ran, failed or was skipped after an earlier
+// failure; or this one, if submit refuses it), and only after the reduction writing it and every
+// copy reading it have completed: no work names it after its free (Note [Released memory]).
 void TieredStateHome::add_unit(std::size_t g, DeviceMemory reduced, int unit) {
   std::shared_ptr<Event> reduced_event(ctx_.device.create_event());
   ctx_.comm.record(*reduced_event);
   const bool last = unit + 1 == ctx_.accumulation();
   const bool overlap = last && overlap_step_;
-  auto held = std::make_shared<DeviceMemory>(std::move(reduced));
+  Stream* transfer = transfer_.get();  // outlives the task: the destructor drains the executor first
+  std::shared_ptr<DeviceMemory> held(new DeviceMemory(std::move(reduced)), [reduced_event, transfer](DeviceMemory* m) {
+    try {
+      reduced_event->synchronize();
+      transfer->synchronize();
+    } catch (const std::exception& e) {  // the stream's own error is reported where it is synchronized
+      spdlog::debug("freeing a reduced gradient after a failed stream: {}", e.what());
+    }
+    delete m;
+  });
   executor_->submit([this, g, held, reduced_event, unit, last, overlap] {
     reduced_event->synchronize();
     combine(g, held->data(), unit, last, overlap);
-    held->reset();  // every copy of it has completed (combine waits for each)
   });
 }
 

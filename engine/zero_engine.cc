@@ -37,12 +37,12 @@ std::unique_ptr<optim::LossScaler> make_scaler(const TrainConfig& config) {
   return std::make_unique<optim::LossScaler>(sc, "fp16");
 }
 
-// Offload on a GPU failed on its first run there (H100, 2026-11-26): the offload worker's copy of
-// a reduced gradient named memory already passed to cudaFreeAsync (Note [Released memory]); with
-// the fix the demo did not finish in the time it had. Until it runs right, a cuda run whose plan
-// puts the optimizer state (or the parameters) on the host or NVMe is refused before any step,
-// saying how to train it instead; STRATA_CUDA_OFFLOAD=1 runs it anyway, for the tests that
-// exercise it on a GPU (tests/tools/train_cuda_test.sh).
+// Offload has not yet run right on a GPU: the designs in which streams waited for host functions
+// failed there (docs/MEASUREMENTS.md, "On the GPU"), and the host-driven one that replaced them
+// (Note [Host-driven offload] in docs/DESIGN.md) has not run on one. Until it does, a cuda run
+// whose plan puts the optimizer state (or the parameters) on the host or NVMe is refused before
+// any step, saying how to train it instead; STRATA_CUDA_OFFLOAD=1 runs it anyway, for the tests
+// that exercise it on a GPU (tests/tools/train_cuda_test.sh, tools/gpu-verify.sh).
 void refuse_unverified_offload(const TrainConfig& config, const RunPlan& plan, const Device& device) {
   if (device.kind() != DeviceKind::Cuda || !(plan.optimizer_offloaded() || plan.params_offloaded())) return;
   if (cuda_offload_opted_in()) {

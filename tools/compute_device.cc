@@ -167,7 +167,16 @@ std::unique_ptr<Device> open_training_device(const TrainConfig& cfg) {
   o.d2h_gbps = d.d2h_gbps;
   o.latency_us = d.latency_us;
   o.chaos_seed = d.chaos_seed;
-  return open_compute_device(training_device_choice(cfg), d.memory_bytes, o, training_device_source(cfg));
+  std::unique_ptr<Device> device =
+      open_compute_device(training_device_choice(cfg), d.memory_bytes, o, training_device_source(cfg));
+  if (d.chaos_seed != 0) {  // Note [Schedule chaos]: a test mode, slower by design
+    spdlog::warn("strata.device.chaos = {}: {} start after random pauses, to try rare orders; slower by design, "
+                 "for testing",
+                 d.chaos_seed,
+                 device->kind() == DeviceKind::Sim ? "every stream task and offload host task"
+                                                   : "offload host tasks (a cuda device's streams are not paused)");
+  }
+  return device;
 }
 
 std::size_t compute_stream_reserve_bytes(const Device& device) {

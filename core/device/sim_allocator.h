@@ -69,9 +69,11 @@ class SimAllocator {
 
   // Note [Released memory]: CUDA forbids work issued after cudaFreeAsync returns from naming the
   // memory, even work that would run before the free in stream order (cudaMemcpyAsync then fails
-  // with "invalid argument": an H100, 2026-11-26). retire(ptr) marks the live allocation at ptr as
-  // freed from now on for that purpose, though its bytes stay until release(); usable() is empty
-  // when [ptr, ptr + bytes) lies inside one live allocation that is not retired, else it says why.
+  // with "invalid argument", as seen on a GPU: docs/MEASUREMENTS.md, "On the GPU"). retire(ptr)
+  // marks the live allocation at ptr as freed from now on for that purpose, though its bytes stay
+  // until release(); usable() is empty when [ptr, ptr + bytes) lies inside one live allocation that
+  // is not retired, else it says why. Memory that a host thread still copies is freed by that
+  // thread once its copies completed (Note [Host-driven offload]), never released before them.
   void retire(const void* ptr) noexcept;
   std::string usable(const void* ptr, std::size_t bytes) const;
 

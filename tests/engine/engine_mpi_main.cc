@@ -7,6 +7,7 @@
 // run, each under several seeds of schedule chaos (Note [Schedule chaos]: random pauses before every
 // stream task and offload host task; STRATA_CHAOS_SEEDS seeds, default 3), and must give the same
 // bits every time. Prints "N passed, N failed" per rank; exits non-zero on any failure.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include "core/device/device.h"
 #include "engine/communicator.h"
+#include "tests/core/sim_device_test_util.h"
 #include "tests/engine/rank_checks.h"
 #include "engine/zero_engine.h"
 #include "tests/engine/toy_model.h"
@@ -120,11 +122,13 @@ void check_offload_matches_in_memory(Communicator& world, Communicator& local, t
       testing_toy::toy_offload(c, k.opt, k.param, dir);
       for (int seed = chaos_seeds > 0 ? 1 : 0; seed <= chaos_seeds; ++seed) {
       c.strata.device.chaos_seed = seed == 0 ? 0 : static_cast<std::uint64_t>(seed) * 16 + static_cast<std::uint64_t>(rank);
-      const Run r = run(c, world, 3, wide, /*prepare=*/!clip, static_cast<std::uint64_t>(seed));
       const std::string what = "world " + std::to_string(W) + " stage " + std::to_string(k.stage) + " optimizer " +
                                std::string(offload_device_name(k.opt)) + " params " +
                                std::string(offload_device_name(k.param)) + (clip ? " (waiting)" : " (overlapped)") +
                                (seed > 0 ? ", chaos seed " + std::to_string(seed) : "");
+      testing_sim::HangWatchdog watchdog("engine_mpi rank " + std::to_string(rank) + ": " + what,
+                                         std::chrono::seconds(120));
+      const Run r = run(c, world, 3, wide, /*prepare=*/!clip, static_cast<std::uint64_t>(seed));
       checks.expect(count_differences(r, reference) == 0,
                     what + ": " + std::to_string(count_differences(r, reference)) +
                         " weights differ from the single-rank in-memory run; " + first_difference(r, reference));

@@ -6,8 +6,13 @@
 
 #include <cstring>
 
+#include <chrono>
+#include <thread>
+
+#include "core/device/sim_kernel.h"
 #include "core/error.h"
 #include "engine/zero_engine.h"
+#include "tests/core/sim_device_test_util.h"
 #include "tests/engine/toy_model.h"
 
 namespace strata {
@@ -83,6 +88,49 @@ TEST(ZeroEngine, MisuseIsAClearError) {
   EXPECT_THROW(engine.step(0.1), InternalError);  // no micro-batch ran
   EXPECT_THROW(engine.release_params(1, stream.get()), InternalError);
   EXPECT_THROW(engine.acquire_grads(1, stream.get()), InternalError);  // outside a micro-batch
+}
+
+// A gathered group used by two streams is freed after both have passed their last use (the free
+// waits on an event of the other stream, as PyTorch's record_stream), never while one still reads
+// it: here stream A is held by a gate, and the free queued on B must wait for it.
+TEST(ZeroEngine, AGatheredGroupUsedByTwoStreamsIsFreedAfterBoth) {
+  SimDeviceOptions o;
+  o.capacity_bytes = 16 << 20;
+  auto device = make_sim_device(o);
+  auto comm = make_local_communicator();
+  TrainConfig c = toy_config(3, 1);
+  c.zero.param_persistence_threshold_elems = 0;  // every group gathered and freed
+  ZeroEngine engine(c, *device, *comm, testing_toy::toy_groups({}, DType::F32), testing_toy::toy_init);
+  testing_sim::Gate gate;  // before the streams: they are joined (after the gate opens) first
+  struct OpenAtExit {
+    testing_sim::Gate& g;
+    ~OpenAtExit() { g.open(); }
+  } open_at_exit{gate};
+  auto a = device->create_stream("a"), b = device->create_stream("b");
+  const auto gathered_bytes = [&] {
+    const MemoryStats s = device->memory_stats();
+    const auto it = s.bytes_by_tag.find("param.gathered");
+    return it == s.bytes_by_tag.end() ? std::size_t{0} : it->second;
+  };
+  launch_sim_kernel(*a, [&gate] { gate.wait(); });  // a's later work (its use of the group) waits
+  engine.begin_micro_batch();
+  engine.acquire_params(1, ParamPhase::Forward, a.get());
+  engine.acquire_params(1, ParamPhase::Forward, b.get());
+  engine.acquire_params(2, ParamPhase::Forward, b.get());
+  engine.acquire_params(2, ParamPhase::Forward, a.get());
+  const std::size_t held = gathered_bytes();  // both groups
+  ASSERT_GT(held, 0u);
+  engine.release_params(1, b.get());
+  engine.release_params(1, a.get());  // last release: freed on a after b (a is held)
+  engine.release_params(2, a.get());
+  engine.release_params(2, b.get());  // last release on b: must wait for a
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // a premature free would show now
+  EXPECT_EQ(gathered_bytes(), held) << "a gathered group was freed while stream a still had to use it";
+  gate.open();
+  a->synchronize();
+  b->synchronize();
+  EXPECT_EQ(gathered_bytes(), 0u);
+  engine.end_micro_batch();
 }
 
 }  // namespace
