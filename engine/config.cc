@@ -73,9 +73,24 @@ OffloadConfig parse_offload(ConfigReader r, bool is_param) {
   return c;
 }
 
+// Note [Auto values]: the Hugging Face Trainer writes "auto" into DeepSpeed configs and fills the
+// values in before DeepSpeed reads them. Strata resolves each one itself, as the Trainer would where
+// that is defined (its defaults: lr 5e-5, betas [0.9, 0.999], eps 1e-8, weight decay 0, clipping
+// 1.0, no warmup; the batch sizes from each other and the world, resolve_batch_sizes; the total
+// steps from --steps, resolve_step_autos), else Strata's default, and prints every resolution in
+// one block at startup (log_resolved_auto); each can be overridden with --set.
+void resolve_auto_default(ConfigReader& r, std::string_view key, std::string value) {
+  if (r.is_auto(key)) {
+    r.resolved(key, std::move(value), "Strata's default: the Trainer's value comes from the model's hidden size");
+  }
+}
+
 ZeroConfig parse_zero(ConfigReader r) {
   ZeroConfig z;
   r.get_int("stage", &z.stage, 0, 3);
+  resolve_auto_default(r, "stage3_max_live_parameters", std::to_string(z.max_live_parameters_elems));
+  resolve_auto_default(r, "stage3_prefetch_bucket_size", std::to_string(z.prefetch_bucket_size_elems));
+  resolve_auto_default(r, "stage3_param_persistence_threshold", std::to_string(z.param_persistence_threshold_elems));
   z.offload_param = parse_offload(r.section("offload_param"), /*is_param=*/true);
   z.offload_optimizer = parse_offload(r.section("offload_optimizer"), /*is_param=*/false);
   r.get_count("sub_group_size", &z.sub_group_size_elems, 1, kMaxCount);
@@ -171,10 +186,14 @@ OptimizerConfig parse_optimizer(ConfigReader r) {
     o.beta2 = 0.99;
   }
   ConfigReader p = r.section("params");
+  o.lr_auto = p.is_auto("lr");
   p.get_double("lr", &o.lr, 0.0, 1e3);
   nlohmann::json betas;
   p.get_raw("betas", &betas);
-  if (!betas.is_null()) {
+  if (p.is_auto("betas")) {  // Note [Auto values]
+    p.resolved("betas", fmt::format("[{}, {}]", o.beta1, o.beta2),
+               o.type == "Lion" ? "Lion's defaults" : "the Hugging Face Trainer's adam_beta1 and adam_beta2");
+  } else if (!betas.is_null()) {
     if (!betas.is_array() || betas.size() != 2 || !betas[0].is_number() || !betas[1].is_number()) {
       p.fail("betas", "expected two numbers [beta1, beta2], e.g. [0.9, 0.999]");
     }
@@ -185,7 +204,11 @@ OptimizerConfig parse_optimizer(ConfigReader r) {
     }
   }
   p.get_double("eps", &o.eps, std::numeric_limits<double>::min(), 1.0);
+  if (p.is_auto("eps")) p.resolved("eps", fmt::format("{}", o.eps), "the Hugging Face Trainer's adam_epsilon");
   p.get_double("weight_decay", &o.weight_decay, 0.0, 1e3);
+  if (p.is_auto("weight_decay")) {
+    p.resolved("weight_decay", fmt::format("{}", o.weight_decay), "the Hugging Face Trainer's weight_decay");
+  }
   p.get_double("momentum", &o.momentum, 0.0, 0.999999);
   p.get_bool("bias_correction", &o.bias_correction);
   p.ignored("torch_adam", "Strata has one implementation of each optimizer (optim/: SIMD CPU kernels)");
@@ -216,15 +239,28 @@ SchedulerConfig parse_scheduler(ConfigReader r) {
   r.get_choice("type", &s.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
   ConfigReader p = r.section("params");
   p.get_double("warmup_min_lr", &s.warmup_min_lr, 0.0, 1e3);
+  if (p.is_auto("warmup_min_lr")) {  // Note [Auto values]
+    s.warmup_min_lr = 0;
+    p.resolved("warmup_min_lr", "0", "the Hugging Face Trainer's value");
+  }
+  s.warmup_max_lr_auto = p.is_auto("warmup_max_lr");  // the optimizer's lr, resolved by the caller
   p.get_double("warmup_max_lr", &s.warmup_max_lr, 0.0, 1e3);
-  p.get_int("warmup_num_steps", &s.warmup_num_steps, 1, std::numeric_limits<std::int64_t>::max());
+  // 0 and 1 warm up over 2 steps, as DeepSpeed's schedules do (engine/lr_schedule.cc).
+  p.get_int("warmup_num_steps", &s.warmup_num_steps, 0, std::numeric_limits<std::int64_t>::max());
+  if (p.is_auto("warmup_num_steps")) {
+    s.warmup_num_steps = 0;
+    p.resolved("warmup_num_steps", "0", "the Hugging Face Trainer's warmup_steps; DeepSpeed's schedules warm up over "
+                                        "at least 2 steps");
+  }
+  s.total_num_steps_auto = p.is_auto("total_num_steps");
   p.get_int("total_num_steps", &s.total_num_steps, 0, std::numeric_limits<std::int64_t>::max());
   p.get_choice("warmup_type", &s.warmup_type, {"log", "linear"});
   p.get_double("cos_min_ratio", &s.cos_min_ratio, 0.0, 1.0);
   p.get_double("warmup_min_ratio", &s.warmup_min_ratio, 0.0, 1.0);
   p.ignored("last_batch_iteration", "the schedule's position is the training step (restored by --resume)");
   p.finish();
-  if ((s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") && s.total_num_steps <= s.warmup_num_steps) {
+  if ((s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") && !s.total_num_steps_auto &&
+      s.total_num_steps <= s.warmup_num_steps) {
     p.fail("total_num_steps", fmt::format("{} must exceed warmup_num_steps ({}) for {}", s.total_num_steps,
                                           s.warmup_num_steps, s.type));
   }
@@ -359,27 +395,38 @@ std::string_view precision_name(Precision p) {
 
 TrainConfig parse_train_config(const nlohmann::json& root, const std::string& source) {
   TrainConfig c;
-  ConfigReader r(root, source, "", &c.ignored_keys);
+  ConfigReader r(root, source, "", &c.ignored_keys, &c.resolved_auto);
   c.source = source;
   c.raw = root;
+  // A number given fixes the batch triangle; absent or "auto" is derived (resolve_batch_sizes).
+  const auto given = [&](const char* key) { return r.has(key) && !root[key].is_null() && !r.is_auto(key); };
+  c.micro_batch_given = given("train_micro_batch_size_per_gpu");
+  c.accumulation_given = given("gradient_accumulation_steps");
   r.get_int("train_micro_batch_size_per_gpu", &c.micro_batch_size, 1, 1 << 20);
   r.get_int("gradient_accumulation_steps", &c.gradient_accumulation_steps, 1, 1 << 20);
   r.get_int("train_batch_size", &c.train_batch_size, 0, std::numeric_limits<std::int64_t>::max());
   r.get_double("gradient_clipping", &c.gradient_clipping, 0.0, 1e12);
+  if (r.is_auto("gradient_clipping")) {  // Note [Auto values]
+    c.gradient_clipping = 1.0;
+    r.resolved("gradient_clipping", "1.0", "the Hugging Face Trainer's max_grad_norm");
+  }
   r.get_int("steps_per_print", &c.steps_per_print, 1, 1 << 30);
 
   bool bf16 = false;
   bool fp16 = false;
+  bool bf16_auto = false, fp16_auto = false;  // resolved once strata.exact is known
   {
     ConfigReader b = r.section("bf16");
-    b.get_bool("enabled", &bf16);
+    bf16_auto = b.is_auto("enabled");
+    if (!bf16_auto) b.get_bool("enabled", &bf16);
     b.ignored("immediate_grad_update", "gradients are always reduced and accumulated per param group as soon as the "
                                        "group's backward is done");
     b.finish();
   }
   {
     ConfigReader f = r.section("fp16");
-    f.get_bool("enabled", &fp16);
+    fp16_auto = f.is_auto("enabled");
+    if (!fp16_auto) f.get_bool("enabled", &fp16);
     f.get_double("loss_scale", &c.fp16.loss_scale, 0.0, 1e38);
     f.get_int("initial_scale_power", &c.fp16.initial_scale_power, 0, 127);
     f.get_int("loss_scale_window", &c.fp16.loss_scale_window, 1, 1 << 30);
@@ -391,13 +438,43 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
     f.finish();
   }
   if (bf16 && fp16) r.fail("fp16", "fp16.enabled and bf16.enabled are both true; enable at most one");
-  c.precision = bf16 ? Precision::Bf16 : fp16 ? Precision::Fp16 : Precision::Fp32;
 
   c.zero = parse_zero(r.section("zero_optimization"));
   c.aio = parse_aio(r.section("aio"));
   c.optimizer = parse_optimizer(r.section("optimizer"));
   c.scheduler = parse_scheduler(r.section("scheduler"));
   c.strata = parse_strata(r.section("strata"));
+
+  // Note [Auto values]: precision. Exact mode is fp32; otherwise bf16 (Strata's mixed precision on
+  // the sim device and on every GPU it builds for, sm_80 and up), unless fp16 was asked for.
+  if (bf16_auto) {
+    bf16 = !c.strata.exact && !fp16;
+    c.resolved_auto.push_back({"bf16.enabled", bf16 ? "true" : "false",
+                               c.strata.exact ? "strata.exact is fp32 everywhere"
+                               : fp16         ? "fp16.enabled is true"
+                                              : "bf16 with fp32 master weights, Strata's mixed precision"});
+  }
+  if (fp16_auto) {
+    c.resolved_auto.push_back({"fp16.enabled", "false",
+                               c.strata.exact ? "strata.exact is fp32 everywhere"
+                               : bf16         ? "bf16 is enabled"
+                                              : "fp16 only when asked for, as the Hugging Face Trainer (--fp16)"});
+  }
+  c.precision = bf16 ? Precision::Bf16 : fp16 ? Precision::Fp16 : Precision::Fp32;
+  // The learning rate and the schedule's peak, each from the other where one is "auto".
+  if (c.optimizer.lr_auto) {
+    const bool from_schedule = !c.scheduler.type.empty() && !c.scheduler.warmup_max_lr_auto &&
+                               c.scheduler.type != "WarmupCosineLR";
+    c.optimizer.lr = from_schedule ? c.scheduler.warmup_max_lr : 5e-5;
+    c.resolved_auto.push_back({"optimizer.params.lr", fmt::format("{}", c.optimizer.lr),
+                               from_schedule ? "scheduler.params.warmup_max_lr"
+                                             : "the Hugging Face Trainer's learning_rate"});
+  }
+  if (c.scheduler.warmup_max_lr_auto) {
+    c.scheduler.warmup_max_lr = c.optimizer.lr;
+    c.resolved_auto.push_back({"scheduler.params.warmup_max_lr", fmt::format("{}", c.optimizer.lr),
+                               "optimizer.params.lr"});
+  }
 
   r.ignored("wall_clock_breakdown", "set strata.trace for a timeline of every stream; the summary prints tokens/s");
   r.ignored("zero_allow_untested_optimizer",
@@ -443,6 +520,86 @@ void log_ignored_keys(const TrainConfig& config) {
     spdlog::warn("{}: {}: accepted for DeepSpeed compatibility but has no effect in Strata: {}", config.source,
                  k.key_path, k.reason);
   }
+}
+
+void resolve_step_autos(TrainConfig& config) {
+  SchedulerConfig& s = config.scheduler;
+  if (!s.total_num_steps_auto) return;
+  s.total_num_steps = config.strata.steps;
+  s.total_num_steps_auto = false;
+  config.resolved_auto.push_back({"scheduler.params.total_num_steps", std::to_string(s.total_num_steps),
+                                  "the run's steps (strata.steps or --steps)"});
+  if ((s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") && s.total_num_steps <= s.warmup_num_steps) {
+    throw ConfigError(fmt::format("{}: scheduler.params.total_num_steps \"auto\" is the run's {} steps, which must "
+                                  "exceed warmup_num_steps ({}) for {}; train more steps (--steps) or set "
+                                  "total_num_steps",
+                                  config.source, s.total_num_steps, s.warmup_num_steps, s.type));
+  }
+}
+
+// DeepSpeed's runtime/config.py, _set_batch_related_parameters and _batch_assertion.
+void resolve_batch_sizes(TrainConfig& c, int data_world) {
+  STRATA_CHECK(data_world >= 1, "{} data-parallel ranks", data_world);
+  const std::int64_t world = data_world;
+  const bool tbs_given = c.train_batch_size > 0;
+  const bool tbs_auto = c.raw.is_object() && c.raw.contains("train_batch_size") &&
+                        c.raw["train_batch_size"] == nlohmann::json("auto");
+  const bool micro_auto = c.raw.is_object() && c.raw.contains("train_micro_batch_size_per_gpu") &&
+                          c.raw["train_micro_batch_size_per_gpu"] == nlohmann::json("auto");
+  const bool accum_auto = c.raw.is_object() && c.raw.contains("gradient_accumulation_steps") &&
+                          c.raw["gradient_accumulation_steps"] == nlohmann::json("auto");
+  const auto refuse = [&](std::string_view why) {
+    throw ConfigError(fmt::format("{}: train_batch_size {}, train_micro_batch_size_per_gpu {} and "
+                                  "gradient_accumulation_steps {} over {} data-parallel rank(s): {}",
+                                  c.source, tbs_given ? std::to_string(c.train_batch_size) : std::string("(derived)"),
+                                  c.micro_batch_given ? std::to_string(c.micro_batch_size) : std::string("(derived)"),
+                                  c.accumulation_given ? std::to_string(c.gradient_accumulation_steps)
+                                                       : std::string("(derived)"),
+                                  world, why));
+  };
+  // The micro-batch or the accumulation that makes train_batch_size come out whole.
+  const auto divide = [&](std::int64_t per_rank_units, const char* what) -> int {
+    if (per_rank_units <= 0 || c.train_batch_size % (world * per_rank_units) != 0) {
+      refuse(fmt::format("train_batch_size is not a whole multiple of {} x the data-parallel ranks; fix one of them, or "
+                         "drop train_batch_size to derive it",
+                         what));
+    }
+    const std::int64_t v = c.train_batch_size / (world * per_rank_units);
+    if (v > (1 << 20)) refuse("the derived value is over 1048576");
+    return static_cast<int>(v);
+  };
+  if (tbs_given && c.micro_batch_given && c.accumulation_given) {
+    if (c.train_batch_size != static_cast<std::int64_t>(c.micro_batch_size) * c.gradient_accumulation_steps * world) {
+      refuse("train_batch_size must equal micro-batch x accumulation x data-parallel ranks; fix one of them or drop "
+             "train_batch_size");
+    }
+  } else if (tbs_given && c.micro_batch_given) {
+    c.gradient_accumulation_steps = divide(c.micro_batch_size, "train_micro_batch_size_per_gpu");
+  } else if (tbs_given && c.accumulation_given) {
+    c.micro_batch_size = divide(c.gradient_accumulation_steps, "gradient_accumulation_steps");
+  } else if (tbs_given) {
+    c.gradient_accumulation_steps = 1;
+    c.micro_batch_size = divide(1, "1 (the accumulation)");
+  } else {
+    c.train_batch_size = static_cast<std::int64_t>(c.micro_batch_size) * c.gradient_accumulation_steps * world;
+  }
+  const std::string from = fmt::format("from the other batch sizes and {} data-parallel rank(s)", world);
+  if (micro_auto) {
+    c.resolved_auto.push_back({"train_micro_batch_size_per_gpu", std::to_string(c.micro_batch_size),
+                               c.micro_batch_given || tbs_given ? from : "Strata's default"});
+  }
+  if (accum_auto) {
+    c.resolved_auto.push_back({"gradient_accumulation_steps", std::to_string(c.gradient_accumulation_steps),
+                               tbs_given ? from : "Strata's default"});
+  }
+  if (tbs_auto) c.resolved_auto.push_back({"train_batch_size", std::to_string(c.train_batch_size), from});
+}
+
+void log_resolved_auto(const TrainConfig& config) {
+  if (config.resolved_auto.empty()) return;
+  std::string block = fmt::format("{}: resolved \"auto\" (override any with --set key=value):", config.source);
+  for (const ResolvedAuto& a : config.resolved_auto) block += fmt::format("\n  {} = {}  ({})", a.key_path, a.value, a.why);
+  spdlog::info("{}", block);
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {

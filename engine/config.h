@@ -72,6 +72,7 @@ struct OptimizerConfig {
   double weight_decay = 0.0;
   double momentum = 0.0;  // SGD
   bool bias_correction = true;
+  bool lr_auto = false;  // params.lr was "auto": resolved once the scheduler is read
 };
 
 struct SchedulerConfig {
@@ -83,6 +84,8 @@ struct SchedulerConfig {
   std::string warmup_type = "log";
   double warmup_min_ratio = 0.0;  // WarmupCosineLR
   double cos_min_ratio = 0.0001;
+  bool warmup_max_lr_auto = false;    // "auto": the optimizer's lr
+  bool total_num_steps_auto = false;  // "auto": the run's steps (resolve_step_autos)
 };
 
 struct DeviceConfig {
@@ -180,6 +183,10 @@ struct TrainConfig {
   int micro_batch_size = 1;  // train_micro_batch_size_per_gpu
   int gradient_accumulation_steps = 1;
   std::int64_t train_batch_size = 0;  // 0: derived; else must equal micro * accum * data-parallel world
+  // Whether the config gave the first two as numbers (not absent, not "auto"): resolve_batch_sizes
+  // derives the others from them as DeepSpeed does.
+  bool micro_batch_given = false;
+  bool accumulation_given = false;
   double gradient_clipping = 0;       // 0: off
   int steps_per_print = 1;
   Precision precision = Precision::Fp32;
@@ -192,6 +199,8 @@ struct TrainConfig {
   nlohmann::json raw;  // the config after overrides, as written into checkpoints
   // DeepSpeed keys present in the config that Strata accepts without effect, with the reason each.
   std::vector<IgnoredKey> ignored_keys;
+  // Values written "auto" and what they became (Note [Auto values], engine/config.cc).
+  std::vector<ResolvedAuto> resolved_auto;
 };
 
 // Parses `root` (after overrides). `source` names the file in messages. Throws ConfigError.
@@ -208,6 +217,21 @@ TrainConfig load_train_config_text(const std::string& text, const std::string& s
 // One warning per ignored key ("<source>: <key path>: accepted for DeepSpeed compatibility but has
 // no effect in Strata: <reason>"). Call once at startup, on one rank.
 void log_ignored_keys(const TrainConfig& config);
+
+// What needs the run's step count (--steps, after parsing): scheduler.params.total_num_steps
+// "auto" becomes strata.steps, and the decay schedules' steps are checked. Throws ConfigError.
+void resolve_step_autos(TrainConfig& config);
+
+// The batch-size triangle, as DeepSpeed derives it (runtime/config.py): of train_batch_size,
+// train_micro_batch_size_per_gpu and gradient_accumulation_steps, the ones given (numbers) fix the
+// others for `data_world` data-parallel ranks; absent or "auto" ones are derived (micro-batch and
+// accumulation 1 where nothing fixes them), and all three given must agree. Derived values written
+// "auto" are recorded in resolved_auto. Throws ConfigError naming the three and the ranks.
+void resolve_batch_sizes(TrainConfig& config, int data_world);
+
+// One block, "resolved auto: key = value (why)" per line, when the config had any "auto" values.
+// Call once at startup, on one rank, after resolve_step_autos and resolve_batch_sizes.
+void log_resolved_auto(const TrainConfig& config);
 
 std::string_view offload_device_name(OffloadDevice d);
 std::string_view precision_name(Precision p);

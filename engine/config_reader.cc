@@ -17,7 +17,7 @@ namespace {
 
 std::string describe(const nlohmann::json& v) { return fmt::format("{} {}", v.type_name(), json_excerpt(v)); }
 
-bool is_auto(const nlohmann::json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+bool auto_value(const nlohmann::json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
 }  // namespace
 
@@ -49,11 +49,12 @@ std::string nearest_name(std::string_view name, const std::vector<std::string>& 
 }
 
 ConfigReader::ConfigReader(const nlohmann::json& object, std::string source, std::string path,
-                           std::vector<IgnoredKey>* ignored_keys)
+                           std::vector<IgnoredKey>* ignored_keys, std::vector<ResolvedAuto>* resolved_autos)
     : object_(object.is_null() ? nlohmann::json::object() : object),
       source_(std::move(source)),
       path_(std::move(path)),
-      ignored_keys_(ignored_keys) {
+      ignored_keys_(ignored_keys),
+      resolved_autos_(resolved_autos) {
   if (!object_.is_object()) {
     throw ConfigError(fmt::format("{}: '{}' must be an object, found {}", source_, path_.empty() ? "<top>" : path_,
                                   describe(object_)));
@@ -69,6 +70,15 @@ void ConfigReader::fail(std::string_view key, std::string_view problem) const {
 }
 
 bool ConfigReader::has(std::string_view key) const { return object_.contains(std::string(key)); }
+
+bool ConfigReader::is_auto(std::string_view key) {
+  const auto* v = find(key);
+  return v != nullptr && auto_value(*v);
+}
+
+void ConfigReader::resolved(std::string_view key, std::string value, std::string why) {
+  if (resolved_autos_ != nullptr) resolved_autos_->push_back({key_path(key), std::move(value), std::move(why)});
+}
 
 const nlohmann::json* ConfigReader::find(std::string_view key) {
   known_.emplace(key);
@@ -86,7 +96,7 @@ void ConfigReader::get_bool(std::string_view key, bool* out) {
 
 void ConfigReader::get_int(std::string_view key, std::int64_t* out, std::int64_t min, std::int64_t max) {
   const auto* v = find(key);
-  if (v == nullptr || is_auto(*v)) return;
+  if (v == nullptr || auto_value(*v)) return;
   std::int64_t value = 0;
   if (v->is_number_unsigned() && v->get<std::uint64_t>() > std::uint64_t{std::numeric_limits<std::int64_t>::max()}) {
     fail(key, fmt::format("{} is out of range; allowed {}..{}", v->get<std::uint64_t>(), min, max));
@@ -110,7 +120,7 @@ void ConfigReader::get_int(std::string_view key, int* out, int min, int max) {
 
 void ConfigReader::get_count(std::string_view key, std::uint64_t* out, std::uint64_t min, std::uint64_t max) {
   const auto* v = find(key);
-  if (v == nullptr || is_auto(*v)) return;
+  if (v == nullptr || auto_value(*v)) return;
   double value = 0;
   if (v->is_number()) {
     value = v->get<double>();
@@ -140,7 +150,7 @@ void ConfigReader::get_count(std::string_view key, std::uint64_t* out, std::uint
 
 void ConfigReader::get_double(std::string_view key, double* out, double min, double max) {
   const auto* v = find(key);
-  if (v == nullptr || is_auto(*v)) return;
+  if (v == nullptr || auto_value(*v)) return;
   if (!v->is_number()) fail(key, fmt::format("expected a number, found {}", describe(*v)));
   const double value = v->get<double>();
   if (!std::isfinite(value) || value < min || value > max) {
@@ -151,7 +161,7 @@ void ConfigReader::get_double(std::string_view key, double* out, double min, dou
 
 void ConfigReader::get_bytes(std::string_view key, std::uint64_t* out, std::uint64_t min) {
   const auto* v = find(key);
-  if (v == nullptr || is_auto(*v)) return;
+  if (v == nullptr || auto_value(*v)) return;
   std::size_t bytes = 0;
   if (v->is_number_unsigned() || (v->is_number_integer() && v->get<std::int64_t>() >= 0)) {
     bytes = v->get<std::uint64_t>();
@@ -207,7 +217,8 @@ void ConfigReader::get_raw(std::string_view key, nlohmann::json* out) {
 ConfigReader ConfigReader::section(std::string_view key) {
   const auto* v = find(key);
   if (v != nullptr && !v->is_object()) fail(key, fmt::format("expected an object {{...}}, found {}", describe(*v)));
-  return ConfigReader(v != nullptr ? *v : nlohmann::json::object(), source_, key_path(key), ignored_keys_);
+  return ConfigReader(v != nullptr ? *v : nlohmann::json::object(), source_, key_path(key), ignored_keys_,
+                      resolved_autos_);
 }
 
 void ConfigReader::unsupported(std::string_view key, std::string_view advice) {

@@ -29,14 +29,27 @@ struct IgnoredKey {
   std::string reason;
 };
 
+// A value written "auto" (as the Hugging Face Trainer's DeepSpeed configs do) and what Strata
+// resolved it to, and why: printed in one block at startup (log_resolved_auto, engine/config.h).
+struct ResolvedAuto {
+  std::string key_path;  // e.g. "optimizer.params.lr"
+  std::string value;     // as it would be written with --set
+  std::string why;
+};
+
 class ConfigReader {
  public:
   // `source` names the file (or "--set") in messages; `path` is the key path of `object` ("" at top).
   // ignored() appends to `ignored_keys` (when not null), also from the readers section() returns.
+  // resolved() appends to `resolved_autos` (when not null), also from the readers section() returns.
   ConfigReader(const nlohmann::json& object, std::string source, std::string path = "",
-               std::vector<IgnoredKey>* ignored_keys = nullptr);
+               std::vector<IgnoredKey>* ignored_keys = nullptr, std::vector<ResolvedAuto>* resolved_autos = nullptr);
 
   bool has(std::string_view key) const;
+  // True when `key` is present and written "auto" (the key is marked known).
+  bool is_auto(std::string_view key);
+  // Records that `key`, written "auto", was resolved to `value` because of `why`.
+  void resolved(std::string_view key, std::string value, std::string why);
 
   // Each getter marks `key` as known. When the key is absent (or, for numbers, "auto") the output
   // keeps its current value, which is the default.
@@ -77,6 +90,7 @@ class ConfigReader {
   std::string path_;
   std::set<std::string, std::less<>> known_;
   std::vector<IgnoredKey>* ignored_keys_;
+  std::vector<ResolvedAuto>* resolved_autos_;
 };
 
 // Edit distance, for "did you mean" suggestions.

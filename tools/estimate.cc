@@ -27,6 +27,7 @@ int run_estimate(const EstimateOptions& o) {
   in.config = load_train_config_or_demo(o.config, o.overrides);
   if (!o.machine.empty()) in.machine = load_machine(o.machine);
   in.world_size = o.world;
+  resolve_planned_batch_sizes(in);
   const Estimate e = estimate_run(in);
   const LargestFit largest = largest_fitting_depth(in);
   if (o.json) {

@@ -251,6 +251,12 @@ Estimate estimate_stage(const EstimateInputs& in, const Target& t, const models:
 
 }  // namespace
 
+void resolve_planned_batch_sizes(EstimateInputs& in) {
+  const int world = target_of(in).world;
+  const int split = in.config.strata.parallel.tensor * in.config.strata.parallel.pipeline;
+  resolve_batch_sizes(in.config, world % split == 0 ? world / split : world);
+}
+
 Estimate estimate_run(const EstimateInputs& in) {
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(in.config, &checkpointing);

@@ -66,6 +66,9 @@ struct Estimate {
 // The estimate for `in` (never allocates the model). Throws ConfigError for a config or machine
 // that cannot be planned at all (a bad model name, no device memory known).
 Estimate estimate_run(const EstimateInputs& in);
+// The batch sizes of `in.config` for the world it plans (resolve_batch_sizes, engine/config.h), as
+// train resolves them; "auto" ones recorded. Call once, before estimate_run.
+void resolve_planned_batch_sizes(EstimateInputs& in);
 
 // The largest n_layers of the config's model (width, heads, vocabulary unchanged) whose plan fits,
 // with its parameter count; 0 layers when not even one does.

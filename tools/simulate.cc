@@ -225,6 +225,7 @@ int run_simulate(const SimulateOptions& o) {
   in.config = cfg;
   if (!measure) in.machine = machine.spec;
   in.world_size = o.world;
+  resolve_planned_batch_sizes(in);
   const Estimate planned = estimate_run(in);
   if (planned.pipeline_stages > 1 && measure) {
     throw ConfigError(fmt::format("{}: strata.parallel.pipeline = {} with --machine measure: the stages' ranks would "

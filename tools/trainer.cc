@@ -169,6 +169,7 @@ TrainConfig load_run_config(const TrainOptions& options) {
     }
     cfg.strata.steps = *options.steps;
   }
+  resolve_step_autos(cfg);
   return cfg;
 }
 
@@ -229,8 +230,8 @@ RunDevice make_run_device(const TrainConfig& cfg) {
   return d;
 }
 
-// The world communicator; then what needs the world size: per-rank logging and the batch size check.
-std::unique_ptr<Communicator> make_run_communicator(const TrainConfig& cfg, Device& device) {
+// The world communicator; then what needs the world size: per-rank logging and the batch sizes.
+std::unique_ptr<Communicator> make_run_communicator(TrainConfig& cfg, Device& device) {
   CommunicatorOptions copt;
   copt.order = cfg.strata.exact ? ReductionOrder::Deterministic : ReductionOrder::Fast;
   copt.mpi_on_cuda = cfg.strata.parallel.communicator == CommunicatorChoice::Mpi;
@@ -250,18 +251,14 @@ std::unique_ptr<Communicator> make_run_communicator(const TrainConfig& cfg, Devi
     log.level = spdlog::get_level();
     init_logging(log);
   }
-  if (rank == 0) log_ignored_keys(cfg);
   // The data-parallel ranks (the world less its tensor and pipeline splits; a layout that does not
   // divide the world is refused later, naming the keys).
   const int split = cfg.strata.parallel.tensor * cfg.strata.parallel.pipeline;
   const int data_world = world % split == 0 ? world / split : world;
-  if (cfg.train_batch_size > 0 &&
-      cfg.train_batch_size != static_cast<std::int64_t>(cfg.micro_batch_size) * cfg.gradient_accumulation_steps * data_world) {
-    throw ConfigError(fmt::format("{}: train_batch_size {} != train_micro_batch_size_per_gpu {} x "
-                                  "gradient_accumulation_steps {} x data-parallel ranks {}; fix one of them or drop "
-                                  "train_batch_size",
-                                  cfg.source, cfg.train_batch_size, cfg.micro_batch_size,
-                                  cfg.gradient_accumulation_steps, data_world));
+  resolve_batch_sizes(cfg, data_world);
+  if (rank == 0) {
+    log_ignored_keys(cfg);
+    log_resolved_auto(cfg);
   }
   return comm;
 }
