@@ -25,16 +25,20 @@ constexpr double kMaxModeledLatencyUs = 1e5;
 
 // DeepSpeed keys Strata accepts with DeepSpeed's type and range but without effect: the value is
 // checked, then the key is reported once at startup with `reason` (IgnoredKey).
-void ignored_count(ConfigReader& r, std::string_view key, std::uint64_t min, std::string_view reason) {
+// `same_as`: the value (DeepSpeed's default, or what Strata does anyway) about which nothing is
+// said at startup.
+void ignored_count(ConfigReader& r, std::string_view key, std::uint64_t min, std::string_view reason,
+                   const nlohmann::json& same_as = nullptr) {
   std::uint64_t unused = 0;
   r.get_count(key, &unused, min, kMaxCount);
-  r.ignored(key, reason);
+  r.ignored(key, reason, same_as);
 }
 
-void ignored_bool(ConfigReader& r, std::string_view key, std::string_view reason) {
+void ignored_bool(ConfigReader& r, std::string_view key, std::string_view reason,
+                  const nlohmann::json& same_as = nullptr) {
   bool unused = false;
   r.get_bool(key, &unused);
-  r.ignored(key, reason);
+  r.ignored(key, reason, same_as);
 }
 
 OffloadConfig parse_offload(ConfigReader r, bool is_param) {
@@ -52,15 +56,16 @@ OffloadConfig parse_offload(ConfigReader r, bool is_param) {
     r.get_count("buffer_size", &c.buffer_size_elems, 1, kMaxCount);
     ignored_count(r, "max_in_cpu", 0,
                   "parameters offloaded to NVMe are not cached in host memory: a gather reads the shard into one of "
-                  "offload_param.buffer_count pinned slots and uploads it to the device from there");
+                  "offload_param.buffer_count pinned slots and uploads it to the device from there",
+                  1e9);
   } else {
     const char* pipelined = "the optimizer step is always a pipeline over chunks that reads ahead and writes behind "
                             "(Note [Chunk pipeline], engine/offload_tier.h)";
-    r.ignored("pipeline_read", pipelined);
-    r.ignored("pipeline_write", pipelined);
+    r.ignored("pipeline_read", pipelined, true);
+    r.ignored("pipeline_write", pipelined, true);
     r.ignored("fast_init", "Strata has one way to initialize offloaded state: each chunk is written to the swap file "
-                           "once, through one staging buffer");
-    r.unsupported("ratio", "partial optimizer offload is not implemented; offload all of it or none");
+                           "once, through one staging buffer", false);
+    r.unsupported("ratio", "partial optimizer offload is not implemented; offload all of it or none", 1.0);
   }
   if (c.device == OffloadDevice::Nvme && c.nvme_paths.empty()) {
     r.fail("nvme_path", "device is \"nvme\" but no nvme_path is given; set it to a directory on a local NVMe drive "
@@ -85,53 +90,103 @@ void resolve_auto_default(ConfigReader& r, std::string_view key, std::string val
   }
 }
 
+// DeepSpeed's old booleans (zero/config.py still translates them): cpu_offload: true is
+// offload_optimizer.device "cpu", cpu_offload_params: true is offload_param.device "cpu",
+// cpu_offload_use_pin_memory is both sections' pin_memory. false is accepted without a word.
+void translate_cpu_offload(ConfigReader& r) {
+  const auto flag = [&](const char* key, const char* section, const char* field, const char* value) {
+    nlohmann::json v;
+    r.get_raw(key, &v);
+    if (v.is_null()) return;
+    if (!v.is_boolean()) r.fail(key, fmt::format("expected true or false, found {}", json_excerpt(v)));
+    if (v.get<bool>()) r.translate(key, section, field, value);
+  };
+  flag("cpu_offload", "offload_optimizer", "device", "cpu");
+  flag("cpu_offload_params", "offload_param", "device", "cpu");
+  nlohmann::json pin;
+  r.get_raw("cpu_offload_use_pin_memory", &pin);
+  if (!pin.is_null()) {
+    if (!pin.is_boolean()) r.fail("cpu_offload_use_pin_memory", "expected true or false");
+    r.translate("cpu_offload_use_pin_memory", "offload_optimizer", "pin_memory", pin);
+    r.translate("cpu_offload_use_pin_memory", "offload_param", "pin_memory", pin);
+  }
+}
+
 ZeroConfig parse_zero(ConfigReader r) {
   ZeroConfig z;
+  // DeepSpeed's other names (zero/config.py: field names beside the stage3_ aliases; old forms).
+  r.alias("max_live_parameters", "stage3_max_live_parameters");
+  r.alias("prefetch_bucket_size", "stage3_prefetch_bucket_size");
+  r.alias("param_persistence_threshold", "stage3_param_persistence_threshold");
+  r.alias("max_reuse_distance", "stage3_max_reuse_distance");
+  r.alias("gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save");
+  r.alias("stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save");
+  translate_cpu_offload(r);
   r.get_int("stage", &z.stage, 0, 3);
   resolve_auto_default(r, "stage3_max_live_parameters", std::to_string(z.max_live_parameters_elems));
   resolve_auto_default(r, "stage3_prefetch_bucket_size", std::to_string(z.prefetch_bucket_size_elems));
   resolve_auto_default(r, "stage3_param_persistence_threshold", std::to_string(z.param_persistence_threshold_elems));
   z.offload_param = parse_offload(r.section("offload_param"), /*is_param=*/true);
   z.offload_optimizer = parse_offload(r.section("offload_optimizer"), /*is_param=*/false);
-  r.get_count("sub_group_size", &z.sub_group_size_elems, 1, kMaxCount);
+  // 0: the smallest chunks (one optimizer block; DeepSpeed: a sub-group per parameter).
+  r.get_count("sub_group_size", &z.sub_group_size_elems, 0, kMaxCount);
   r.get_count("stage3_max_live_parameters", &z.max_live_parameters_elems, 0, kMaxCount);
   r.get_count("stage3_prefetch_bucket_size", &z.prefetch_bucket_size_elems, 0, kMaxCount);
   r.get_count("stage3_param_persistence_threshold", &z.param_persistence_threshold_elems, 0, kMaxCount);
-  r.get_int("mics_shard_size", &z.sharding_factor, 0, 1 << 20);
+  // DeepSpeed's -1 (its default) is no hybrid sharding, as 0 here.
+  {
+    std::int64_t mics = z.sharding_factor;
+    r.get_int("mics_shard_size", &mics, -1, 1 << 20);
+    z.sharding_factor = mics < 0 ? 0 : static_cast<int>(mics);
+  }
   ignored_count(r, "stage3_max_reuse_distance", 0,
                 "a released group stays gathered when its next use falls inside the prefetch window "
-                "(stage3_prefetch_bucket_size, stage3_max_live_parameters); there is no separate reuse distance");
-  ignored_count(r, "reduce_bucket_size", 1,
+                "(stage3_prefetch_bucket_size, stage3_max_live_parameters); there is no separate reuse distance",
+                1e9);
+  ignored_count(r, "reduce_bucket_size", 0,
                 "gradients are reduced per param group (a transformer block, the embedding, the head) as soon as the "
-                "group's gradients are final: the group is the bucket");
-  ignored_count(r, "allgather_bucket_size", 1,
+                "group's gradients are final: the group is the bucket",
+                5e8);
+  ignored_count(r, "allgather_bucket_size", 0,
                 "weights are gathered per param group (stage 3: before use; stages 1-2: after the step): the group is "
-                "the bucket");
+                "the bucket",
+                5e8);
   ignored_bool(r, "overlap_comm",
                "gathers and gradient reductions always run on the engine's own communication stream, ordered by "
-               "events, while the model computes");
-  ignored_bool(r, "contiguous_gradients", "each param group's gradients always live in one flat buffer");
-  r.ignored("reduce_scatter", "stages 2 and 3 always reduce-scatter the gradients, stages 0 and 1 all-reduce them");
-  r.ignored("allgather_partitions", "updated weights are always gathered with one all-gather per param group");
+               "events, while the model computes",
+               true);
+  ignored_bool(r, "contiguous_gradients", "each param group's gradients always live in one flat buffer", true);
+  r.ignored("reduce_scatter", "stages 2 and 3 always reduce-scatter the gradients, stages 0 and 1 all-reduce them",
+            true);
+  r.ignored("allgather_partitions", "updated weights are always gathered with one all-gather per param group", true);
+  r.ignored("use_multi_rank_bucket_allreduce", "gradients are reduced per param group, one collective each", true);
+  r.ignored("load_from_fp32_weights", "a checkpoint always restores the fp32 master weights", true);
   r.ignored("round_robin_gradients",
             "offloaded gradients leave the device per param group as soon as they are reduced, on a transfer stream "
-            "while backward goes on (Note [Offload], engine/zero_engine.h)");
-  const char* save_gathers = "--save-weights always gathers the full fp32 weights";
-  r.ignored("stage3_gather_16bit_weights_on_model_save", save_gathers);
-  r.ignored("stage3_gather_fp16_weights_on_model_save", save_gathers);
+            "while backward goes on (Note [Offload], engine/zero_engine.h)",
+            false);
+  r.ignored("stage3_gather_16bit_weights_on_model_save", "--save-weights always gathers the full fp32 weights");
   r.ignored("ignore_unused_parameters",
-            "a param group without a gradient in a micro-batch counts as a zero gradient, never as an error");
+            "a param group without a gradient in a micro-batch counts as a zero gradient, never as an error", true);
   r.ignored("elastic_checkpoint", "checkpoints always reshard: --resume takes any world size and sharding factor");
   r.ignored("memory_efficient_linear",
-            "it selects DeepSpeed's implementation of torch's linear layer; Strata's models have their own");
-  r.unsupported("cpu_offload", "use \"offload_optimizer\": {\"device\": \"cpu\"}");
-  r.unsupported("cpu_offload_params", "use \"offload_param\": {\"device\": \"cpu\"}");
-  r.unsupported("zero_hpz_partition_size", "use mics_shard_size for hybrid sharding");
+            "it selects DeepSpeed's implementation of torch's linear layer; Strata's models have their own", true);
+  r.ignored("stage3_model_persistence_threshold",
+            "small groups stay gathered by stage3_param_persistence_threshold alone");
+  r.ignored("stage3_module_granularity_threshold", "Strata's param groups are its models' blocks", 0);
+  r.ignored("stage3_use_all_reduce_for_fetch_params", "stage 3 gathers weights with an all-gather", false);
+  r.ignored("legacy_stage1", "Strata has one stage 1", false);
+  r.ignored("pipeline_loading_checkpoint", "checkpoints load as a whole before the first step", false);
+  r.ignored("override_module_apply", "Strata's models are not torch modules", true);
+  r.ignored("log_trace_cache_warnings", "a changed acquisition order is logged at debug level", false);
+  r.unsupported("zero_hpz_partition_size", "use mics_shard_size for hybrid sharding", 1);
   r.unsupported("zero_quantized_weights", "quantized communication is not implemented");
+  r.unsupported("zero_quantized_nontrainable_weights", "quantized communication is not implemented");
   r.unsupported("zero_quantized_gradients", "quantized communication is not implemented");
   r.unsupported("zeropp_loco_param", "quantized communication is not implemented");
   r.unsupported("mics_hierarchical_params_gather", "hierarchical gathers are not implemented");
-  r.unsupported("offload_param_ratio", "partial parameter offload is not implemented");
+  r.unsupported("offload_param_ratio", "partial parameter offload is not implemented", 1.0);
+  if (r.has("aio")) r.fail("aio", "\"aio\" is a top-level section of the config, beside zero_optimization; move it there");
   r.finish();
   if (z.offload_param.device != OffloadDevice::None && z.stage != 3) {
     r.fail("offload_param", fmt::format("parameter offload needs stage 3 (stage is {}); set zero_optimization.stage=3",
@@ -176,6 +231,18 @@ AioConfig parse_aio(ConfigReader r) {
 
 OptimizerConfig parse_optimizer(ConfigReader r) {
   OptimizerConfig o;
+  {
+    std::string type;
+    r.get_string("type", &type);
+    for (const char* ds : {"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Adagrad", "MuAdam", "MuAdamW", "MuSGD",
+                           "FusedAdam", "CPUAdam"}) {
+      if (type == ds) {
+        r.fail("type", fmt::format("DeepSpeed's {} is not implemented in Strata; the optimizers here are AdamW, Adam, "
+                                   "SGD and Lion",
+                                   type));
+      }
+    }
+  }
   r.get_choice("type", &o.type, {"AdamW", "Adam", "SGD", "Lion", "adamw", "adam", "sgd", "lion"});
   if (o.type == "adamw") o.type = "AdamW";
   if (o.type == "adam") o.type = "Adam";
@@ -235,6 +302,15 @@ SchedulerConfig parse_scheduler(ConfigReader r) {
   if (!r.has("type")) {
     r.finish();
     return s;
+  }
+  {
+    std::string type;
+    r.get_string("type", &type);
+    if (type == "OneCycle" || type == "LRRangeTest") {
+      r.fail("type", fmt::format("DeepSpeed's {} schedule is not implemented in Strata; the schedules here are WarmupLR, "
+                                 "WarmupDecayLR and WarmupCosineLR (or none: a constant learning rate)",
+                                 type));
+    }
   }
   r.get_choice("type", &s.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
   ConfigReader p = r.section("params");
@@ -415,12 +491,22 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   bool bf16 = false;
   bool fp16 = false;
   bool bf16_auto = false, fp16_auto = false;  // resolved once strata.exact is known
+  r.alias("bfloat16", "bf16");  // DeepSpeed's legacy name
   {
     ConfigReader b = r.section("bf16");
     bf16_auto = b.is_auto("enabled");
     if (!bf16_auto) b.get_bool("enabled", &bf16);
     b.ignored("immediate_grad_update", "gradients are always reduced and accumulated per param group as soon as the "
                                        "group's backward is done");
+    b.ignored("check_grad_overflow", "every step checks its gradient norm for non-finite values", true);
+    b.unsupported("bf16_master_weights_and_grads", "the master weights are always fp32");
+    b.unsupported("bf16_optimizer_states", "the optimizer states are always fp32");
+    for (const char* scaling : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                                "consecutive_hysteresis", "min_loss_scale"}) {
+      if (b.has(scaling)) {
+        b.fail(scaling, "bf16 has no loss scaling (its range is fp32's); this key belongs in the fp16 section");
+      }
+    }
     b.finish();
   }
   {
@@ -434,7 +520,8 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
     f.get_bool("consecutive_hysteresis", &c.fp16.consecutive_hysteresis);
     f.get_double("min_loss_scale", &c.fp16.min_loss_scale, 0.0, 1e38);
     f.ignored("auto_cast", "the models take token ids and compute in the working dtype throughout; there is no "
-                           "input to cast");
+                           "input to cast", false);
+    f.unsupported("fp16_master_weights_and_grads", "the master weights are always fp32");
     f.finish();
   }
   if (bf16 && fp16) r.fail("fp16", "fp16.enabled and bf16.enabled are both true; enable at most one");
@@ -476,30 +563,44 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
                                "optimizer.params.lr"});
   }
 
-  r.ignored("wall_clock_breakdown", "set strata.trace for a timeline of every stream; the summary prints tokens/s");
+  r.ignored("wall_clock_breakdown", "set strata.trace for a timeline of every stream; the summary prints tokens/s",
+            false);
   r.ignored("zero_allow_untested_optimizer",
             "the optimizer always comes from the \"optimizer\" section; there is no client optimizer to allow");
-  r.ignored("memory_breakdown", "the tier plan before the first step and the summary print the bytes per tier");
-  r.ignored("dump_state", "the tier plan and the model line at startup show the configuration in effect");
+  r.ignored("zero_force_ds_cpu_optimizer", "an offloaded optimizer always runs Strata's own SIMD CPU kernels", true);
+  r.ignored("memory_breakdown", "the tier plan before the first step and the summary print the bytes per tier", false);
+  r.ignored("dump_state", "the tier plan and the model line at startup show the configuration in effect", false);
+  r.ignored("activation_checkpointing",
+            "it configures deepspeed.checkpointing, which Strata's models do not call; Strata recomputes blocks in "
+            "backward with strata.model.checkpoint_activations");
+  // Monitors: switched on, they have no effect (nothing is lost: strata.metrics has the figures).
+  const char* monitor = "Strata writes its metrics as JSON lines to strata.metrics, and strata.trace a timeline";
+  for (const char* key : {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger"}) {
+    r.ignored_section(key, monitor);
+  }
+  {
+    ConfigReader d = r.section("data_types");
+    std::string accum = "fp32";
+    d.get_choice("grad_accum_dtype", &accum, {"fp32", "fp16", "bf16"});
+    d.ignored("grad_accum_dtype",
+              "gradients are summed across micro-batches in fp32 (the optimizer's side keeps fp32 sums)", "fp32");
+    d.finish();
+  }
+  r.ignored("communication_data_type",
+            "collectives carry the working dtype (fp32 in exact mode); the gradient sums across micro-batches are "
+            "fp32 on the optimizer's side");
   const char* not_here = "it is not part of Strata";
   r.unsupported("amp", "use bf16 or fp16 (Strata has no apex/amp mode)");
-  r.unsupported("activation_checkpointing", "set strata.model.checkpoint_activations=true instead");
-  r.unsupported("pipeline", "pipeline parallelism is not implemented");
+  r.unsupported("pipeline", "set strata.parallel.pipeline (1F1B or GPipe pipeline parallelism) instead");
   r.unsupported("tensor_parallel", "set strata.parallel.tensor (Megatron 1D tensor parallelism) instead");
-  r.unsupported("flops_profiler", not_here);
-  r.unsupported("tensorboard", "use strata.metrics (JSON lines) instead");
-  r.unsupported("wandb", "use strata.metrics (JSON lines) instead");
-  r.unsupported("csv_monitor", "use strata.metrics (JSON lines) instead");
-  r.unsupported("comms_logger", not_here);
   r.unsupported("compression_training", not_here);
   r.unsupported("sparse_attention", not_here);
   r.unsupported("elasticity", not_here);
   r.unsupported("data_efficiency", not_here);
   r.unsupported("curriculum_learning", not_here);
   r.unsupported("autotuning", not_here);
-  r.unsupported("communication_data_type", "Strata communicates in the working dtype (fp32 in exact mode)");
   r.unsupported("prescale_gradients", "gradients are averaged after reduction");
-  r.unsupported("gradient_predivide_factor", "gradients are averaged after reduction");
+  r.unsupported("gradient_predivide_factor", "gradients are averaged after reduction", 1.0);
   r.unsupported("sparse_gradients", not_here);
   r.finish();
 
@@ -515,10 +616,28 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   return c;
 }
 
+// One line for the keys without effect (silent ones, at DeepSpeed's default or what Strata does
+// anyway, left out), one for the names translated; each key's reason at debug level.
 void log_ignored_keys(const TrainConfig& config) {
+  std::vector<std::string> no_effect, translated;
   for (const IgnoredKey& k : config.ignored_keys) {
-    spdlog::warn("{}: {}: accepted for DeepSpeed compatibility but has no effect in Strata: {}", config.source,
-                 k.key_path, k.reason);
+    if (k.kind == IgnoredKey::Kind::Translated) {
+      translated.push_back(fmt::format("{} ({})", k.key_path, k.reason));
+      continue;
+    }
+    spdlog::debug("{}: {}: accepted for DeepSpeed compatibility but has no effect in Strata{}: {}", config.source,
+                  k.key_path, k.silent ? " (its value is DeepSpeed's default or what Strata does anyway)" : "",
+                  k.reason);
+    if (!k.silent) no_effect.push_back(k.key_path);
+  }
+  if (!translated.empty()) {
+    spdlog::info("{}: DeepSpeed's other names and old forms, read as the current ones: {}", config.source,
+                 fmt::join(translated, "; "));
+  }
+  if (!no_effect.empty()) {
+    spdlog::warn("{}: accepted for DeepSpeed compatibility, without effect here (Strata does it its own way; "
+                 "--log-level debug says how for each): {}",
+                 config.source, fmt::join(no_effect, ", "));
   }
 }
 

@@ -3,11 +3,13 @@
 //
 // Units follow DeepSpeed where DeepSpeed has the key: stage3_* sizes, sub_group_size and bucket
 // sizes are element counts (suffix _elems); aio.block_size and the strata.* sizes are bytes.
-// Unknown keys fail with the nearest known key; DeepSpeed keys that Strata does not support fail
-// saying so (engine/config_reader.h). DeepSpeed keys that Strata accepts but that have no effect
-// (bucket sizes, overlap_comm, aio.block_size, ...) are range-checked like the others, not kept,
-// and listed in TrainConfig::ignored_keys with the reason, for one warning each at startup
-// (log_ignored_keys). Numbers given as "auto" keep the default.
+// Unknown keys fail with the nearest known key; DeepSpeed features that Strata does not support
+// fail, when switched on, saying so (engine/config_reader.h). DeepSpeed keys that Strata accepts
+// but that have no effect (bucket sizes, overlap_comm, aio.block_size, ...) are range-checked like
+// the others, not kept, and listed in TrainConfig::ignored_keys with the reason, for one warning
+// line at startup (log_ignored_keys; silent at DeepSpeed's default); other names and old forms are
+// read as the current ones. "auto" is resolved as the Hugging Face Trainer would (Note [Auto
+// values], engine/config.cc).
 #pragma once
 
 #include <cstdint>

@@ -35,7 +35,26 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+namespace {
+// The '_'-separated words of a key, sorted: "comm_overlap" and "overlap_comm" have the same.
+std::vector<std::string_view> sorted_words(std::string_view key) {
+  std::vector<std::string_view> words;
+  std::size_t start = 0;
+  while (start <= key.size()) {
+    const std::size_t end = std::min(key.find('_', start), key.size());
+    if (end > start) words.push_back(key.substr(start, end - start));
+    start = end + 1;
+  }
+  std::sort(words.begin(), words.end());
+  return words;
+}
+}  // namespace
+
 std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates) {
+  // The same words in another order first (a swapped key is the likeliest slip).
+  for (const auto& candidate : candidates) {
+    if (candidate != name && sorted_words(candidate) == sorted_words(name)) return candidate;
+  }
   std::string best;
   std::size_t best_distance = std::numeric_limits<std::size_t>::max();
   for (const auto& candidate : candidates) {
@@ -221,13 +240,65 @@ ConfigReader ConfigReader::section(std::string_view key) {
                       resolved_autos_);
 }
 
-void ConfigReader::unsupported(std::string_view key, std::string_view advice) {
-  known_.emplace(key);
-  if (has(key)) fail(key, fmt::format("this DeepSpeed key is not supported by Strata; {}", advice));
+void ConfigReader::unsupported(std::string_view key, std::string_view advice, const nlohmann::json& off) {
+  const auto* v = find(key);
+  if (v == nullptr) return;
+  const bool switched_off = *v == false || (v->is_object() && v->contains("enabled") && (*v)["enabled"] == false) ||
+                            (!off.is_null() && *v == off);
+  if (!switched_off) fail(key, fmt::format("this DeepSpeed key is not supported by Strata; {}", advice));
 }
 
-void ConfigReader::ignored(std::string_view key, std::string_view reason) {
-  if (find(key) != nullptr && ignored_keys_ != nullptr) ignored_keys_->push_back({key_path(key), std::string(reason)});
+void ConfigReader::ignored(std::string_view key, std::string_view reason, const nlohmann::json& same_as) {
+  const auto* v = find(key);
+  if (v == nullptr || ignored_keys_ == nullptr) return;
+  IgnoredKey k{key_path(key), std::string(reason)};
+  k.silent = !same_as.is_null() && *v == same_as;
+  ignored_keys_->push_back(std::move(k));
+}
+
+void ConfigReader::translate(std::string_view other, std::string_view section, std::string_view field,
+                             const nlohmann::json& value) {
+  known_.emplace(other);
+  nlohmann::json& sec = object_[std::string(section)];
+  if (sec.is_null()) sec = nlohmann::json::object();
+  if (!sec.is_object()) fail(section, fmt::format("expected an object {{...}}, found {}", describe(sec)));
+  const std::string name(field);
+  if (sec.contains(name) && !sec[name].is_null() && sec[name] != value) {
+    fail(other, fmt::format("it means {}.{} = {}, which is also given as {}; keep one", key_path(section), field,
+                            value.dump(), sec[name].dump()));
+  }
+  sec[name] = value;
+  if (ignored_keys_ != nullptr) {
+    IgnoredKey k{key_path(other), fmt::format("read as {}.{} = {}", key_path(section), field, value.dump())};
+    k.kind = IgnoredKey::Kind::Translated;
+    ignored_keys_->push_back(std::move(k));
+  }
+}
+
+void ConfigReader::ignored_section(std::string_view key, std::string_view reason) {
+  const auto* v = find(key);
+  if (v == nullptr || ignored_keys_ == nullptr) return;
+  if (!v->is_object()) fail(key, fmt::format("expected an object {{...}}, found {}", describe(*v)));
+  IgnoredKey k{key_path(key), std::string(reason)};
+  k.silent = !v->contains("enabled") || (*v)["enabled"] == false;
+  ignored_keys_->push_back(std::move(k));
+}
+
+void ConfigReader::alias(std::string_view other, std::string_view key) {
+  const auto* v = find(other);
+  if (v == nullptr) return;
+  const std::string name(key);
+  if (object_.contains(name) && !object_[name].is_null() && object_[name] != *v) {
+    fail(other, fmt::format("it is DeepSpeed's other name for '{}', which is also given, with another value ({} and "
+                            "{}); keep one",
+                            key_path(key), json_excerpt(*v), json_excerpt(object_[name])));
+  }
+  object_[name] = *v;
+  if (ignored_keys_ != nullptr) {
+    IgnoredKey k{key_path(other), fmt::format("read as {}", key_path(key))};
+    k.kind = IgnoredKey::Kind::Translated;
+    ignored_keys_->push_back(std::move(k));
+  }
 }
 
 void ConfigReader::finish() const {

@@ -6,7 +6,8 @@
 // 'stage'?"). Keys that DeepSpeed has and Strata deliberately does not support are declared with
 // unsupported(), and produce a message saying so and what to use instead. Keys that DeepSpeed has
 // and Strata accepts without effect are declared with ignored() and a reason; the ones present in
-// the config are collected as IgnoredKeys for one warning each at startup.
+// the config are collected as IgnoredKeys for one warning line at startup. Switched-off features
+// pass unsupported(); alias() and translate() read DeepSpeed's other names and old forms.
 //
 // Every error is a ConfigError naming the config file, the key path, what was found and what is
 // allowed.
@@ -23,10 +24,16 @@
 
 namespace strata {
 
-// A DeepSpeed key present in a config that Strata accepts but that has no effect, and why.
+// A DeepSpeed key present in a config that Strata accepts but that has no effect, and why; or an
+// old or alias name read as its current one.
 struct IgnoredKey {
+  enum class Kind { NoEffect, Translated };
   std::string key_path;  // e.g. "zero_optimization.reduce_bucket_size"
-  std::string reason;
+  std::string reason;    // NoEffect: why; Translated: "read as <key path>"
+  // NoEffect: the value is DeepSpeed's default or what Strata does anyway, so nothing is said of it
+  // at startup (log_ignored_keys).
+  bool silent = false;
+  Kind kind = Kind::NoEffect;
 };
 
 // A value written "auto" (as the Hugging Face Trainer's DeepSpeed configs do) and what Strata
@@ -70,11 +77,26 @@ class ConfigReader {
   // A nested object; absent -> an empty object, so defaults apply. Wrong type -> error.
   ConfigReader section(std::string_view key);
 
-  // A DeepSpeed key Strata does not support: present -> error with `advice`.
-  void unsupported(std::string_view key, std::string_view advice);
+  // A DeepSpeed key Strata does not support: present and switched on -> error with `advice`.
+  // Switched off, it is accepted without a word: null, false, an object whose "enabled" is false,
+  // or a value equal to `off` (e.g. 1 for a partition size), when given.
+  void unsupported(std::string_view key, std::string_view advice, const nlohmann::json& off = nullptr);
   // A DeepSpeed key accepted for compatibility but without effect in Strata: when present (and not
-  // null), its path and `reason` go to the IgnoredKey list. Call after a getter to range-check it.
-  void ignored(std::string_view key, std::string_view reason);
+  // null), its path and `reason` go to the IgnoredKey list, silent when the value equals
+  // `same_as` (DeepSpeed's default, or what Strata does anyway). Call after a getter to
+  // range-check it.
+  void ignored(std::string_view key, std::string_view reason, const nlohmann::json& same_as = nullptr);
+  // A DeepSpeed section accepted without effect (a monitor): silent when its "enabled" is false or
+  // absent (DeepSpeed's default), listed otherwise.
+  void ignored_section(std::string_view key, std::string_view reason);
+  // DeepSpeed's other name for `key` (an alias, or a deprecated form): its value is read as `key`'s
+  // (both given with different values is an error) and the translation is listed. Call before the
+  // getter of `key`.
+  void alias(std::string_view other, std::string_view key);
+  // An old form DeepSpeed still translates: `other` given means `section`.`field` = `value` (given
+  // there too, with another value, is an error); the translation is listed. Call before section().
+  void translate(std::string_view other, std::string_view section, std::string_view field,
+                 const nlohmann::json& value);
 
   // Throws for any key of this object nobody asked for. Call after all getters and sections.
   void finish() const;
