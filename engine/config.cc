@@ -471,7 +471,7 @@ std::string_view precision_name(Precision p) {
 
 TrainConfig parse_train_config(const nlohmann::json& root, const std::string& source) {
   TrainConfig c;
-  ConfigReader r(root, source, "", &c.ignored_keys, &c.resolved_auto);
+  ConfigReader r(root, source, "", &c.ignored_keys, &c.resolved_auto, &c.accepted_keys);
   c.source = source;
   c.raw = root;
   // A number given fixes the batch triangle; absent or "auto" is derived (resolve_batch_sizes).

@@ -203,6 +203,8 @@ struct TrainConfig {
   std::vector<IgnoredKey> ignored_keys;
   // Values written "auto" and what they became (Note [Auto values], engine/config.cc).
   std::vector<ResolvedAuto> resolved_auto;
+  // Every key path the parser reads, present or not (sections too): its schema.
+  std::vector<std::string> accepted_keys;
 };
 
 // Parses `root` (after overrides). `source` names the file in messages. Throws ConfigError.

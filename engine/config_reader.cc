@@ -68,12 +68,14 @@ std::string nearest_name(std::string_view name, const std::vector<std::string>& 
 }
 
 ConfigReader::ConfigReader(const nlohmann::json& object, std::string source, std::string path,
-                           std::vector<IgnoredKey>* ignored_keys, std::vector<ResolvedAuto>* resolved_autos)
+                           std::vector<IgnoredKey>* ignored_keys, std::vector<ResolvedAuto>* resolved_autos,
+                           std::vector<std::string>* accepted_keys)
     : object_(object.is_null() ? nlohmann::json::object() : object),
       source_(std::move(source)),
       path_(std::move(path)),
       ignored_keys_(ignored_keys),
-      resolved_autos_(resolved_autos) {
+      resolved_autos_(resolved_autos),
+      accepted_keys_(accepted_keys) {
   if (!object_.is_object()) {
     throw ConfigError(fmt::format("{}: '{}' must be an object, found {}", source_, path_.empty() ? "<top>" : path_,
                                   describe(object_)));
@@ -99,8 +101,17 @@ void ConfigReader::resolved(std::string_view key, std::string value, std::string
   if (resolved_autos_ != nullptr) resolved_autos_->push_back({key_path(key), std::move(value), std::move(why)});
 }
 
-const nlohmann::json* ConfigReader::find(std::string_view key) {
+void ConfigReader::accept(std::string_view key) {
   known_.emplace(key);
+  if (accepted_keys_ == nullptr) return;
+  std::string path = key_path(key);
+  if (std::find(accepted_keys_->begin(), accepted_keys_->end(), path) == accepted_keys_->end()) {
+    accepted_keys_->push_back(std::move(path));
+  }
+}
+
+const nlohmann::json* ConfigReader::find(std::string_view key) {
+  accept(key);
   auto it = object_.find(std::string(key));
   if (it == object_.end() || it->is_null()) return nullptr;
   return &*it;
@@ -237,7 +248,7 @@ ConfigReader ConfigReader::section(std::string_view key) {
   const auto* v = find(key);
   if (v != nullptr && !v->is_object()) fail(key, fmt::format("expected an object {{...}}, found {}", describe(*v)));
   return ConfigReader(v != nullptr ? *v : nlohmann::json::object(), source_, key_path(key), ignored_keys_,
-                      resolved_autos_);
+                      resolved_autos_, accepted_keys_);
 }
 
 void ConfigReader::unsupported(std::string_view key, std::string_view advice, const nlohmann::json& off) {
@@ -258,7 +269,7 @@ void ConfigReader::ignored(std::string_view key, std::string_view reason, const 
 
 void ConfigReader::translate(std::string_view other, std::string_view section, std::string_view field,
                              const nlohmann::json& value) {
-  known_.emplace(other);
+  accept(other);
   nlohmann::json& sec = object_[std::string(section)];
   if (sec.is_null()) sec = nlohmann::json::object();
   if (!sec.is_object()) fail(section, fmt::format("expected an object {{...}}, found {}", describe(sec)));

@@ -49,8 +49,11 @@ class ConfigReader {
   // `source` names the file (or "--set") in messages; `path` is the key path of `object` ("" at top).
   // ignored() appends to `ignored_keys` (when not null), also from the readers section() returns.
   // resolved() appends to `resolved_autos` (when not null), also from the readers section() returns.
+  // Every key path asked for (present or not) goes to `accepted_keys` when not null: the schema,
+  // for the test that every accepted key acts or is listed.
   ConfigReader(const nlohmann::json& object, std::string source, std::string path = "",
-               std::vector<IgnoredKey>* ignored_keys = nullptr, std::vector<ResolvedAuto>* resolved_autos = nullptr);
+               std::vector<IgnoredKey>* ignored_keys = nullptr, std::vector<ResolvedAuto>* resolved_autos = nullptr,
+               std::vector<std::string>* accepted_keys = nullptr);
 
   bool has(std::string_view key) const;
   // True when `key` is present and written "auto" (the key is marked known).
@@ -113,6 +116,8 @@ class ConfigReader {
   std::set<std::string, std::less<>> known_;
   std::vector<IgnoredKey>* ignored_keys_;
   std::vector<ResolvedAuto>* resolved_autos_;
+  std::vector<std::string>* accepted_keys_;
+  void accept(std::string_view key);
 };
 
 // Edit distance, for "did you mean" suggestions.
