@@ -15,13 +15,12 @@
 #include "offload/io_engine.h"
 
 namespace strata {
+
+StrataConfig parse_strata(ConfigReader r);  // engine/config_strata.cc
+
 namespace {
 
 constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 60;
-// strata.device: the slowest modeled link (10 MB/s) and the longest modeled latency per copy (0.1 s).
-constexpr double kMinModeledGbps = 0.01;
-constexpr double kMinModeledTflops = 1e-3;  // 1 GFLOP/s
-constexpr double kMaxModeledLatencyUs = 1e5;
 
 // DeepSpeed keys Strata accepts with DeepSpeed's type and range but without effect: the value is
 // checked, then the key is reported once at startup with `reason` (IgnoredKey).
@@ -344,110 +343,6 @@ SchedulerConfig parse_scheduler(ConfigReader r) {
   return s;
 }
 
-StrataConfig parse_strata(ConfigReader r) {
-  StrataConfig s;
-  r.get_bool("exact", &s.exact);
-  r.get_count("seed", &s.seed, 0, std::numeric_limits<std::uint64_t>::max());
-  r.get_raw("model", &s.model);
-  if (!s.model.is_string() && !s.model.is_object()) r.fail("model", "expected a model name (e.g. \"tiny\") or an object of fields");
-  {
-    ConfigReader d = r.section("data");
-    d.get_string("train", &s.data.train);
-    d.get_string("validation", &s.data.validation);
-    d.get_choice("format", &s.data.format, {"auto", "text", "tokens"});
-    d.get_int("seq_len", &s.data.seq_len, 2, 1 << 20);
-    d.get_double("validation_fraction", &s.data.validation_fraction, 0.0, 0.5);
-    d.finish();
-  }
-  r.get_string("init_weights", &s.init_weights);
-  {
-    ConfigReader d = r.section("device");
-    std::string kind = "auto";
-    d.get_choice("kind", &kind, {"auto", "sim", "cuda"});
-    s.device.kind = kind == "sim" ? DeviceChoice::Sim : kind == "cuda" ? DeviceChoice::Cuda : DeviceChoice::Auto;
-    d.get_bytes("memory", &s.device.memory_bytes, 0);
-    // The modeled link (Note [Modeled link], core/device/sim_device.cc): a bandwidth so low, or a
-    // latency so high, that a step would take hours is a typo, not a model of a link.
-    const auto get_gbps = [&d](std::string_view key, double* gbps) {
-      d.get_double(key, gbps, 0.0, 1e4);
-      if (*gbps > 0 && *gbps < kMinModeledGbps) {
-        d.fail(key, fmt::format("{} GB/s is too slow to model a link (a step would not finish); use at least {} "
-                                "GB/s, or 0 for copies at memory speed",
-                                *gbps, kMinModeledGbps));
-      }
-    };
-    get_gbps("h2d_gbps", &s.device.h2d_gbps);
-    get_gbps("d2h_gbps", &s.device.d2h_gbps);
-    d.get_double("latency_us", &s.device.latency_us, 0.0, kMaxModeledLatencyUs);
-    d.get_double("compute_tflops", &s.device.compute_tflops, 0.0, 1e6);
-    if (s.device.compute_tflops > 0 && s.device.compute_tflops < kMinModeledTflops) {
-      d.fail("compute_tflops", fmt::format("{} TFLOPS is too slow to model a device (a step would not finish); use at "
-                                           "least {} TFLOPS, or 0 for the host's speed",
-                                           s.device.compute_tflops, kMinModeledTflops));
-    }
-    d.get_count("chaos", &s.device.chaos_seed, 0, UINT64_MAX);
-    d.finish();
-  }
-  {
-    ConfigReader c = r.section("checkpoint");
-    c.get_string("dir", &s.checkpoint.dir);
-    c.get_int("interval_steps", &s.checkpoint.interval_steps, 0, std::numeric_limits<std::int64_t>::max());
-    c.get_double("interval_minutes", &s.checkpoint.interval_minutes, 0.0, 1e7);
-    c.get_int("keep", &s.checkpoint.keep, 1, 1000);
-    c.finish();
-    if ((s.checkpoint.interval_steps > 0 || s.checkpoint.interval_minutes > 0) && s.checkpoint.dir.empty()) {
-      c.fail("dir", "a checkpoint interval is set but no directory; set strata.checkpoint.dir");
-    }
-  }
-  r.get_int("steps", &s.steps, 0, std::numeric_limits<std::int64_t>::max());
-  r.get_int("max_skipped_steps", &s.max_skipped_steps, 1, std::numeric_limits<std::int64_t>::max());
-  r.get_string("metrics", &s.metrics_path);
-  r.get_string("trace", &s.trace_path);
-  {
-    ConfigReader o = r.section("offload");
-    o.get_bytes("pinned_buffer", &s.offload.pinned_buffer_bytes, 1 << 20);
-    o.get_bool("overlap_optimizer", &s.offload.overlap_optimizer);
-    o.get_bytes("host_budget", &s.offload.host_budget_bytes, 1 << 20);  // absent or "auto": stays 0
-    s.offload.host_budget_auto = s.offload.host_budget_bytes == 0;
-    o.finish();
-  }
-  {
-    ConfigReader par = r.section("parallel");
-    par.get_int("tensor", &s.parallel.tensor, 1, 1024);
-    par.get_int("pipeline", &s.parallel.pipeline, 1, 1024);
-    par.get_int("tensor_slices", &s.parallel.tensor_slices, 1, 1024);  // absent: 0, the tensor ranks
-    std::string schedule = "1f1b";
-    par.get_choice("schedule", &schedule, {"gpipe", "1f1b"});
-    s.parallel.schedule = schedule == "gpipe" ? PipelineSchedule::GPipe : PipelineSchedule::OneFOneB;
-    par.get_bool("stage_recompute", &s.parallel.stage_recompute);
-    par.get_bool("sequence", &s.parallel.sequence);
-    std::string communicator = "auto";
-    par.get_choice("communicator", &communicator, {"auto", "mpi", "nccl"});
-    s.parallel.communicator = communicator == "mpi"    ? CommunicatorChoice::Mpi
-                              : communicator == "nccl" ? CommunicatorChoice::Nccl
-                                                       : CommunicatorChoice::Auto;
-    nlohmann::json layers;
-    par.get_raw("pipeline_layers", &layers);
-    if (!layers.is_null()) {
-      const auto bad = [&] {
-        par.fail("pipeline_layers", fmt::format("expected a list of positive layer counts, one per stage (first stage "
-                                                "first), found {}",
-                                                layers.dump()));
-      };
-      if (!layers.is_array() || layers.empty()) bad();
-      for (const auto& v : layers) {
-        if (!v.is_number_integer() || v.get<std::int64_t>() < 1) bad();
-        s.parallel.pipeline_layers.push_back(v.get<std::int64_t>());
-      }
-    }
-    par.finish();
-  }
-  r.get_raw("tiling", &s.tiling);
-  if (!s.tiling.is_object()) r.fail("tiling", "expected an object of per-layer tiling settings");
-  r.finish();
-  return s;
-}
-
 }  // namespace
 
 std::string_view offload_device_name(OffloadDevice d) {
@@ -478,6 +373,9 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   const auto given = [&](const char* key) { return r.has(key) && !root[key].is_null() && !r.is_auto(key); };
   c.micro_batch_given = given("train_micro_batch_size_per_gpu");
   c.accumulation_given = given("gradient_accumulation_steps");
+  c.micro_batch_auto = r.is_auto("train_micro_batch_size_per_gpu");
+  c.accumulation_auto = r.is_auto("gradient_accumulation_steps");
+  c.train_batch_size_auto = r.is_auto("train_batch_size");
   r.get_int("train_micro_batch_size_per_gpu", &c.micro_batch_size, 1, 1 << 20);
   r.get_int("gradient_accumulation_steps", &c.gradient_accumulation_steps, 1, 1 << 20);
   r.get_int("train_batch_size", &c.train_batch_size, 0, std::numeric_limits<std::int64_t>::max());
@@ -532,7 +430,7 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   c.scheduler = parse_scheduler(r.section("scheduler"));
   c.strata = parse_strata(r.section("strata"));
 
-  // Note [Auto values]: precision. Exact mode is fp32; otherwise bf16 (Strata's mixed precision on
+  // Precision (see Note [Auto values] above). Exact mode is fp32; otherwise bf16 (Strata's mixed precision on
   // the sim device and on every GPU it builds for, sm_80 and up), unless fp16 was asked for.
   if (bf16_auto) {
     bf16 = !c.strata.exact && !fp16;
@@ -614,111 +512,6 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
                                   source, precision_name(c.precision), precision_name(c.precision)));
   }
   return c;
-}
-
-// One line for the keys without effect (silent ones, at DeepSpeed's default or what Strata does
-// anyway, left out), one for the names translated; each key's reason at debug level.
-void log_ignored_keys(const TrainConfig& config) {
-  std::vector<std::string> no_effect, translated;
-  for (const IgnoredKey& k : config.ignored_keys) {
-    if (k.kind == IgnoredKey::Kind::Translated) {
-      translated.push_back(fmt::format("{} ({})", k.key_path, k.reason));
-      continue;
-    }
-    spdlog::debug("{}: {}: accepted for DeepSpeed compatibility but has no effect in Strata{}: {}", config.source,
-                  k.key_path, k.silent ? " (its value is DeepSpeed's default or what Strata does anyway)" : "",
-                  k.reason);
-    if (!k.silent) no_effect.push_back(k.key_path);
-  }
-  if (!translated.empty()) {
-    spdlog::info("{}: DeepSpeed's other names and old forms, read as the current ones: {}", config.source,
-                 fmt::join(translated, "; "));
-  }
-  if (!no_effect.empty()) {
-    spdlog::warn("{}: accepted for DeepSpeed compatibility, without effect here (Strata does it its own way; "
-                 "--log-level debug says how for each): {}",
-                 config.source, fmt::join(no_effect, ", "));
-  }
-}
-
-void resolve_step_autos(TrainConfig& config) {
-  SchedulerConfig& s = config.scheduler;
-  if (!s.total_num_steps_auto) return;
-  s.total_num_steps = config.strata.steps;
-  s.total_num_steps_auto = false;
-  config.resolved_auto.push_back({"scheduler.params.total_num_steps", std::to_string(s.total_num_steps),
-                                  "the run's steps (strata.steps or --steps)"});
-  if ((s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") && s.total_num_steps <= s.warmup_num_steps) {
-    throw ConfigError(fmt::format("{}: scheduler.params.total_num_steps \"auto\" is the run's {} steps, which must "
-                                  "exceed warmup_num_steps ({}) for {}; train more steps (--steps) or set "
-                                  "total_num_steps",
-                                  config.source, s.total_num_steps, s.warmup_num_steps, s.type));
-  }
-}
-
-// DeepSpeed's runtime/config.py, _set_batch_related_parameters and _batch_assertion.
-void resolve_batch_sizes(TrainConfig& c, int data_world) {
-  STRATA_CHECK(data_world >= 1, "{} data-parallel ranks", data_world);
-  const std::int64_t world = data_world;
-  const bool tbs_given = c.train_batch_size > 0;
-  const bool tbs_auto = c.raw.is_object() && c.raw.contains("train_batch_size") &&
-                        c.raw["train_batch_size"] == nlohmann::json("auto");
-  const bool micro_auto = c.raw.is_object() && c.raw.contains("train_micro_batch_size_per_gpu") &&
-                          c.raw["train_micro_batch_size_per_gpu"] == nlohmann::json("auto");
-  const bool accum_auto = c.raw.is_object() && c.raw.contains("gradient_accumulation_steps") &&
-                          c.raw["gradient_accumulation_steps"] == nlohmann::json("auto");
-  const auto refuse = [&](std::string_view why) {
-    throw ConfigError(fmt::format("{}: train_batch_size {}, train_micro_batch_size_per_gpu {} and "
-                                  "gradient_accumulation_steps {} over {} data-parallel rank(s): {}",
-                                  c.source, tbs_given ? std::to_string(c.train_batch_size) : std::string("(derived)"),
-                                  c.micro_batch_given ? std::to_string(c.micro_batch_size) : std::string("(derived)"),
-                                  c.accumulation_given ? std::to_string(c.gradient_accumulation_steps)
-                                                       : std::string("(derived)"),
-                                  world, why));
-  };
-  // The micro-batch or the accumulation that makes train_batch_size come out whole.
-  const auto divide = [&](std::int64_t per_rank_units, const char* what) -> int {
-    if (per_rank_units <= 0 || c.train_batch_size % (world * per_rank_units) != 0) {
-      refuse(fmt::format("train_batch_size is not a whole multiple of {} x the data-parallel ranks; fix one of them, or "
-                         "drop train_batch_size to derive it",
-                         what));
-    }
-    const std::int64_t v = c.train_batch_size / (world * per_rank_units);
-    if (v > (1 << 20)) refuse("the derived value is over 1048576");
-    return static_cast<int>(v);
-  };
-  if (tbs_given && c.micro_batch_given && c.accumulation_given) {
-    if (c.train_batch_size != static_cast<std::int64_t>(c.micro_batch_size) * c.gradient_accumulation_steps * world) {
-      refuse("train_batch_size must equal micro-batch x accumulation x data-parallel ranks; fix one of them or drop "
-             "train_batch_size");
-    }
-  } else if (tbs_given && c.micro_batch_given) {
-    c.gradient_accumulation_steps = divide(c.micro_batch_size, "train_micro_batch_size_per_gpu");
-  } else if (tbs_given && c.accumulation_given) {
-    c.micro_batch_size = divide(c.gradient_accumulation_steps, "gradient_accumulation_steps");
-  } else if (tbs_given) {
-    c.gradient_accumulation_steps = 1;
-    c.micro_batch_size = divide(1, "1 (the accumulation)");
-  } else {
-    c.train_batch_size = static_cast<std::int64_t>(c.micro_batch_size) * c.gradient_accumulation_steps * world;
-  }
-  const std::string from = fmt::format("from the other batch sizes and {} data-parallel rank(s)", world);
-  if (micro_auto) {
-    c.resolved_auto.push_back({"train_micro_batch_size_per_gpu", std::to_string(c.micro_batch_size),
-                               c.micro_batch_given || tbs_given ? from : "Strata's default"});
-  }
-  if (accum_auto) {
-    c.resolved_auto.push_back({"gradient_accumulation_steps", std::to_string(c.gradient_accumulation_steps),
-                               tbs_given ? from : "Strata's default"});
-  }
-  if (tbs_auto) c.resolved_auto.push_back({"train_batch_size", std::to_string(c.train_batch_size), from});
-}
-
-void log_resolved_auto(const TrainConfig& config) {
-  if (config.resolved_auto.empty()) return;
-  std::string block = fmt::format("{}: resolved \"auto\" (override any with --set key=value):", config.source);
-  for (const ResolvedAuto& a : config.resolved_auto) block += fmt::format("\n  {} = {}  ({})", a.key_path, a.value, a.why);
-  spdlog::info("{}", block);
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {

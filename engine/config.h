@@ -99,7 +99,7 @@ struct DeviceConfig {
   // sim: the modeled compute rate of the model's matmuls and attention (Note [Modeled compute] in
   // models/kernels/ops.h), 1e12 FLOP/s; 0 = the host's speed.
   double compute_tflops = 0;
-  // sim: non-zero seeds the schedule-chaos mode (Note [Schedule chaos], core/device/sim_device.cc):
+  // sim: non-zero seeds the schedule-chaos mode (Note [Schedule chaos], core/device/schedule_chaos.h):
   // random pauses before every stream task and every offload host task, to try rare orders.
   std::uint64_t chaos_seed = 0;
 };
@@ -189,6 +189,10 @@ struct TrainConfig {
   // derives the others from them as DeepSpeed does.
   bool micro_batch_given = false;
   bool accumulation_given = false;
+  // Written "auto": their derived values are reported (resolve_batch_sizes).
+  bool micro_batch_auto = false;
+  bool accumulation_auto = false;
+  bool train_batch_size_auto = false;
   double gradient_clipping = 0;       // 0: off
   int steps_per_print = 1;
   Precision precision = Precision::Fp32;

@@ -1,7 +1,6 @@
 // The offload pipeline's host thread (engine/host_executor.h).
 #include "engine/host_executor.h"
 
-#include <chrono>
 #include <utility>
 
 #include <fmt/format.h>
@@ -12,9 +11,7 @@ namespace strata {
 
 HostExecutor::HostExecutor(std::string name, std::uint64_t chaos_seed, double chaos_max_us)
     : name_(std::move(name)),
-      chaos_(chaos_seed ^ 0xD1B54A32D192ED03ULL),
-      chaos_max_us_(chaos_max_us),
-      chaos_on_(chaos_seed != 0 && chaos_max_us > 0) {
+      chaos_(chaos_seed == 0 ? 0 : chaos_seed ^ 0xD1B54A32D192ED03ULL, chaos_max_us) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -62,11 +59,7 @@ void HostExecutor::run() {
     }
     std::exception_ptr failure;
     if (!skip) {
-      if (chaos_on_) {  // Note [Schedule chaos]: half the wake-ups are late
-        std::uniform_real_distribution<double> d(-chaos_max_us_, chaos_max_us_);
-        const double us = d(chaos_);
-        if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
-      }
+      chaos_.pause();  // see Note [Schedule chaos] in core/device/schedule_chaos.h
       try {
         task();
       } catch (...) {

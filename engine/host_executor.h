@@ -11,16 +11,17 @@
 #include <exception>
 #include <functional>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
+
+#include "core/device/schedule_chaos.h"
 
 namespace strata {
 
 class HostExecutor {
  public:
   // `chaos_seed` non-zero: each task starts after a seeded random pause of up to `chaos_max_us`
-  // (Note [Schedule chaos] in core/device/sim_device.cc).
+  // (Note [Schedule chaos] in core/device/schedule_chaos.h).
   explicit HostExecutor(std::string name, std::uint64_t chaos_seed = 0, double chaos_max_us = 200);
   // Runs what is queued (errors dropped: drain() was the place to see them), then joins.
   ~HostExecutor();
@@ -37,9 +38,7 @@ class HostExecutor {
   void rethrow_locked() const;
 
   const std::string name_;
-  std::mt19937_64 chaos_;
-  const double chaos_max_us_;
-  const bool chaos_on_;
+  ScheduleChaos chaos_;  // used by the executor's thread only
   std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;

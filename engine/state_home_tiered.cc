@@ -376,7 +376,7 @@ std::shared_ptr<offload::BufferLease> TieredStateHome::reserve_param_slot(std::s
 }
 
 // NVMe chunks are read into the group's slot and go up from there once the host has seen the reads
-// complete (Note [Host-driven offload]: a stream never waits for I/O); host chunks go up from their
+// complete (a stream never waits for I/O: see Note [Host-driven offload] in docs/DESIGN.md); host chunks go up from their
 // host arrays. The slot returns with the event recorded after the copies.
 void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<offload::BufferLease> slot) {
   const GroupPlan& P = ctx_.group(g);

@@ -211,7 +211,7 @@ struct SimDeviceOptions {
   double d2h_gbps = 0;  // device->host (full duplex: its own link)
   double d2d_gbps = 0;  // device memory bandwidth for d2d copies
   double latency_us = 0;  // fixed cost added to each copy
-  // Note [Schedule chaos] (core/device/sim_device.cc): non-zero, every stream task starts after a
+  // Note [Schedule chaos] (core/device/schedule_chaos.h): non-zero, every stream task starts after a
   // seeded random pause of up to chaos_max_us, so that rare orders are tried (tests, and
   // strata.device.chaos).
   std::uint64_t chaos_seed = 0;

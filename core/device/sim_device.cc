@@ -53,13 +53,13 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "core/device/device.h"
+#include "core/device/schedule_chaos.h"
 #include "core/device/sim_allocator.h"
 #include "core/device/sim_kernel.h"
 #include "core/error.h"
@@ -108,26 +108,6 @@ class ModeledLink {
   Clock::time_point busy_until_{};
 };
 
-// Note [Schedule chaos]: with SimDeviceOptions::chaos_seed set, every stream task (copy, kernel,
-// event record or wait, free) starts after a random pause, drawn from a generator of the stream's
-// own seeded from the device's, so that orders CUDA allows but two idle cores rarely produce (a
-// copy finishing after the kernel queued behind a later event, an event completing late) are
-// tried. Half the tasks get no pause; the rest up to chaos_max_us.
-class Chaos {
- public:
-  Chaos(std::uint64_t seed, double max_us) : rng_(seed), max_us_(max_us), on_(seed != 0 && max_us > 0) {}
-  void pause() {
-    if (!on_) return;
-    std::uniform_real_distribution<double> d(-max_us_, max_us_);
-    const double us = d(rng_);
-    if (us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
-  }
-
- private:
-  std::mt19937_64 rng_;
-  double max_us_;
-  bool on_;
-};
 
 // What DeviceMemory, Stream and Event share with the Device (Note [Sim lifetimes]).
 class SimDeviceState final : public detail::DeviceMemoryReleaser {
@@ -144,11 +124,11 @@ class SimDeviceState final : public detail::DeviceMemoryReleaser {
 
   void release(void* ptr) noexcept override { allocator.release(ptr); }
 
-  // Note [Schedule chaos]: each stream's own generator, seeded from the device's seed and the
-  // stream's creation index.
-  Chaos chaos_for_next_stream() {
+  // Each stream's own generator (Note [Schedule chaos] in core/device/schedule_chaos.h), seeded
+  // from the device's seed and the stream's creation index.
+  ScheduleChaos chaos_for_next_stream() {
     const std::uint64_t index = streams_created.fetch_add(1);
-    return Chaos(chaos_seed == 0 ? 0 : chaos_seed * 0x9E3779B97F4A7C15ULL + index + 1, chaos_max_us);
+    return ScheduleChaos(chaos_seed == 0 ? 0 : chaos_seed * 0x9E3779B97F4A7C15ULL + index + 1, chaos_max_us);
   }
 
   const std::string name;
@@ -187,7 +167,7 @@ bool& on_sim_stream_worker() noexcept {
   return inside;
 }
 
-// Note [Sim kernels]: what a GPU kernel cannot do, a sim kernel may not do either.
+// What a GPU kernel cannot do (see Note [Sim kernels] in core/device/sim_kernel.h), a sim kernel may not do either.
 void refuse_inside_kernel(std::string_view device_name, std::string_view what) {
   if (!on_sim_stream_worker()) return;
   throw DeviceError(fmt::format(
@@ -391,8 +371,9 @@ class SimStream final : public Stream, public SimKernelQueue {
 
   void release_after(DeviceMemory memory) override {
     auto state = usable_state("release_after");
-    // Note [Released memory]: as the cuda backend, which calls cudaFreeAsync now: work issued from
-    // here on may not name the memory, though queued work still may.
+    // As the cuda backend, which calls cudaFreeAsync now (Note [Released memory] in
+    // core/device/sim_allocator.h): work issued from here on may not name the memory, though
+    // queued work still may.
     if (!memory.empty()) state->allocator.retire(memory.data());
     // std::function needs a copyable callable; the shared_ptr carries the move-only owner.
     auto held = std::make_shared<DeviceMemory>(std::move(memory));
@@ -546,7 +527,7 @@ class SimStream final : public Stream, public SimKernelQueue {
         queue_.pop_front();
         skip = error_.has_value() && task.kind == TaskKind::Work;
       }
-      chaos_.pause();  // Note [Schedule chaos]
+      chaos_.pause();  // see Note [Schedule chaos] in core/device/schedule_chaos.h
       std::optional<std::string> failure;
       if (!skip) failure = run_task(task);
       task.run = nullptr;  // drop captures (release_after's memory) before the task counts as done
@@ -583,7 +564,7 @@ class SimStream final : public Stream, public SimKernelQueue {
   const std::string device_name_;
   const std::string name_;
   const std::string owner_;  // "stream 'name'", for messages
-  Chaos chaos_;  // used by the worker only
+  ScheduleChaos chaos_;  // used by the worker only
 
   std::mutex mutex_;
   std::condition_variable work_cv_;  // worker waits for tasks

@@ -112,7 +112,10 @@ class TracedStream final : public Stream, public SimKernelQueue {
   }
   // A sim kernel stamps its own slice: it runs on the sim stream's worker (Note [Sim kernels]).
   void launch_kernel(std::function<void()> kernel) override {
-    if (sim_ == nullptr) launch_sim_kernel(*inner_, nullptr);  // throws, naming the stream
+    if (sim_ == nullptr) {
+      throw DeviceError(fmt::format("stream '{}' of {} is not a sim stream: a CPU kernel runs only on the sim device",
+                                    inner_->name(), device_.name()));
+    }
     auto rec = recorder_;
     std::string stream = inner_->name();
     sim_->launch_kernel([kernel = std::move(kernel), rec, stream = std::move(stream)] {

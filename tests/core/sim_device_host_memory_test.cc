@@ -156,8 +156,9 @@ TEST(SimDevice, APageableCopyDoesNotReportTheFailureOfLaterWork) {
   EXPECT_THROW(stream->copy_d2h(pageable.data(), mem.data(), 4 * KiB), DeviceError);
 }
 
-// Note [Sim kernels]: a pageable copy blocks its caller (Note [Pageable copies]); from inside a
-// kernel, on its own stream or another, it would make the device wait: refused, naming the stream.
+// See Note [Sim kernels] in core/device/sim_kernel.h: a pageable copy blocks its caller (Note
+// [Pageable copies]); from inside a kernel, on its own stream or another, it would make the device
+// wait: refused, naming the stream.
 TEST(SimDevice, APageableCopyInsideASimKernelIsRefused) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("worker");
@@ -204,9 +205,9 @@ TEST(SimDevice, PinningInsideASimKernelIsRefused) {
   device->unpin_host(a.data());
 }
 
-// Note [Sim kernels]: the device never waits for the host. A kernel that waits on an event or a
-// stream is refused (a GPU kernel cannot; streams that waited for host threads hung GPUs), so engine code
-// that made a stream wait for host work fails on CI.
+// See Note [Sim kernels] in core/device/sim_kernel.h: the device never waits for the host. A
+// kernel that waits on an event or a stream is refused (a GPU kernel cannot; streams that waited
+// for host threads hung GPUs), so engine code that made a stream wait for host work fails on CI.
 TEST(SimDevice, ASimKernelMayNotWaitOnEventsOrStreams) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("kernel");

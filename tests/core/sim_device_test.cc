@@ -130,10 +130,10 @@ TEST(SimDevice, EventJoinsStreams) {
   EXPECT_TRUE(produced->query());
 }
 
-// Note [Schedule chaos]: with a seed, tasks start after random pauses, so stream order and events
-// are what keeps results right. A chain of three streams joined by events, a copy round trip, and
-// a kernel that checks what it reads, over many seeds; and the pauses are real (the same work
-// takes longer than without them).
+// Schedule chaos (Note [Schedule chaos] in core/device/schedule_chaos.h): with a seed, tasks start
+// after random pauses, so stream order and events are what keeps results right. A chain of three
+// streams joined by events, a copy round trip, and a kernel that checks what it reads, over many
+// seeds; and the pauses are real (the same work takes longer than without them).
 TEST(SimDevice, ScheduleChaosKeepsStreamOrderAndEvents) {
   for (std::uint64_t seed = 1; seed <= 40; ++seed) {
     SimDeviceOptions o = small_device();
@@ -378,9 +378,9 @@ TEST(SimDevice, ReleaseAfterFreesOnlyOncePriorWorkRan) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
-// Note [Released memory]: as cudaMemcpyAsync after cudaFreeAsync, a copy issued after release_after
-// is refused, though the free itself has not run yet;
-// a copy that runs off the end of an allocation or names freed memory is refused too.
+// As cudaMemcpyAsync after cudaFreeAsync (Note [Released memory] in core/device/sim_allocator.h),
+// a copy issued after release_after is refused, though the free itself has not run yet; a copy
+// that runs off the end of an allocation or names freed memory is refused too.
 TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("s");

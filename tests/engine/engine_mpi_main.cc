@@ -4,9 +4,9 @@
 // local communicator); at stage 3 each rank's device bytes for model state are about 1/N of
 // stage 0's; with the optimizer (and parameters) offloaded to host memory or NVMe, waiting or overlapped with
 // backward, the weights are the same bits too. With the argument `chaos`, only the offload cases
-// run, each under several seeds of schedule chaos (Note [Schedule chaos]: random pauses before every
-// stream task and offload host task; STRATA_CHAOS_SEEDS seeds, default 3), and must give the same
-// bits every time. Prints "N passed, N failed" per rank; exits non-zero on any failure.
+// run, each under several seeds of schedule chaos (random pauses before every stream task and
+// offload host task, see Note [Schedule chaos] in core/device/schedule_chaos.h; STRATA_CHAOS_SEEDS
+// seeds, default 3), and must give the same bits every time. Prints "N passed, N failed" per rank; exits non-zero on any failure.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -121,20 +121,21 @@ void check_offload_matches_in_memory(Communicator& world, Communicator& local, t
       if (!clip) c.gradient_clipping = 0;
       testing_toy::toy_offload(c, k.opt, k.param, dir);
       for (int seed = chaos_seeds > 0 ? 1 : 0; seed <= chaos_seeds; ++seed) {
-      c.strata.device.chaos_seed = seed == 0 ? 0 : static_cast<std::uint64_t>(seed) * 16 + static_cast<std::uint64_t>(rank);
-      const std::string what = "world " + std::to_string(W) + " stage " + std::to_string(k.stage) + " optimizer " +
-                               std::string(offload_device_name(k.opt)) + " params " +
-                               std::string(offload_device_name(k.param)) + (clip ? " (waiting)" : " (overlapped)") +
-                               (seed > 0 ? ", chaos seed " + std::to_string(seed) : "");
-      testing_sim::HangWatchdog watchdog("engine_mpi rank " + std::to_string(rank) + ": " + what,
-                                         std::chrono::seconds(120));
-      const Run r = run(c, world, 3, wide, /*prepare=*/!clip, static_cast<std::uint64_t>(seed));
-      checks.expect(count_differences(r, reference) == 0,
-                    what + ": " + std::to_string(count_differences(r, reference)) +
-                        " weights differ from the single-rank in-memory run; " + first_difference(r, reference));
-      checks.expect(clip ? r.overlapped_updates == 0 : r.overlapped_updates == r.chunk_updates && r.chunk_updates > 0,
-                    what + ": " + std::to_string(r.overlapped_updates) + " of " + std::to_string(r.chunk_updates) +
-                        " chunk updates overlapped");
+        c.strata.device.chaos_seed =  // the host thread's; run() seeds the device alike
+            seed == 0 ? 0 : static_cast<std::uint64_t>(seed) * 16 + static_cast<std::uint64_t>(rank);
+        const std::string what = "world " + std::to_string(W) + " stage " + std::to_string(k.stage) + " optimizer " +
+                                 std::string(offload_device_name(k.opt)) + " params " +
+                                 std::string(offload_device_name(k.param)) + (clip ? " (waiting)" : " (overlapped)") +
+                                 (seed > 0 ? ", chaos seed " + std::to_string(seed) : "");
+        testing_sim::HangWatchdog watchdog("engine_mpi rank " + std::to_string(rank) + ": " + what,
+                                           std::chrono::seconds(120));
+        const Run r = run(c, world, 3, wide, /*prepare=*/!clip, static_cast<std::uint64_t>(seed));
+        checks.expect(count_differences(r, reference) == 0,
+                      what + ": " + std::to_string(count_differences(r, reference)) +
+                          " weights differ from the single-rank in-memory run; " + first_difference(r, reference));
+        checks.expect(clip ? r.overlapped_updates == 0 : r.overlapped_updates == r.chunk_updates && r.chunk_updates > 0,
+                      what + ": " + std::to_string(r.overlapped_updates) + " of " + std::to_string(r.chunk_updates) +
+                          " chunk updates overlapped");
       }
     }
   }

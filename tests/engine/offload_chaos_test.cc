@@ -1,5 +1,5 @@
 // The host-driven offload pipeline (Note [Host-driven offload] in docs/DESIGN.md) under schedule
-// chaos (Note [Schedule chaos] in core/device/sim_device.cc): every stream task and every offload
+// chaos (Note [Schedule chaos] in core/device/schedule_chaos.h): every stream task and every offload
 // host task starts after a seeded random pause, so orders that two idle cores rarely produce
 // (a reduction finishing late, a copy up overtaken by the next gather, a slot's event completing
 // after the next reservation) are tried. Over the offload configurations (optimizer on host or
