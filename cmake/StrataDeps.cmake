@@ -12,6 +12,10 @@ pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+# Tokenizers: the byte-level BPE pre-tokenization regex (PCRE2, Unicode properties, JIT) and
+# SentencePiece models.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 
 set(STRATA_HAVE_CUDA OFF)
 if(NOT STRATA_CUDA STREQUAL "OFF")

@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/build.sh build
+bash tools/setup-python.sh
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 600
