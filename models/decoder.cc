@@ -64,7 +64,7 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   const std::int64_t l0 = ps.first_layer, l1 = ps.end_layer < 0 ? c.n_layers : ps.end_layer;
   // The head's buffers: on the last stage, and on the first when the embedding is tied across
   // stages (Note [Tied embedding across stages] in models/pipeline.h).
-  const bool head = ps.last() || (ps.split() && ps.first() && c.arch == Architecture::Gpt2);
+  const bool head = ps.last() || (ps.split() && ps.first() && c.tied_embeddings);
   ws->x.clear();
   for (std::int64_t l = l0; l <= l1; ++l) ws->x.push_back(l == l0 && !ps.first() ? nullptr : cv.take(mine * C * e));
   const auto carve_acts = [&](std::int64_t count) {
@@ -301,14 +301,14 @@ void ModelPass::head_logits(const void* head_w, std::int64_t b, bool with_grad, 
 
 void ModelPass::run_head(float grad_scale) const {
   const GroupViews hw = provider.acquire_params(head, ParamPhase::Forward, stream);
-  const bool tied = c.arch == Architecture::Gpt2;
+  const bool tied = c.tied_embeddings, norm_bias = c.arch == Architecture::Gpt2;
   GroupViews ew;
   const bool acquire_emb = tied && tied_wte == nullptr;
   if (acquire_emb) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
   const void* head_w = !tied ? hw[head_group::kLmHead] : acquire_emb ? ew[embedding_group::kWte] : tied_wte;
   void* x_final = ws.x.back();
   // Every row of the final norm's output: the logits (and the tied head's gradient) read them all.
-  pass.norm_forward(x_final, hw[head_group::kNormW], tied ? hw[head_group::kNormB] : nullptr,
+  pass.norm_forward(x_final, hw[head_group::kNormW], norm_bias ? hw[head_group::kNormB] : nullptr,
                     tp.split_rows() ? ws.own_rows : ws.lnf_out, ws.lnf_mean, ws.lnf_rstd, ws.lnf_out);
   if (tp.sliced()) {
     pass.logits(head_w, sliced_head());
@@ -339,7 +339,7 @@ void ModelPass::run_head(float grad_scale) const {
     const void* dln = ws.dln;
     if (tp.sliced()) dln = pass.head_backward(head_w, tied ? nullptr : hg[head_group::kLmHead], sliced_head());
     pass.norm_backward(dln, x_final, hw[head_group::kNormW], ws.lnf_mean, ws.lnf_rstd, ws.dres, hg[head_group::kNormW],
-                       tied ? hg[head_group::kNormB] : nullptr, Accumulate::No);
+                       norm_bias ? hg[head_group::kNormB] : nullptr, Accumulate::No);
     provider.grads_ready(head, stream);
   }
   if (acquire_emb) provider.release_params(emb, stream);
@@ -369,20 +369,20 @@ void ModelPass::backward_blocks() const {
   }
   // Note [Sequence parallelism]: the lookup's gradient reads every row of the residual gradient.
   const void* dres = pass.gather_rows(ws.dres, ws.tmp);
-  // Note [Tied embedding gradient order]: GPT-2's wte gets two contributions per sequence, from
+  // Note [Tied embedding gradient order]: a tied wte gets two contributions per sequence, from
   // the head (dlogits^T lnf_out; the logits buffer still holds dlogits) and from the lookup. They
   // are added sequence by sequence, head then lookup, so that any split into micro-batches adds
   // them in the same order (Note [Micro-batch invariance] in decoder.h).
   for (std::int64_t b = 0; b < batch; ++b) {
     if (tp.sliced()) {
-      if (c.arch == Architecture::Gpt2) pass.tied_head_grad(b, g[embedding_group::kWte], sliced_head());
+      if (c.tied_embeddings) pass.tied_head_grad(b, g[embedding_group::kWte], sliced_head());
       if (tp.size > 1) {
         embedding_backward_vocab_slice(ctx, dt, ws.tokens + b * seq, at(dres, b * seq * C, dt),
                                        g[embedding_group::kWte], vocab.begin, vocab.end,
                                        c.arch == Architecture::Gpt2 ? g[embedding_group::kWpe] : nullptr, 1, seq, C);
         continue;
       }
-    } else if (c.arch == Architecture::Gpt2) {
+    } else if (c.tied_embeddings) {
       // Note [Head one sequence at a time]: the head left sequence 0's dlogits in the buffer (a
       // pipeline's first stage has none); the others are recomputed, by the same calls on the same
       // values, so with the same bits.

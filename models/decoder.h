@@ -3,8 +3,8 @@
 // The decoder owns no parameter memory: for each group it asks the provider for views before use
 // and hands them back after (embedding, blocks in order, head; then the blocks in reverse and the
 // embedding for backward), and it adds its gradients into the provider's gradient views group by
-// group, declaring each group ready when its last contribution is enqueued. GPT-2's head is tied to
-// the embedding: the head acquires the embedding group too.
+// group, declaring each group ready when its last contribution is enqueued. A tied head (GPT-2,
+// tied LLaMA) is the embedding's weight: the head acquires the embedding group too.
 //
 // Activation checkpointing keeps only each block's input and recomputes the block in backward
 // (recompute is deterministic, so gradients are bit-identical to the plain backward).
@@ -32,7 +32,7 @@
 // block's input). The head therefore runs sequence by sequence through one sequence's logits
 // buffer: logits, cross-entropy and its gradient in place, then that sequence's d(norm output)
 // (and, untied, its weight gradient, summed over the sequences in order as the batched call sums
-// them). GPT-2's tied weight takes its head gradient in the embedding's backward (Note [Tied
+// them). A tied weight takes its head gradient in the embedding's backward (Note [Tied
 // embedding gradient order] in decoder.cc), long after the head: the head runs the sequences last
 // first, leaving sequence 0's gradient in the buffer, and the embedding's backward recomputes
 // sequences 1.. with the same calls on the same values (the same bits), one more head forward for
@@ -87,7 +87,7 @@ struct LossSum {
   double mean() const { return tokens > 0 ? sum / static_cast<double>(tokens) : 0.0; }
 };
 
-// A tied embedding across pipeline stages (GPT-2, Note [Tied embedding across stages] in
+// A tied embedding across pipeline stages (GPT-2, tied LLaMA; Note [Tied embedding across stages] in
 // models/pipeline.h): on the last stage the embedding weights' copy (`wte`) and where the final
 // norm's output goes (`head_norm_out`, [batch * seq, d_model]); on the first stage that output
 // (`head_norm_in`), from which it recomputes the head's logits and their gradient.

@@ -43,6 +43,11 @@ ParamGroupSpec decoder_block_group(const ModelConfig& c, std::int64_t layer) {
     add("mlp.gate.weight", {f, d});
     add("mlp.up.weight", {f, d});
     add("mlp.down.weight", {d, f});
+    if (c.qkv_bias) {
+      add("attn.q.bias", {c.n_heads * hd});
+      add("attn.k.bias", {c.n_kv_heads * hd});
+      add("attn.v.bias", {c.n_kv_heads * hd});
+    }
   }
   return g;
 }
@@ -56,11 +61,12 @@ std::vector<ParamGroupSpec> decoder_param_groups(const ModelConfig& c) {
   groups.push_back(std::move(emb));
   for (std::int64_t l = 0; l < c.n_layers; ++l) groups.push_back(decoder_block_group(c, l));
   ParamGroupSpec head{"head", {}};
-  if (c.arch == Architecture::Gpt2) {
-    head.tensors = {{"head.norm.weight", {d}, t}, {"head.norm.bias", {d}, t}};
+  head.tensors = {{"head.norm.weight", {d}, t}};
+  if (c.arch == Architecture::Gpt2) head.tensors.push_back({"head.norm.bias", {d}, t});
+  if (c.tied_embeddings) {
     head.gathered_with = {"embedding"};  // the tied head's weight (ModelPass::run_head)
   } else {
-    head.tensors = {{"head.norm.weight", {d}, t}, {"head.lm_head.weight", {c.vocab_size, d}, t}};
+    head.tensors.push_back({"head.lm_head.weight", {c.vocab_size, d}, t});
   }
   groups.push_back(std::move(head));
   // The decoder calls grads_ready once per group per backward (GPT-2's tied head adds its part to

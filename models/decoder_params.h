@@ -1,5 +1,5 @@
 // The param groups of a decoder (engine/param_provider.h): group 0 is the embedding, then each
-// transformer block, the last group the final norm (and the untied LM head for LLaMA). Tensor names
+// transformer block, the last group the final norm (and the LM head when it is not tied). Tensor names
 // are Strata's own ("blocks.3.attn.qkv.weight"); models/hf_names.h maps them to Hugging Face names.
 // Linear weights are stored [out, in].
 //
@@ -25,13 +25,15 @@ namespace gpt2_block {
 enum : std::size_t { kLn1W, kLn1B, kQkvW, kQkvB, kAttnProjW, kAttnProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB };
 }
 namespace llama_block {
-enum : std::size_t { kAttnNorm, kQ, kK, kV, kO, kMlpNorm, kGate, kUp, kDown };
+// The biases of q, k and v follow the weights, present only with ModelConfig::qkv_bias (Qwen2).
+enum : std::size_t { kAttnNorm, kQ, kK, kV, kO, kMlpNorm, kGate, kUp, kDown, kQBias, kKBias, kVBias };
 }
 namespace embedding_group {
 enum : std::size_t { kWte, kWpe };  // kWpe: GPT-2 only
 }
 namespace head_group {
-enum : std::size_t { kNormW, kNormB, kLmHead = 1 };  // GPT-2: norm weight+bias (head tied to wte); LLaMA: norm, lm_head
+// GPT-2: norm weight+bias (head tied to wte); LLaMA: norm, lm_head (none when tied_embeddings).
+enum : std::size_t { kNormW, kNormB, kLmHead = 1 };
 }
 
 // Untiled models only (DecoderLayout gives the indices of any model).

@@ -250,8 +250,8 @@ struct BlockPass : SlicedPass {
       const std::int64_t hd = c.head_dim();
       stage_forward(bp, BlockStage::AttnIn, x1, C,
                     {{a.qkv, qkv_w()}, {k_of(a.qkv), qkv_w()}, {v_of(a.qkv), qkv_w()}});
-      rope(ctx, dt, a.qkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
-      rope(ctx, dt, k_of(a.qkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Forward);
+      rope(ctx, dt, a.qkv, batch, seq, heads(), hd, qkv_w(), c.rope, RopeDirection::Forward);
+      rope(ctx, dt, k_of(a.qkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope, RopeDirection::Forward);
     }
     attention_forward(ctx, dt, attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse);
     const void* y = stage_forward(bp, BlockStage::AttnOut, a.att, att_w(), {{tmp, C}});
@@ -305,9 +305,9 @@ struct BlockPass : SlicedPass {
       const std::int64_t hd = c.head_dim();
       const KvGrads kv = attention_backward_pieces(attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse,
                                                    ws.datt, ws.dqkv, ws.kv_parts, ws.kv_all);
-      rope(ctx, dt, ws.dqkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
+      rope(ctx, dt, ws.dqkv, batch, seq, heads(), hd, qkv_w(), c.rope, RopeDirection::Inverse);
       for (std::int64_t g = 0; g < kv_heads(); ++g) {
-        rope(ctx, dt, at(kv.head0, g * kv.head_stride, dt), batch, seq, 1, hd, 2 * hd, c.rope_theta,
+        rope(ctx, dt, at(kv.head0, g * kv.head_stride, dt), batch, seq, 1, hd, 2 * hd, c.rope,
              RopeDirection::Inverse);
       }
       dln = column_backward(bp.w, bp.g, BlockStage::AttnIn, gather_rows(a.norm1, ws.tmp), C, {ws.dqkv, qkv_w()},
@@ -327,8 +327,8 @@ struct BlockPass : SlicedPass {
     } else {
       using namespace llama_block;
       const std::int64_t hd = c.head_dim();
-      rope(ctx, dt, ws.dqkv, batch, seq, heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
-      rope(ctx, dt, k_of(ws.dqkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope_theta, RopeDirection::Inverse);
+      rope(ctx, dt, ws.dqkv, batch, seq, heads(), hd, qkv_w(), c.rope, RopeDirection::Inverse);
+      rope(ctx, dt, k_of(ws.dqkv), batch, seq, kv_heads(), hd, qkv_w(), c.rope, RopeDirection::Inverse);
       dln = stage_backward(bp, BlockStage::AttnIn, gather_rows(a.norm1, ws.tmp), C,
                            {{ws.dqkv, qkv_w()}, {k_of(ws.dqkv), qkv_w()}, {v_of(ws.dqkv), qkv_w()}}, ws.dln, C,
                            Accumulate::No);

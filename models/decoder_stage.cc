@@ -132,7 +132,7 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
 }
 
 bool Decoder::tied_across_stages() const {
-  return options_.pipeline.split() && config_.arch == Architecture::Gpt2;
+  return options_.pipeline.split() && config_.tied_embeddings;
 }
 
 std::size_t Decoder::boundary_elems(std::int64_t batch, std::int64_t seq) const {

@@ -47,6 +47,11 @@ std::vector<HfTensorName> hf_tensor_names(const ModelConfig& c) {
       out.push_back({s + "mlp.gate.weight", h + "mlp.gate_proj.weight", false});
       out.push_back({s + "mlp.up.weight", h + "mlp.up_proj.weight", false});
       out.push_back({s + "mlp.down.weight", h + "mlp.down_proj.weight", false});
+      if (c.qkv_bias) {
+        out.push_back({s + "attn.q.bias", h + "self_attn.q_proj.bias", false});
+        out.push_back({s + "attn.k.bias", h + "self_attn.k_proj.bias", false});
+        out.push_back({s + "attn.v.bias", h + "self_attn.v_proj.bias", false});
+      }
     }
   }
   if (gpt2) {
@@ -54,7 +59,7 @@ std::vector<HfTensorName> hf_tensor_names(const ModelConfig& c) {
     out.push_back({"head.norm.bias", "ln_f.bias", false});
   } else {
     out.push_back({"head.norm.weight", "model.norm.weight", false});
-    out.push_back({"head.lm_head.weight", "lm_head.weight", false});
+    if (!c.tied_embeddings) out.push_back({"head.lm_head.weight", "lm_head.weight", false});
   }
   return out;
 }
@@ -74,7 +79,8 @@ bool is_ignorable_hf_tensor(const ModelConfig& c, std::string_view n) {
   if (c.arch == Architecture::Gpt2) {
     return n == "lm_head.weight" || ends_with(".attn.bias") || ends_with(".attn.masked_bias");
   }
-  return ends_with(".rotary_emb.inv_freq");
+  // A tied LLaMA's head is the embedding; a file that still carries it has a copy (read nothing from it).
+  return ends_with(".rotary_emb.inv_freq") || (c.tied_embeddings && n == "lm_head.weight");
 }
 
 }  // namespace strata::models

@@ -5,8 +5,9 @@
 //
 // Shared and missing tensors follow Hugging Face's files: GPT-2's LM head is tied to the token
 // embedding, so Strata has no head tensor and a GPT-2 file carries "wte.weight" only (HF's
-// GPT2LMHeadModel ties "lm_head.weight" to it on load and omits it on save); LLaMA's head is untied
-// in Strata (tie_word_embeddings false), so "lm_head.weight" is its own tensor. The names are those of
+// GPT2LMHeadModel ties "lm_head.weight" to it on load and omits it on save); a LLaMA-family head
+// is its own tensor "lm_head.weight" unless the config ties it (tie_word_embeddings: Llama 3.2 1B,
+// Qwen2 0.5B), when a file's copy is skipped on load and none is written. The names are those of
 // the bare model for GPT-2 ("wte.weight", as the hub's gpt2 files spell them; "transformer."-prefixed
 // names are accepted on load) and of LlamaForCausalLM for LLaMA ("model.embed_tokens.weight").
 #pragma once

@@ -1,6 +1,9 @@
 // Model configurations by name and by fields (see models/model_config.h).
 #include "models/model_config.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -41,7 +44,8 @@ ModelConfig llama(std::string name, std::int64_t layers, std::int64_t d, std::in
   c.n_kv_heads = kv_heads;
   c.ffn_hidden = ffn;
   c.norm_eps = eps;
-  c.rope_theta = theta;
+  c.rope.theta = theta;
+  c.tied_embeddings = false;
   return c;
 }
 
@@ -76,10 +80,21 @@ void ModelConfig::validate() const {
   need(max_seq_len > 0, "max_seq_len must be positive");
   need(n_layers > 0, "n_layers must be positive");
   need(d_model > 0 && n_heads > 0, "d_model and n_heads must be positive");
-  need(d_model % n_heads == 0, "d_model must be a multiple of n_heads");
+  need(attn_head_dim >= 0, "head_dim must be positive (or 0: d_model / n_heads)");
+  need(attn_head_dim > 0 || d_model % n_heads == 0, "d_model must be a multiple of n_heads (or head_dim given)");
   need(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads");
-  need(arch == Architecture::Llama || n_kv_heads == n_heads, "gpt2 models have n_kv_heads == n_heads");
-  need(arch == Architecture::Gpt2 || head_dim() % 2 == 0, "RoPE needs an even head dimension (d_model / n_heads)");
+  const bool gpt2 = arch == Architecture::Gpt2;
+  need(!gpt2 || n_kv_heads == n_heads, "gpt2 models have n_kv_heads == n_heads");
+  need(!gpt2 || attn_head_dim == 0 || attn_head_dim * n_heads == d_model, "gpt2 models have head_dim = d_model / n_heads");
+  need(!gpt2 || tied_embeddings, "gpt2 models tie the LM head to the token embedding");
+  need(!gpt2 || !qkv_bias, "qkv_bias is a llama option (gpt2 models have every bias)");
+  need(!gpt2 || rope.scaling == RopeScaling::None, "rope_scaling is a llama option (gpt2 has learned positions)");
+  need(gpt2 || head_dim() % 2 == 0, "RoPE needs an even head dimension");
+  need(gpt2 || rope.theta > 0, "rope_theta must be positive");
+  need(rope.scaling == RopeScaling::None || rope.factor >= 1, "rope_scaling.factor must be at least 1");
+  need(rope.scaling != RopeScaling::Llama3 ||
+           (rope.low_freq_factor > 0 && rope.high_freq_factor > rope.low_freq_factor && rope.original_max_positions > 0),
+       "rope_scaling llama3 needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0");
   need(ffn_hidden > 0, "ffn_hidden must be positive");
   need(norm_eps > 0, "norm_eps must be positive");
 }
@@ -136,7 +151,15 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
       } else if (key == "norm_eps") {
         c.norm_eps = value.get<float>();
       } else if (key == "rope_theta") {
-        c.rope_theta = value.get<float>();
+        c.rope.theta = value.get<float>();
+      } else if (key == "head_dim") {
+        c.attn_head_dim = value.get<std::int64_t>();
+      } else if (key == "tied_embeddings") {
+        c.tied_embeddings = value.get<bool>();
+      } else if (key == "qkv_bias") {
+        c.qkv_bias = value.get<bool>();
+      } else if (key == "rope_scaling") {
+        c.rope = rope_scaling_from_json(value, c.rope.theta, "model.rope_scaling");
       } else if (key == "dtype") {
         if (!parse_dtype(value.get<std::string>(), &c.dtype)) {
           throw ConfigError(fmt::format("model.dtype '{}' must be fp32, bf16 or fp16", value.get<std::string>()));
@@ -144,7 +167,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
       } else {
         throw ConfigError(fmt::format(
             "unknown model config key '{}'; known keys: name, arch, vocab_size, max_seq_len, n_layers, d_model, "
-            "n_heads, n_kv_heads, ffn_hidden, norm_eps, rope_theta, dtype",
+            "n_heads, n_kv_heads, ffn_hidden, norm_eps, rope_theta, head_dim, tied_embeddings, qkv_bias, rope_scaling, "
+            "dtype",
             key));
       }
     } catch (const nlohmann::json::exception& e) {
@@ -152,8 +176,54 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     }
   }
   if (c.arch == Architecture::Gpt2 && c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
+  // A model given by its fields: LLaMA's head is untied unless asked (a named base keeps its own).
+  if (j.contains("arch") && !j.contains("tied_embeddings")) c.tied_embeddings = c.arch == Architecture::Gpt2;
   c.validate();
   return c;
+}
+
+RopeSpec rope_scaling_from_json(const nlohmann::json& j, float theta, std::string_view where) {
+  RopeSpec r;
+  r.theta = theta;
+  if (j.is_null()) return r;
+  if (!j.is_object()) throw ConfigError(fmt::format("{} must be an object or null", where));
+  // Hugging Face spells the kind "rope_type" (older files: "type").
+  const char* kind_key = j.contains("rope_type") ? "rope_type" : "type";
+  if (!j.contains(kind_key) || !j[kind_key].is_string()) {
+    throw ConfigError(fmt::format("{} needs \"rope_type\": \"linear\" or \"llama3\"", where));
+  }
+  const std::string kind = j[kind_key].get<std::string>();
+  const auto number = [&](const char* key, bool required, float fallback) {
+    if (!j.contains(key)) {
+      if (required) throw ConfigError(fmt::format("{}: rope_type '{}' needs \"{}\"", where, kind, key));
+      return fallback;
+    }
+    if (!j[key].is_number()) throw ConfigError(fmt::format("{}.{} must be a number", where, key));
+    return j[key].get<float>();
+  };
+  if (kind == "default") return r;
+  if (kind == "linear") {
+    r.scaling = RopeScaling::Linear;
+    r.factor = number("factor", true, 1.0f);
+  } else if (kind == "llama3") {
+    r.scaling = RopeScaling::Llama3;
+    r.factor = number("factor", true, 1.0f);
+    r.low_freq_factor = number("low_freq_factor", true, 1.0f);
+    r.high_freq_factor = number("high_freq_factor", true, 4.0f);
+    r.original_max_positions = number("original_max_position_embeddings", true, 8192.0f);
+  } else {
+    throw ConfigError(fmt::format("{}: rope_type '{}' is not supported; Strata computes \"linear\" and \"llama3\" "
+                                  "(dynamic, yarn, longrope and su change attention beyond the frequencies)",
+                                  where, kind));
+  }
+  for (const auto& [key, value] : j.items()) {
+    static constexpr std::string_view kKnown[] = {"rope_type", "type", "factor", "low_freq_factor",
+                                                  "high_freq_factor", "original_max_position_embeddings"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
+      throw ConfigError(fmt::format("{}: key '{}' is not one Strata honours for rope_type '{}'", where, key, kind));
+    }
+  }
+  return r;
 }
 
 std::int64_t param_count(const ModelConfig& c) {
@@ -163,9 +233,10 @@ std::int64_t param_count(const ModelConfig& c) {
                                (d * c.ffn_hidden + d);
     return c.vocab_size * d + c.max_seq_len * d + c.n_layers * block + 2 * d;
   }
-  const std::int64_t attn = d * c.n_heads * hd + 2 * d * c.n_kv_heads * hd + c.n_heads * hd * d;
+  const std::int64_t attn = d * c.n_heads * hd + 2 * d * c.n_kv_heads * hd + c.n_heads * hd * d +
+                             (c.qkv_bias ? (c.n_heads + 2 * c.n_kv_heads) * hd : 0);
   const std::int64_t block = d + attn + d + 3 * d * c.ffn_hidden;
-  return c.vocab_size * d + c.n_layers * block + d + c.vocab_size * d;
+  return c.vocab_size * d + c.n_layers * block + d + (c.tied_embeddings ? 0 : c.vocab_size * d);
 }
 
 double train_flops_per_token(const ModelConfig& c, std::int64_t seq_len) {

@@ -1,7 +1,9 @@
 // Decoder model configurations: GPT-2 style (learned positions, layer norm, GELU, tied embeddings)
-// and LLaMA style (RoPE, RMS norm, SwiGLU, untied head, grouped-query attention), by name
-// (`tiny`, `tiny-llama`, `gpt2-124m`, `gpt2-1.5b`, `llama-1b`, `llama-7b`, `llama-13b`, `llama-70b`)
-// or by fields, with parameter counts and FLOPs per token.
+// and LLaMA style (RoPE, RMS norm, SwiGLU, grouped-query attention; Mistral and Qwen2 are LLaMA with
+// its options: tied or untied head, biases on q/k/v, a head_dim of its own, rope_scaling), by name
+// (`tiny`, `tiny-llama`, `gpt2-124m`, `gpt2-1.5b`, `llama-1b`, `llama-7b`, `llama-13b`, `llama-70b`),
+// by fields, or from a Hugging Face config.json (models/hf_config.h), with parameter counts and
+// FLOPs per token.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/dtype.h"
+#include "models/kernels/rope_spec.h"
 
 namespace strata::models {
 
@@ -29,10 +32,15 @@ struct ModelConfig {
   std::int64_t n_kv_heads = 0;   // == n_heads for GPT-2
   std::int64_t ffn_hidden = 0;   // 4 d_model for GPT-2; SwiGLU width for LLaMA
   float norm_eps = 1e-5f;
-  float rope_theta = 10000.0f;   // LLaMA only
+  RopeSpec rope;                 // LLaMA only: theta and rope_scaling
+  std::int64_t attn_head_dim = 0;  // LLaMA only; 0: d_model / n_heads
+  bool tied_embeddings = true;   // the LM head is the token embedding (always for GPT-2)
+  bool qkv_bias = false;         // LLaMA only: q, k and v projections carry biases (Qwen2)
   DType dtype = DType::F32;      // weights, gradients and activations (fp32 accumulation always)
 
-  std::int64_t head_dim() const { return d_model / n_heads; }
+  std::int64_t head_dim() const { return attn_head_dim > 0 ? attn_head_dim : d_model / n_heads; }
+  // The width of the attention's output (heads x head_dim), d_model unless head_dim is its own.
+  std::int64_t attn_width() const { return n_heads * head_dim(); }
   // Throws ConfigError naming the field and the rule it breaks.
   void validate() const;
 };
@@ -46,8 +54,13 @@ ModelConfig model_config_by_name(std::string_view name);
 // (strata.parallel.tensor / .pipeline), the model's numbers and the valid choices.
 void check_parallel_shape(const ModelConfig& config, int tensor, int pipeline, const std::string& source);
 // {"name": "gpt2-124m", "n_layers": 4, ...}: a named base (optional) with fields overridden, or
-// every field given ("arch": "gpt2"|"llama"). Unknown keys are a ConfigError naming the key.
+// every field given ("arch": "gpt2"|"llama"; LLaMA's options "head_dim", "tied_embeddings",
+// "qkv_bias", "rope_theta", "rope_scaling": {"type": "linear"|"llama3", "factor", ...}). Unknown
+// keys are a ConfigError naming the key.
 ModelConfig model_config_from_json(const nlohmann::json& j);
+// Hugging Face's rope_scaling object (null: none) with base `theta`: "linear" or "llama3"
+// (models/kernels/rope_spec.h); any other kind or key is a ConfigError naming `where`.
+RopeSpec rope_scaling_from_json(const nlohmann::json& j, float theta, std::string_view where);
 
 // Parameters of the model (tied embeddings counted once).
 std::int64_t param_count(const ModelConfig& config);

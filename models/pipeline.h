@@ -38,8 +38,8 @@
 // ZeRO stages 0-3 and offload run on the data axis of every stage (each stage's engine holds its
 // groups only).
 //
-// Note [Tied embedding across stages]: GPT-2's head is the embedding's weight, and the single-rank
-// run adds that weight's two gradient contributions sequence by sequence, head then lookup (Note
+// Note [Tied embedding across stages]: a tied head (GPT-2, tied LLaMA) is the embedding's weight,
+// and the single-rank run adds that weight's two gradient contributions sequence by sequence, head then lookup (Note
 // [Tied embedding gradient order] in models/decoder.cc). Megatron keeps a copy on the last stage and
 // all-reduces the two copies' gradients once per step, which adds them in another order. Here the
 // first stage owns the weight (its engine holds the embedding group; the norm counts it once) and

@@ -36,9 +36,10 @@ std::vector<SlicedPass::ColumnLinear> SlicedPass::column_linears(BlockStage stag
   } else {
     using namespace llama_block;
     if (stage == BlockStage::AttnIn) {
-      v = {{kQ, kNoBias, 0, c.n_heads * hd, C, 0},
-           {kK, kNoBias, 0, c.n_kv_heads * hd, C, heads() * hd},
-           {kV, kNoBias, 0, c.n_kv_heads * hd, C, (heads() + kv_heads()) * hd}};
+      const bool b = c.qkv_bias;
+      v = {{kQ, b ? kQBias : kNoBias, 0, c.n_heads * hd, C, 0},
+           {kK, b ? kKBias : kNoBias, 0, c.n_kv_heads * hd, C, heads() * hd},
+           {kV, b ? kVBias : kNoBias, 0, c.n_kv_heads * hd, C, (heads() + kv_heads()) * hd}};
     } else {
       v = {{kGate, kNoBias, 0, c.ffn_hidden, C, 0}, {kUp, kNoBias, 0, c.ffn_hidden, C, ffn()}};
     }

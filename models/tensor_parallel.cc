@@ -46,9 +46,12 @@ TensorSlice block_slice(const ModelConfig& c, std::size_t k, int T, int t) {
   }
   using namespace llama_block;
   switch (k) {
-    case kQ: return rows(c.n_heads * hd, T, t);
+    case kQ:
+    case kQBias: return rows(c.n_heads * hd, T, t);
     case kK:
-    case kV: {
+    case kV:
+    case kKBias:
+    case kVBias: {
       const int r = kv_replicas(c, T);  // Note [Replicated KV heads]: the whole KV head of the rank's queries
       return r == 1 ? rows(c.n_kv_heads * hd, T, t) : rows(c.n_kv_heads * hd, T / r, t / r);
     }
@@ -156,7 +159,7 @@ TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int 
         if (g == embedding_group_index()) {
           if (k == embedding_group::kWte) s = rows(c.vocab_size, size, rank);
         } else if (g == head_group_index(c)) {
-          if (c.arch == Architecture::Llama && k == head_group::kLmHead) s = rows(c.vocab_size, size, rank);
+          if (!c.tied_embeddings && k == head_group::kLmHead) s = rows(c.vocab_size, size, rank);
         } else {
           s = block_slice(c, k, size, rank);
         }
@@ -170,7 +173,8 @@ TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int 
       if (size == 1) return 0;
       if (cuts[k].kind == SliceKind::Whole) return 2;
       const bool kv = c.arch == Architecture::Llama && g != embedding_group_index() && g != head_group_index(c) &&
-                      (k == llama_block::kK || k == llama_block::kV);
+                      (k == llama_block::kK || k == llama_block::kV || k == llama_block::kKBias ||
+                       k == llama_block::kVBias);
       return kv && kv_replicas(c, size) > 1 ? 1 : 0;
     };
     std::vector<TensorLocation> ordered(untiled[g].tensors.size());
@@ -258,7 +262,7 @@ TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const Tensor
   const auto L = static_cast<std::uint64_t>(end - (staged ? stage->first_layer : 0));  // the stage's blocks
   const std::uint64_t E = !staged || stage->first() ? 1 : 0;                           // the embedding
   const std::uint64_t H = !staged || stage->last() ? 1 : 0;                            // the head
-  const std::uint64_t losses = H + (staged && training && stage->first() && c.arch == Architecture::Gpt2 ? 1 : 0);
+  const std::uint64_t losses = H + (staged && training && stage->first() && c.tied_embeddings ? 1 : 0);
   const std::uint64_t forwards = staged && training && stage->activation_sets == 0 && !stage->last() ? 2 : 1;
   const std::uint64_t T = training ? 1 : 0, K = training && checkpointing ? 1 : 0;
   const std::uint64_t activation = static_cast<std::uint64_t>(rows * c.d_model) * dtype_bytes(c.dtype);

@@ -155,8 +155,9 @@ std::vector<StageLinear> stage_linears(const ModelConfig& c, BlockStage stage) {
     using namespace llama_block;
     switch (stage) {
       case BlockStage::AttnIn:
-        return {
-            {kQ, kNoBias, C, c.n_heads * hd}, {kK, kNoBias, C, c.n_kv_heads * hd}, {kV, kNoBias, C, c.n_kv_heads * hd}};
+        return {{kQ, c.qkv_bias ? kQBias : kNoBias, C, c.n_heads * hd},
+                {kK, c.qkv_bias ? kKBias : kNoBias, C, c.n_kv_heads * hd},
+                {kV, c.qkv_bias ? kVBias : kNoBias, C, c.n_kv_heads * hd}};
       case BlockStage::AttnOut:
         return {{kO, kNoBias, c.n_heads * hd, C}};
       case BlockStage::MlpIn:

@@ -80,7 +80,7 @@ class ProgramBuilder {
  private:
   enum class Pass { Forward, Rematerialize, Recompute, Backward };
 
-  bool tied() const { return model_.arch == models::Architecture::Gpt2; }
+  bool tied() const { return model_.tied_embeddings; }
   double vocab_matmul() const {
     return 2.0 * static_cast<double>(model_.vocab_size * model_.d_model) * tokens_ / T_;
   }

@@ -35,7 +35,7 @@ void attention_backward(DType dtype, const AttentionShape& shape, const void* q,
                         const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
                         void* dk, void* dv);
 void rope(DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t row_stride, float theta, RopeDirection direction);
+          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction);
 void embedding_forward(DType dtype, const std::int32_t* tokens, const void* wte,
                        const void* wpe, void* out, std::int64_t batch, std::int64_t seq, std::int64_t channels);
 void embedding_backward(DType dtype, const std::int32_t* tokens, const void* dout,

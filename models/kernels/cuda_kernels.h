@@ -89,7 +89,7 @@ void swiglu_backward(const Launch& L, DType dtype, const void* gate_up, const vo
 void residual_add(const Launch& L, DType dtype, const void* a, const void* b, void* out, std::int64_t n);
 void cast(const Launch& L, DType src_dtype, const void* src, DType dst_dtype, void* dst, std::int64_t n);
 void rope(const Launch& L, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t row_stride, float theta, RopeDirection direction);
+          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction);
 
 // models/kernels/cuda_embedding.cu.
 void embedding_forward(const Launch& L, DType dtype, const std::int32_t* tokens, const void* wte, const void* wpe,

@@ -39,16 +39,7 @@ STRATA_HD float swiglu_dgate(float gate, float up, float dout) {
 }
 STRATA_HD float swiglu_dup(float gate, float dout) { return dout * gate * sigmoid(gate); }
 
-// Rotary embedding frequency of pair `i` of a head of `head_dim` (Hugging Face's rotate_half
-// convention: pair i couples elements i and i + head_dim/2): theta^(-2i/head_dim).
-STRATA_HD float rope_inv_freq(int i, int head_dim, float theta) {
-  return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-}
-
-// The rotation angle of pair `i` at position t, and its cosine and sine.
-STRATA_HD float rope_angle(std::int64_t t, int i, int head_dim, float theta) {
-  return static_cast<float>(t) * rope_inv_freq(i, head_dim, theta);
-}
+// The cosine and sine of a rotary angle (models/kernels/rope_spec.h gives the angle).
 STRATA_HD void rope_cos_sin(float angle, float* cos_a, float* sin_a) {
   *cos_a = cosf(angle);
   *sin_a = sinf(angle);

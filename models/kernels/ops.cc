@@ -239,10 +239,10 @@ void attention_backward(const KernelContext& ctx, DType dtype, const AttentionSh
 }
 
 void rope(const KernelContext& ctx, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t row_stride, float theta, RopeDirection direction) {
+          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction) {
   launch(
-      ctx, "rope", [=] { cpu::rope(dtype, x, batch, seq, heads, head_dim, row_stride, theta, direction); },
-      [=](const auto& L) { cuda::rope(L, dtype, x, batch, seq, heads, head_dim, row_stride, theta, direction); });
+      ctx, "rope", [=] { cpu::rope(dtype, x, batch, seq, heads, head_dim, row_stride, spec, direction); },
+      [=](const auto& L) { cuda::rope(L, dtype, x, batch, seq, heads, head_dim, row_stride, spec, direction); });
 }
 
 void embedding_forward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* wte,

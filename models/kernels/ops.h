@@ -28,6 +28,7 @@
 
 #include "core/device/device.h"
 #include "core/dtype.h"
+#include "models/kernels/rope_spec.h"
 
 namespace strata::models {
 
@@ -152,7 +153,7 @@ void attention_backward(const KernelContext& ctx, DType dtype, const AttentionSh
 // position of row r = r % seq. Direction::Inverse rotates back (the backward of Forward).
 enum class RopeDirection { Forward, Inverse };
 void rope(const KernelContext& ctx, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t row_stride, float theta, RopeDirection direction);
+          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction);
 
 // out[b*seq + t, :] = wte[token, :] + (wpe ? wpe[t, :] : 0). Tokens are int32 in [0, vocab).
 void embedding_forward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* wte,

@@ -440,7 +440,7 @@ TEST_P(CudaOpsByDtype, RopeForwardAndInverseMatchCpuAndLeaveRowPaddingAlone) {
       const Vec x = quantize(random_vec(rows * c.row_stride, 421), dt());
       Twin X = twin(x, dt());
       both([&](Side s) {
-        rope(ctx(s), dt(), X.at(s), c.batch, c.seq, c.heads, c.head_dim, c.row_stride, c.theta, dir);
+        rope(ctx(s), dt(), X.at(s), c.batch, c.seq, c.heads, c.head_dim, c.row_stride, RopeSpec{c.theta}, dir);
       });
       Vec bound(x.size(), 0.0);
       for (std::int64_t r = 0; r < rows; ++r) {

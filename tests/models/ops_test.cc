@@ -301,13 +301,27 @@ TEST(OpTest, AttentionMultiQueryShortSequence) { check_attention(DType::F32, {3,
 
 // ---------- rotary, embedding, loss, add, cast ----------
 
-Vec ref_rope(const Vec& x, std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t d, double theta) {
+// Hugging Face's frequencies in double, written from transformers' modeling_rope_utils (default,
+// linear, llama3), independently of models/kernels/rope_spec.h.
+double ref_inv_freq(std::int64_t i, std::int64_t d, const RopeSpec& r) {
+  const double f = std::pow(static_cast<double>(r.theta), -2.0 * static_cast<double>(i) / static_cast<double>(d));
+  if (r.scaling == RopeScaling::Linear) return f / r.factor;
+  if (r.scaling != RopeScaling::Llama3) return f;
+  const double wavelen = 2 * M_PI / f, old = r.original_max_positions;
+  const double scaled = wavelen > old / r.low_freq_factor ? f / r.factor : f;
+  const bool medium = !(wavelen < old / r.high_freq_factor) && !(wavelen > old / r.low_freq_factor);
+  if (!medium) return scaled;
+  const double smooth = (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  return (1 - smooth) * scaled / r.factor + smooth * scaled;
+}
+
+Vec ref_rope(const Vec& x, std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t d, const RopeSpec& r) {
   Vec y = x;
-  for (std::int64_t r = 0; r < batch * seq; ++r) {
+  for (std::int64_t row = 0; row < batch * seq; ++row) {
     for (std::int64_t h = 0; h < heads; ++h) {
       for (std::int64_t i = 0; i < d / 2; ++i) {
-        const double a = static_cast<double>(r % seq) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-        const std::int64_t p = r * heads * d + h * d + i;
+        const double a = static_cast<double>(row % seq) * ref_inv_freq(i, d, r);
+        const std::int64_t p = row * heads * d + h * d + i;
         y[p] = x[p] * std::cos(a) - x[p + d / 2] * std::sin(a);
         y[p + d / 2] = x[p + d / 2] * std::cos(a) + x[p] * std::sin(a);
       }
@@ -316,17 +330,47 @@ Vec ref_rope(const Vec& x, std::int64_t batch, std::int64_t seq, std::int64_t he
   return y;
 }
 
-TEST_P(OpTest, RopeForwardMatchesReferenceAndInverseIsItsBackward) {
-  const std::int64_t batch = 2, seq = 9, heads = 3, d = 8;
-  const float theta = 10000.0f;
-  const Vec x = quantize(random_vec(batch * seq * heads * d, 26), dt()), dy = quantize(random_vec(x.size(), 27), dt());
-  Buf X = make_buf(x, dt());
-  rope(kInline, dt(), X.data(), batch, seq, heads, d, heads * d, theta, RopeDirection::Forward);
-  expect_close("rope", read_buf(X), ref_rope(x, batch, seq, heads, d, theta), tol());
-  Buf DY = make_buf(dy, dt());
-  rope(kInline, dt(), DY.data(), batch, seq, heads, d, heads * d, theta, RopeDirection::Inverse);
+void check_rope(DType dtype, double tolerance, const RopeSpec& spec, std::int64_t d) {
+  const std::int64_t batch = 2, seq = 9, heads = 3;
+  const Vec x = quantize(random_vec(batch * seq * heads * d, 26), dtype), dy = quantize(random_vec(x.size(), 27), dtype);
+  Buf X = make_buf(x, dtype);
+  rope(kInline, dtype, X.data(), batch, seq, heads, d, heads * d, spec, RopeDirection::Forward);
+  expect_close("rope", read_buf(X), ref_rope(x, batch, seq, heads, d, spec), tolerance);
+  Buf DY = make_buf(dy, dtype);
+  rope(kInline, dtype, DY.data(), batch, seq, heads, d, heads * d, spec, RopeDirection::Inverse);
   expect_close("rope backward", read_buf(DY),
-               finite_difference([&](const Vec& v) { return ref_rope(v, batch, seq, heads, d, theta); }, x, dy), tol());
+               finite_difference([&](const Vec& v) { return ref_rope(v, batch, seq, heads, d, spec); }, x, dy),
+               tolerance);
+}
+
+TEST_P(OpTest, RopeForwardMatchesReferenceAndInverseIsItsBackward) { check_rope(dt(), tol(), RopeSpec{}, 8); }
+
+// rope_scaling: linear divides every frequency; llama3 at head_dim 32 with an original context of
+// 64 keeps pairs 0-1 (wavelength under 16), blends pairs 2-4 and divides pairs 5-15 (over 64).
+TEST_P(OpTest, RopeScalingLinearAndLlama3MatchHuggingFacesFormulas) {
+  RopeSpec linear;
+  linear.scaling = RopeScaling::Linear;
+  linear.factor = 4.0f;
+  check_rope(dt(), tol(), linear, 8);
+  RopeSpec llama3;
+  llama3.theta = 10000.0f;
+  llama3.scaling = RopeScaling::Llama3;
+  llama3.factor = 8.0f;
+  llama3.low_freq_factor = 1.0f;
+  llama3.high_freq_factor = 4.0f;
+  llama3.original_max_positions = 64.0f;
+  int kept = 0, blended = 0, divided = 0;
+  for (int i = 0; i < 16; ++i) {
+    const double f = ref_inv_freq(i, 32, RopeSpec{}), g = ref_inv_freq(i, 32, llama3);
+    kept += g == f;
+    divided += std::abs(g - f / 8) < 1e-12 * f;
+    blended += g < f && g > f / 8 * (1 + 1e-9);
+    EXPECT_NEAR(math::rope_inv_freq(i, 32, llama3), g, 1e-6 * g) << "pair " << i;
+  }
+  EXPECT_EQ(kept, 2);
+  EXPECT_EQ(blended, 3);
+  EXPECT_EQ(divided, 11);
+  check_rope(dt(), tol(), llama3, 32);
 }
 
 TEST_P(OpTest, EmbeddingForwardAndBackwardWithRepeatedTokens) {

@@ -101,7 +101,7 @@ struct TilingCase {
   DType dtype = DType::F32;
 };
 
-class TiledEqualsUntiled : public ::testing::TestWithParam<std::tuple<Architecture, TilingCase>> {};
+class TiledEqualsUntiled : public ::testing::TestWithParam<std::tuple<testing::Tiny, TilingCase>> {};
 
 TEST_P(TiledEqualsUntiled, SameLossAndGradientsBitForBit) {
   const auto [arch, tc] = GetParam();
@@ -131,10 +131,9 @@ const TilingCase kCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(Tiling, TiledEqualsUntiled,
-                         ::testing::Combine(::testing::Values(Architecture::Gpt2, Architecture::Llama),
-                                            ::testing::ValuesIn(kCases)),
+                         ::testing::Combine(testing::kEveryTiny, ::testing::ValuesIn(kCases)),
                          [](const auto& info) {
-                           return std::string(architecture_name(std::get<0>(info.param))) + "_" +
+                           return testing::tiny_name(std::get<0>(info.param)) + "_" +
                                   std::get<1>(info.param).name;
                          });
 
@@ -173,7 +172,7 @@ class RecordingProvider final : public ParamProvider {
   std::vector<int> ready_;
 };
 
-class TilingArch : public ::testing::TestWithParam<Architecture> {};
+class TilingArch : public ::testing::TestWithParam<testing::Tiny> {};
 
 TEST_P(TilingArch, TiledBlockHoldsOneTileAtATimeAndDeclaresEachTileReadyOnce) {
   const ModelConfig c = tiny(GetParam());
@@ -458,8 +457,8 @@ TEST_P(TilingArch, NonFiniteInitWeightsAreRefusedNamingTensorAndElement) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, TilingArch, ::testing::Values(Architecture::Gpt2, Architecture::Llama),
-                         [](const auto& info) { return std::string(architecture_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Arch, TilingArch, testing::kEveryTiny,
+                         [](const auto& info) { return testing::tiny_name(info.param); });
 
 TEST(TilingSpecTest, TileNamesRoundTripAndOtherNamesAreNotTiles) {
   const auto w = whole_tensor_of(tile_tensor_name("blocks.3.mlp.fc.weight", {768, 1536}));
