@@ -52,91 +52,21 @@ void copy_to_host(Stream* stream, void* dst, const void* src, std::size_t bytes)
   }
 }
 
-// The index of the first NaN or infinity among `n` values of `dtype` at `data`, if any.
-std::optional<std::size_t> first_non_finite(const void* data, DType dtype, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    float v = 0;
-    switch (dtype) {
-      case DType::F32: std::memcpy(&v, static_cast<const float*>(data) + i, sizeof v); break;
-      case DType::BF16: v = bf16_to_f32(static_cast<const bf16*>(data)[i]); break;
-      case DType::F16: v = f16_to_f32(static_cast<const fp16*>(data)[i]); break;
-    }
-    if (!std::isfinite(v)) return i;
-  }
-  return std::nullopt;
-}
-
-// Weights are where training starts or what eval scores: a NaN or infinity in them makes every loss
-// NaN and every step skip, so it is refused when read, naming the tensor and the element.
-void check_finite_weights(const void* data, DType dtype, std::size_t n, std::size_t first_index,
-                          std::string_view what, const std::string& path, const std::string& tensor,
-                          std::size_t tensor_elems, std::string_view fix) {
-  const std::optional<std::size_t> bad = first_non_finite(data, dtype, n);
-  if (!bad) return;
-  float v = 0;
-  switch (dtype) {
-    case DType::F32: std::memcpy(&v, static_cast<const float*>(data) + *bad, sizeof v); break;
-    case DType::BF16: v = bf16_to_f32(static_cast<const bf16*>(data)[*bad]); break;
-    case DType::F16: v = f16_to_f32(static_cast<const fp16*>(data)[*bad]); break;
-  }
-  throw FormatError(fmt::format("{} '{}': tensor '{}' element {} (of {}) is {}; weights must be finite numbers; {}",
-                                what, path, tensor, first_index + *bad, tensor_elems, v, fix));
-}
-
 }  // namespace
 
 WeightNaming load_weights(const std::string& path, const ModelConfig& config, ParamProvider& provider, Stream* stream) {
-  const SafetensorsFile file = SafetensorsFile::open(path);
-  std::map<std::string, WholeTensor> where;
-  for (auto& w : whole_tensors(config, provider.groups())) where.emplace(w.spec.name, std::move(w));
-  const auto hf = hf_tensor_names(config);
-  // Detect the naming from the first parameter's name.
-  const bool strata_names = file.find(hf.front().strata_name) != nullptr;
-  const WeightNaming naming = strata_names ? WeightNaming::Strata : WeightNaming::HuggingFace;
-  std::map<std::string, const SafetensorsEntry*> by_name;
-  for (const auto& e : file.tensors()) {
-    const std::string n = strata_names ? e.name : normalize_hf_name(config, e.name);
-    if (!strata_names && is_ignorable_hf_tensor(config, n)) continue;
-    by_name[n] = &e;
-  }
-  std::set<std::string> used;
-  for (const auto& m : hf) {
-    const std::string file_name = strata_names ? m.strata_name : m.hf_name;
-    const bool transposed = !strata_names && m.transposed;
-    auto it = by_name.find(file_name);
-    if (it == by_name.end()) {
-      throw FormatError(fmt::format("weights file '{}' has no tensor '{}' (model '{}' parameter '{}'); the file is for "
-                                    "another model or is incomplete",
-                                    path, file_name, config.name, m.strata_name));
-    }
-    const WholeTensor& whole = where.at(m.strata_name);
-    std::vector<std::int64_t> want = whole.spec.shape;
-    if (transposed) std::swap(want[0], want[1]);
-    if (it->second->shape != want) {
-      throw FormatError(fmt::format("weights file '{}': tensor '{}' has shape {} but model '{}' needs {}", path, file_name,
-                                    format_shape(it->second->shape), config.name, format_shape(want)));
-    }
+  const WeightSource source = WeightSource::open(path, config, "weights");
+  for (const WholeTensor& whole : whole_tensors(config, provider.groups())) {
     std::vector<std::uint8_t> host(whole.spec.bytes());
-    file.read(*it->second, whole.spec.dtype, host.data());
-    check_finite_weights(host.data(), whole.spec.dtype, whole.spec.elems(), 0, "weights file", path, file_name,
-                         whole.spec.elems(), "the file is damaged or from a run that diverged");
-    if (transposed) host = transpose(host, want[0], want[1], dtype_bytes(whole.spec.dtype));
+    source.read(whole.spec.name, whole.spec.dtype, host.data());
     // A tiled weight goes to its tiles, rows by rows (models/tiling.h).
     for (const TensorPart& part : whole.parts) {
       const GroupViews v = provider.acquire_params(part.group, ParamPhase::Forward, stream);
       copy_to_device(stream, v[part.tensor], host.data() + whole.part_offset_bytes(part), whole.part_bytes(part));
       provider.release_params(part.group, stream);
     }
-    used.insert(file_name);
   }
-  for (const auto& [n, e] : by_name) {
-    if (!used.contains(n)) {
-      throw FormatError(fmt::format("weights file '{}' has tensor '{}' that model '{}' does not have; check --model "
-                                    "(a different size or architecture)",
-                                    path, e->name, config.name));
-    }
-  }
-  return naming;
+  return source.naming();
 }
 
 void save_weights(const std::string& path, const ModelConfig& config, ParamProvider& provider, Stream* stream,
@@ -167,7 +97,7 @@ void save_weights(const std::string& path, const ModelConfig& config, ParamProvi
                     {{"format", "pt"}, {"strata.model", config.name}, {"strata.arch", std::string(architecture_name(config.arch))}});
 }
 
-void read_init_tensor(const SafetensorsFile& file, const ModelConfig& config, const ParamTensorSpec& tensor,
+void read_init_tensor(const WeightSource& source, const ModelConfig& config, const ParamTensorSpec& tensor,
                       std::span<float> out) {
   STRATA_CHECK(out.size() == tensor.elems(), "init of '{}': {} values for {} elements", tensor.name, out.size(),
                tensor.elems());
@@ -181,26 +111,11 @@ void read_init_tensor(const SafetensorsFile& file, const ModelConfig& config, co
   if (whole == nullptr) {
     throw FormatError(fmt::format("init of '{}': model '{}' has no tensor '{}'", tensor.name, config.name, whole_name));
   }
-  const SafetensorsEntry* e = file.find(whole_name);
-  if (e == nullptr) {
-    throw FormatError(fmt::format("strata.init_weights '{}' has no tensor '{}'; it must hold Strata-named weights of "
-                                  "model '{}' (strata train --save-weights writes such files)",
-                                  file.path(), whole_name, config.name));
-  }
-  if (e->shape != whole->shape) {
-    throw FormatError(fmt::format("strata.init_weights '{}': tensor '{}' has shape {}, the model needs {}", file.path(),
-                                  whole_name, format_shape(e->shape), format_shape(whole->shape)));
-  }
-  std::size_t first_index = 0;  // of `out` in the whole tensor
   if (tile) {
-    file.read_rows(*e, DType::F32, tile->rows.begin, tile->rows.end, out.data());
-    first_index = static_cast<std::size_t>(tile->rows.begin) * (whole->elems() / static_cast<std::size_t>(whole->shape[0]));
+    source.read_rows(whole_name, DType::F32, tile->rows.begin, tile->rows.end, out.data());
   } else {
-    file.read(*e, DType::F32, out.data());
+    source.read(whole_name, DType::F32, out.data());
   }
-  check_finite_weights(out.data(), DType::F32, out.size(), first_index, "strata.init_weights", file.path(), whole_name,
-                       whole->elems(),
-                       "fix the file, or remove strata.init_weights to start from the default initialization");
 }
 
 std::vector<WholeTensorValues> assemble_whole_tensors(const ModelConfig& config, std::span<const ParamGroupSpec> groups,

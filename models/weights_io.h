@@ -13,25 +13,25 @@
 #include "engine/param_provider.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
+#include "models/weight_source.h"
 
 namespace strata::models {
 
-enum class WeightNaming { Strata, HuggingFace };
-
-// Reads `path` into the provider's weights (converting dtypes; transposing GPT-2 Conv1D weights).
-// `stream` is null for host-resident providers. Returns the naming the file used.
+// Reads `path` (a safetensors file or a Hugging Face model folder, models/weight_source.h) into the
+// provider's weights (converting dtypes; transposing GPT-2 Conv1D weights). `stream` is null for
+// host-resident providers. Returns the naming the file used.
 WeightNaming load_weights(const std::string& path, const ModelConfig& config, ParamProvider& provider, Stream* stream);
 
 // Writes the provider's weights to `path` with the given naming (metadata records model and arch).
 void save_weights(const std::string& path, const ModelConfig& config, ParamProvider& provider, Stream* stream,
                   WeightNaming naming);
 
-// The values of one of the provider's tensors (whole, or a tile "W[r0:r1]") as fp32, from a
-// Strata-named file such as `strata train --save-weights` writes (always untiled): the engine's
-// init callback for strata.init_weights. FormatError naming the file and tensor when the file lacks
-// the whole tensor or has it in another shape than `config` declares, and naming the element too
-// when a value is NaN or infinite (load_weights refuses those the same way).
-void read_init_tensor(const SafetensorsFile& file, const ModelConfig& config, const ParamTensorSpec& tensor,
+// The values of one of the provider's tensors (whole, or a tile "W[r0:r1]") as fp32, from a weight
+// source (a file `strata train --save-weights` writes, a Hugging Face file or folder): the engine's
+// init callback for strata.init_weights and a model folder. FormatError naming the tensor when
+// `config` has no such tensor, and naming the element when a value is NaN or infinite (the source
+// checked the rest when it opened).
+void read_init_tensor(const WeightSource& source, const ModelConfig& config, const ParamTensorSpec& tensor,
                       std::span<float> out);
 
 // fp32 values of every tensor of `groups` in group order (values[i] for the i-th tensor, counting

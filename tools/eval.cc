@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "models/decoder.h"
+#include "models/hf_config.h"
 #include "models/resident_provider.h"
 #include "models/token_data.h"
 #include "models/weights_io.h"
@@ -50,7 +51,13 @@ std::uint64_t physical_memory_bytes() {
 
 int run_eval(EvalOptions o) {
   using namespace strata::models;
-  const ModelConfig config = model_config_by_name(o.model);
+  // A Hugging Face model folder gives the model and, unless --weights says otherwise, the weights.
+  const bool folder = is_hf_model_folder(o.model);
+  const ModelConfig config = folder ? open_hf_model_folder(o.model).config : model_config_by_name(o.model);
+  if (o.weights.empty()) {
+    if (!folder) throw ConfigError(fmt::format("--weights is required with --model '{}' (a name, not a model folder)", o.model));
+    o.weights = o.model;
+  }
   const DeviceChoice choice = parse_device_flag(o.device);
   if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
   if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
@@ -135,8 +142,10 @@ int run_eval(EvalOptions o) {
 void register_eval(CLI::App& app, CommandTable& table) {
   auto opts = std::make_shared<EvalOptions>();
   auto* cmd = app.add_subcommand("eval", "mean cross-entropy of weights on token data (consecutive windows)");
-  cmd->add_option("--model", opts->model, "model name (tiny, gpt2-124m, llama-7b, ...)")->required();
-  cmd->add_option("--weights", opts->weights, "safetensors file (Strata or Hugging Face GPT-2/LLaMA names)")->required();
+  cmd->add_option("--model", opts->model, "model name (tiny, gpt2-124m, llama-7b, ...) or Hugging Face model folder")
+      ->required();
+  cmd->add_option("--weights", opts->weights,
+                  "safetensors file or model folder (Strata or Hugging Face names; default: the --model folder's)");
   cmd->add_option("--data", opts->data, "token file (Strata, llm.c or flat uint16)")->required();
   cmd->add_option("--batches", opts->batches, "batches of --batch-size windows to evaluate (default: all)");
   cmd->add_option("--seq-len", opts->seq_len, "tokens per window (default: 256, or the model's max_seq_len if shorter)");

@@ -33,6 +33,8 @@
 #include "engine/tier_plan.h"
 #include "engine/zero_engine.h"
 #include "models/decoder.h"
+#include "models/hf_config.h"
+#include "models/weight_source.h"
 #include "models/hf_names.h"
 #include "models/model_config.h"
 #include "models/param_init.h"
@@ -63,10 +65,26 @@ TrainConfig load_train_config_or_demo(const std::string& path, const std::vector
   return load_train_config_text(kDemoConfigJson, "configs/demo.json (built in)", overrides);
 }
 
+std::string initial_weights_path(const TrainConfig& cfg) {
+  if (!cfg.strata.init_weights.empty()) return cfg.strata.init_weights;
+  if (cfg.strata.model.is_string() && models::is_hf_model_folder(cfg.strata.model.get<std::string>())) {
+    return cfg.strata.model.get<std::string>();
+  }
+  return {};
+}
+
 models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpointing) {
   *checkpointing = false;
   models::ModelConfig m;
-  if (cfg.strata.model.is_string()) {
+  if (cfg.strata.model.is_string() && models::is_hf_model_folder(cfg.strata.model.get<std::string>())) {
+    const models::HfModelFolder folder = models::open_hf_model_folder(cfg.strata.model.get<std::string>());
+    m = folder.config;
+    static bool said = false;  // estimate and train may both read the model: say it once
+    for (const std::string& note : folder.notes) {
+      if (!said) spdlog::warn("{}", note);
+    }
+    said = true;
+  } else if (cfg.strata.model.is_string()) {
     m = models::model_config_by_name(cfg.strata.model.get<std::string>());
   } else {
     nlohmann::json j = cfg.strata.model;
@@ -196,7 +214,8 @@ void check_run_outputs(const TrainOptions& options, const TrainConfig& cfg, int 
   const std::vector<std::string> input_files = {options.config_path, cfg.strata.init_weights, data_file,
                                                 cfg.strata.data.validation};
   const std::vector<std::string> input_dirs = {options.resume.empty() ? std::string()
-                                                                      : resolve_checkpoint_dir(options.resume)};
+                                                                      : resolve_checkpoint_dir(options.resume),
+                                                initial_weights_path(cfg)};
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const Output& o = outputs[i];
     if (o.path.empty()) continue;
@@ -614,8 +633,11 @@ TrainSummary run_training(const TrainOptions& options) {
   const auto groups = decoder.param_groups();  // this stage's
   const std::vector<std::size_t>& stage_groups = decoder.stage_groups();  // their indices among all groups
   const std::uint64_t seed = cfg.strata.seed;
-  std::unique_ptr<models::SafetensorsFile> init_file;
-  if (!cfg.strata.init_weights.empty()) init_file = std::make_unique<models::SafetensorsFile>(models::SafetensorsFile::open(cfg.strata.init_weights));
+  // The initial weights: strata.init_weights, else a Hugging Face model folder's own (strata.model),
+  // read tensor by tensor into their homes (models/weight_source.h).
+  std::optional<models::WeightSource> init_file;
+  const std::string init_path = initial_weights_path(cfg);
+  if (!init_path.empty()) init_file.emplace(models::WeightSource::open(init_path, model, "strata.init_weights"));
   // A tensor rank's slice is cut from the whole tensor's initial values, so every T starts equal.
   const models::TensorParallelLayout tp_layout = models::tensor_parallel_layout(model, tp.size, tp.rank);
   const auto init = [&](std::size_t g, std::size_t t, std::span<float> out) {

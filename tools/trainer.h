@@ -139,6 +139,9 @@ TrainConfig load_train_config_or_demo(const std::string& path, const std::vector
 // The model a training config describes (strata.model, with the precision's dtype), and whether it
 // asks for activation checkpointing.
 models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpointing);
+// Where the run's initial weights come from: strata.init_weights, else the Hugging Face model
+// folder strata.model names; empty: the default initialization.
+std::string initial_weights_path(const TrainConfig& cfg);
 
 // strata.parallel (engine/parallel_layout.h): the world must factor into data x tensor x pipeline
 // and the model's shape must split that way, before any work. Tensor parallelism runs with the

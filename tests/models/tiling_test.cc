@@ -365,7 +365,7 @@ TEST_P(TilingArch, TiledModelSavesTheUntiledFileAndLoadsItBack) {
   }
   const std::string init_path = dir.file("init.safetensors");
   write_safetensors(init_path, out);
-  const SafetensorsFile init = SafetensorsFile::open(init_path);
+  const WeightSource init = WeightSource::open(init_path, c, "strata.init_weights");
   for (const auto& g : tiled.groups()) {
     for (const auto& t : g.tensors) {
       std::vector<float> got(t.elems()), expect(t.elems());
@@ -425,7 +425,7 @@ TEST_P(TilingArch, NonFiniteInitWeightsAreRefusedNamingTensorAndElement) {
     }
     const std::string path = dir.file("bad.safetensors");
     write_safetensors(path, out);
-    const SafetensorsFile init = SafetensorsFile::open(path);
+    const WeightSource init = WeightSource::open(path, c, "strata.init_weights");
     for (const auto& g : tiled_groups) {
       for (const auto& t : g.tensors) {
         std::vector<float> got(t.elems());

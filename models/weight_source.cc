@@ -1,0 +1,166 @@
+// Weights from a safetensors file or a Hugging Face folder (see models/weight_source.h).
+#include "models/weight_source.h"
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "models/decoder_params.h"
+#include "models/hf_config.h"
+#include "models/hf_names.h"
+
+namespace strata::models {
+
+namespace {
+
+float value_at(const void* data, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::F32: {
+      float v = 0;
+      std::memcpy(&v, static_cast<const float*>(data) + i, sizeof v);
+      return v;
+    }
+    case DType::BF16: return bf16_to_f32(static_cast<const bf16*>(data)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const fp16*>(data)[i]);
+  }
+  return 0;
+}
+
+}  // namespace
+
+WeightSource WeightSource::open(const std::string& path, const ModelConfig& config, std::string what) {
+  WeightSource s;
+  s.path_ = path;
+  s.what_ = std::move(what);
+  std::map<std::string, std::string> index;  // tensor -> shard path, for a sharded folder
+  std::string index_file;
+  if (is_hf_model_folder(path)) {
+    const HfModelFolder folder = open_hf_model_folder(path);
+    s.file_paths_ = folder.weight_files;
+    index = folder.weight_map;
+    index_file = folder.index_file;
+  } else {
+    s.file_paths_ = {path};
+  }
+  for (const std::string& f : s.file_paths_) s.files_.push_back(SafetensorsFile::open(f));
+  const std::vector<HfTensorName> names = hf_tensor_names(config);
+  bool strata_names = false;
+  for (const SafetensorsFile& f : s.files_) strata_names = strata_names || f.find(names.front().strata_name) != nullptr;
+  s.naming_ = strata_names ? WeightNaming::Strata : WeightNaming::HuggingFace;
+  // Every tensor of every file, by the name the model's table uses (HF names normalized).
+  struct Found {
+    std::size_t file;
+    const SafetensorsEntry* entry;
+  };
+  std::map<std::string, Found> by_name;
+  for (std::size_t fi = 0; fi < s.files_.size(); ++fi) {
+    for (const SafetensorsEntry& e : s.files_[fi].tensors()) {
+      if (!index.empty()) {
+        const auto it = index.find(e.name);
+        if (it == index.end() || it->second != s.file_paths_[fi]) continue;  // the index decides which copy counts
+      }
+      const std::string n = strata_names ? e.name : normalize_hf_name(config, e.name);
+      if (!strata_names && is_ignorable_hf_tensor(config, n)) continue;
+      if (const auto prev = by_name.find(n); prev != by_name.end()) {
+        throw FormatError(fmt::format("{} '{}': tensor '{}' is in both '{}' and '{}'", s.what_, path, e.name,
+                                      s.file_paths_[prev->second.file], s.file_paths_[fi]));
+      }
+      by_name[n] = {fi, &e};
+    }
+  }
+  for (const auto& [tensor, shard] : index) {
+    bool held = false;
+    for (std::size_t fi = 0; fi < s.files_.size(); ++fi) held = held || (s.file_paths_[fi] == shard && s.files_[fi].find(tensor));
+    if (!held) {
+      throw FormatError(fmt::format("'{}' maps tensor '{}' to '{}', which does not hold it; the folder's files are "
+                                    "from different downloads",
+                                    index_file, tensor, shard));
+    }
+  }
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const ParamGroupSpec& g : decoder_param_groups(config)) {
+    for (const ParamTensorSpec& t : g.tensors) shapes[t.name] = t.shape;
+  }
+  std::set<std::string> used;
+  for (const HfTensorName& m : names) {
+    const std::string file_name = strata_names ? m.strata_name : m.hf_name;
+    const auto it = by_name.find(file_name);
+    if (it == by_name.end()) {
+      throw FormatError(fmt::format("{} '{}' has no tensor '{}' (model '{}' parameter '{}'); the weights are for "
+                                    "another model or incomplete",
+                                    s.what_, path, file_name, config.name, m.strata_name));
+    }
+    Tensor t{it->second.file, it->second.entry->name, shapes.at(m.strata_name), !strata_names && m.transposed};
+    std::vector<std::int64_t> want = t.shape;
+    if (t.transposed) std::swap(want[0], want[1]);
+    if (it->second.entry->shape != want) {
+      throw FormatError(fmt::format("{} '{}': tensor '{}' has shape {} but model '{}' needs {}", s.what_,
+                                    s.file_paths_[t.file], t.file_name, format_shape(it->second.entry->shape),
+                                    config.name, format_shape(want)));
+    }
+    if (!it->second.entry->dtype) {
+      throw FormatError(fmt::format("{} '{}': tensor '{}' is {}; weights must be F32, BF16 or F16", s.what_,
+                                    s.file_paths_[t.file], t.file_name, it->second.entry->dtype_name));
+    }
+    used.insert(file_name);
+    s.tensors_.emplace(m.strata_name, std::move(t));
+  }
+  for (const auto& [n, found] : by_name) {
+    if (!used.contains(n)) {
+      throw FormatError(fmt::format("{} '{}' has tensor '{}' that model '{}' does not have; check the model (a "
+                                    "different size or architecture)",
+                                    s.what_, s.file_paths_[found.file], found.entry->name, config.name));
+    }
+  }
+  return s;
+}
+
+void WeightSource::read_rows(const std::string& strata_name, DType to, std::int64_t row_begin, std::int64_t row_end,
+                             void* dst) const {
+  const auto it = tensors_.find(strata_name);
+  STRATA_CHECK(it != tensors_.end(), "weights of '{}' have no tensor '{}'", path_, strata_name);
+  const Tensor& t = it->second;
+  const SafetensorsFile& file = files_[t.file];
+  const SafetensorsEntry& e = *file.find(t.file_name);
+  std::int64_t row_elems = 1;
+  for (std::size_t d = 1; d < t.shape.size(); ++d) row_elems *= t.shape[d];
+  STRATA_CHECK(row_begin >= 0 && row_begin <= row_end && row_end <= t.shape[0], "rows [{}, {}) of '{}' ({} rows)",
+               row_begin, row_end, strata_name, t.shape[0]);
+  const std::size_t esize = dtype_bytes(to), n = static_cast<std::size_t>((row_end - row_begin) * row_elems);
+  if (!t.transposed) {
+    file.read_rows(e, to, row_begin, row_end, dst);
+  } else {  // a GPT-2 Conv1D [in, out]: the whole tensor, then rows of its transpose
+    const std::int64_t in = t.shape[1];
+    std::vector<std::uint8_t> whole(static_cast<std::size_t>(t.shape[0] * in) * esize);
+    file.read(e, to, whole.data());
+    auto* out = static_cast<std::uint8_t*>(dst);
+    for (std::int64_t r = row_begin; r < row_end; ++r) {
+      for (std::int64_t c = 0; c < in; ++c) {
+        std::memcpy(out + static_cast<std::size_t>((r - row_begin) * in + c) * esize,
+                    whole.data() + static_cast<std::size_t>(c * t.shape[0] + r) * esize, esize);
+      }
+    }
+  }
+  // Weights are where training starts or what eval scores: a NaN or infinity makes every loss NaN
+  // and every step skip, so it is refused here, naming the tensor and the element.
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = value_at(dst, to, i);
+    if (std::isfinite(v)) continue;
+    const std::size_t whole_index = static_cast<std::size_t>(row_begin * row_elems) + i;
+    throw FormatError(fmt::format("{} '{}': tensor '{}' element {} is {}; weights must be finite numbers; the file is "
+                                  "damaged or from a run that diverged",
+                                  what_, file_paths_[t.file], t.file_name, whole_index, v));
+  }
+}
+
+void WeightSource::read(const std::string& strata_name, DType to, void* dst) const {
+  const auto it = tensors_.find(strata_name);
+  STRATA_CHECK(it != tensors_.end(), "weights of '{}' have no tensor '{}'", path_, strata_name);
+  read_rows(strata_name, to, 0, it->second.shape.empty() ? 1 : it->second.shape[0], dst);
+}
+
+}  // namespace strata::models
