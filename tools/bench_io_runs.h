@@ -1,12 +1,9 @@
-// One timed run of a `strata bench io` row (tools/bench_io.cc): through Strata's I/O engine, every
-// path streaming its test file with qd requests of bs bytes in flight, or through fio with the same
-// parameters on the same files. The matrix, the buffers, the file state and the printing are
-// bench_io.cc's.
+// A row of `strata bench io` (tools/bench_io.cc), its test files, and the row run through fio with
+// the same parameters on the same files. Strata's side is tools/bench_io_workload.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -21,13 +18,6 @@ struct Row {
   unsigned qd = 0;
 };
 
-struct RunResult {
-  double gbps = 0;
-  double iops = 0;
-  double p50_us = 0;
-  double p99_us = 0;
-};
-
 struct TestFile {
   std::string dir;
   std::string path;
@@ -35,13 +25,20 @@ struct TestFile {
   offload::FileId id = -1;
 };
 
-// One Strata run of `row` (blocks in order, or shuffled with `seed` for the random rows): GB/s,
-// IOPS and the p50/p99 latency of one request.
-RunResult run_strata(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer,
-                     const Row& row, std::uint64_t file_bytes, std::uint32_t seed);
+// What fio runs besides the row: the read share of randrw (--rwmixread), a time (0: one pass of
+// the file) and extra options from --fio-option.
+struct FioJob {
+  unsigned read_percent = 100;
+  double time_s = 0;
+  std::vector<std::string> extra_options;
+};
 
-// Runs fio with the row's parameters on the same files; returns its GB/s (1e9 bytes/s).
-double run_fio(const std::vector<TestFile>& files, const Row& row, std::uint64_t file_bytes,
-               const std::vector<std::string>& extra_options);
+struct FioResult {
+  double gbps = 0;         // reads + writes, 1e9 bytes/s
+  double cpu_s_per_gb = 0;  // fio's usr + sys CPU over its run, per GB moved
+};
+
+// Runs fio with the row's parameters on the same files.
+FioResult run_fio(const std::vector<TestFile>& files, const Row& row, std::uint64_t file_bytes, const FioJob& job);
 
 }  // namespace strata::tools::bench_io
