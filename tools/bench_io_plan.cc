@@ -143,7 +143,6 @@ void check_combinations(const BenchIoArgs& a, const BenchPlan& p) {
   auto any_row = [&](auto pred) { return std::any_of(p.rows.begin(), p.rows.end(), pred); };
   const bool timed = p.time.count() > 0;
   if (!timed && !a.ramp.empty()) throw ConfigError("--ramp needs --time (a ramp is the start of a timed run)");
-  if (!timed && !a.steady_state.empty()) throw ConfigError("--steady-state needs --time (the longest the run may take)");
   if (a.mix >= 0 && !any_row([](const Row& r) { return r.rw == "randrw"; })) {
     throw ConfigError("--mix is the read share of --rw randrw; add randrw to --rw or drop --mix");
   }
@@ -222,17 +221,19 @@ BenchPlan make_plan(const BenchIoArgs& a) {
     throw ConfigError("--interval-log needs intervals: give --time (or --interval)");
   }
   if (!a.steady_state.empty()) {
+    if (p.time.count() == 0) throw ConfigError("--steady-state needs --time (the longest the run may take)");
+    const double bound = parse_bound(a.steady_state);
     p.steady_window = parse_duration(a.steady_window, "--steady-window");
     const auto window = static_cast<std::size_t>(p.steady_window / p.interval);
     if (window < 3) {
       throw ConfigError(fmt::format("--steady-window {} holds {} intervals of --interval; the test needs at least 3",
                                     a.steady_window, window));
     }
-    if (p.time.count() > 0 && p.steady_window >= p.time) {
+    if (p.steady_window >= p.time) {
       throw ConfigError("--steady-window is as long as --time; the run would end before the test could pass; "
                         "raise --time or lower --steady-window");
     }
-    p.steady = SteadySpec{parse_bound(a.steady_state), window};
+    p.steady = SteadySpec{bound, window};
   }
   if (a.mix >= 0) {
     if (a.mix > 100) throw ConfigError(fmt::format("--mix {}: use the read share in percent, 0..100", a.mix));
