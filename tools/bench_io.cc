@@ -19,11 +19,12 @@
 // the median of the per-pair ratios. The engine defaults are the ones Strata uses for swapping;
 // --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers expose the
 // choices of Note [Request size and merging] (offload/uring_engine.cc) so their effect can be
-// measured, and --file-state the state of the blocks under the file (Note [Bench file state]),
-// given to Strata and fio alike. Strata's buffers are 2 MiB huge pages (Note [Bench buffers]) and
-// fio's are its default malloc'd memory, which on a disk like the one of that Note is most of the
-// difference; --fio-option passes extra options to every fio job (e.g. --mem=shmhuge, with
-// hugetlb pages reserved in /proc/sys/vm/nr_hugepages) to measure fio with huge pages too.
+// measured, and --file-state the state of the blocks under the file (Note [Bench file state] in
+// tools/bench_io_files.h), given to Strata and fio alike. Strata's buffers are 2 MiB huge pages
+// (Note [Bench buffers], there) and fio's are its default malloc'd memory, which on a disk like
+// the one of that Note is most of the difference; --fio-option passes extra options to every fio
+// job (e.g. --mem=shmhuge, with hugetlb pages reserved in /proc/sys/vm/nr_hugepages) to measure
+// fio with huge pages too.
 #include <unistd.h>
 
 #include <chrono>

@@ -11,14 +11,7 @@
 # Usage: bench_io_stress_test.sh STRATA_BINARY WORKDIR
 set -euo pipefail
 strata="$1"; work="$2"
-rm -rf "$work"; mkdir -p "$work"
-fail=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAILED: $1"; fail=1; }
-doctor=$("$strata" doctor --dir "$work" || true)  # exits 1 when any check fails
-if grep -q '^FAIL *o_direct' <<<"$doctor"; then
-  echo "skipped: $work does not support O_DIRECT"; exit 77
-fi
+source "$(dirname "$0")/bench_io_common.sh"
 bench() { "$strata" --log-level warn bench io --dir "$work" "$@"; }
 # check DESCRIPTION PYTHON-EXPRESSION: evaluates the expression over `rows` (the JSON lines of $out
 # without "interval") and `ivs` (those with it).
@@ -77,16 +70,6 @@ else
   echo "skipped: --vs-fio (fio is not installed)"
 fi
 
-refuse() {  # description, expected text, args...
-  local what="$1" want="$2"; shift 2
-  local msg rc=0
-  msg=$("$strata" bench io --dir "$work" --size 8M "$@" 2>&1) || rc=$?
-  if [ "$rc" = 1 ] && grep -q -- "$want" <<<"$msg" && [ "$(wc -l <<<"$msg")" = 1 ]; then
-    ok "refused $what: $msg"
-  else
-    bad "$what: exit $rc, message: $msg"
-  fi
-}
 refuse "a bad --time" "--time '10x'" --time 10x
 refuse "--ramp without --time" "--ramp needs --time" --ramp 1s
 refuse "--steady-state without --time" "--steady-state needs --time" --steady-state 5%
