@@ -168,15 +168,15 @@ void check_combinations(const BenchIoArgs& a, const BenchPlan& p) {
     }
     if (a.pairs < 3) throw ConfigError("--pairs: at least 3 alternating pairs are needed for a median");
   }
-  if (timed) {
-    for (const Row& r : p.rows) {
-      const std::uint64_t blocks = p.file_bytes / r.bs_bytes / (is_concurrent(r.rw) ? 2 : 1);
-      const unsigned qd = std::max({r.qd, a.read_qd, a.write_qd});
-      if (blocks <= qd) {
+  // Timed groups draw blocks while others are in flight and skip busy ones, so each needs more
+  // blocks than requests in flight.
+  for (const Row& r : timed ? p.rows : std::vector<Row>{}) {
+    for (const Group& g : row_groups(p, a, r)) {
+      if (g.blocks <= g.qd) {
         throw ConfigError(fmt::format("--size: a timed {} row of --bs {} has {} blocks per file{}, not more than its "
-                                      "queue depth {}; raise --size or lower --qd",
-                                      r.rw, format_bytes(r.bs_bytes), blocks,
-                                      is_concurrent(r.rw) ? " half" : "", qd));
+                                      "queue depth {}; raise --size or lower the queue depth",
+                                      r.rw, format_bytes(r.bs_bytes), g.blocks,
+                                      is_concurrent(r.rw) ? " half" : "", g.qd));
       }
     }
   }
