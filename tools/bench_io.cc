@@ -112,6 +112,19 @@ void verify_at_end(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte
   report.extra["verified_at_end"] = back.verified_blocks;
 }
 
+// With --vs-fio: the memory each side moved the data through, since the page size of fio's
+// buffers is most of the difference on a disk like that of Note [Bench buffers]. Both hold one
+// buffer of bs per request in flight; fio's come from malloc unless --fio-option sets --mem.
+void describe_buffers(const BenchIoArgs& a, const Row& row, unsigned total_qd, RowReport& report) {
+  std::string fio_mem = "malloc";
+  for (const auto& o : a.fio_options) {
+    if (o.rfind("--mem=", 0) == 0 || o.rfind("--iomem=", 0) == 0) fio_mem = o.substr(o.find('=') + 1);
+  }
+  report.extra["buffer_bytes"] = std::size_t{total_qd} * row.bs_bytes * report.paths;
+  report.extra["buffer_pages"] = report.huge ? "2 MiB (THP)" : "4 KiB";
+  report.extra["fio_mem"] = fio_mem;
+}
+
 // Runs one row on a fresh engine. `written`: every test file holds written data (Note [Bench
 // file state]); the row prefills the files when it needs that and clears it when a timed write
 // pass may have left them partial.
@@ -186,6 +199,7 @@ RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
                     rr.gbps(), report.fio.back().gbps);
     }
   }
+  if (a.vs_fio) describe_buffers(a, row, total_qd, report);
   if (p.verify) verify_at_end(*engine, s, buf, row, total_qd, maps, report);
   for (auto& f : files) engine->unregister_file(f.id);
   engine.reset();

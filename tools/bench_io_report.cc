@@ -104,6 +104,12 @@ void print_row(const RowReport& r, bool json) {
     for (const char* op : {"read", "write"}) {
       if (j.contains(op)) line(fmt::format("- {}", op), j.at(op), -1, "");
     }
+    if (r.extra.contains("fio_mem")) {
+      fmt::print("{:>16} Strata {} on {} pages, fio the same bytes from its --mem={}; fio's CPU {:.3f} s/GB\n",
+                 "buffers", format_bytes(r.extra.at("buffer_bytes").get<std::size_t>()),
+                 r.extra.at("buffer_pages").get<std::string>(), r.extra.at("fio_mem").get<std::string>(),
+                 median(fio_cpu));
+    }
     if (r.extra.contains("steady")) fmt::print("{:>16} {}\n", "steady state", r.extra.at("steady").dump());
     if (r.extra.contains("verified_at_end")) {
       fmt::print("{:>16} {} blocks checked during the run and {} read back at the end, all good\n", "verify",

@@ -64,8 +64,8 @@ done
 
 if command -v fio >/dev/null; then
   out=$(bench --size 16M --bs 64K --qd 4 --rw randrw --mix 70 --time 1s --vs-fio --pairs 3 --json)
-  check "--vs-fio on a timed randrw row: fio's GB/s and CPU s/GB beside Strata's" \
-    'rows[0]["fio_gbps"] > 0 and rows[0]["ratio"] > 0 and rows[0]["fio_cpu_s_per_gb"] >= 0 and len(rows[0]["fio_runs_gbps"]) == 3'
+  check "--vs-fio on a timed randrw row: fio's GB/s, CPU s/GB and buffer memory beside Strata's" \
+    'rows[0]["fio_gbps"] > 0 and rows[0]["ratio"] > 0 and rows[0]["fio_cpu_s_per_gb"] >= 0 and len(rows[0]["fio_runs_gbps"]) == 3 and rows[0]["buffer_bytes"] == 4 * 65536 and rows[0]["fio_mem"] == "malloc"'
 else
   echo "skipped: --vs-fio (fio is not installed)"
 fi
