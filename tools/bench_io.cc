@@ -49,9 +49,8 @@
 #include "tools/commands.h"
 
 namespace strata::tools {
+namespace bench_io {
 namespace {
-
-using namespace bench_io;  // NOLINT(google-build-using-namespace): this file is the command of that namespace
 
 // What the bench measures the rows with, set up once.
 struct BenchSetup {
@@ -246,6 +245,7 @@ int run_bench_io(const BenchIoArgs& a) {
 }
 
 }  // namespace
+}  // namespace bench_io
 
 void register_bench_io(CLI::App& bench, CommandTable& table) {
   auto args = std::make_shared<bench_io::BenchIoArgs>();
@@ -309,7 +309,7 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
   cmd->add_flag("--histogram", args->histogram, "add the latency histogram to each JSON row");
   // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify]).
   cmd->add_option("--inject-fault", args->inject_fault)->group("");
-  table[cmd] = [args]() -> int { return run_bench_io(*args); };
+  table[cmd] = [args]() -> int { return bench_io::run_bench_io(*args); };
 }
 
 }  // namespace strata::tools

@@ -87,8 +87,10 @@ class Workload {
       const bool now_steady = steady && !rep.ramp &&
                               steady->add(static_cast<double>(r.bytes + w.bytes) / rep.seconds / 1e9);
       last_tick = now;
-      // A late wake-up (a busy machine) skips the ticks it missed rather than reporting slivers.
-      while (tick <= now) tick += spec_.interval;
+      // After a late wake-up (a busy machine) the next interval starts from now, a whole interval
+      // long, rather than a sliver up to the missed tick; each report carries its own length.
+      tick += spec_.interval;
+      if (tick <= now) tick = now + spec_.interval;
       lock.lock();
       if (now_steady && !result_.steady) {
         result_.steady = true;

@@ -26,9 +26,10 @@ sys.exit(0 if eval(sys.argv[1]) else 1)' "$2" <<<"$out"; then ok "$1"; else bad 
 
 # Sustained: intervals of 250 ms over 2 s, as JSON lines and in the log file.
 out=$(bench --size 32M --bs 256K --qd 4 --rw write --time 2s --interval 250ms --interval-log "$work/iv.jsonl" --json)
-check "timed write: 6+ intervals with positive GB/s, one summary row of time_s 2" \
-  'len(ivs) >= 6 and all(i["gbps"] > 0 and i["t_s"] > 0 for i in ivs) and len(rows) == 1 and rows[0]["time_s"] == 2 and rows[0]["seconds"] >= 1.5'
-[ "$(grep -c '"interval"' "$work/iv.jsonl")" -ge 6 ] && ok "--interval-log holds the intervals" || bad "--interval-log: $(cat "$work/iv.jsonl")"
+# A busy machine may wake the reporter late (a longer interval), so the count is a lower bound.
+check "timed write: intervals with positive GB/s covering the run, one summary row of time_s 2" \
+  'len(ivs) >= 4 and all(i["gbps"] > 0 and i["seconds"] >= 0.12 for i in ivs) and sum(i["seconds"] for i in ivs) >= 1.5 and len(rows) == 1 and rows[0]["time_s"] == 2 and rows[0]["seconds"] >= 1.5'
+[ "$(grep -c '"interval"' "$work/iv.jsonl")" -ge 4 ] && ok "--interval-log holds the intervals" || bad "--interval-log: $(cat "$work/iv.jsonl")"
 text=$(bench --size 32M --bs 256K --qd 4 --rw read --time 1s --interval 200ms)
 [ "$(grep -c 's [0-9]* IOPS [0-9.]* GB/s p99' <<<"$text")" -ge 3 ] && ok "a plain line per interval when stdout is not a terminal" || bad "interval lines: $text"
 
