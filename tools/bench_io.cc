@@ -124,6 +124,18 @@ void describe_buffers(const BenchIoArgs& a, const Row& row, unsigned total_qd, R
   report.extra["fio_mem"] = fio_mem;
 }
 
+// fio's jobs for the row: one per group, on the same blocks with the same queue depth.
+FioJob fio_job(const BenchIoArgs& a, const BenchPlan& p, const Row& row, const std::vector<Group>& groups) {
+  FioJob job{{}, p.mix, seconds_of(p.time), a.fio_options};
+  std::vector<std::string> kinds = {row.rw};
+  if (groups.size() == 2) kinds = {row.rw.substr(0, row.rw.find('+')), row.rw.substr(row.rw.find('+') + 1)};
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    const Group& g = groups[k];
+    job.parts.push_back(FioPart{kinds[k], g.qd, g.first_block * row.bs_bytes, g.blocks * row.bs_bytes});
+  }
+  return job;
+}
+
 // Runs one row on a fresh engine. `written`: every test file holds written data (Note [Bench
 // file state]); the row prefills the files when it needs that and clears it when a timed write
 // pass may have left them partial.
@@ -193,7 +205,7 @@ RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
     }
     if (a.vs_fio) {
       if (reallocate_each) reallocate(files, p.file_bytes);
-      report.fio.push_back(run_fio(files, row, p.file_bytes, FioJob{p.mix, seconds_of(p.time), a.fio_options}));
+      report.fio.push_back(run_fio(files, row, fio_job(a, p, row, groups)));
       spdlog::debug("{} bs={} qd={} pair {}: strata {:.3f} GB/s, fio {:.3f} GB/s", row.rw, row.bs_bytes, row.qd, i,
                     rr.gbps(), report.fio.back().gbps);
     }

@@ -163,9 +163,6 @@ void check_combinations(const BenchIoArgs& a, const BenchPlan& p) {
     if (a.verify) throw ConfigError("--vs-fio compares engines on equal work; run --verify without --vs-fio");
     if (p.steady) throw ConfigError("--vs-fio needs runs of equal length; drop --steady-state (or --vs-fio)");
     if (timed && !a.ramp.empty()) throw ConfigError("--vs-fio does not pass --ramp to fio; drop --ramp (or --vs-fio)");
-    if (any_row([](const Row& r) { return is_concurrent(r.rw); })) {
-      throw ConfigError("--vs-fio has no fio job for readers+writers rows; drop --vs-fio or the A+B rows of --rw");
-    }
     if (a.pairs < 3) throw ConfigError("--pairs: at least 3 alternating pairs are needed for a median");
   }
   // Timed groups draw blocks while others are in flight and skip busy ones, so each needs more

@@ -12,25 +12,29 @@
 #include "core/error.h"
 
 namespace strata::tools::bench_io {
-FioResult run_fio(const std::vector<TestFile>& files, const Row& row, std::uint64_t file_bytes, const FioJob& job) {
+FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJob& job) {
   const auto& extra_options = job.extra_options;
   std::vector<std::string> args = {"fio", "--output-format=json", "--group_reporting"};
   for (std::size_t i = 0; i < files.size(); ++i) {
-    args.push_back(fmt::format("--name=strata{}", i));
-    args.push_back("--filename=" + files[i].path);
-    args.push_back(fmt::format("--size={}", file_bytes));
-    args.push_back(fmt::format("--bs={}", row.bs_bytes));
-    args.push_back(fmt::format("--iodepth={}", row.qd));
-    args.push_back("--rw=" + row.rw);
-    args.push_back("--direct=1");
-    args.push_back("--ioengine=io_uring");
-    if (row.rw == "randrw") args.push_back(fmt::format("--rwmixread={}", job.read_percent));
-    if (job.time_s > 0) {
-      args.push_back("--time_based");
-      args.push_back(fmt::format("--runtime={}s", job.time_s));
-      args.push_back("--norandommap");  // as Strata's timed runs: blocks drawn uniformly
+    for (std::size_t k = 0; k < job.parts.size(); ++k) {
+      const FioPart& part = job.parts[k];
+      args.push_back(fmt::format("--name=strata{}.{}", i, k));
+      args.push_back("--filename=" + files[i].path);
+      args.push_back(fmt::format("--offset={}", part.offset_bytes));
+      args.push_back(fmt::format("--size={}", part.bytes));
+      args.push_back(fmt::format("--bs={}", row.bs_bytes));
+      args.push_back(fmt::format("--iodepth={}", part.qd));
+      args.push_back("--rw=" + part.rw);
+      args.push_back("--direct=1");
+      args.push_back("--ioengine=io_uring");
+      if (part.rw == "randrw") args.push_back(fmt::format("--rwmixread={}", job.read_percent));
+      if (job.time_s > 0) {
+        args.push_back("--time_based");
+        args.push_back(fmt::format("--runtime={}s", job.time_s));
+        args.push_back("--norandommap");  // as Strata's timed runs: blocks drawn uniformly
+      }
+      for (const auto& o : extra_options) args.push_back(o);
     }
-    for (const auto& o : extra_options) args.push_back(o);
   }
   int pipefd[2];
   STRATA_CHECK_ERRNO(::pipe(pipefd));

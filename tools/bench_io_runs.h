@@ -25,9 +25,19 @@ struct TestFile {
   offload::FileId id = -1;
 };
 
-// What fio runs besides the row: the read share of randrw (--rwmixread), a time (0: one pass of
-// the file) and extra options from --fio-option.
+// One fio job per file and part: a whole row is one part over the whole file; readers+writers
+// rows are two parts at once (fio's own jobs), each on its half with its own queue depth.
+struct FioPart {
+  std::string rw;  // read, write, randread, randwrite, randrw
+  unsigned qd = 1;
+  std::uint64_t offset_bytes = 0;
+  std::uint64_t bytes = 0;
+};
+
+// What fio runs: the parts, the read share of randrw (--rwmixread), a time (0: one pass of each
+// part) and extra options from --fio-option.
 struct FioJob {
+  std::vector<FioPart> parts;
   unsigned read_percent = 100;
   double time_s = 0;
   std::vector<std::string> extra_options;
@@ -39,6 +49,6 @@ struct FioResult {
 };
 
 // Runs fio with the row's parameters on the same files.
-FioResult run_fio(const std::vector<TestFile>& files, const Row& row, std::uint64_t file_bytes, const FioJob& job);
+FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJob& job);
 
 }  // namespace strata::tools::bench_io

@@ -67,6 +67,9 @@ if command -v fio >/dev/null; then
   out=$(bench --size 16M --bs 64K --qd 4 --rw randrw --mix 70 --time 1s --vs-fio --pairs 3 --json)
   check "--vs-fio on a timed randrw row: fio's GB/s, CPU s/GB and buffer memory beside Strata's" \
     'rows[0]["fio_gbps"] > 0 and rows[0]["ratio"] > 0 and rows[0]["fio_cpu_s_per_gb"] >= 0 and len(rows[0]["fio_runs_gbps"]) == 3 and rows[0]["buffer_bytes"] == 4 * 65536 and rows[0]["fio_mem"] == "malloc"'
+  out=$(bench --size 16M --bs 64K --qd 2 --rw read+write --read-qd 4 --vs-fio --pairs 3 --json)
+  check "--vs-fio on a read+write row: fio runs readers and writers as two jobs" \
+    'rows[0]["fio_gbps"] > 0 and rows[0]["read_qd"] == 4 and rows[0]["buffer_bytes"] == 6 * 65536'
 else
   echo "skipped: --vs-fio (fio is not installed)"
 fi
@@ -85,7 +88,6 @@ refuse "--precondition on reads only" "--precondition prepares" --precondition -
 refuse "--precondition with --file-state fallocated" "--precondition writes" --precondition --rw write --file-state fallocated
 refuse "--verify with --file-state fallocated" "--verify needs written" --verify --file-state fallocated
 refuse "--verify with --vs-fio" "run --verify without --vs-fio" --verify --vs-fio
-refuse "--vs-fio with read+write" "--vs-fio has no fio job" --vs-fio --rw read+write
 refuse "--inject-fault without --verify" "--inject-fault tests --verify" --inject-fault flip
 refuse "an unknown --inject-fault" "--inject-fault 'melt'" --verify --inject-fault melt
 refuse "a timed row with too few blocks" "--size: a timed write row of --bs 4.00 MiB has 2 blocks" --time 1s --rw write --bs 4M --qd 4
