@@ -14,9 +14,9 @@
 // (Note [Bench verify] in tools/bench_io_verify.h), then reads the whole file back.
 //
 // With --vs-fio it runs fio on the same file with the same parameters (direct=1,
-// ioengine=io_uring, one job per path) alternately with Strata (A B A B, at least 3 pairs,
-// because this kind of disk drifts between runs: docs/MEASUREMENTS.md) and prints the medians and
-// the median of the per-pair ratios. The engine defaults are the ones Strata uses for swapping;
+// ioengine=io_uring, one job per path and group) alternately with Strata (A B A B, at least 3
+// pairs, because this kind of disk drifts between runs: docs/MEASUREMENTS.md) and prints the
+// medians, the median of the per-pair ratios and fio's latency, CPU and buffers beside Strata's. The engine defaults are the ones Strata uses for swapping;
 // --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers expose the
 // choices of Note [Request size and merging] (offload/uring_engine.cc) so their effect can be
 // measured, and --file-state the state of the blocks under the file (Note [Bench file state] in

@@ -33,6 +33,14 @@ std::string op_text(const char* name, const nlohmann::json& j) {
   return fmt::format("{} {:.3f} GB/s p99 {:.0f} us", name, j.at("gbps").get<double>(), j.at("p99_us").get<double>());
 }
 
+// fio's run whose GB/s is the median, as median_run.
+const FioResult& median_fio(const std::vector<FioResult>& runs) {
+  std::vector<std::size_t> idx(runs.size());
+  std::iota(idx.begin(), idx.end(), std::size_t{0});
+  std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return runs[a].gbps < runs[b].gbps; });
+  return runs[idx[(idx.size() - 1) / 2]];
+}
+
 }  // namespace
 
 nlohmann::json ops_json(const OpStats& read, const OpStats& write, double seconds, double read_seconds,
@@ -89,6 +97,7 @@ void print_row(const RowReport& r, bool json) {
       j["strata_runs_gbps"] = gbps;
       j["fio_runs_gbps"] = fio_gbps;
       j["fio_cpu_s_per_gb"] = median(fio_cpu);
+      j["fio_latency"] = median_fio(r.fio).latency;
     }
     fmt::print("{}\n", j.dump());
   } else {
@@ -109,6 +118,13 @@ void print_row(const RowReport& r, bool json) {
                  "buffers", format_bytes(r.extra.at("buffer_bytes").get<std::size_t>()),
                  r.extra.at("buffer_pages").get<std::string>(), r.extra.at("fio_mem").get<std::string>(),
                  median(fio_cpu));
+    }
+    if (!r.fio.empty()) {
+      for (const auto& [op, l] : median_fio(r.fio).latency.items()) {
+        fmt::print("{:>16} p50 {:.0f} us, p99 {:.0f} us, p99.9 {:.0f} us, max {:.0f} us\n", "fio " + op,
+                   l.at("p50_us").get<double>(), l.at("p99_us").get<double>(), l.at("p99_9_us").get<double>(),
+                   l.at("max_us").get<double>());
+      }
     }
     if (r.extra.contains("steady")) fmt::print("{:>16} {}\n", "steady state", r.extra.at("steady").dump());
     if (r.extra.contains("verified_at_end")) {

@@ -27,6 +27,8 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
       args.push_back("--rw=" + part.rw);
       args.push_back("--direct=1");
       args.push_back("--ioengine=io_uring");
+      args.push_back("--lat_percentiles=1");
+      args.push_back("--percentile_list=50:99:99.9");
       if (part.rw == "randrw") args.push_back(fmt::format("--rwmixread={}", job.read_percent));
       if (job.time_s > 0) {
         args.push_back("--time_based");
@@ -71,19 +73,31 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
   const auto brace = out.find('{');
   if (brace == std::string::npos) throw Error("fio printed no JSON result");
   auto j = nlohmann::json::parse(out.substr(brace));
+  FioResult result;
   double bytes_per_s = 0, bytes = 0, cpu_s = 0;
   for (const auto& j1 : j.at("jobs")) {
     double job_bytes = 0;
     for (const char* op : {"read", "write"}) {
-      bytes_per_s += j1.at(op).at("bw_bytes").get<double>();
-      job_bytes += j1.at(op).at("io_bytes").get<double>();
+      const auto& o = j1.at(op);
+      bytes_per_s += o.at("bw_bytes").get<double>();
+      job_bytes += o.at("io_bytes").get<double>();
+      if (o.at("total_ios").get<double>() > 0 && o.contains("lat_ns") && o.at("lat_ns").contains("percentile")) {
+        const auto& lat = o.at("lat_ns");
+        const auto& pct = lat.at("percentile");
+        result.latency[op] = {{"p50_us", pct.at("50.000000").get<double>() / 1e3},
+                              {"p99_us", pct.at("99.000000").get<double>() / 1e3},
+                              {"p99_9_us", pct.at("99.900000").get<double>() / 1e3},
+                              {"max_us", lat.at("max").get<double>() / 1e3}};
+      }
     }
     bytes += job_bytes;
     // usr_cpu and sys_cpu are percent of one CPU over the job's runtime (ms).
     const double runtime_s = j1.at("job_runtime").get<double>() / 1e3;
     cpu_s += (j1.at("usr_cpu").get<double>() + j1.at("sys_cpu").get<double>()) / 100 * runtime_s;
   }
-  return FioResult{bytes_per_s / 1e9, bytes > 0 ? cpu_s / (bytes / 1e9) : 0};
+  result.gbps = bytes_per_s / 1e9;
+  result.cpu_s_per_gb = bytes > 0 ? cpu_s / (bytes / 1e9) : 0;
+  return result;
 }
 
 }  // namespace strata::tools::bench_io

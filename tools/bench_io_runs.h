@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "offload/file.h"
 #include "offload/io_engine.h"
 
@@ -46,6 +48,9 @@ struct FioJob {
 struct FioResult {
   double gbps = 0;         // reads + writes, 1e9 bytes/s
   double cpu_s_per_gb = 0;  // fio's usr + sys CPU over its run, per GB moved
+  // Per operation that ran ("read", "write"): p50_us, p99_us, p99_9_us, max_us of fio's total
+  // latency (submission to completion, as Strata's figures).
+  nlohmann::json latency = nlohmann::json::object();
 };
 
 // Runs fio with the row's parameters on the same files.

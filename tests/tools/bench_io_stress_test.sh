@@ -65,8 +65,8 @@ done
 
 if command -v fio >/dev/null; then
   out=$(bench --size 16M --bs 64K --qd 4 --rw randrw --mix 70 --time 1s --vs-fio --pairs 3 --json)
-  check "--vs-fio on a timed randrw row: fio's GB/s, CPU s/GB and buffer memory beside Strata's" \
-    'rows[0]["fio_gbps"] > 0 and rows[0]["ratio"] > 0 and rows[0]["fio_cpu_s_per_gb"] >= 0 and len(rows[0]["fio_runs_gbps"]) == 3 and rows[0]["buffer_bytes"] == 4 * 65536 and rows[0]["fio_mem"] == "malloc"'
+  check "--vs-fio on a timed randrw row: fio's GB/s, CPU s/GB, latency per operation and buffer memory beside Strata's" \
+    'rows[0]["fio_gbps"] > 0 and rows[0]["ratio"] > 0 and rows[0]["fio_cpu_s_per_gb"] >= 0 and len(rows[0]["fio_runs_gbps"]) == 3 and rows[0]["buffer_bytes"] == 4 * 65536 and rows[0]["fio_mem"] == "malloc" and all(rows[0]["fio_latency"][op]["p99_us"] >= rows[0]["fio_latency"][op]["p50_us"] > 0 for op in ("read", "write"))'
   out=$(bench --size 16M --bs 64K --qd 2 --rw read+write --read-qd 4 --vs-fio --pairs 3 --json)
   check "--vs-fio on a read+write row: fio runs readers and writers as two jobs" \
     'rows[0]["fio_gbps"] > 0 and rows[0]["read_qd"] == 4 and rows[0]["buffer_bytes"] == 6 * 65536'
