@@ -21,24 +21,25 @@ double median(std::vector<double> v) {
 }
 
 // The run whose GB/s is the median (the lower middle one of an even count).
-const WorkloadResult& median_run(const std::vector<WorkloadResult>& runs) {
+template <typename Run, typename Gbps>
+const Run& median_by_gbps(const std::vector<Run>& runs, Gbps gbps) {
   std::vector<std::size_t> idx(runs.size());
   std::iota(idx.begin(), idx.end(), std::size_t{0});
-  std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return runs[a].gbps() < runs[b].gbps(); });
+  std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return gbps(runs[a]) < gbps(runs[b]); });
   return runs[idx[(idx.size() - 1) / 2]];
+}
+
+const WorkloadResult& median_run(const std::vector<WorkloadResult>& runs) {
+  return median_by_gbps(runs, [](const WorkloadResult& r) { return r.gbps(); });
+}
+
+const FioResult& median_fio(const std::vector<FioResult>& runs) {
+  return median_by_gbps(runs, [](const FioResult& r) { return r.gbps; });
 }
 
 // Short enough that the live line fits a terminal with both operations on it.
 std::string op_text(const char* name, const nlohmann::json& j) {
   return fmt::format("{} {:.3f} GB/s p99 {:.0f} us", name, j.at("gbps").get<double>(), j.at("p99_us").get<double>());
-}
-
-// fio's run whose GB/s is the median, as median_run.
-const FioResult& median_fio(const std::vector<FioResult>& runs) {
-  std::vector<std::size_t> idx(runs.size());
-  std::iota(idx.begin(), idx.end(), std::size_t{0});
-  std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return runs[a].gbps < runs[b].gbps; });
-  return runs[idx[(idx.size() - 1) / 2]];
 }
 
 }  // namespace
