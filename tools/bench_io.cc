@@ -1,32 +1,36 @@
-// `strata bench io`: NVMe bandwidth, IOPS and latency of Strata's I/O engine, beside fio.
+// `strata bench io`: NVMe bandwidth, IOPS and latency of Strata's I/O engine, beside fio, and the
+// drive's behaviour under sustained, mixed and verified load.
 //
-// For every row of the matrix rw x bs x qd it streams --size bytes of each path's test file
-// through the engine with qd requests of bs bytes in flight per path (sequential or a random
-// permutation of the blocks), and prints GB/s (1e9 bytes/s), IOPS and the p50/p99 latency of one
-// request (submit to completion). With --vs-fio it runs fio on the same file with the same
-// parameters (direct=1, ioengine=io_uring, one job per path) alternately with Strata (A B A B, at
-// least 3 pairs, because this kind of disk drifts between runs: docs/MEASUREMENTS.md) and prints
-// the medians and the median of the per-pair ratios. The engine defaults are the ones Strata uses
-// for swapping; --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers
-// expose the choices of Note [Request size and merging] (offload/uring_engine.cc) so their effect
-// can be measured, and --file-state the state of the blocks under the file (Note [Bench file
-// state]), given to Strata and fio alike. Strata's buffers are 2 MiB huge pages (as BufferPool's;
-// 4 KiB pages for small random writes, Note [Bench buffers]) and fio's are its default malloc'd
-// memory, which on a disk like the one of that Note is most of the difference; --fio-option
-// passes extra options to every fio job (e.g. --mem=shmhuge, with hugetlb pages reserved in
-// /proc/sys/vm/nr_hugepages) to measure fio with huge pages too.
-#include <fcntl.h>
-#include <linux/falloc.h>
+// For every row of the matrix rw x bs x qd it keeps qd requests of bs bytes in flight per path
+// through the engine (tools/bench_io_workload.h), either for one pass over each path's test file
+// of --size (sequential or a random permutation of the blocks) or, with --time, for that long over
+// the same working set, with a line per --interval and an optional stop at steady state. It prints
+// GB/s (1e9 bytes/s), IOPS, latency percentiles of one request (submit to completion) and the
+// process's CPU seconds per GB. randrw draws reads and writes per request (--mix: read percent);
+// "read+write" runs readers and writers at once on the two halves of each file, each with its own
+// queue depth, as the offload pipeline reads ahead and writes behind, and reports them apart.
+// --precondition fills the file sequentially and overwrites it randomly before a write row, so a
+// drive is measured out of its fresh state; --verify stamps every block and checks every read
+// (Note [Bench verify] in tools/bench_io_verify.h), then reads the whole file back.
+//
+// With --vs-fio it runs fio on the same file with the same parameters (direct=1,
+// ioengine=io_uring, one job per path and group) alternately with Strata (A B A B, at least 3
+// pairs, because this kind of disk drifts between runs: docs/MEASUREMENTS.md) and prints the
+// medians, the median of the per-pair ratios and fio's latency, CPU and buffers beside Strata's. The engine defaults are the ones Strata uses for swapping;
+// --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers expose the
+// choices of Note [Request size and merging] (offload/uring_engine.cc) so their effect can be
+// measured, and --file-state the state of the blocks under the file (Note [Bench file state] in
+// tools/bench_io_files.h), given to Strata and fio alike. Strata's buffers are 2 MiB huge pages
+// (Note [Bench buffers], there) and fio's are its default malloc'd memory, which on a disk like
+// the one of that Note is most of the difference; --fio-option passes extra options to every fio
+// job (e.g. --mem=shmhuge, with hugetlb pages reserved in /proc/sys/vm/nr_hugepages) to measure
+// fio with huge pages too.
 #include <unistd.h>
 
-#include <algorithm>
-#include <charconv>
+#include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <optional>
-#include <sstream>
+#include <memory>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
@@ -34,381 +38,236 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
-#include "core/file_io.h"
-#include "core/host_buffer.h"
 #include "core/units.h"
-#include "offload/file.h"
 #include "offload/io_engine.h"
+#include "tools/bench_io_files.h"
+#include "tools/bench_io_plan.h"
+#include "tools/bench_io_report.h"
 #include "tools/bench_io_runs.h"
+#include "tools/bench_io_verify.h"
+#include "tools/bench_io_workload.h"
 #include "tools/commands.h"
 
 namespace strata::tools {
+namespace bench_io {
 namespace {
-
-using offload::IoOp;
-using bench_io::Row;
-using bench_io::RunResult;
-using bench_io::TestFile;
-using bench_io::run_fio;
-using bench_io::run_strata;
-
-struct BenchIoArgs {
-  std::string dir;
-  std::string paths;
-  std::string size = "4G";
-  std::string bs = "1M";
-  std::string qd = "32";
-  std::string rw = "read";
-  std::string engine = "auto";
-  std::string request_size = "auto";
-  std::string write_request_size = "auto";
-  std::string coalesce = "on";
-  std::string huge_pages = "auto";
-  std::string fixed_buffers = "on";
-  std::string file_state = "written";
-  std::vector<std::string> fio_options;
-  unsigned batch = 1;
-  bool sqpoll = false;
-  bool vs_fio = false;
-  bool json = false;
-  bool keep_file = false;
-  int pairs = 3;
-};
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-bool parse_on_off(const std::string& text, const char* flag) {
-  if (text == "on" || text == "1" || text == "true") return true;
-  if (text == "off" || text == "0" || text == "false") return false;
-  throw ConfigError(fmt::format("{} '{}': use on or off", flag, text));
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Note [Bench file state]
-// What a write costs on this kind of disk depends on the state of the blocks under the file, not
-// only on the engine: blocks that were freed and discarded (ext4 mounted with `discard` passes the
-// discard to the host, which drops its backing storage) must be allocated again by the host on
-// the first write. On the virtio disk of Note [Request size and merging], writes into written
-// blocks and into blocks turned back into ext4 unwritten extents over host-allocated storage
-// (FALLOC_FL_ZERO_RANGE) ran at the same speed, writes into fresh fallocated blocks after a hole
-// punch (host allocation) ~20 % slower (docs/MEASUREMENTS.md, "Bench file state"). A freshly
-// preallocated test file therefore handicaps whichever tool writes it first (Strata, in A B A B
-// order). --file-state written (the default) writes every test file once in full before the first
-// timed run, so Strata and fio both see written blocks; --file-state fallocated punches the file
-// back to fresh preallocated blocks before every timed write run of both tools, to measure the
-// first-write case fairly. Reads always need written data (reads of unwritten extents return zeros
-// without touching the disk).
-enum class FileState : std::uint8_t { Written, Fallocated };
-
-FileState parse_file_state(const std::string& text) {
-  if (text == "written") return FileState::Written;
-  if (text == "fallocated") return FileState::Fallocated;
-  throw ConfigError(fmt::format("--file-state '{}': use written or fallocated", text));
-}
-
-// Writes every test file once in full (Note [Bench file state]).
-void prefill(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer,
-             std::uint64_t file_bytes) {
-  const std::size_t chunk = std::min<std::size_t>(buffer.size(), 64 * MiB);
-  for (auto& f : files) {
-    for (std::uint64_t off = 0; off < file_bytes; off += chunk) {
-      offload::IoRequest r{IoOp::Write, f.id, off, buffer.data(), static_cast<std::size_t>(std::min<std::uint64_t>(chunk, file_bytes - off))};
-      engine.run(std::span(&r, 1));
-    }
-  }
-}
-
-// Frees every block of the test files and preallocates fresh ones (Note [Bench file state]).
-void reallocate(const std::vector<TestFile>& files, std::uint64_t file_bytes) {
-  for (const auto& f : files) {
-    const auto len = static_cast<off_t>(file_bytes);
-    if (::fallocate(f.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, len) != 0) {
-      throw IoError(fmt::format("--file-state fallocated: cannot punch a hole in {}: {}; use --file-state written",
-                                f.path, errno_text(errno)),
-                    errno);
-    }
-    offload::preallocate(f.fd.get(), f.path, file_bytes);
-    fsync_file(f.fd.get(), f.path);
-  }
-}
-
-// The rows of the matrix --rw x --bs x --qd, and the largest block and queue depth among them.
-struct Matrix {
-  std::vector<Row> rows;
-  unsigned max_qd = 0;
-  std::size_t max_bs = 0;
-};
-
-Matrix parse_matrix(const BenchIoArgs& a, std::uint64_t file_bytes) {
-  Matrix m;
-  for (const auto& rw : split_list(a.rw)) {
-    if (rw != "read" && rw != "write" && rw != "randread" && rw != "randwrite") {
-      throw ConfigError(fmt::format("--rw '{}': use read, write, randread or randwrite (comma-separated)", rw));
-    }
-    for (const auto& bs : split_list(a.bs)) {
-      const std::size_t bs_bytes = parse_bytes_or_throw(bs, "--bs");
-      if (bs_bytes % 4096 != 0 || bs_bytes == 0 || bs_bytes > file_bytes) {
-        throw ConfigError(fmt::format("--bs {}: use a multiple of 4 KiB no larger than each file ({})", bs,
-                                      format_bytes(file_bytes)));
-      }
-      for (const auto& qd : split_list(a.qd)) {
-        int q = 0;
-        const char* last = qd.data() + qd.size();
-        const auto [end, ec] = std::from_chars(qd.data(), last, q);
-        if (ec != std::errc() || end != last || q < 1 || q > 1024) {
-          throw ConfigError(fmt::format("--qd '{}': use whole numbers 1..1024, comma-separated without spaces", qd));
-        }
-        m.rows.push_back(Row{rw, bs_bytes, static_cast<unsigned>(q)});
-        m.max_qd = std::max(m.max_qd, static_cast<unsigned>(q));
-        m.max_bs = std::max(m.max_bs, bs_bytes);
-      }
-    }
-  }
-  return m;
-}
-
-// The I/O engine's options from the flags (the queue depth is set per row).
-offload::IoEngineOptions engine_options(const BenchIoArgs& a) {
-  offload::IoEngineOptions eo;
-  eo.kind = offload::parse_engine_kind(a.engine, "--engine");
-  eo.coalesce = parse_on_off(a.coalesce, "--coalesce") ? offload::Coalesce::On : offload::Coalesce::Off;
-  eo.fixed_buffers =
-      parse_on_off(a.fixed_buffers, "--fixed-buffers") ? offload::FixedBuffers::On : offload::FixedBuffers::Off;
-  eo.sqpoll = a.sqpoll ? offload::SqPoll::On : offload::SqPoll::Off;
-  eo.submit_batch = a.batch;
-  // "auto": the engine's defaults (Note [Request size and merging]), as Strata swaps with them.
-  eo.max_request_bytes = a.request_size == "auto" ? 0 : parse_bytes_or_throw(a.request_size, "--request-size");
-  eo.max_write_request_bytes =
-      a.write_request_size == "auto" ? 0 : parse_bytes_or_throw(a.write_request_size, "--write-request-size");
-  return eo;
-}
-
-// One preallocated O_DIRECT test file of file_bytes in each directory, after checking that the
-// directory supports O_DIRECT and has the room.
-std::vector<TestFile> open_test_files(const std::vector<std::string>& dirs, std::uint64_t file_bytes) {
-  std::vector<TestFile> files;
-  for (const auto& d : dirs) {
-    TestFile f;
-    f.dir = offload::check_directory(d, "--dir");
-    if (auto why = offload::probe_direct_io(f.dir); !why.empty()) {
-      throw ConfigError(fmt::format("{} does not support O_DIRECT ({}); choose a directory on a real drive", f.dir, why));
-    }
-    const std::uint64_t have = offload::free_bytes(f.dir);
-    if (have < file_bytes) {
-      throw ConfigError(fmt::format("{} has {} free but the benchmark needs {}; lower --size", f.dir,
-                                    format_bytes(have), format_bytes(file_bytes)));
-    }
-    f.path = offload::path_inside(f.dir, "strata-bench-io.dat");
-    f.fd = offload::open_inside(f.dir, "strata-bench-io.dat", offload::Direct::On, offload::Truncate::Keep);
-    offload::preallocate(f.fd.get(), f.path, file_bytes);
-    files.push_back(std::move(f));
-  }
-  return files;
-}
-
-// Note [Bench buffers]: the I/O buffers are one region on 2 MiB huge pages, as BufferPool's
-// (Note [Request size and merging] in offload/uring_engine.cc: a request over a huge page is one
-// segment), except for random writes of blocks of 16 KiB or less under --huge-pages auto, which
-// use 4 KiB pages: on the disk of that Note those ran faster from 4 KiB pages, while random reads
-// of 16 KiB, random writes of 64 KiB and every sequential row (whose requests coalesce across
-// pages) ran faster from the huge page (docs/MEASUREMENTS.md, "Bench buffers"). Why small random
-// writes prefer 4 KiB pages we do not know: the buffers are registered (fixed), so the kernel
-// does not pin pages per request. `huge_pages` in the JSON rows says which backing was asked for
-// (THP through madvise; the kernel may decline).
-class BenchBuffers {
- public:
-  // huge_always: --huge-pages on or off for every row; nullopt for auto.
-  BenchBuffers(std::size_t buffer_bytes, std::optional<bool> huge_always)
-      : buffer_bytes_(buffer_bytes), huge_always_(huge_always) {}
-
-  bool huge_for(const Row& row) const {
-    return huge_always_.value_or(!(row.rw == "randwrite" && row.bs_bytes <= 16 * KiB));
-  }
-
-  // The buffer on huge or 4 KiB pages, allocated when a row first needs it.
-  std::span<std::byte> get(bool huge) {
-    HostBuffer& b = buffers_[huge ? 1 : 0];
-    if (b.size_bytes() == 0) {
-      HostBufferOptions bo;
-      bo.huge_pages = huge ? HugePages::Transparent : HugePages::Off;
-      bo.alignment_bytes = huge ? 2 * MiB : 4096;
-      b = HostBuffer::allocate(buffer_bytes_, bo);
-      std::memset(b.data(), 0x5C, b.size_bytes());  // fault every page in before timing
-    }
-    return std::span<std::byte>(static_cast<std::byte*>(b.data()), b.size_bytes());
-  }
-
- private:
-  std::size_t buffer_bytes_;
-  std::optional<bool> huge_always_;
-  HostBuffer buffers_[2];  // [0]: 4 KiB pages, [1]: huge pages
-};
 
 // What the bench measures the rows with, set up once.
 struct BenchSetup {
   const BenchIoArgs& args;
-  offload::IoEngineOptions engine_options;
+  const BenchPlan& plan;
   std::vector<TestFile>& files;
   BenchBuffers& buffers;
-  FileState file_state;
-  std::uint64_t file_bytes;
+  std::FILE* interval_log = nullptr;
 };
 
-// One row's timed runs: Strata's and, with --vs-fio, fio's alternating with them.
-struct RowRuns {
-  std::string engine_name;
-  bool huge = false;
-  int runs = 0;
-  std::vector<double> gbps, fio_gbps, ratios, iops, p50, p99;
-};
+double seconds_of(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+// One untimed pass of `groups` over every file (a fill, an overwrite or the final read-back).
+WorkloadResult pass(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row,
+                    std::vector<Group> groups, std::vector<VerifyMap>* maps) {
+  WorkloadSpec spec;
+  spec.groups = std::move(groups);
+  spec.bs_bytes = row.bs_bytes;
+  spec.verify = maps;
+  spec.verify_seed = s.plan.seed;
+  spec.order_seed = s.plan.seed + 1;
+  return run_workload(engine, s.files, buf, spec);
+}
+
+// Before the timed runs: --verify and --precondition write every block sequentially (stamped
+// with --verify), --precondition then overwrites them in random order; otherwise the files are
+// filled once when the row needs written data (Note [Bench file state]).
+void prepare(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row, unsigned total_qd,
+             std::vector<VerifyMap>* maps, bool& written, RowReport& report) {
+  const BenchPlan& p = s.plan;
+  const std::uint64_t blocks = p.file_bytes / row.bs_bytes;
+  if (p.verify || (p.precondition && row_writes(row))) {
+    const auto fill = pass(engine, s, buf, row, {Group{0, Pattern::Sequential, total_qd, 0, blocks}}, maps);
+    double seconds = fill.seconds;
+    if (p.precondition && row_writes(row)) {
+      seconds += pass(engine, s, buf, row, {Group{0, Pattern::Random, total_qd, 0, blocks}}, maps).seconds;
+      report.extra["precondition_s"] = seconds;
+      spdlog::info("precondition: sequential fill and random overwrite of {} per path in {:.1f} s",
+                   format_bytes(p.file_bytes), seconds);
+    }
+    written = true;
+  } else if (!written && (!row_writes(row) || p.file_state == FileState::Written)) {
+    prefill(engine, s.files, buf, p.file_bytes);
+    written = true;
+  }
+}
+
+// --verify after the timed runs: the test hook's damage, if any, then every block read back.
+void verify_at_end(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row,
+                   unsigned total_qd, std::vector<VerifyMap>& maps, RowReport& report) {
+  const BenchPlan& p = s.plan;
+  const std::uint64_t blocks = p.file_bytes / row.bs_bytes;
+  if (!p.fault_kind.empty()) {
+    const std::uint64_t block = p.fault_block == ~std::uint64_t{0} ? blocks / 2 : p.fault_block;
+    inject_fault(s.files[0].fd.get(), s.files[0].path, p.fault_kind, block, row.bs_bytes, maps[0], p.seed);
+  }
+  const auto back = pass(engine, s, buf, row, {Group{100, Pattern::Sequential, total_qd, 0, blocks}}, &maps);
+  report.extra["verified_at_end"] = back.verified_blocks;
+}
+
+// With --vs-fio: the memory each side moved the data through, since the page size of fio's
+// buffers is most of the difference on a disk like that of Note [Bench buffers]. Both hold one
+// buffer of bs per request in flight; fio's come from malloc unless --fio-option sets --mem.
+void describe_buffers(const BenchIoArgs& a, const Row& row, unsigned total_qd, RowReport& report) {
+  std::string fio_mem = "malloc";
+  for (const auto& o : a.fio_options) {
+    if (o.rfind("--mem=", 0) == 0 || o.rfind("--iomem=", 0) == 0) fio_mem = o.substr(o.find('=') + 1);
+  }
+  report.extra["buffer_bytes"] = std::size_t{total_qd} * row.bs_bytes * report.paths;
+  report.extra["buffer_pages"] = report.huge ? "2 MiB (THP)" : "4 KiB";
+  report.extra["fio_mem"] = fio_mem;
+}
+
+// fio's jobs for the row: one per group, on the same blocks with the same queue depth.
+FioJob fio_job(const BenchIoArgs& a, const BenchPlan& p, const Row& row, const std::vector<Group>& groups) {
+  FioJob job{{}, p.mix, seconds_of(p.time), a.fio_options};
+  std::vector<std::string> kinds = {row.rw};
+  if (groups.size() == 2) kinds = {row.rw.substr(0, row.rw.find('+')), row.rw.substr(row.rw.find('+') + 1)};
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    const Group& g = groups[k];
+    job.parts.push_back(FioPart{kinds[k], g.qd, g.first_block * row.bs_bytes, g.blocks * row.bs_bytes});
+  }
+  return job;
+}
 
 // Runs one row on a fresh engine. `written`: every test file holds written data (Note [Bench
 // file state]); the row prefills the files when it needs that and clears it when a timed write
 // pass may have left them partial.
-RowRuns run_row(BenchSetup& s, const Row& row, bool& written) {
+RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
   const BenchIoArgs& a = s.args;
+  const BenchPlan& p = s.plan;
   std::vector<TestFile>& files = s.files;
-  offload::IoEngineOptions o = s.engine_options;
-  o.queue_depth = row.qd * static_cast<unsigned>(files.size());
+  const std::vector<Group> groups = row_groups(p, a, row);
+  unsigned total_qd = 0;
+  for (const Group& g : groups) total_qd += g.qd;
+  offload::IoEngineOptions o = p.engine_options;
+  o.queue_depth = total_qd * static_cast<unsigned>(files.size());
   auto engine = offload::make_io_engine(o);
   for (auto& f : files) f.id = engine->register_file(f.fd.get(), f.path);
-  RowRuns r;
-  r.huge = s.buffers.huge_for(row);
-  const std::span<std::byte> buf = s.buffers.get(r.huge);
+  RowReport report;
+  report.row = row;
+  report.paths = files.size();
+  report.histogram = a.histogram;
+  report.huge = s.buffers.huge_for(row);
+  const std::span<std::byte> buf = s.buffers.get(report.huge);
   const std::span<std::byte> spans[] = {buf};
   engine->register_buffers(spans);
-  const bool write_row = row.rw.find("write") != std::string::npos;
-  if (!written && (!write_row || s.file_state == FileState::Written)) {
-    prefill(*engine, files, buf, s.file_bytes);
-    written = true;
-  }
   const auto info = engine->info();
   spdlog::info("engine {} [{}], kernel requests up to {} (reads), {} (writes), buffers on {} pages", info.name,
                info.features, format_bytes(info.max_request_bytes), format_bytes(info.max_write_request_bytes),
-               r.huge ? "2 MiB" : "4 KiB");
-  r.engine_name = info.name;
+               report.huge ? "2 MiB" : "4 KiB");
+  report.engine_name = info.name;
 
-  r.runs = a.vs_fio ? a.pairs : 1;
-  const bool reallocate_each = write_row && s.file_state == FileState::Fallocated;
-  for (int i = 0; i < r.runs; ++i) {
-    if (reallocate_each) reallocate(files, s.file_bytes);
-    const RunResult rr = run_strata(*engine, files, buf, row, s.file_bytes, 1234u + static_cast<std::uint32_t>(i));
-    r.gbps.push_back(rr.gbps);
-    r.iops.push_back(rr.iops);
-    r.p50.push_back(rr.p50_us);
-    r.p99.push_back(rr.p99_us);
+  std::vector<VerifyMap> maps;
+  if (p.verify) maps.assign(files.size(), VerifyMap(p.file_bytes / row.bs_bytes));
+  std::vector<VerifyMap>* verify = p.verify ? &maps : nullptr;
+  prepare(*engine, s, buf, row, total_qd, verify, written, report);
+
+  report.extra["file_state"] = a.file_state;
+  if (row.rw == "randrw") report.extra["mix"] = p.mix;
+  if (groups.size() == 2) {
+    report.extra["read_qd"] = groups[0].qd;
+    report.extra["write_qd"] = groups[1].qd;
+  }
+  if (p.time.count() > 0) report.extra["time_s"] = seconds_of(p.time);
+  const nlohmann::json row_keys = {{"rw", row.rw}, {"bs", row.bs_bytes}, {"qd", row.qd}};
+  IntervalPrinter printer(a.json, s.interval_log, row_keys);
+
+  const int runs = a.vs_fio ? a.pairs : 1;
+  const bool reallocate_each = row_writes(row) && p.file_state == FileState::Fallocated;
+  for (int i = 0; i < runs; ++i) {
+    if (reallocate_each) reallocate(files, p.file_bytes);
+    WorkloadSpec spec;
+    spec.groups = groups;
+    spec.bs_bytes = row.bs_bytes;
+    spec.time = p.time;
+    spec.ramp = p.ramp;
+    spec.interval = p.interval;
+    spec.steady = p.steady;
+    spec.verify = verify;
+    spec.verify_seed = p.seed;
+    spec.order_seed = p.seed + 1000u * static_cast<std::uint64_t>(i + 1);
+    if (p.interval.count() > 0) spec.on_interval = [&printer](const IntervalReport& rep) { printer.print(rep); };
+    report.runs.push_back(run_workload(*engine, files, buf, spec));
+    printer.finish();
+    const WorkloadResult& rr = report.runs.back();
+    if (p.steady) {
+      report.extra["steady"] = {{"reached", rr.steady},
+                                {"at_s", rr.steady_at_s},
+                                {"bound", p.steady->bound_fraction},
+                                {"window_s", seconds_of(p.steady_window)}};
+    }
     if (a.vs_fio) {
-      if (reallocate_each) reallocate(files, s.file_bytes);
-      const double f = run_fio(files, row, s.file_bytes, a.fio_options);
-      r.fio_gbps.push_back(f);
-      r.ratios.push_back(f > 0 ? rr.gbps / f : 0);
+      if (reallocate_each) reallocate(files, p.file_bytes);
+      report.fio.push_back(run_fio(files, row, fio_job(a, p, row, groups)));
       spdlog::debug("{} bs={} qd={} pair {}: strata {:.3f} GB/s, fio {:.3f} GB/s", row.rw, row.bs_bytes, row.qd, i,
-                    rr.gbps, f);
+                    rr.gbps(), report.fio.back().gbps);
     }
   }
+  if (a.vs_fio) describe_buffers(a, row, total_qd, report);
+  if (p.verify) verify_at_end(*engine, s, buf, row, total_qd, maps, report);
   for (auto& f : files) engine->unregister_file(f.id);
   engine.reset();
   if (reallocate_each) written = false;  // a timed write pass may have been partial
-  return r;
+  return report;
 }
 
-// The table's header (without --json).
-void print_header(const BenchIoArgs& a) {
-  fmt::print("{:>9} {:>8} {:>4} {:>5} {:>8} {:>9} {:>9} {:>9}{}\n", "rw", "bs", "qd", "paths", "GB/s", "IOPS",
-             "p50_us", "p99_us", a.vs_fio ? fmt::format(" {:>9} {:>7}", "fio_GB/s", "ratio") : "");
-}
-
-// One row's medians: a JSON object with --json, else a line of the table.
-void print_row(const BenchIoArgs& a, const Row& row, std::size_t paths, const RowRuns& r) {
-  if (a.json) {
-    nlohmann::json j = {{"rw", row.rw},
-                        {"bs", row.bs_bytes},
-                        {"qd", row.qd},
-                        {"paths", paths},
-                        {"gbps", median(r.gbps)},
-                        {"iops", median(r.iops)},
-                        {"p50_us", median(r.p50)},
-                        {"p99_us", median(r.p99)},
-                        {"engine", r.engine_name},
-                        {"huge_pages", r.huge},
-                        {"file_state", a.file_state}};
-    if (a.vs_fio) {
-      j["fio_gbps"] = median(r.fio_gbps);
-      j["ratio"] = median(r.ratios);
-      j["pairs"] = r.runs;
-      j["strata_runs_gbps"] = r.gbps;
-      j["fio_runs_gbps"] = r.fio_gbps;
-    }
-    fmt::print("{}\n", j.dump());
-  } else {
-    fmt::print("{:>9} {:>8} {:>4} {:>5} {:>8.3f} {:>9.0f} {:>9.0f} {:>9.0f}{}\n", row.rw, format_bytes(row.bs_bytes),
-               row.qd, paths, median(r.gbps), median(r.iops), median(r.p50), median(r.p99),
-               a.vs_fio ? fmt::format(" {:>9.3f} {:>6.2f}x", median(r.fio_gbps), median(r.ratios)) : "");
-  }
-  std::fflush(stdout);
-}
-
-int run_bench_io(const BenchIoArgs& a) {
-  std::vector<std::string> dirs = split_list(a.paths);
-  if (dirs.empty()) {
-    if (a.dir.empty()) throw ConfigError("strata bench io: give --dir DIR (or --paths D1,D2)");
-    dirs.push_back(a.dir);
-  }
-  const std::uint64_t total_bytes = parse_bytes_or_throw(a.size, "--size");
-  const std::uint64_t file_bytes = total_bytes / dirs.size() / (4 * MiB) * (4 * MiB);
-  const Matrix matrix = parse_matrix(a, file_bytes);
-  if (matrix.rows.empty()) throw ConfigError("strata bench io: the matrix is empty (check --rw, --bs, --qd)");
-  if (a.vs_fio && a.pairs < 3) throw ConfigError("--pairs: at least 3 alternating pairs are needed for a median");
-
-  const FileState file_state = parse_file_state(a.file_state);
-  // --huge-pages: nothing for auto (Note [Bench buffers]), else on or off for every row.
-  std::optional<bool> huge_always;
-  if (a.huge_pages != "auto") huge_always = parse_on_off(a.huge_pages, "--huge-pages (or auto)");
-  const offload::IoEngineOptions eo = engine_options(a);
-  std::vector<TestFile> files = open_test_files(dirs, file_bytes);
-  BenchBuffers buffers(std::max<std::size_t>(matrix.max_qd * matrix.max_bs * files.size(), 64 * MiB), huge_always);
-  BenchSetup setup{a, eo, files, buffers, file_state, file_bytes};
-
-  bool written = false;  // every test file holds written data (Note [Bench file state])
-  if (!a.json) print_header(a);
-  for (const Row& row : matrix.rows) {
-    const RowRuns runs = run_row(setup, row, written);
-    print_row(a, row, files.size(), runs);
-  }
-  if (!a.keep_file) {
+// Removes the test files however the run ends, unless --keep-file.
+struct TestFilesCleanup {
+  std::vector<TestFile>& files;
+  bool keep;
+  ~TestFilesCleanup() {
+    if (keep) return;
     for (auto& f : files) {
       f.fd.reset();
       ::unlink(f.path.c_str());
     }
   }
+};
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+int run_bench_io(const BenchIoArgs& a) {
+  const BenchPlan plan = make_plan(a);
+  std::unique_ptr<std::FILE, FileCloser> interval_log;
+  if (!a.interval_log.empty()) {
+    interval_log.reset(std::fopen(a.interval_log.c_str(), "w"));
+    if (!interval_log) {
+      throw ConfigError(fmt::format("--interval-log {}: cannot create it ({}); choose a writable path", a.interval_log,
+                                    errno_text(errno)));
+    }
+  }
+  std::vector<TestFile> files = open_test_files(plan.dirs, plan.file_bytes);
+  TestFilesCleanup cleanup{files, a.keep_file};
+  BenchBuffers buffers(plan.buffer_bytes, plan.huge_always);
+  BenchSetup setup{a, plan, files, buffers, interval_log.get()};
+
+  bool written = false;  // every test file holds written data (Note [Bench file state])
+  if (!a.json) print_table_header(a.vs_fio);
+  for (const Row& row : plan.rows) print_row(run_row(setup, row, written), a.json);
   return 0;
 }
 
 }  // namespace
+}  // namespace bench_io
 
 void register_bench_io(CLI::App& bench, CommandTable& table) {
-  auto args = std::make_shared<BenchIoArgs>();
+  auto args = std::make_shared<bench_io::BenchIoArgs>();
   auto* cmd = bench.add_subcommand("io", "NVMe bandwidth/IOPS/latency of Strata's I/O engine (optionally beside fio)");
   cmd->add_option("--dir", args->dir, "directory for the test file (on the drive to measure)");
   cmd->add_option("--paths", args->paths, "comma-separated directories, one test file and stream each (one per drive)");
-  cmd->add_option("--size", args->size, "bytes streamed per run, split over the paths (e.g. 1G, 4G)")->capture_default_str();
+  cmd->add_option("--size", args->size, "bytes per run (with --time: the working set), split over the paths (e.g. 1G, 4G)")->capture_default_str();
   cmd->add_option("--bs", args->bs, "block size per request; a comma list makes a matrix (4K,64K,1M)")->capture_default_str();
   cmd->add_option("--qd", args->qd, "requests in flight per path; comma list (1,8,32)")->capture_default_str();
-  cmd->add_option("--rw", args->rw, "read, write, randread, randwrite; comma list")->capture_default_str();
+  cmd->add_option("--rw", args->rw, "read, write, randread, randwrite, randrw, read+write (readers and writers at once); comma list")->capture_default_str();
   cmd->add_flag("--vs-fio", args->vs_fio, "alternate with fio on the same file and print the median ratio");
   cmd->add_option("--pairs", args->pairs, "Strata/fio pairs per row with --vs-fio (>= 3)")->capture_default_str();
   cmd->add_flag("--json", args->json, "one JSON object per row");
@@ -440,7 +299,29 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_flag("--keep-file", args->keep_file, "keep the test file(s) afterwards");
-  table[cmd] = [args]() -> int { return run_bench_io(*args); };
+  cmd->add_option("--time", args->time,
+                  "run each row this long (30s, 10m, 1h) over --size as the working set, blocks drawn uniformly");
+  cmd->add_option("--ramp", args->ramp, "with --time: run this long first without counting it (e.g. 5s)");
+  cmd->add_option("--interval", args->interval,
+                  "report every interval (JSON lines with --json, else a live line; default 1s with --time)");
+  cmd->add_option("--interval-log", args->interval_log, "also write the interval JSON lines to this file");
+  cmd->add_option("--steady-state", args->steady_state,
+                  "with --time: stop once range and drift of the bandwidth over --steady-window are within this "
+                  "bound of its mean (e.g. 5%)");
+  cmd->add_option("--steady-window", args->steady_window, "the window of --steady-state")->capture_default_str();
+  cmd->add_flag("--precondition", args->precondition,
+                "before each write row, fill the file sequentially then overwrite it in random order");
+  cmd->add_option("--mix", args->mix, "read percent of --rw randrw (default 50)");
+  cmd->add_option("--read-qd", args->read_qd, "queue depth of the readers of a read+write row (default: --qd)");
+  cmd->add_option("--write-qd", args->write_qd, "queue depth of the writers of a read+write row (default: --qd)");
+  cmd->add_flag("--verify", args->verify,
+                "stamp every block (offset, generation, seed, XXH3), check every read and read the file back at "
+                "the end; a wrong block fails the run");
+  cmd->add_option("--seed", args->seed, "seed of the random order and of --verify's headers (default: the clock)");
+  cmd->add_flag("--histogram", args->histogram, "add the latency histogram to each JSON row");
+  // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify]).
+  cmd->add_option("--inject-fault", args->inject_fault)->group("");
+  table[cmd] = [args]() -> int { return bench_io::run_bench_io(*args); };
 }
 
 }  // namespace strata::tools

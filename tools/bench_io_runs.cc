@@ -1,17 +1,10 @@
-// One timed run of a `strata bench io` row: Strata's engine or fio (see tools/bench_io_runs.h).
+// A `strata bench io` row through fio (see tools/bench_io_runs.h).
 #include "tools/bench_io_runs.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <condition_variable>
-#include <exception>
-#include <mutex>
-#include <numeric>
-#include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -19,147 +12,31 @@
 #include "core/error.h"
 
 namespace strata::tools::bench_io {
-namespace {
-
-using offload::IoOp;
-
-// One Strata run of a row: every path streams size bytes with qd requests of bs in flight.
-class StrataRun {
- public:
-  StrataRun(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer, const Row& row,
-            std::uint64_t file_bytes, std::uint32_t seed)
-      : engine_(engine), files_(files), buffer_(buffer), row_(row) {
-    const std::uint64_t blocks = file_bytes / row.bs_bytes;
-    STRATA_CHECK(blocks > 0, "file smaller than one block");
-    const bool random = row.rw.rfind("rand", 0) == 0;
-    op_ = row.rw.find("read") != std::string::npos ? IoOp::Read : IoOp::Write;
-    streams_.resize(files.size());
-    for (auto& s : streams_) {
-      s.order.resize(blocks);
-      std::iota(s.order.begin(), s.order.end(), std::uint64_t{0});
-      if (random) std::shuffle(s.order.begin(), s.order.end(), std::mt19937_64(seed++));
-    }
-    total_ = blocks * files.size();
-    latencies_us_.resize(total_);
-  }
-
-  RunResult run() {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::size_t f = 0; f < files_.size(); ++f) {
-      for (unsigned slot = 0; slot < row_.qd; ++slot) issue(f, slot);
-    }
-    {
-      std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return finished_ == total_ || error_; });
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    // Wait for anything still in flight after an error before the buffers go away.
-    {
-      std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return outstanding_ == 0; });
-    }
-    if (error_) std::rethrow_exception(error_);
-    RunResult r;
-    r.gbps = static_cast<double>(total_ * row_.bs_bytes) / seconds / 1e9;
-    r.iops = static_cast<double>(total_) / seconds;
-    std::sort(latencies_us_.begin(), latencies_us_.end());
-    r.p50_us = latencies_us_[latencies_us_.size() / 2];
-    r.p99_us = latencies_us_[std::min(latencies_us_.size() - 1, latencies_us_.size() * 99 / 100)];
-    return r;
-  }
-
- private:
-  struct Stream {
-    std::vector<std::uint64_t> order;
-    std::size_t next = 0;
-  };
-
-  // Takes the next block of stream f for buffer slot `slot` (mutex_ held); false when done.
-  bool take_next_locked(std::size_t f, unsigned slot, offload::IoRequest* req, std::size_t* index) {
-    Stream& s = streams_[f];
-    if (s.next == s.order.size() || error_) return false;
-    *index = issued_++;
-    ++outstanding_;
-    req->op = op_;
-    req->file = files_[f].id;
-    req->offset_bytes = s.order[s.next++] * row_.bs_bytes;
-    req->buffer = buffer_.data() + (f * row_.qd + slot) * row_.bs_bytes;
-    req->length_bytes = row_.bs_bytes;
-    return true;
-  }
-
-  void issue(std::size_t f, unsigned slot) {
-    offload::IoRequest req;
-    std::size_t index = 0;
-    {
-      std::lock_guard lock(mutex_);
-      if (!take_next_locked(f, slot, &req, &index)) return;
-    }
-    submit(f, slot, req, index);
-  }
-
-  // Completions re-issue on the engine thread, so the queue stays full without a round trip
-  // through this thread. The next request is counted before the finished one is uncounted, so
-  // run() cannot return (and destroy this) while a callback still uses it.
-  void submit(std::size_t f, unsigned slot, const offload::IoRequest& req, std::size_t index) {
-    const auto start = std::chrono::steady_clock::now();
-    engine_.submit(std::span(&req, 1), [this, f, slot, index, start](std::exception_ptr& err) {
-      const auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-      offload::IoRequest next;
-      std::size_t next_index = 0;
-      bool more = false;
-      {
-        std::lock_guard lock(mutex_);
-        latencies_us_[index] = us;
-        ++finished_;
-        if (err && !error_) error_ = err;
-        more = take_next_locked(f, slot, &next, &next_index);
-        --outstanding_;
-        if (!more) cv_.notify_all();
-      }
-      if (more) submit(f, slot, next, next_index);
-    });
-  }
-
-  offload::IoEngine& engine_;
-  std::vector<TestFile>& files_;
-  std::span<std::byte> buffer_;
-  Row row_;
-  IoOp op_ = IoOp::Read;
-  std::vector<Stream> streams_;
-  std::size_t total_ = 0;
-  std::vector<double> latencies_us_;
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::size_t issued_ = 0;
-  std::size_t finished_ = 0;
-  std::size_t outstanding_ = 0;
-  std::exception_ptr error_;
-};
-
-}  // namespace
-
-RunResult run_strata(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer,
-                     const Row& row, std::uint64_t file_bytes, std::uint32_t seed) {
-  StrataRun run(engine, files, buffer, row, file_bytes, seed);
-  return run.run();
-}
-
-// Runs fio with the row's parameters on the same files; returns its GB/s (1e9 bytes/s).
-double run_fio(const std::vector<TestFile>& files, const Row& row, std::uint64_t file_bytes,
-               const std::vector<std::string>& extra_options) {
+FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJob& job) {
+  const auto& extra_options = job.extra_options;
   std::vector<std::string> args = {"fio", "--output-format=json", "--group_reporting"};
   for (std::size_t i = 0; i < files.size(); ++i) {
-    args.push_back(fmt::format("--name=strata{}", i));
-    args.push_back("--filename=" + files[i].path);
-    args.push_back(fmt::format("--size={}", file_bytes));
-    args.push_back(fmt::format("--bs={}", row.bs_bytes));
-    args.push_back(fmt::format("--iodepth={}", row.qd));
-    args.push_back("--rw=" + row.rw);
-    args.push_back("--direct=1");
-    args.push_back("--ioengine=io_uring");
-    for (const auto& o : extra_options) args.push_back(o);
+    for (std::size_t k = 0; k < job.parts.size(); ++k) {
+      const FioPart& part = job.parts[k];
+      args.push_back(fmt::format("--name=strata{}.{}", i, k));
+      args.push_back("--filename=" + files[i].path);
+      args.push_back(fmt::format("--offset={}", part.offset_bytes));
+      args.push_back(fmt::format("--size={}", part.bytes));
+      args.push_back(fmt::format("--bs={}", row.bs_bytes));
+      args.push_back(fmt::format("--iodepth={}", part.qd));
+      args.push_back("--rw=" + part.rw);
+      args.push_back("--direct=1");
+      args.push_back("--ioengine=io_uring");
+      args.push_back("--lat_percentiles=1");
+      args.push_back("--percentile_list=50:99:99.9");
+      if (part.rw == "randrw") args.push_back(fmt::format("--rwmixread={}", job.read_percent));
+      if (job.time_s > 0) {
+        args.push_back("--time_based");
+        args.push_back(fmt::format("--runtime={}s", job.time_s));
+        args.push_back("--norandommap");  // as Strata's timed runs: blocks drawn uniformly
+      }
+      for (const auto& o : extra_options) args.push_back(o);
+    }
   }
   int pipefd[2];
   STRATA_CHECK_ERRNO(::pipe(pipefd));
@@ -196,11 +73,31 @@ double run_fio(const std::vector<TestFile>& files, const Row& row, std::uint64_t
   const auto brace = out.find('{');
   if (brace == std::string::npos) throw Error("fio printed no JSON result");
   auto j = nlohmann::json::parse(out.substr(brace));
-  double bytes_per_s = 0;
-  for (const auto& job : j.at("jobs")) {
-    bytes_per_s += job.at("read").at("bw_bytes").get<double>() + job.at("write").at("bw_bytes").get<double>();
+  FioResult result;
+  double bytes_per_s = 0, bytes = 0, cpu_s = 0;
+  for (const auto& j1 : j.at("jobs")) {
+    double job_bytes = 0;
+    for (const char* op : {"read", "write"}) {
+      const auto& o = j1.at(op);
+      bytes_per_s += o.at("bw_bytes").get<double>();
+      job_bytes += o.at("io_bytes").get<double>();
+      if (o.at("total_ios").get<double>() > 0 && o.contains("lat_ns") && o.at("lat_ns").contains("percentile")) {
+        const auto& lat = o.at("lat_ns");
+        const auto& pct = lat.at("percentile");
+        result.latency[op] = {{"p50_us", pct.at("50.000000").get<double>() / 1e3},
+                              {"p99_us", pct.at("99.000000").get<double>() / 1e3},
+                              {"p99_9_us", pct.at("99.900000").get<double>() / 1e3},
+                              {"max_us", lat.at("max").get<double>() / 1e3}};
+      }
+    }
+    bytes += job_bytes;
+    // usr_cpu and sys_cpu are percent of one CPU over the job's runtime (ms).
+    const double runtime_s = j1.at("job_runtime").get<double>() / 1e3;
+    cpu_s += (j1.at("usr_cpu").get<double>() + j1.at("sys_cpu").get<double>()) / 100 * runtime_s;
   }
-  return bytes_per_s / 1e9;
+  result.gbps = bytes_per_s / 1e9;
+  result.cpu_s_per_gb = bytes > 0 ? cpu_s / (bytes / 1e9) : 0;
+  return result;
 }
 
 }  // namespace strata::tools::bench_io

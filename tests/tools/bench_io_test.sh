@@ -8,14 +8,7 @@
 # Usage: bench_io_test.sh STRATA_BINARY WORKDIR
 set -euo pipefail
 strata="$1"; work="$2"
-rm -rf "$work"; mkdir -p "$work"
-fail=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAILED: $1"; fail=1; }
-doctor=$("$strata" doctor --dir "$work" || true)  # exits 1 when any check fails
-if grep -q '^FAIL *o_direct' <<<"$doctor"; then
-  echo "skipped: $work does not support O_DIRECT"; exit 77
-fi
+source "$(dirname "$0")/bench_io_common.sh"
 
 field() {  # line, key -> its value (numbers, booleans, strings without quotes)
   echo "$1" | sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p"
@@ -52,16 +45,6 @@ else
   echo "skipped: --vs-fio (fio is not installed)"
 fi
 
-refuse() {  # description, expected text, args...
-  local what="$1" want="$2"; shift 2
-  local msg rc=0
-  msg=$("$strata" bench io --dir "$work" --size 8M "$@" 2>&1) || rc=$?
-  if [ "$rc" = 1 ] && echo "$msg" | grep -q -- "$want" && [ "$(echo "$msg" | wc -l)" = 1 ]; then
-    ok "refused $what: $msg"
-  else
-    bad "$what: exit $rc, message: $msg"
-  fi
-}
 refuse "an unknown --rw" "--rw 'sideways'" --rw sideways
 refuse "a --bs that is not a multiple of 4 KiB" "--bs 1000" --bs 1000
 refuse "a --qd that is not a number" "--qd 'abc'" --qd abc

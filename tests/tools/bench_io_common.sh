@@ -1,0 +1,22 @@
+# Sourced by the `strata bench io` tests (bench_io_test.sh, bench_io_stress_test.sh) after they set
+# $strata and $work: a fresh work directory, ok/bad with $fail, a skip (exit 77) where the
+# directory refuses O_DIRECT, and refuse, which expects exit 1 and one line naming the flag.
+rm -rf "$work"; mkdir -p "$work"
+fail=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAILED: $1"; fail=1; }
+doctor=$("$strata" doctor --dir "$work" || true)  # exits 1 when any check fails
+if grep -q '^FAIL *o_direct' <<<"$doctor"; then
+  echo "skipped: $work does not support O_DIRECT"; exit 77
+fi
+
+refuse() {  # description, expected text, args...
+  local what="$1" want="$2"; shift 2
+  local msg rc=0
+  msg=$("$strata" bench io --dir "$work" --size 8M "$@" 2>&1) || rc=$?
+  if [ "$rc" = 1 ] && grep -q -- "$want" <<<"$msg" && [ "$(wc -l <<<"$msg")" = 1 ]; then
+    ok "refused $what: $msg"
+  else
+    bad "$what: exit $rc, message: $msg"
+  fi
+}

@@ -1,0 +1,120 @@
+// The arithmetic of `strata bench io` without a disk: latency percentiles from the log-bucket
+// histogram against the exact ones, the steady-state test on series with known answers, and the
+// block headers of --verify (Note [Bench verify] in tools/bench_io_verify.h) against each kind of
+// damage, including a torn write the header alone would not show.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tools/bench_io_stats.h"
+#include "tools/bench_io_verify.h"
+
+namespace strata::tools::bench_io {
+namespace {
+
+TEST(BenchIoStats, PercentilesWithinThreePercentOfExact) {
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<double> dist(11.0, 1.0);  // ~60 us median, a long tail
+  std::vector<std::uint64_t> ns(200000);
+  LatencyHistogram h;
+  for (auto& v : ns) {
+    v = static_cast<std::uint64_t>(dist(rng));
+    h.record(v);
+  }
+  std::sort(ns.begin(), ns.end());
+  for (double p : {50.0, 90.0, 99.0, 99.9, 99.99}) {
+    const auto rank = static_cast<std::size_t>(std::ceil(p / 100 * static_cast<double>(ns.size()))) - 1;
+    const double exact_us = static_cast<double>(ns[rank]) / 1e3;
+    EXPECT_NEAR(h.percentile_us(p), exact_us, 0.032 * exact_us) << "p" << p;
+  }
+  EXPECT_DOUBLE_EQ(h.max_us(), static_cast<double>(ns.back()) / 1e3);
+  EXPECT_EQ(h.count(), ns.size());
+}
+
+TEST(BenchIoStats, SmallValuesAreExactAndMergeAdds) {
+  LatencyHistogram a, b;
+  for (std::uint64_t v = 1; v <= 10; ++v) a.record(v * 1000);
+  b.record(5);
+  a.merge(b);
+  EXPECT_EQ(a.count(), 11u);
+  EXPECT_DOUBLE_EQ(a.percentile_us(0.001), 0.005);  // values under 32 ns have a bucket each
+  EXPECT_DOUBLE_EQ(a.max_us(), 10.0);
+  EXPECT_DOUBLE_EQ(LatencyHistogram().percentile_us(99), 0.0);
+}
+
+TEST(BenchIoStats, SteadyStateNeedsRangeAndDriftWithinBound) {
+  SteadyState flat(0.05, 5);
+  bool steady = false;
+  for (double v : {3.0, 1.0, 2.0, 2.01, 1.99, 2.0, 2.02}) steady = flat.add(v);
+  EXPECT_TRUE(steady);  // the last five are within 5 %
+  SteadyState rising(0.05, 5);
+  for (int i = 0; i < 20; ++i) steady = rising.add(2.0 + 0.02 * i);  // 1 % per interval: range 4 %, drift 4 %
+  EXPECT_TRUE(steady);
+  SteadyState climbing(0.05, 5);
+  for (int i = 0; i < 20; ++i) steady = climbing.add(2.0 + 0.05 * i);  // drift ~10 % over the window
+  EXPECT_FALSE(steady);
+  EXPECT_GT(climbing.drift_fraction(), 0.05);
+  SteadyState noisy(0.05, 5);
+  for (int i = 0; i < 20; ++i) steady = noisy.add(i % 2 == 0 ? 1.8 : 2.2);  // no drift, range 20 %
+  EXPECT_FALSE(steady);
+  EXPECT_LT(noisy.drift_fraction(), 0.05);
+}
+
+class BenchIoVerify : public ::testing::Test {
+ protected:
+  static constexpr std::size_t kBlock = 16384;
+  static constexpr std::uint64_t kSeed = 42;
+  std::vector<std::byte> block_ = std::vector<std::byte>(kBlock, std::byte{0x5C});
+
+  // The VerifyError's message for checking block_ as generation `gen` at `offset`; "" when good.
+  std::string check(std::uint64_t offset, std::uint64_t gen, std::uint64_t seed = kSeed) {
+    try {
+      check_block(block_, offset, gen, seed, "/d/f");
+    } catch (const VerifyError& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+TEST_F(BenchIoVerify, AStampedBlockPasses) {
+  stamp_block(block_, 3 * kBlock, 2, kSeed);
+  EXPECT_EQ(check(3 * kBlock, 2), "");
+}
+
+TEST_F(BenchIoVerify, AFlippedByteIsAChecksumMismatchNamingTheOffset) {
+  stamp_block(block_, 3 * kBlock, 2, kSeed);
+  block_[kBlock - 1] ^= std::byte{1};
+  const std::string m = check(3 * kBlock, 2);
+  EXPECT_NE(m.find("block at offset 49152 of /d/f"), std::string::npos) << m;
+  EXPECT_NE(m.find("flipped or torn"), std::string::npos) << m;
+}
+
+TEST_F(BenchIoVerify, ATornWriteIsCaughtByTheSectorTags) {
+  // Generation 2's header over sectors that still hold generation 1: same payload bytes but the
+  // sector tags differ, so the checksum does.
+  std::vector<std::byte> old(kBlock, std::byte{0x5C});
+  stamp_block(old, 0, 1, kSeed);
+  stamp_block(block_, 0, 2, kSeed);
+  std::memcpy(block_.data() + 4096, old.data() + 4096, kBlock - 4096);
+  EXPECT_NE(check(0, 2).find("flipped or torn"), std::string::npos);
+}
+
+TEST_F(BenchIoVerify, StaleMisdirectedForeignAndUnwrittenBlocksAreToldApart) {
+  stamp_block(block_, 5 * kBlock, 1, kSeed);
+  EXPECT_NE(check(5 * kBlock, 2).find("stale block: generation 1 where 2 was written"), std::string::npos);
+  stamp_block(block_, 8 * kBlock, 2, kSeed);
+  EXPECT_NE(check(7 * kBlock, 2).find("misdirected write: the block written for offset 131072"), std::string::npos);
+  EXPECT_NE(check(8 * kBlock, 2, kSeed + 1).find("another run"), std::string::npos);
+  std::fill(block_.begin(), block_.end(), std::byte{0});
+  const std::string m = check(0, 1);
+  EXPECT_NE(m.find("no block header"), std::string::npos);
+  EXPECT_NE(m.find("expected {offset 0, generation 1, seed 0x2a}"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace strata::tools::bench_io
