@@ -1,10 +1,14 @@
-// `strata data tokenize`: a model folder's tokenizer (models/tokenizer.h) over a text file (one
+// `strata data prepare` (models/data_prepare.h does the work) and `strata data tokenize`: a model
+// folder's tokenizer (models/tokenizer.h) over a text file (one
 // document) or a JSONL file (one document per line, its "text" field), in parallel over documents.
 // Writes the ids as flat little-endian uint32 (what `--flat-u32` token readers take) or prints them,
 // one line per document, and reports the throughput. The reference test against HF tokenizers
 // (tests/models/tokenizer_reference_test.sh) runs through it.
 #include "tools/commands.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -16,7 +20,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "engine/json_input.h"
+#include "models/data_prepare.h"
 #include "models/tokenizer.h"
 #include "tools/output_file.h"
 
@@ -34,35 +38,6 @@ struct TokenizeOptions {
   bool json = false;
 };
 
-// The `field` string of each line of a JSONL file; blank lines are skipped. FormatError naming the
-// file and line for a line that is not a JSON object or lacks the field.
-std::vector<std::string> read_jsonl_field(const std::string& path, const std::string& text, const std::string& field) {
-  std::vector<std::string> docs;
-  std::size_t begin = 0, line = 0;
-  while (begin < text.size()) {
-    std::size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
-    ++line;
-    const std::string_view row(text.data() + begin, end - begin);
-    begin = end + 1;
-    if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    JsonInputError error;
-    const auto value = parse_json_input(row, JsonComments::Refuse, &error);
-    if (!value || !value->is_object()) {
-      throw FormatError(fmt::format("JSONL file '{}' line {}: {}; each line must be one JSON object", path, line,
-                                    value ? "not a JSON object" : error.message + " at " + json_error_place(row, error)));
-    }
-    const auto it = value->find(field);
-    if (it == value->end() || !it->is_string()) {
-      throw FormatError(fmt::format("JSONL file '{}' line {}: {} \"{}\" string field; give the field to read with "
-                                    "--field or fix the line",
-                                    path, line, it == value->end() ? "no" : "a non-string", field));
-    }
-    docs.push_back(it->get<std::string>());
-  }
-  return docs;
-}
-
 int run_tokenize(const TokenizeOptions& o) {
   if (o.text.empty() == o.jsonl.empty()) throw ConfigError("strata data tokenize: give exactly one of --text FILE and --jsonl FILE");
   if (o.threads < 0) throw ConfigError(fmt::format("--threads {} must be 0 (all cores) or more", o.threads));
@@ -70,14 +45,22 @@ int run_tokenize(const TokenizeOptions& o) {
   check_output_not_input(o.out, "--out", {o.text, o.jsonl}, {o.tokenizer});
   const auto tokenizer = models::load_tokenizer(o.tokenizer);
   const std::string& input = o.text.empty() ? o.jsonl : o.text;
-  std::string contents = read_text_file(input, o.text.empty() ? "JSONL file" : "text file");
-  std::vector<std::string> storage;
+  if (!o.jsonl.empty() && !o.jsonl.ends_with(".jsonl")) {
+    throw ConfigError(fmt::format("--jsonl '{}': the file name must end in .jsonl", o.jsonl));
+  }
+  if (!o.text.empty() && o.text.ends_with(".jsonl")) {
+    throw ConfigError(fmt::format("--text '{}' is a JSONL file; give it with --jsonl", o.text));
+  }
+  const std::string contents = read_text_file(input, o.text.empty() ? "JSONL file" : "text file");
+  const auto source = models::read_documents(input, contents, o.field);
   std::vector<std::string_view> docs;
-  if (o.text.empty()) {
-    storage = read_jsonl_field(input, contents, o.field);
-    docs.assign(storage.begin(), storage.end());
-  } else {
-    docs.push_back(contents);
+  for (const auto& d : source) {
+    if (d.has_prompt) {
+      throw FormatError(fmt::format("JSONL file '{}' line {}: a prompt/completion pair; `strata data tokenize` encodes "
+                                    "one text per line, `strata data prepare` takes pairs",
+                                    input, d.line));
+    }
+    docs.push_back(d.text);
   }
   std::size_t bytes = 0;
   for (auto d : docs) bytes += d.size();
@@ -117,10 +100,84 @@ int run_tokenize(const TokenizeOptions& o) {
   return 0;
 }
 
+struct PrepareCliOptions {
+  std::string tokenizer;
+  std::vector<std::string> inputs;
+  std::vector<double> weights;
+  std::string bos = "auto";
+  std::string eos;
+  bool json = false;
+  models::PrepareOptions prepare;
+};
+
+int run_prepare(PrepareCliOptions o) {
+  if (!o.weights.empty() && o.weights.size() != o.inputs.size()) {
+    throw ConfigError(fmt::format("--weight was given {} times for {} --input files; give one weight per input, in "
+                                  "the same order, or none",
+                                  o.weights.size(), o.inputs.size()));
+  }
+  for (std::size_t i = 0; i < o.inputs.size(); ++i) {
+    o.prepare.sources.push_back({o.inputs[i], o.weights.empty() ? 1.0 : o.weights[i]});
+  }
+  if (o.bos == "auto") {
+    o.prepare.bos = models::BosPolicy::Auto;
+  } else if (o.bos == "always") {
+    o.prepare.bos = models::BosPolicy::Always;
+  } else if (o.bos == "never") {
+    o.prepare.bos = models::BosPolicy::Never;
+  } else {
+    throw ConfigError(fmt::format("--bos '{}': give auto, always or never", o.bos));
+  }
+  if (!o.eos.empty()) o.prepare.eos_token = o.eos;
+  if (o.prepare.threads < 0) throw ConfigError(fmt::format("--threads {} must be 0 (all cores) or more", o.prepare.threads));
+  check_output_not_input(o.prepare.out_dir + "/train.tok", "--out", o.inputs, {o.tokenizer});
+  const auto tokenizer = models::load_tokenizer(o.tokenizer);
+  // A progress line on a terminal, redrawn at each whole percent.
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  std::atomic<int> shown{-1};
+  const auto progress = [&](std::uint64_t done, std::uint64_t total) {
+    if (!tty || total == 0) return;
+    const int percent = static_cast<int>(100 * done / total);
+    int before = shown.load();
+    while (percent > before && !shown.compare_exchange_weak(before, percent)) {
+    }
+    if (percent > before) fmt::print(stderr, "\rencoding: {:3d}% of {:.1f} MB", percent, static_cast<double>(total) / 1e6);
+  };
+  const models::PrepareReport r = models::prepare_token_data(*tokenizer, o.prepare, progress);
+  if (tty) fmt::print(stderr, "\n");
+  const auto& id = tokenizer->identity();
+  if (o.json) {
+    const auto split = [](const models::PrepareSplit& s) {
+      return nlohmann::json{{"path", s.path}, {"documents", s.documents}, {"tokens", s.tokens}, {"masked_tokens", s.masked_tokens}};
+    };
+    nlohmann::json row = {{"tokenizer", id.path},
+                          {"hash", fmt::format("{:016x}", id.file_hash)},
+                          {"vocab_size", tokenizer->vocab_size()},
+                          {"source_documents", r.source_documents},
+                          {"source_bytes", r.source_bytes},
+                          {"source_hash", fmt::format("{:016x}", r.source_hash)},
+                          {"loss_mask", r.has_loss_mask},
+                          {"train", split(r.train)},
+                          {"encode_seconds", r.encode_seconds}};
+    if (!r.validation.path.empty()) row["validation"] = split(r.validation);
+    fmt::print("{}\n", row.dump());
+    return 0;
+  }
+  fmt::print("{} documents ({:.1f} MB) from {} files, encoded in {:.2f} s by {} '{}' (vocab {}, hash {:016x})\n",
+             r.source_documents, static_cast<double>(r.source_bytes) / 1e6, o.inputs.size(), r.encode_seconds,
+             models::tokenizer_kind_name(id.kind), id.path, tokenizer->vocab_size(), id.file_hash);
+  for (const auto* s : {&r.train, &r.validation}) {
+    if (s->path.empty()) continue;
+    fmt::print("wrote {}: {} documents, {} tokens{}\n", s->path, s->documents, s->tokens,
+               r.has_loss_mask ? fmt::format(" ({} masked from the loss)", s->masked_tokens) : std::string());
+  }
+  return 0;
+}
+
 }  // namespace
 
 void register_data(CLI::App& app, CommandTable& table) {
-  CLI::App* data = app.add_subcommand("data", "tokenize text with a model's tokenizer");
+  CLI::App* data = app.add_subcommand("data", "text to tokens through a model's tokenizer: prepare, tokenize");
   data->require_subcommand(1);
   auto o = std::make_shared<TokenizeOptions>();
   auto* cmd = data->add_subcommand("tokenize", "token ids of a text or JSONL file through a model folder's tokenizer");
@@ -132,6 +189,23 @@ void register_data(CLI::App& app, CommandTable& table) {
   cmd->add_option("--threads", o->threads, "encoding threads (default 0: all cores)");
   cmd->add_flag("--json", o->json, "report as one JSON object on stderr");
   table[cmd] = [o]() { return run_tokenize(*o); };
+
+  auto p = std::make_shared<PrepareCliOptions>();
+  auto* prep = data->add_subcommand("prepare", "token files for training (train.tok, val.tok) from text and JSONL files");
+  prep->add_option("--tokenizer", p->tokenizer, "model folder with tokenizer.json or tokenizer.model (or the file)")->required();
+  prep->add_option("--input", p->inputs, "a text file (one document) or a .jsonl file (text, or prompt + completion per "
+                                         "line); repeat for several")->required();
+  prep->add_option("--weight", p->weights, "one per --input, in order: how many times its documents enter training "
+                                           "(fractions sample; default 1)");
+  prep->add_option("--out", p->prepare.out_dir, "directory for train.tok and val.tok")->required();
+  prep->add_option("--val-fraction", p->prepare.val_fraction, "share of the documents held out for val.tok (default 0)");
+  prep->add_option("--seed", p->prepare.seed, "seed of the mix, the shuffle and the split (default 0)");
+  prep->add_option("--threads", p->prepare.threads, "encoding threads (default 0: all cores)");
+  prep->add_option("--field", p->prepare.text_field, "the JSONL field holding a document's text (default: text)");
+  prep->add_option("--bos", p->bos, "auto (when the tokenizer has a BOS distinct from EOS), always or never");
+  prep->add_option("--eos", p->eos, "the token ending each document (default: the tokenizer's EOS)");
+  prep->add_flag("--json", p->json, "report as one JSON object");
+  table[prep] = [p]() { return run_prepare(*p); };
 }
 
 }  // namespace strata::tools
