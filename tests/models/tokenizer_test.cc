@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tests/models/tokenizer_test_util.h"
 
 namespace strata::models {
 namespace {
@@ -21,18 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Ids = std::vector<std::uint32_t>;
-
-// GPT-2's bytes_to_unicode as UTF-8, for writing byte-level vocabularies by hand.
-std::string byte_char(int b) {
-  int next = 256;
-  for (int c = 0; c < 256; ++c) {
-    const bool printable = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255);
-    const int cp = printable ? c : next++;
-    if (c == b) return cp < 0x80 ? std::string(1, static_cast<char>(cp))
-                                 : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-  }
-  return {};
-}
 
 class TokenizerTest : public ::testing::Test {
  protected:
@@ -44,25 +33,9 @@ class TokenizerTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Byte ids are the byte values; merges ll=256, he=257, hell=258, hello=259; "lo"=260 has no merge.
-  static json tiny_bpe() {
-    json vocab = json::object();
-    for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
-    const char* merged[] = {"ll", "he", "hell", "hello", "lo"};
-    for (int i = 0; i < 5; ++i) vocab[merged[i]] = 256 + i;
-    return {{"version", "1.0"},
-            {"added_tokens", json::array()},
-            {"normalizer", nullptr},
-            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-            {"post_processor", nullptr},
-            {"decoder", {{"type", "ByteLevel"}}},
-            {"model",
-             {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false},
-              {"vocab", vocab}, {"merges", {"l l", "h e", "he ll", "hell o"}}}}};
-  }
+  static json tiny_bpe() { return tiny_bpe_json(); }
   static void add_token(json& j, std::uint32_t id, const std::string& content, bool special) {
-    j["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
-                                 {"rstrip", false}, {"normalized", !special}, {"special", special}});
+    add_added_token(j, id, content, special);
   }
   std::string write(const std::string& name, const std::string& text) const {
     const std::string path = (dir_ / name).string();
