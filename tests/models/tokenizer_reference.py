@@ -269,6 +269,65 @@ def compare(name, docs, ref_path, got_path):
     return None
 
 
+def read_token_file(path):
+    """A Strata token file (models/token_data.h): its ids, loss mask (None without) and header fields."""
+    import struct
+    data = open(path, "rb").read()
+    magic, version, width, count, vocab = struct.unpack_from("<8sIIQQ", data, 0)
+    assert magic == b"STRATOK1" and version == 2, (magic, version)
+    tok_hash, src_hash, flags, kind = struct.unpack_from("<QQII", data, 32)
+    ids = array("H" if width == 2 else "I")
+    ids.frombytes(data[64:64 + count * width])
+    mask = None
+    if flags & 1:
+        bits = data[64 + count * width:]
+        mask = [(bits[i // 8] >> (i % 8)) & 1 for i in range(count)]
+    return list(ids), mask, {"vocab": vocab, "hash": tok_hash, "kind": kind}
+
+
+def check_prepare(strata, work, name, folder, docs, bos):
+    """`strata data prepare` of prompt/completion pairs: each document is [BOS] prompt completion EOS
+    with HF's ids for prompt and completion, the prompt masked. Order is the seeded shuffle, so the
+    documents are compared as a multiset."""
+    from tokenizers import Tokenizer
+    t = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    eos = t.token_to_id("<|endoftext|>" if name == "GPT-2" else "<|end_of_text|>")
+    rng = random.Random(7)
+    pairs = []
+    for d in docs:
+        if any(sp in d for sp in SPECIALS) or len(d) < 2:
+            continue
+        cut = rng.randint(1, min(len(d) - 1, 2000))
+        pairs.append((d[:cut], d[cut:cut + 4000]))
+        if len(pairs) == 300:
+            break
+    path = os.path.join(work, "pairs.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for p, c in pairs:
+            f.write(json.dumps({"prompt": p, "completion": c}, ensure_ascii=False) + "\n")
+    out = os.path.join(work, "prepared-" + os.path.basename(folder))
+    proc = subprocess.run([strata, "--log-level", "warn", "data", "prepare", "--tokenizer", folder, "--input", path,
+                           "--out", out, "--json"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"FAILED: strata data prepare ({folder}) exited {proc.returncode}: {proc.stderr}")
+    ids, mask, header = read_token_file(os.path.join(out, "train.tok"))
+    want = []
+    for p, c in pairs:
+        pi = t.encode(p, add_special_tokens=False).ids
+        ci = t.encode(c, add_special_tokens=False).ids
+        head = [bos] if bos is not None else []
+        want.append((tuple(head + pi + ci + [eos]), tuple([0] * (len(head) + len(pi)) + [1] * (len(ci) + 1))))
+    got, start = [], 0
+    for i, tok in enumerate(ids):
+        if tok == eos:
+            got.append((tuple(ids[start:i + 1]), tuple(mask[start:i + 1])))
+            start = i + 1
+    if sorted(got) != sorted(want) or header["vocab"] != t.get_vocab_size():
+        sys.exit(f"FAILED: {name}: strata data prepare's documents or mask differ from HF's ids of prompt and "
+                 f"completion ({len(got)} documents read, {len(want)} expected; vocab {header['vocab']})")
+    print(f"ok: {name}: strata data prepare of {len(pairs)} prompt/completion pairs: ids and loss mask as HF's")
+
+
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "--reference":
         reference_encode(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
@@ -321,6 +380,10 @@ def main():
                 failed = True
         print(f"ok: {name}: {n} ids identical to the reference on {total / 1e6:.1f} MB ({len(docs)} documents)")
         rows.append(row)
+    check_prepare(strata, work, "GPT-2", cases[0][2], docs, None)
+    llama3_bos = json.load(open(os.path.join(cases[1][2], "tokenizer.json")))
+    bos = next(a["id"] for a in llama3_bos["added_tokens"] if a["content"] == "<|begin_of_text|>")
+    check_prepare(strata, work, "LLaMA-3-style BPE", cases[1][2], docs, bos)
     mb = total / 1e6
     print("throughput (MB/s of UTF-8 text, encode only; reference = HF tokenizers encode_batch, "
           "or sentencepiece's encode for the SentencePiece model):")
