@@ -1,5 +1,5 @@
-// `strata data prepare` (models/data_prepare.h does the work) and `strata data tokenize`: a model
-// folder's tokenizer (models/tokenizer.h) over a text file (one
+// `strata data prepare` (models/data_prepare.h does the work), `strata data inspect` (a token file's
+// header and first documents, decoded) and `strata data tokenize`: a model folder's tokenizer (models/tokenizer.h) over a text file (one
 // document) or a JSONL file (one document per line, its "text" field), in parallel over documents.
 // Writes the ids as flat little-endian uint32 (what `--flat-u32` token readers take) or prints them,
 // one line per document, and reports the throughput. The reference test against HF tokenizers
@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "models/data_prepare.h"
+#include "models/token_data.h"
 #include "models/tokenizer.h"
 #include "tools/output_file.h"
 
@@ -174,10 +176,59 @@ int run_prepare(PrepareCliOptions o) {
   return 0;
 }
 
+struct InspectOptions {
+  std::string file;
+  std::string tokenizer;
+  int samples = 3;
+  bool flat_u32 = false;
+};
+
+// The header, then the first documents decoded with their masked spans marked.
+int run_inspect(const InspectOptions& o) {
+  if (o.samples < 0) throw ConfigError(fmt::format("--samples {} must be 0 or more", o.samples));
+  const models::TokenFile data = models::TokenFile::open(o.file, o.flat_u32 ? models::FlatTokenWidth::U32 : models::FlatTokenWidth::U16);
+  const char* kinds[] = {"bytes or unknown", "byte-level BPE", "SentencePiece"};
+  fmt::print("{}: {} tokens of {} bytes; vocabulary {}; tokenizer {} (hash {:016x}); sources {:016x}; loss mask: {}\n",
+             o.file, data.size(), data.token_bytes(), data.declared_vocab_size(),
+             kinds[std::min<std::uint32_t>(data.tokenizer_kind(), 2)], data.tokenizer_hash(), data.source_hash(),
+             data.has_loss_mask() ? "yes" : "no");
+  if (o.tokenizer.empty() || o.samples == 0) return 0;
+  const auto tokenizer = models::load_tokenizer(o.tokenizer);
+  if (data.tokenizer_hash() != 0 && data.tokenizer_hash() != tokenizer->identity().file_hash) {
+    throw FormatError(fmt::format("token file '{}' was written with the tokenizer of hash {:016x}, but '{}' has hash "
+                                  "{:016x}; give the tokenizer the data was prepared with",
+                                  o.file, data.tokenizer_hash(), tokenizer->identity().path,
+                                  tokenizer->identity().file_hash));
+  }
+  data.check_vocab(static_cast<std::int64_t>(tokenizer->vocab_size()));
+  const auto eos = tokenizer->eos_id();
+  if (data.has_loss_mask()) fmt::print("(text between \u27ea and \u27eb is masked from the loss)\n");
+  std::size_t t = 0;
+  for (int d = 0; d < o.samples && t < data.size(); ++d) {
+    std::string shown;
+    const std::size_t begin = t;
+    while (t < data.size()) {
+      // A run of tokens with the same mask is decoded together, so characters are not cut.
+      std::vector<std::uint32_t> run;
+      const bool counts = data.counts_in_loss(t);
+      bool end = false;
+      while (t < data.size() && data.counts_in_loss(t) == counts && !end) {
+        run.push_back(data[t]);
+        end = eos && data[t] == *eos;
+        ++t;
+      }
+      shown += counts ? tokenizer->decode(run) : "\u27ea" + tokenizer->decode(run) + "\u27eb";
+      if (end) break;
+    }
+    fmt::print("--- document {} (tokens {}..{})\n{}\n", d + 1, begin, t - 1, shown);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void register_data(CLI::App& app, CommandTable& table) {
-  CLI::App* data = app.add_subcommand("data", "text to tokens through a model's tokenizer: prepare, tokenize");
+  CLI::App* data = app.add_subcommand("data", "text to tokens through a model's tokenizer: prepare, tokenize, inspect");
   data->require_subcommand(1);
   auto o = std::make_shared<TokenizeOptions>();
   auto* cmd = data->add_subcommand("tokenize", "token ids of a text or JSONL file through a model folder's tokenizer");
@@ -206,6 +257,14 @@ void register_data(CLI::App& app, CommandTable& table) {
   prep->add_option("--eos", p->eos, "the token ending each document (default: the tokenizer's EOS)");
   prep->add_flag("--json", p->json, "report as one JSON object");
   table[prep] = [p]() { return run_prepare(*p); };
+
+  auto i = std::make_shared<InspectOptions>();
+  auto* insp = data->add_subcommand("inspect", "a token file's header and its first documents decoded, masked spans marked");
+  insp->add_option("file", i->file, "token file (Strata, llm.c or flat)")->required();
+  insp->add_option("--tokenizer", i->tokenizer, "model folder to decode with (default: header only)");
+  insp->add_option("--samples", i->samples, "documents to show (default 3)");
+  insp->add_flag("--flat-u32", i->flat_u32, "a headerless token file holds uint32 tokens (default uint16)");
+  table[insp] = [i]() { return run_inspect(*i); };
 }
 
 }  // namespace strata::tools

@@ -326,6 +326,15 @@ def check_prepare(strata, work, name, folder, docs, bos):
         sys.exit(f"FAILED: {name}: strata data prepare's documents or mask differ from HF's ids of prompt and "
                  f"completion ({len(got)} documents read, {len(want)} expected; vocab {header['vocab']})")
     print(f"ok: {name}: strata data prepare of {len(pairs)} prompt/completion pairs: ids and loss mask as HF's")
+    train = os.path.join(out, "train.tok")
+    shown = subprocess.run([strata, "data", "inspect", train, "--tokenizer", folder, "--samples", "2"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0 or "\u27ea" not in shown.stdout or "loss mask: yes" not in shown.stdout:
+        sys.exit(f"FAILED: strata data inspect {train} did not show masked prompts: {shown.stdout}{shown.stderr}")
+    other = os.path.join(work, "sp")
+    wrong = subprocess.run([strata, "data", "inspect", train, "--tokenizer", other], capture_output=True, text=True)
+    if wrong.returncode != 1 or "give the tokenizer the data was prepared with" not in wrong.stderr:
+        sys.exit(f"FAILED: strata data inspect with another tokenizer was not refused: {wrong.stderr}")
 
 
 def main():
