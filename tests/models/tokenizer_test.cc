@@ -164,10 +164,24 @@ TEST_F(TokenizerTest, RefusesWhatItDoesNotImplementNamingTheField) {
                          {{{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Removed"}, {"invert", false}},
                           {{"type", "ByteLevel"}, {"use_regex", false}}}}};
   EXPECT_NE(refusal(j).find("pre_tokenizer.pretokenizers[0].behavior \"Removed\""), std::string::npos);
-  j = tiny_bpe();
-  add_token(j, 300, "<x>", true);
+}
+
+// HF's find_matches: lstrip/rstrip take the whitespace beside the token (not what an earlier split
+// holds); a single_word token inside a word is not matched; normalized tokens match after the raw ones.
+TEST_F(TokenizerTest, AddedTokenStripAndSingleWord) {
+  json j = tiny_bpe();
+  add_token(j, 300, "<m>", true);
+  add_token(j, 301, "[S]", false);
+  add_token(j, 302, "he", false);
   j["added_tokens"][0]["lstrip"] = true;
-  EXPECT_NE(refusal(j).find("added_tokens[0].lstrip"), std::string::npos);
+  j["added_tokens"][1]["rstrip"] = true;
+  j["added_tokens"][2]["single_word"] = true;
+  const auto t = load(j);
+  EXPECT_EQ(t->encode("a \u3000 <m>b"), (Ids{'a', 300, 'b'}));
+  EXPECT_EQ(t->encode("a[S] \n\tb"), (Ids{'a', 301, 'b'}));
+  EXPECT_EQ(t->encode("[S]  <m>"), (Ids{301, 300}));
+  EXPECT_EQ(t->encode("he hello, he"), (Ids{302, ' ', 259, ',', ' ', 302}));
+  EXPECT_EQ(t->encode("_he"), (Ids{'_', 257}));  // '_' is a word character
 }
 
 TEST_F(TokenizerTest, RefusesDamagedFiles) {
