@@ -106,11 +106,19 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec) : spec_(std::move(spec)), byte_chars_(b
   std::uint64_t size = 0;
   for (const auto& [token, id] : spec_.vocab) size = std::max<std::uint64_t>(size, std::uint64_t{id} + 1);
   for (const auto& t : spec_.added) size = std::max<std::uint64_t>(size, std::uint64_t{t.id} + 1);
+  // Ids are dense in every published tokenizer; one far beyond the token count is damage, and would
+  // make the id -> token table as large as the id.
+  const std::uint64_t entries = spec_.vocab.size() + spec_.added.size();
+  if (size > 2 * entries + 1024) {
+    throw FormatError(fmt::format("tokenizer.json '{}': model.vocab or added_tokens use id {} for {} tokens; the ids "
+                                  "must be numbered from 0 without large gaps (the file is damaged)",
+                                  spec_.path, size - 1, entries));
+  }
   id_to_token_.resize(size);
   for (const auto& [token, id] : spec_.vocab) id_to_token_[id] = token;
   for (std::uint32_t b = 0; b < 256; ++b) {
     const auto it = spec_.vocab.find(byte_chars_[b]);
-    byte_ids_[b] = it == spec_.vocab.end() ? -1 : it->second;
+    byte_ids_[b] = it == spec_.vocab.end() ? std::int64_t{-1} : std::int64_t{it->second};
     char_to_byte_.emplace(byte_chars_[b], static_cast<std::uint8_t>(b));
   }
   merges_.reserve(spec_.merges.size());

@@ -71,6 +71,17 @@ TEST_F(TokenizerTest, MergesLowestRankFirstAndLeftmostOnTies) {
   EXPECT_NE(t->identity().file_hash, 0u);
 }
 
+// HF drops a character missing from the vocabulary when there is no unk token (found by the fuzzer:
+// the missing byte came out as id 2^32 - 1).
+TEST_F(TokenizerTest, BytesMissingFromTheVocabAreDroppedOrUnk) {
+  json j = tiny_bpe();
+  j["model"]["vocab"].erase("z");
+  EXPECT_EQ(load(j)->encode("azz"), (Ids{'a'}));
+  j["model"]["unk_token"] = "!";
+  j["model"]["fuse_unk"] = true;
+  EXPECT_EQ(load(j)->encode("azz"), (Ids{'a', '!'}));
+}
+
 TEST_F(TokenizerTest, IgnoreMergesTakesWholePiecesFromTheVocab) {
   json j = tiny_bpe();
   j["model"]["ignore_merges"] = true;
