@@ -45,11 +45,34 @@ struct Entry {
 }  // namespace
 
 std::vector<SourceDocument> read_documents(const std::string& path, const std::string& contents,
-                                           const std::string& text_field) {
+                                           const std::string& text_field, TextDocuments text_documents) {
   std::vector<SourceDocument> docs;
   if (!path.ends_with(".jsonl")) {
     check_utf8(contents, fmt::format("text file '{}'", path));
-    docs.push_back({false, {}, contents, 1});
+    if (text_documents == TextDocuments::File) {
+      docs.push_back({false, {}, contents, 1});
+      return docs;
+    }
+    std::size_t begin = 0, line = 0, doc_begin = 0, doc_end = 0, doc_line = 0;
+    bool open = false;  // a document has begun and not been flushed
+    const auto flush = [&] {
+      if (open) docs.push_back({false, {}, contents.substr(doc_begin, doc_end - doc_begin), doc_line});
+      open = false;
+    };
+    while (begin < contents.size()) {
+      std::size_t end = contents.find('\n', begin);
+      if (end == std::string::npos) end = contents.size();
+      ++line;
+      const bool blank = contents.find_first_not_of(" \t\r", begin) >= end;
+      if (blank || text_documents == TextDocuments::Lines) flush();
+      if (!blank) {
+        if (!open) doc_begin = begin, doc_line = line, open = true;
+        // A paragraph keeps the newlines inside it; a line document drops its own.
+        doc_end = text_documents == TextDocuments::Lines ? end : std::min(end + 1, contents.size());
+      }
+      begin = end + 1;
+    }
+    flush();
     return docs;
   }
   std::size_t begin = 0, line = 0;
@@ -128,12 +151,13 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
   std::vector<std::vector<SourceDocument>> docs(o.sources.size());
   std::vector<std::uint64_t> identity = {tokenizer.identity().file_hash, o.seed,
                                          static_cast<std::uint64_t>(o.val_fraction * 1e9), add_bos, *eos,
-                                         XXH64(o.text_field.data(), o.text_field.size(), 0)};
+                                         XXH64(o.text_field.data(), o.text_field.size(), 0),
+                                         static_cast<std::uint64_t>(o.text_documents)};
   for (std::size_t s = 0; s < o.sources.size(); ++s) {
     const std::string contents = read_text_file(o.sources[s].path, "data file");
     identity.push_back(XXH64(contents.data(), contents.size(), 0));
     identity.push_back(static_cast<std::uint64_t>(o.sources[s].weight * 1e9));
-    docs[s] = read_documents(o.sources[s].path, contents, o.text_field);
+    docs[s] = read_documents(o.sources[s].path, contents, o.text_field, o.text_documents);
     report.source_documents += docs[s].size();
     report.source_bytes += contents.size();
   }

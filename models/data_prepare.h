@@ -3,7 +3,8 @@
 // weight, split into train and validation, and written as Strata token files (version 2,
 // models/token_data.h) that name the tokenizer, the vocabulary and the sources.
 //
-// Documents: a text file (any name not ending in .jsonl) is one document; a JSONL file gives one per
+// Documents: a text file (any name not ending in .jsonl) is one document, or one per paragraph or
+// line (TextDocuments; more documents also encode in parallel); a JSONL file gives one per
 // line, from its `text` field (all tokens count toward the loss) or its `prompt` and `completion`
 // fields (encoded separately, so the boundary is exact; the prompt's tokens are masked from the
 // loss). Each document is [BOS] tokens EOS: BOS when the tokenizer has one distinct from EOS (as
@@ -32,6 +33,10 @@ struct DataSource {
 
 enum class BosPolicy { Auto, Always, Never };
 
+// How a text file (not JSONL) splits into documents: the whole file; paragraphs (separated by one
+// or more blank lines, which belong to no document); or each non-blank line (its newline dropped).
+enum class TextDocuments { File, Paragraphs, Lines };
+
 struct PrepareOptions {
   std::vector<DataSource> sources;
   std::string out_dir;              // gets train.tok and, with val_fraction > 0, val.tok
@@ -39,6 +44,7 @@ struct PrepareOptions {
   std::uint64_t seed = 0;
   int threads = 0;                  // 0: all cores
   std::string text_field = "text";
+  TextDocuments text_documents = TextDocuments::File;
   BosPolicy bos = BosPolicy::Auto;
   std::optional<std::string> eos_token;  // instead of the tokenizer's own
 };
@@ -65,10 +71,11 @@ struct SourceDocument {
 };
 
 // The documents of `contents`, read from `path`: a JSONL file (name ending in .jsonl) one per line,
-// any other file one document. FormatError naming the file and line for invalid UTF-8, a line that
+// any other file as `text_documents` says. FormatError naming the file and line for invalid UTF-8, a line that
 // is not a JSON object, a line without `text_field` or a prompt/completion pair, chat messages.
 std::vector<SourceDocument> read_documents(const std::string& path, const std::string& contents,
-                                           const std::string& text_field);
+                                           const std::string& text_field,
+                                           TextDocuments text_documents = TextDocuments::File);
 
 // Called from the encoding threads with the bytes encoded so far and the total; must be thread-safe.
 using PrepareProgress = std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)>;

@@ -108,6 +108,7 @@ struct PrepareCliOptions {
   std::vector<double> weights;
   std::string bos = "auto";
   std::string eos;
+  std::string text_documents = "file";
   bool json = false;
   models::PrepareOptions prepare;
 };
@@ -131,6 +132,15 @@ int run_prepare(PrepareCliOptions o) {
     throw ConfigError(fmt::format("--bos '{}': give auto, always or never", o.bos));
   }
   if (!o.eos.empty()) o.prepare.eos_token = o.eos;
+  if (o.text_documents == "file") {
+    o.prepare.text_documents = models::TextDocuments::File;
+  } else if (o.text_documents == "paragraphs") {
+    o.prepare.text_documents = models::TextDocuments::Paragraphs;
+  } else if (o.text_documents == "lines") {
+    o.prepare.text_documents = models::TextDocuments::Lines;
+  } else {
+    throw ConfigError(fmt::format("--text-documents '{}': give file, paragraphs or lines", o.text_documents));
+  }
   if (o.prepare.threads < 0) throw ConfigError(fmt::format("--threads {} must be 0 (all cores) or more", o.prepare.threads));
   check_output_not_input(o.prepare.out_dir + "/train.tok", "--out", o.inputs, {o.tokenizer});
   const auto tokenizer = models::load_tokenizer(o.tokenizer);
@@ -253,6 +263,8 @@ void register_data(CLI::App& app, CommandTable& table) {
   prep->add_option("--seed", p->prepare.seed, "seed of the mix, the shuffle and the split (default 0)");
   prep->add_option("--threads", p->prepare.threads, "encoding threads (default 0: all cores)");
   prep->add_option("--field", p->prepare.text_field, "the JSONL field holding a document's text (default: text)");
+  prep->add_option("--text-documents", p->text_documents,
+                   "how a text file splits into documents: file (default), paragraphs (at blank lines) or lines");
   prep->add_option("--bos", p->bos, "auto (when the tokenizer has a BOS distinct from EOS), always or never");
   prep->add_option("--eos", p->eos, "the token ending each document (default: the tokenizer's EOS)");
   prep->add_flag("--json", p->json, "report as one JSON object");

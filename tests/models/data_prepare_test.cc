@@ -137,6 +137,19 @@ TEST_F(DataPrepareTest, WeightsRepeatAndSampleAndTheSplitIsDisjoint) {
   for (const auto& d : val) EXPECT_EQ(train.count(d), 0u) << d << " is in both splits";
 }
 
+TEST_F(DataPrepareTest, TextFilesSplitIntoParagraphsOrLines) {
+  const std::string text = "one\ntwo\n\n \r\nthree\n\n\nfour";
+  const auto texts = [&](TextDocuments how) {
+    std::vector<std::string> out;
+    for (const auto& d : read_documents("a.txt", text, "text", how)) out.push_back(d.text + "@" + std::to_string(d.line));
+    return out;
+  };
+  EXPECT_EQ(texts(TextDocuments::File), (std::vector<std::string>{text + "@1"}));
+  EXPECT_EQ(texts(TextDocuments::Paragraphs), (std::vector<std::string>{"one\ntwo\n@1", "three\n@5", "four@8"}));
+  EXPECT_EQ(texts(TextDocuments::Lines), (std::vector<std::string>{"one@1", "two@2", "three@5", "four@8"}));
+  EXPECT_TRUE(read_documents("b.txt", "\n \n", "text", TextDocuments::Lines).empty());
+}
+
 TEST_F(DataPrepareTest, RefusesBadInputsNamingFileAndLine) {
   const auto expect = [&](const std::string& name, const std::string& text, const std::string& want) {
     const std::string path = write(name, text);
