@@ -77,6 +77,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<std::uint32_t> eos_id() const override { return eos_; }
 
  private:
+  void encode_text(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const;
   void split_normalized(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const;
   void encode_segment(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const;
   void pre_tokenize(std::string_view text, std::size_t level, BpeScratch& s, std::vector<std::uint32_t>& out) const;
@@ -175,7 +176,14 @@ std::optional<std::uint32_t> BpeTokenizer::token_id(std::string_view token) cons
 }
 
 void BpeTokenizer::encode_into(std::string_view text, EncodeScratch& scratch, std::vector<std::uint32_t>& out) const {
-  auto& s = static_cast<BpeScratch&>(scratch);
+  try {
+    encode_text(text, static_cast<BpeScratch&>(scratch), out);
+  } catch (const FormatError& e) {
+    throw FormatError(fmt::format("tokenizer.json '{}': {}", spec_.path, e.what()));
+  }
+}
+
+void BpeTokenizer::encode_text(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const {
   raw_added_.split(text, s.matcher_, s.raw_splits_);
   for (const AddedSplit& r : s.raw_splits_) {
     if (r.id >= 0) {

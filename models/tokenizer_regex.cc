@@ -38,7 +38,14 @@ bool RegexMatcher::find(const pcre2_code* re, std::string_view text, std::size_t
   const int rc = pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), from,
                              options | PCRE2_NO_UTF_CHECK, data_.get(), context_.get());
   if (rc == PCRE2_ERROR_NOMATCH) return false;
-  STRATA_CHECK(rc >= 0, "pcre2_match failed with code {}", rc);
+  if (rc < 0) {
+    // Resource limits (match, depth, heap, JIT stack): the pattern comes from a tokenizer file.
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(rc, message, sizeof message);
+    throw FormatError(fmt::format("a tokenizer regex failed on the text at byte {}: {} (PCRE2 error {}); the pattern "
+                                  "backtracks too much on this input",
+                                  from, reinterpret_cast<const char*>(message), rc));
+  }
   const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data_.get());
   *begin = ov[0];
   *end = ov[1];

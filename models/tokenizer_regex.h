@@ -1,5 +1,6 @@
 // PCRE2 for the tokenizers: owned compiled patterns and the per-thread state of matching them
-// (match data, a JIT stack large enough for long whitespace runs). Internal to models/.
+// (match data, a JIT stack large enough for long whitespace runs). Internal to models/. A match that
+// fails on a resource limit is a FormatError (the pattern comes from the tokenizer file).
 #pragma once
 
 #define PCRE2_CODE_UNIT_WIDTH 8

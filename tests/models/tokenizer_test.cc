@@ -195,6 +195,23 @@ TEST_F(TokenizerTest, AddedTokenStripAndSingleWord) {
   EXPECT_EQ(t->encode("_he"), (Ids{'_', 257}));  // '_' is a word character
 }
 
+// A pattern that backtracks exponentially hits PCRE2's match limit: one message naming the file.
+TEST_F(TokenizerTest, ARegexThatBacktracksTooMuchIsAFormatError) {
+  json j = tiny_bpe();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "(a|a)+b"}}}, {"behavior", "Isolated"}},
+                          {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+  const auto t = load(j);
+  try {
+    t->encode(std::string(60, 'a') + "cb");
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find((dir_ / "tokenizer.json").string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("backtracks too much"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TokenizerTest, RefusesDamagedFiles) {
   EXPECT_NE(refusal(json::array()).find("is not a JSON object"), std::string::npos);
   json j = tiny_bpe();
