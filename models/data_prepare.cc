@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -176,6 +177,16 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
       const std::uint64_t copies = whole + (draw(o.seed, 2, s, d) < w - std::floor(w) ? 1 : 0);
       for (std::uint64_t c = 0; c < copies; ++c) train.push_back({s, d});
     }
+  }
+  if (train.empty()) {
+    throw ConfigError(fmt::format("no document is left for training ({} documents, --val-fraction {}); give more "
+                                  "documents (--text-documents paragraphs or lines splits text files) or a smaller "
+                                  "--val-fraction",
+                                  report.source_documents, o.val_fraction));
+  }
+  if (o.val_fraction > 0 && validation.empty()) {
+    spdlog::warn("the validation split drew none of the {} documents (--val-fraction {}); val.tok will be empty",
+                 report.source_documents, o.val_fraction);
   }
   // Fisher-Yates with our own draws: std::shuffle's sequence differs between standard libraries.
   for (std::size_t i = train.size(); i > 1; --i) {

@@ -176,6 +176,9 @@ TEST_F(DataPrepareTest, RefusesBadInputsNamingFileAndLine) {
   eos.eos_token = "<none>";
   EXPECT_NE(error_of(eos).find("--eos '<none>' is not a token"), std::string::npos);
   EXPECT_NE(error_of(options({})).find("at least one --input"), std::string::npos);
+  PrepareOptions all_val = options({{ok, 1.0}});
+  all_val.val_fraction = 0.999999;
+  EXPECT_NE(error_of(all_val).find("no document is left for training"), std::string::npos);
 }
 
 }  // namespace
