@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,6 +115,17 @@ struct PrepareCliOptions {
   models::PrepareOptions prepare;
 };
 
+// The value of a flag with named choices; ConfigError listing them otherwise.
+template <typename E>
+E parse_choice(const char* flag, const std::string& value, std::initializer_list<std::pair<const char*, E>> choices) {
+  std::string names;
+  for (const auto& [name, choice] : choices) {
+    if (value == name) return choice;
+    names += (names.empty() ? "" : ", ") + std::string(name);
+  }
+  throw ConfigError(fmt::format("{} '{}': give one of {}", flag, value, names));
+}
+
 int run_prepare(PrepareCliOptions o) {
   if (!o.weights.empty() && o.weights.size() != o.inputs.size()) {
     throw ConfigError(fmt::format("--weight was given {} times for {} --input files; give one weight per input, in "
@@ -122,25 +135,14 @@ int run_prepare(PrepareCliOptions o) {
   for (std::size_t i = 0; i < o.inputs.size(); ++i) {
     o.prepare.sources.push_back({o.inputs[i], o.weights.empty() ? 1.0 : o.weights[i]});
   }
-  if (o.bos == "auto") {
-    o.prepare.bos = models::BosPolicy::Auto;
-  } else if (o.bos == "always") {
-    o.prepare.bos = models::BosPolicy::Always;
-  } else if (o.bos == "never") {
-    o.prepare.bos = models::BosPolicy::Never;
-  } else {
-    throw ConfigError(fmt::format("--bos '{}': give auto, always or never", o.bos));
-  }
+  o.prepare.bos = parse_choice<models::BosPolicy>(
+      "--bos", o.bos,
+      {{"auto", models::BosPolicy::Auto}, {"always", models::BosPolicy::Always}, {"never", models::BosPolicy::Never}});
+  o.prepare.text_documents = parse_choice<models::TextDocuments>("--text-documents", o.text_documents,
+                                                                 {{"file", models::TextDocuments::File},
+                                                                  {"paragraphs", models::TextDocuments::Paragraphs},
+                                                                  {"lines", models::TextDocuments::Lines}});
   if (!o.eos.empty()) o.prepare.eos_token = o.eos;
-  if (o.text_documents == "file") {
-    o.prepare.text_documents = models::TextDocuments::File;
-  } else if (o.text_documents == "paragraphs") {
-    o.prepare.text_documents = models::TextDocuments::Paragraphs;
-  } else if (o.text_documents == "lines") {
-    o.prepare.text_documents = models::TextDocuments::Lines;
-  } else {
-    throw ConfigError(fmt::format("--text-documents '{}': give file, paragraphs or lines", o.text_documents));
-  }
   if (o.prepare.threads < 0) throw ConfigError(fmt::format("--threads {} must be 0 (all cores) or more", o.prepare.threads));
   check_output_not_input(o.prepare.out_dir + "/train.tok", "--out", o.inputs, {o.tokenizer});
   const auto tokenizer = models::load_tokenizer(o.tokenizer);
