@@ -12,10 +12,11 @@ pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
-# Tokenizers: the byte-level BPE pre-tokenization regex (PCRE2, Unicode properties, JIT) and
-# SentencePiece models.
+# Tokenizers: the byte-level BPE pre-tokenization regex (PCRE2, Unicode properties, JIT),
+# SentencePiece models, and ICU for the NFC normalizer of Qwen2-style tokenizer.json files.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 
 set(STRATA_HAVE_CUDA OFF)
 if(NOT STRATA_CUDA STREQUAL "OFF")

@@ -19,6 +19,7 @@ namespace {
 
 constexpr char kStrataMagic[8] = {'S', 'T', 'R', 'A', 'T', 'O', 'K', '1'};
 constexpr std::size_t kStrataHeaderBytes = 64;
+constexpr std::uint32_t kFlagLossMask = 1;
 constexpr std::int32_t kLlmcMagic = 20240520;
 constexpr std::size_t kLlmcHeaderBytes = 256 * sizeof(std::int32_t);
 
@@ -49,6 +50,7 @@ TokenFile TokenFile::open(const std::string& path, FlatTokenWidth flat_width) {
   f.path_ = path;
   std::size_t header = 0;
   std::uint64_t declared = 0;
+  std::uint32_t flags = 0;
   bool has_count = false;
   std::uint8_t head[kLlmcHeaderBytes] = {};
   read_exact(fd.get(), head, static_cast<std::size_t>(std::min<std::uint64_t>(size, sizeof head)), 0, path);
@@ -56,11 +58,23 @@ TokenFile TokenFile::open(const std::string& path, FlatTokenWidth flat_width) {
     if (size < kStrataHeaderBytes) bad(path, fmt::format("the file has {} bytes, fewer than its 64-byte header; it is truncated", size));
     f.format_ = TokenFileFormat::Strata;
     const auto version = load_le<std::uint32_t>(head + 8);
-    if (version != 1) bad(path, fmt::format("unsupported Strata token file version {} (this build reads 1)", version));
+    if (version != 1 && version != 2) {
+      bad(path, fmt::format("unsupported Strata token file version {} (this build reads 1 and 2); a newer Strata wrote it",
+                            version));
+    }
     f.width_ = load_le<std::uint32_t>(head + 12);
     if (f.width_ != 2 && f.width_ != 4) bad(path, fmt::format("token width {} bytes in the header; it must be 2 or 4", f.width_));
     declared = load_le<std::uint64_t>(head + 16);
     f.vocab_ = load_le<std::uint64_t>(head + 24);
+    if (version == 2) {
+      f.tokenizer_hash_ = load_le<std::uint64_t>(head + 32);
+      f.source_hash_ = load_le<std::uint64_t>(head + 40);
+      flags = load_le<std::uint32_t>(head + 48);
+      f.tokenizer_kind_ = load_le<std::uint32_t>(head + 52);
+      if ((flags & ~kFlagLossMask) != 0) {
+        bad(path, fmt::format("header flags 0x{:x} hold bits this build does not know; a newer Strata wrote it", flags));
+      }
+    }
     header = kStrataHeaderBytes;
     has_count = true;
   } else if (size >= 4 && load_le<std::int32_t>(head) == kLlmcMagic) {
@@ -84,7 +98,10 @@ TokenFile TokenFile::open(const std::string& path, FlatTokenWidth flat_width) {
     }
     declared = size / f.width_;
   }
-  const std::uint64_t payload = size - header;
+  // The loss mask (version 2) follows the tokens: one bit per token.
+  const std::uint64_t mask_bytes = (flags & kFlagLossMask) != 0 ? (declared / 8 + (declared % 8 != 0 ? 1 : 0)) : 0;
+  if (size - header < mask_bytes) bad(path, fmt::format("the file has {} bytes, fewer than its header and loss mask; it is truncated", size));
+  const std::uint64_t payload = size - header - mask_bytes;
   // declared * width must not wrap: 2^63 two-byte tokens would "fit" in an empty file.
   if (has_count && (declared > payload / f.width_ || payload != declared * f.width_)) {
     bad(path, fmt::format("the header declares {} tokens ({} bytes) but the file holds {} bytes after the header; it is "
@@ -104,6 +121,7 @@ TokenFile TokenFile::open(const std::string& path, FlatTokenWidth flat_width) {
     f.map_ = map;
     f.map_bytes_ = size;
     f.tokens_ = static_cast<const std::uint8_t*>(map) + header;
+    if (mask_bytes > 0) f.mask_ = f.tokens_ + declared * f.width_;
   }
   return f;
 }
@@ -121,6 +139,10 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     count_ = std::exchange(other.count_, 0);
     width_ = other.width_;
     vocab_ = other.vocab_;
+    tokenizer_hash_ = other.tokenizer_hash_;
+    source_hash_ = other.source_hash_;
+    tokenizer_kind_ = other.tokenizer_kind_;
+    mask_ = std::exchange(other.mask_, nullptr);
   }
   return *this;
 }
@@ -148,15 +170,31 @@ void TokenFile::check_vocab(std::int64_t vocab_size) const {
 }
 
 void write_token_file(const std::string& path, std::span<const std::uint32_t> tokens, std::uint64_t vocab_size) {
+  TokenFileMeta meta;
+  meta.vocab_size = vocab_size;
+  write_token_file(path, tokens, meta);
+}
+
+void write_token_file(const std::string& path, std::span<const std::uint32_t> tokens, const TokenFileMeta& meta) {
+  STRATA_CHECK(meta.loss_mask.empty() || meta.loss_mask.size() == tokens.size(), "loss mask of {} entries for {} tokens",
+               meta.loss_mask.size(), tokens.size());
   const bool narrow = std::all_of(tokens.begin(), tokens.end(), [](std::uint32_t t) { return t <= 0xFFFFu; });
+  const bool v2 = meta.tokenizer_hash != 0 || meta.tokenizer_kind != 0 || meta.source_hash != 0 || !meta.loss_mask.empty();
   std::uint8_t header[kStrataHeaderBytes] = {};
   std::memcpy(header, kStrataMagic, 8);
-  const std::uint32_t version = 1, width = narrow ? 2 : 4;
+  const std::uint32_t version = v2 ? 2 : 1, width = narrow ? 2 : 4;
   const std::uint64_t count = tokens.size();
+  const std::uint32_t flags = meta.loss_mask.empty() ? 0 : kFlagLossMask;
   std::memcpy(header + 8, &version, 4);
   std::memcpy(header + 12, &width, 4);
   std::memcpy(header + 16, &count, 8);
-  std::memcpy(header + 24, &vocab_size, 8);
+  std::memcpy(header + 24, &meta.vocab_size, 8);
+  if (v2) {
+    std::memcpy(header + 32, &meta.tokenizer_hash, 8);
+    std::memcpy(header + 40, &meta.source_hash, 8);
+    std::memcpy(header + 48, &flags, 4);
+    std::memcpy(header + 52, &meta.tokenizer_kind, 4);
+  }
   AtomicFileWriter out(path);
   out.append(header, sizeof header);
   if (narrow) {
@@ -164,6 +202,13 @@ void write_token_file(const std::string& path, std::span<const std::uint32_t> to
     out.append(t16.data(), t16.size() * 2);
   } else {
     out.append(tokens.data(), tokens.size() * 4);
+  }
+  if (!meta.loss_mask.empty()) {
+    std::vector<std::uint8_t> bits((tokens.size() + 7) / 8, 0);
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      if (meta.loss_mask[i] != 0) bits[i / 8] |= static_cast<std::uint8_t>(1u << (i % 8));
+    }
+    out.append(bits.data(), bits.size());
   }
   out.commit();
 }

@@ -2,8 +2,15 @@
 // position, consecutive evaluation windows, and the default demo corpus (Debian's `fortunes`).
 //
 // Token file formats, detected from the first bytes:
-//  * Strata: a 64-byte header: magic "STRATOK1", u32 version (1), u32 token width in bytes (2 or 4),
-//    u64 token count, u64 vocabulary size (0: unknown), 32 reserved zero bytes; then the tokens (LE).
+//  * Strata: a 64-byte header: magic "STRATOK1", u32 version (1 or 2), u32 token width in bytes (2
+//    or 4), u64 token count, u64 vocabulary size (0: unknown), then in version 1 32 reserved zero
+//    bytes, in version 2 (written by `strata data prepare`): u64 XXH64 of the tokenizer's file (0:
+//    bytes), u64 identity of the sources (XXH64 over their contents and the options), u32 flags (bit
+//    0: a loss mask follows the tokens), u32 tokenizer kind (0 bytes, 1 byte-level BPE, 2
+//    SentencePiece), 8 reserved zero bytes; then the tokens (LE), then with the mask flag
+//    ceil(count / 8) bytes of mask, bit t % 8 of byte t / 8 set when token t counts toward the loss
+//    as a prediction target (0 for prompt tokens). Version 1 files are written when there is no
+//    tokenizer and no mask, so older builds read them.
 //  * llm.c: a 256 x int32 header: magic 20240520, version (1: uint16 tokens, 2: uint32 tokens),
 //    token count; then the tokens.
 //  * flat: nanoGPT's train.bin/val.bin, raw little-endian uint16 (or uint32 when asked) tokens.
@@ -39,6 +46,13 @@ class TokenFile {
   std::size_t size() const { return count_; }
   std::size_t token_bytes() const { return width_; }
   std::uint64_t declared_vocab_size() const { return vocab_; }  // 0 when the format has none
+  // Version 2 metadata; 0 / false for other formats and versions.
+  std::uint64_t tokenizer_hash() const { return tokenizer_hash_; }
+  std::uint32_t tokenizer_kind() const { return tokenizer_kind_; }
+  std::uint64_t source_hash() const { return source_hash_; }
+  bool has_loss_mask() const { return mask_ != nullptr; }
+  // Whether token i counts toward the loss as a target (true for files without a mask).
+  bool counts_in_loss(std::size_t i) const { return mask_ == nullptr || ((mask_[i / 8] >> (i % 8)) & 1u) != 0; }
   std::uint32_t operator[](std::size_t i) const;
 
   // FormatError naming the file, the position and the token if any token is >= vocab_size.
@@ -54,10 +68,25 @@ class TokenFile {
   std::size_t count_ = 0;
   std::size_t width_ = 2;
   std::uint64_t vocab_ = 0;
+  std::uint64_t tokenizer_hash_ = 0, source_hash_ = 0;
+  std::uint32_t tokenizer_kind_ = 0;
+  const std::uint8_t* mask_ = nullptr;
 };
 
-// Writes a Strata token file (width 2 if every token fits in uint16, else 4) atomically.
+// What a version 2 Strata token file records beside its tokens.
+struct TokenFileMeta {
+  std::uint64_t vocab_size = 0;
+  std::uint64_t tokenizer_hash = 0;
+  std::uint32_t tokenizer_kind = 0;  // 0 bytes, 1 byte-level BPE, 2 SentencePiece
+  std::uint64_t source_hash = 0;
+  // One entry per token (1: counts toward the loss), or empty for no mask.
+  std::span<const std::uint8_t> loss_mask;
+};
+
+// Writes a Strata token file (width 2 if every token fits in uint16, else 4) atomically: version 1
+// with only a vocabulary size, version 2 with a tokenizer or a mask.
 void write_token_file(const std::string& path, std::span<const std::uint32_t> tokens, std::uint64_t vocab_size);
+void write_token_file(const std::string& path, std::span<const std::uint32_t> tokens, const TokenFileMeta& meta);
 // Writes an llm.c token file (version 1, uint16 tokens); for interoperability and tests.
 void write_llmc_token_file(const std::string& path, std::span<const std::uint16_t> tokens);
 

@@ -22,6 +22,7 @@ void register_commands(CLI::App& app, CommandTable& table) {
   register_eval(app, table);
   register_estimate(app, table);
   register_simulate(app, table);
+  register_data(app, table);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks, each beside its same-run yardstick");
   bench->require_subcommand(1);
   register_bench_io(*bench, table);

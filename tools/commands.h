@@ -30,6 +30,8 @@ void register_train(CLI::App& app, CommandTable& table);
 void register_eval(CLI::App& app, CommandTable& table);
 void register_estimate(CLI::App& app, CommandTable& table);
 void register_simulate(CLI::App& app, CommandTable& table);
+// `strata data tokenize` (tools/data.cc).
+void register_data(CLI::App& app, CommandTable& table);
 // Under `strata bench` (tools/bench.cc creates the parent).
 void register_bench_io(CLI::App& bench, CommandTable& table);
 void register_bench_adam(CLI::App& bench, CommandTable& table);

@@ -10,7 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libopenmpi-dev openmpi-bin libopenblas-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   fio fortunes
-  libpcre2-dev libsentencepiece-dev
+  libpcre2-dev libsentencepiece-dev libicu-dev
   python3-venv python3-pip python3-torch
 )
 

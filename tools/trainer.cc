@@ -335,6 +335,14 @@ models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm,
   const std::string data_path = prepare_training_data(cfg, comm, cache_dir);
   models::TokenFile data = models::TokenFile::open(data_path);
   data.check_vocab(model.vocab_size);
+  // Training on every token of a file whose prompts are masked would teach the prompts: refuse
+  // until the loss applies the mask (issue 35, item 3).
+  if (data.has_loss_mask()) {
+    throw FormatError(fmt::format("training data '{}' has a loss mask (prompt tokens masked by `strata data prepare`), "
+                                  "which training does not apply yet; prepare it from \"text\" documents to train on "
+                                  "every token",
+                                  data_path));
+  }
   if (data.size() < static_cast<std::size_t>(seq + 2)) {
     throw FormatError(fmt::format("training data '{}' has {} tokens, fewer than one window of seq_len {} + 1",
                                   data_path, data.size(), seq));

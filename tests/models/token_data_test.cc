@@ -118,6 +118,54 @@ TEST_F(TokenDataTest, CountsAndVocabulariesThatWrapAreRefused) {
   EXPECT_THROW(f.check_vocab(256), FormatError);
 }
 
+// Version 2 (strata data prepare): tokenizer hash, sources' identity and the loss mask read back;
+// a file with only a vocabulary stays version 1, which older builds read.
+TEST_F(TokenDataTest, Version2CarriesTokenizerAndLossMask) {
+  write_token_file(file("v1.tok"), std::vector<std::uint32_t>{1, 2, 3}, 256);
+  std::ifstream v1(file("v1.tok"), std::ios::binary);
+  char head[12];
+  v1.read(head, sizeof head);
+  EXPECT_EQ(head[8], 1) << "a file without tokenizer or mask must stay version 1";
+  const auto old = TokenFile::open(file("v1.tok"));
+  EXPECT_FALSE(old.has_loss_mask());
+  EXPECT_EQ(old.tokenizer_hash(), 0u);
+  EXPECT_TRUE(old.counts_in_loss(2));
+
+  std::vector<std::uint32_t> toks(19);
+  std::vector<std::uint8_t> mask(19);
+  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<std::uint32_t>(i * 7000), mask[i] = i % 3 == 0;
+  TokenFileMeta meta;
+  meta.vocab_size = 200'000;
+  meta.tokenizer_hash = 0x1234567890abcdefull;
+  meta.tokenizer_kind = 1;
+  meta.source_hash = 42;
+  meta.loss_mask = mask;
+  write_token_file(file("v2.tok"), toks, meta);
+  const auto f = TokenFile::open(file("v2.tok"));
+  EXPECT_EQ(f.size(), 19u);
+  EXPECT_EQ(f.token_bytes(), 4u);
+  EXPECT_EQ(f.declared_vocab_size(), 200'000u);
+  EXPECT_EQ(f.tokenizer_hash(), 0x1234567890abcdefull);
+  EXPECT_EQ(f.tokenizer_kind(), 1u);
+  EXPECT_EQ(f.source_hash(), 42u);
+  ASSERT_TRUE(f.has_loss_mask());
+  for (std::size_t i = 0; i < toks.size(); ++i) {
+    EXPECT_EQ(f[i], toks[i]);
+    EXPECT_EQ(f.counts_in_loss(i), mask[i] != 0) << i;
+  }
+  // A mask cut off, and flag bits from a newer writer, are refused.
+  std::filesystem::resize_file(file("v2.tok"), std::filesystem::file_size(file("v2.tok")) - 1);
+  EXPECT_NE(open_error(file("v2.tok")).find("truncated"), std::string::npos) << open_error(file("v2.tok"));
+  write_token_file(file("v2.tok"), toks, meta);
+  {
+    std::fstream io(file("v2.tok"), std::ios::binary | std::ios::in | std::ios::out);
+    io.seekp(48);
+    const std::uint32_t flags = 3;
+    io.write(reinterpret_cast<const char*>(&flags), 4);
+  }
+  EXPECT_NE(open_error(file("v2.tok")).find("flags 0x3"), std::string::npos) << open_error(file("v2.tok"));
+}
+
 TEST_F(TokenDataTest, ByteTokenizerRoundTrips) {
   const std::string text = "Hello, \xff\x00 world\n";
   const auto toks = ByteTokenizer::encode(text);

@@ -45,8 +45,14 @@ expect_error "tensor slices that do not nest" "strata.parallel.tensor_slices = 3
 expect_error "tiling beside tensor slices" "strata.tiling beside tensor parallelism" \
   "$strata" train --config "$config" --steps 1 --set strata.parallel.tensor_slices=2 --set strata.tiling='{"default": 2}'
 expect_error "an unknown schedule" "strata.parallel.schedule" "$strata" train --config "$config" --set strata.parallel.schedule='"zb"'
-expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, estimate, simulate, bench, ckpt" \
+expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, estimate, simulate, data, bench, ckpt" \
   "$strata" frobnicate
+expect_error "data prepare without a tokenizer folder" "tokenizer folder '$work/no-model' does not exist" \
+  "$strata" data prepare --tokenizer "$work/no-model" --input "$config" --out "$work/prepared"
+expect_error "data prepare with weights not matching inputs" "--weight was given 2 times for 1 --input files" \
+  "$strata" data prepare --tokenizer "$work" --input "$config" --weight 1 --weight 2 --out "$work/prepared"
+expect_error "data tokenize with two inputs" "give exactly one of --text FILE and --jsonl FILE" \
+  "$strata" data tokenize --tokenizer "$work" --text "$config" --jsonl "$config"
 expect_error "an unknown option names the nearest" "strata train: unknown option '--stepz'; did you mean '--steps'?" \
   "$strata" train --stepz 3
 expect_error "no subcommand lists the commands" "a command is needed: train" "$strata"

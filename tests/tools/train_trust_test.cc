@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "models/safetensors.h"
+#include "models/token_data.h"
 #include "tools/commands.h"
 #include "tools/trainer.h"
 
@@ -122,6 +123,25 @@ TEST(TrainTrust, NonFiniteInitWeightsAreRefusedNamingTensorAndElement) {
   EXPECT_NE(what.find(dir.file("nan.safetensors")), std::string::npos) << what;
   EXPECT_NE(what.find("tensor '" + good.tensors()[1].name + "' element 5 "), std::string::npos) << what;
   EXPECT_NE(what.find("nan"), std::string::npos) << what;
+}
+
+// A token file with a loss mask (strata data prepare's prompt/completion pairs) would train on its
+// prompts while the loss ignores the mask: refused, naming the file (issue 35, item 3 lifts it).
+TEST(TrainTrust, TokenFilesWithALossMaskAreRefused) {
+  TempDir dir;
+  std::vector<std::uint32_t> tokens(200);
+  std::vector<std::uint8_t> mask(200, 1);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::uint32_t>(i % 256), mask[i] = i % 4 != 0;
+  models::TokenFileMeta meta;
+  meta.vocab_size = 256;
+  meta.loss_mask = mask;
+  models::write_token_file(dir.file("masked.tok"), tokens, meta);
+  nlohmann::json config = tiny_config(dir, 1);
+  config["strata"]["data"]["train"] = dir.file("masked.tok");
+  const TrainOptions o = options_for(dir, config);
+  const std::string what = error_of<FormatError>([&] { run_training(o); });
+  EXPECT_NE(what.find(dir.file("masked.tok")), std::string::npos) << what;
+  EXPECT_NE(what.find("has a loss mask"), std::string::npos) << what;
 }
 
 // A static fp16 loss scale of 2^100 overflows every gradient: every step is skipped. The run fails
