@@ -48,6 +48,7 @@
 #include "tools/compute_device.h"
 #include "tools/demo_config.h"  // generated from configs/demo.json (tools/CMakeLists.txt)
 #include "tools/output_file.h"
+#include "tools/run_paths.h"
 #include "tools/trainer_parallel.h"
 #include "tools/trainer_checkpoints.h"
 #include "tools/trainer_report.h"
@@ -173,44 +174,6 @@ TrainConfig load_run_config(const TrainOptions& options) {
   return cfg;
 }
 
-// Every output of the run can be written and none of them is an input or another output: checked
-// before any work, so a wrong path costs seconds, not the run (tools/output_file.h).
-void check_run_outputs(const TrainOptions& options, const TrainConfig& cfg, int rank, int world) {
-  struct Output {
-    std::string path;
-    std::string_view what;
-    OutputWrite how;
-    MissingDirectory missing = MissingDirectory::Refuse;  // the config's outputs: its working area, created
-  };
-  std::vector<Output> outputs;
-  if (!cfg.strata.trace_path.empty()) {
-    outputs.push_back({world > 1 ? fmt::format("{}.rank{}", cfg.strata.trace_path, rank) : cfg.strata.trace_path,
-                       "strata.trace", OutputWrite::InPlace, MissingDirectory::Create});
-  }
-  if (rank == 0) {
-    outputs.push_back({options.save_weights, "--save-weights", OutputWrite::Replaced});
-    outputs.push_back({options.summary_json, "--summary-json", OutputWrite::InPlace});
-    outputs.push_back({cfg.strata.metrics_path, "strata.metrics", OutputWrite::InPlace, MissingDirectory::Create});
-  }
-  const std::string data_file = cfg.strata.data.train == "fortunes" ? std::string() : cfg.strata.data.train;
-  const std::vector<std::string> input_files = {options.config_path, cfg.strata.init_weights, data_file,
-                                                cfg.strata.data.validation};
-  const std::vector<std::string> input_dirs = {options.resume.empty() ? std::string()
-                                                                      : resolve_checkpoint_dir(options.resume)};
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const Output& o = outputs[i];
-    if (o.path.empty()) continue;
-    check_output_path(o.path, o.what, o.how, o.missing);
-    check_output_not_input(o.path, o.what, input_files, input_dirs);
-    for (std::size_t j = 0; j < i; ++j) {
-      if (!outputs[j].path.empty() && same_resolved_path(o.path, outputs[j].path)) {
-        throw ConfigError(fmt::format("{} '{}' and {} '{}' are the same file; give each output its own path",
-                                      outputs[j].what, outputs[j].path, o.what, o.path));
-      }
-    }
-  }
-}
-
 // The device the run computes on. With strata.trace, every stream records a timeline
 // (core/device/traced_device.h) through a traced wrapper of the sim device.
 struct RunDevice {
@@ -312,8 +275,7 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
 // The token file to train on, checked against the model's vocabulary and for one whole window.
 models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm, const models::ModelConfig& model) {
   const std::int64_t seq = cfg.strata.data.seq_len;
-  const std::string cache_dir = cfg.strata.checkpoint.dir.empty() ? "strata-run/data" : cfg.strata.checkpoint.dir + "/data";
-  const std::string data_path = prepare_training_data(cfg, comm, cache_dir);
+  const std::string data_path = prepare_training_data(cfg, comm, token_cache_dir(cfg));
   models::TokenFile data = models::TokenFile::open(data_path);
   data.check_vocab(model.vocab_size);
   if (data.size() < static_cast<std::size_t>(seq + 2)) {
@@ -733,8 +695,7 @@ TrainSummary run_training(const TrainOptions& options) {
     save_weights(options.save_weights, model, engine, decoder, tp, stage, rank, coords.data);
   }
   if (run_device.recorder) {
-    const std::string path =
-        world > 1 ? fmt::format("{}.rank{}", cfg.strata.trace_path, rank) : cfg.strata.trace_path;
+    const std::string path = trace_path_of_rank(cfg, rank, world);
     run_device.recorder->write_chrome_trace(path, rank);
     if (rank == 0) spdlog::info("wrote the timeline to {} (open it in chrome://tracing or ui.perfetto.dev)", path);
   }
