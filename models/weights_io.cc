@@ -167,6 +167,42 @@ void save_weights(const std::string& path, const ModelConfig& config, ParamProvi
                     {{"format", "pt"}, {"strata.model", config.name}, {"strata.arch", std::string(architecture_name(config.arch))}});
 }
 
+void check_init_weights_tensors(const SafetensorsFile& file, const ModelConfig& config) {
+  std::set<std::string> model_names;
+  for (const auto& g : decoder_param_groups(config)) {
+    for (const auto& t : g.tensors) model_names.insert(t.name);
+  }
+  // At most a few names in a message; the count says how many more.
+  const auto listed = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (std::size_t i = 0; i < names.size() && i < 4; ++i) s += fmt::format("{}'{}'", i == 0 ? "" : ", ", names[i]);
+    if (names.size() > 4) s += fmt::format(" and {} more", names.size() - 4);
+    return s;
+  };
+  std::vector<std::string> extra, missing;
+  std::set<std::string> in_file;
+  for (const auto& e : file.tensors()) {
+    in_file.insert(e.name);
+    if (!model_names.contains(e.name)) extra.push_back(e.name);
+  }
+  for (const auto& n : model_names) {
+    if (!in_file.contains(n)) missing.push_back(n);
+  }
+  if (!extra.empty()) {
+    throw FormatError(fmt::format("strata.init_weights '{}' holds {} tensor(s) model '{}' does not have ({}); it holds "
+                                  "the weights of another model (more layers, another size or architecture), which "
+                                  "would be dropped: give weights saved from model '{}', or set strata.model to "
+                                  "theirs",
+                                  file.path(), extra.size(), config.name, listed(extra), config.name));
+  }
+  if (!missing.empty()) {
+    throw FormatError(fmt::format("strata.init_weights '{}' lacks {} tensor(s) of model '{}' ({}); it holds the "
+                                  "weights of another model or is incomplete: give weights saved from model '{}' "
+                                  "(strata train --save-weights writes such files)",
+                                  file.path(), missing.size(), config.name, listed(missing), config.name));
+  }
+}
+
 void read_init_tensor(const SafetensorsFile& file, const ModelConfig& config, const ParamTensorSpec& tensor,
                       std::span<float> out) {
   STRATA_CHECK(out.size() == tensor.elems(), "init of '{}': {} values for {} elements", tensor.name, out.size(),

@@ -34,6 +34,11 @@ void save_weights(const std::string& path, const ModelConfig& config, ParamProvi
 void read_init_tensor(const SafetensorsFile& file, const ModelConfig& config, const ParamTensorSpec& tensor,
                       std::span<float> out);
 
+// strata.init_weights holds exactly the tensors of `config`: FormatError naming the tensors the
+// model lacks (a file of a deeper or other model, whose extra blocks would be dropped) or the
+// first tensors the file lacks; shapes are checked per tensor by read_init_tensor.
+void check_init_weights_tensors(const SafetensorsFile& file, const ModelConfig& config);
+
 // fp32 values of every tensor of `groups` in group order (values[i] for the i-th tensor, counting
 // group by group, as ZeroEngine::gather_master gives them) reassembled into the whole tensors of
 // `config`, in the untiled declaration order: what `strata train --save-weights` writes, the same

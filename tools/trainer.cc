@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -49,6 +48,7 @@
 #include "tools/demo_config.h"  // generated from configs/demo.json (tools/CMakeLists.txt)
 #include "tools/output_file.h"
 #include "tools/run_paths.h"
+#include "tools/token_cache.h"
 #include "tools/trainer_parallel.h"
 #include "tools/trainer_checkpoints.h"
 #include "tools/trainer_report.h"
@@ -96,30 +96,19 @@ models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpoi
 namespace {
 
 // The token file to train on: the fortunes corpus (tokenized once into `cache_dir`), a token file,
-// or a text file tokenized by bytes.
+// or a text file tokenized by bytes. Caches are made again when their source changed (Note [Token
+// cache identity], tools/token_cache.h).
 std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, const std::string& cache_dir) {
   const DataConfig& d = cfg.strata.data;
   std::string path;
   if (d.train == "fortunes") {
-    path = cache_dir + "/train.tok";  // prepare_fortunes_token_files writes train.tok and val.tok
-    if (comm.rank() == 0) {
-      std::filesystem::create_directories(cache_dir);
-      if (!std::filesystem::exists(path)) models::prepare_fortunes_token_files(cache_dir);
-    }
+    path = cache_dir + "/train.tok";  // fortunes_token_cache writes train.tok and val.tok
+    if (comm.rank() == 0) fortunes_token_cache(cache_dir, models::kDefaultFortunesDir);
   } else {
     const bool text = d.format == "text" || (d.format == "auto" && std::filesystem::path(d.train).extension() == ".txt");
     if (!text) return d.train;
     path = cache_dir + "/" + std::filesystem::path(d.train).filename().string() + ".tok";
-    if (comm.rank() == 0) {
-      std::ifstream in(d.train, std::ios::binary);
-      if (!in) {
-        throw ConfigError(fmt::format("{}: strata.data.train: cannot open '{}': {}", cfg.source, d.train,
-                                      errno_text(errno)));
-      }
-      const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      std::filesystem::create_directories(cache_dir);
-      models::write_token_file(path, models::ByteTokenizer::encode(content), models::ByteTokenizer::kVocabSize);
-    }
+    if (comm.rank() == 0) text_token_cache(d.train, cfg.source + ": strata.data.train", path);
   }
   comm.barrier();
   return path;
@@ -577,7 +566,10 @@ TrainSummary run_training(const TrainOptions& options) {
   const std::vector<std::size_t>& stage_groups = decoder.stage_groups();  // their indices among all groups
   const std::uint64_t seed = cfg.strata.seed;
   std::unique_ptr<models::SafetensorsFile> init_file;
-  if (!cfg.strata.init_weights.empty()) init_file = std::make_unique<models::SafetensorsFile>(models::SafetensorsFile::open(cfg.strata.init_weights));
+  if (!cfg.strata.init_weights.empty()) {
+    init_file = std::make_unique<models::SafetensorsFile>(models::SafetensorsFile::open(cfg.strata.init_weights));
+    models::check_init_weights_tensors(*init_file, model);  // no block dropped, none made up
+  }
   // A tensor rank's slice is cut from the whole tensor's initial values, so every T starts equal.
   const models::TensorParallelLayout tp_layout = models::tensor_parallel_layout(model, tp.size, tp.rank);
   const auto init = [&](std::size_t g, std::size_t t, std::span<float> out) {
@@ -637,6 +629,11 @@ TrainSummary run_training(const TrainOptions& options) {
       (*reslicer)(reader, g, a, offset, out);
     };
   };
+  // What the run trains on: its checkpoints record it, a resume compares it (Note [Token cache identity]).
+  if (rank == 0 && (checkpoints.enabled() || !options.resume.empty())) {
+    checkpoints.data_identity = token_data_identity(data.path());
+  }
+  checkpoints.allow_new_data = options.allow_new_data;
   checkpoints.claim_directory(!options.resume.empty());
   const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
 

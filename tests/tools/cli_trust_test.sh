@@ -4,7 +4,8 @@
 # link that never finishes a step) are refused naming the thing and the fix; eval's --batch-size is
 # named as a flag, not as a config key it does not have; `strata train` runs from any directory on
 # the built-in configs/demo.json; `bench model` picks a sequence length the model supports; a full
-# disk under strata.metrics fails the run naming the path. Every refusal exits 1.
+# disk under strata.metrics fails the run naming the path; a FIFO, directory or device as --config
+# is refused saying what it is. Every refusal exits 1.
 # Usage: cli_trust_test.sh STRATA_BINARY CONFIG WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; work="$3"
@@ -108,6 +109,15 @@ if ! "$strata" --log-level warn bench model --model tiny --steps 1 --warmup 0 --
   no_gpu "cuda without a usable GPU names the flag and the fix" 'set --device to "sim"' \
     "$strata" bench model --model tiny --steps 1 --device cuda
 fi
+# Every file read whole is read one way (issue 39): a FIFO as --config does not block forever, a
+# directory or a device is named as such, not "unexpected end of input".
+mkfifo config.fifo
+expect_error "a FIFO as --config is refused, not waited on" "config file config.fifo is not a regular file" \
+  timeout 20 "$strata" train --config config.fifo --steps 1
+expect_error "a directory as --config is named as one" "config file $work is a directory" \
+  "$strata" train --config "$work" --steps 1
+expect_error "/dev/zero as --config is named as a device" "config file /dev/zero is not a regular file" \
+  timeout 20 "$strata" train --config /dev/zero --steps 1
 expect_error "--save-weights into a missing directory is refused before training" "directory '$work/nope' does not exist" \
   "$strata" train --config "$config" --steps 2 --save-weights "$work/nope/w.safetensors"
 exit $fail

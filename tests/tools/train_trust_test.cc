@@ -124,6 +124,39 @@ TEST(TrainTrust, NonFiniteInitWeightsAreRefusedNamingTensorAndElement) {
   EXPECT_NE(what.find("nan"), std::string::npos) << what;
 }
 
+// strata.init_weights of another shape: a file of a 4-layer model into the 2-layer tiny model (its
+// blocks 2 and 3 were dropped) and the reverse (blocks 2 and 3 missing) are refused naming the
+// tensors; the tiny model's own file still initializes it.
+TEST(TrainTrust, InitWeightsOfAnotherModelAreRefusedNamingTheTensors) {
+  TempDir dir;
+  nlohmann::json deep = tiny_config(dir, 0);
+  deep["strata"]["model"] = {{"name", "tiny4"}, {"arch", "gpt2"}, {"vocab_size", 256}, {"max_seq_len", 64},
+                             {"n_layers", 4}, {"d_model", 32}, {"n_heads", 4}, {"ffn_hidden", 128}};
+  TrainOptions save_deep = options_for(dir, deep);
+  save_deep.save_weights = dir.file("deep.safetensors");
+  run_training(save_deep);
+  TrainOptions save_tiny = options_for(dir, tiny_config(dir, 0));
+  save_tiny.save_weights = dir.file("tiny.safetensors");
+  run_training(save_tiny);
+
+  nlohmann::json into_tiny = tiny_config(dir, 1);
+  into_tiny["strata"]["init_weights"] = dir.file("deep.safetensors");
+  const TrainOptions o = options_for(dir, into_tiny);
+  const std::string extra = error_of<FormatError>([&] { run_training(o); });
+  EXPECT_NE(extra.find("model 'tiny' does not have ('blocks.2."), std::string::npos) << extra;
+  EXPECT_NE(extra.find("would be dropped"), std::string::npos) << extra;
+
+  deep["strata"]["steps"] = 1;
+  deep["strata"]["init_weights"] = dir.file("tiny.safetensors");
+  const TrainOptions d = options_for(dir, deep);
+  const std::string missing = error_of<FormatError>([&] { run_training(d); });
+  EXPECT_NE(missing.find("lacks"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("'blocks.2."), std::string::npos) << missing;
+
+  into_tiny["strata"]["init_weights"] = dir.file("tiny.safetensors");
+  EXPECT_EQ(run_training(options_for(dir, into_tiny)).steps, 1) << "the model's own weights";
+}
+
 // A static fp16 loss scale of 2^100 overflows every gradient: every step is skipped. The run fails
 // after strata.max_skipped_steps in a row (3 by default without a dynamic scaler), saying why.
 TEST(TrainTrust, TooManySkippedStepsInARowFailTheRun) {
