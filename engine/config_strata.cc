@@ -42,6 +42,10 @@ StrataConfig parse_strata(ConfigReader r) {
     d.get_choice("kind", &kind, {"auto", "sim", "cuda"});
     s.device.kind = kind == "sim" ? DeviceChoice::Sim : kind == "cuda" ? DeviceChoice::Cuda : DeviceChoice::Auto;
     d.get_bytes("memory", &s.device.memory_bytes, 0);
+    if (d.has("memory") && !d.is_auto("memory") && s.device.memory_bytes == 0) {
+      d.fail("memory", "0 B is no device memory; give a size such as \"8GiB\", or leave the key out (or write "
+                       "\"auto\") for the default");
+    }
     // The modeled link (Note [Modeled link], core/device/sim_device.cc): a bandwidth so low, or a
     // latency so high, that a step would take hours is a typo, not a model of a link.
     const auto get_gbps = [&d](std::string_view key, double* gbps) {

@@ -97,6 +97,21 @@ ModelConfig model_config_by_name(std::string_view name) {
   throw ConfigError(fmt::format("unknown model '{}'; known models: {}", name, fmt::join(known_model_names(), ", ")));
 }
 
+namespace {
+
+// A count of the model config: an integer, never a fraction quietly truncated (n_layers: 1.5).
+std::int64_t model_integer(const nlohmann::json& value, const std::string& key) {
+  if (value.is_number_integer()) return value.get<std::int64_t>();
+  if (value.is_number_float()) {
+    throw ConfigError(fmt::format("model config key '{}' is {}, not a whole number; give an integer", key,
+                                  value.dump()));
+  }
+  throw ConfigError(fmt::format("model config key '{}' must be an integer, found {} {}", key, value.type_name(),
+                                value.dump()));
+}
+
+}  // namespace
+
 ModelConfig model_config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw ConfigError("model config must be a JSON object");
   ModelConfig c;
@@ -119,20 +134,20 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
         if (a != "gpt2" && a != "llama") throw ConfigError(fmt::format("model.arch '{}' must be gpt2 or llama", a));
         c.arch = a == "gpt2" ? Architecture::Gpt2 : Architecture::Llama;
       } else if (key == "vocab_size") {
-        c.vocab_size = value.get<std::int64_t>();
+        c.vocab_size = model_integer(value, key);
       } else if (key == "max_seq_len") {
-        c.max_seq_len = value.get<std::int64_t>();
+        c.max_seq_len = model_integer(value, key);
       } else if (key == "n_layers") {
-        c.n_layers = value.get<std::int64_t>();
+        c.n_layers = model_integer(value, key);
       } else if (key == "d_model") {
-        c.d_model = value.get<std::int64_t>();
+        c.d_model = model_integer(value, key);
       } else if (key == "n_heads") {
-        c.n_heads = value.get<std::int64_t>();
+        c.n_heads = model_integer(value, key);
         if (!j.contains("n_kv_heads") && c.arch == Architecture::Gpt2) c.n_kv_heads = c.n_heads;
       } else if (key == "n_kv_heads") {
-        c.n_kv_heads = value.get<std::int64_t>();
+        c.n_kv_heads = model_integer(value, key);
       } else if (key == "ffn_hidden") {
-        c.ffn_hidden = value.get<std::int64_t>();
+        c.ffn_hidden = model_integer(value, key);
       } else if (key == "norm_eps") {
         c.norm_eps = value.get<float>();
       } else if (key == "rope_theta") {
@@ -152,6 +167,13 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
     }
   }
   if (c.arch == Architecture::Gpt2 && c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
+  // A key the architecture does not read is refused, not carried silently.
+  if (c.arch == Architecture::Gpt2 && j.contains("rope_theta")) {
+    throw ConfigError(fmt::format("model config key 'rope_theta' applies to llama models (rotary positions), and "
+                                  "model '{}' is gpt2 (learned positions), which does not read it: remove the key or "
+                                  "set arch to llama",
+                                  c.name));
+  }
   c.validate();
   return c;
 }

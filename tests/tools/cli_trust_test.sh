@@ -109,6 +109,25 @@ if ! "$strata" --log-level warn bench model --model tiny --steps 1 --warmup 0 --
   no_gpu "cuda without a usable GPU names the flag and the fix" 'set --device to "sim"' \
     "$strata" bench model --model tiny --steps 1 --device cuda
 fi
+# Configs say what they mean (issue 39): a repeated key, memory 0, a fractional layer count, a key
+# the architecture does not read and pinned pools past the host budget are refused, not reinterpreted.
+printf '{"train_micro_batch_size_per_gpu": 2, "strata": {"model": "tiny"},\n "strata": {"steps": 1}}\n' > dup.json
+expect_error "a repeated key is refused, not the first section dropped" \
+  'appears twice in the top-level object; JSON keeps only the last' "$strata" train --config dup.json
+printf '{"strata": {"data": {"seq_len": 16, "seq_len": 32}}}\n' > dup2.json
+expect_error "... also inside a section" 'appears twice in the object at strata.data' \
+  "$strata" train --config dup2.json
+expect_error "strata.device.memory 0 is refused, not 1 GiB" "strata.device.memory: 0 B is no device memory" \
+  "$strata" train --config "$config" --steps 1 --set strata.device.memory=0
+expect_error "n_layers 1.5 is refused, not truncated" "model config key 'n_layers' is 1.5, not a whole number" \
+  "$strata" train --config "$config" --steps 1 \
+  --set strata.model='{"name": "tiny", "n_layers": 1.5}'
+expect_error "rope_theta on a gpt2 model is refused" "'rope_theta' applies to llama models" \
+  "$strata" train --config "$config" --steps 1 --set strata.model='{"name": "tiny", "rope_theta": 500000}'
+expect_error "pinned pools past the \"auto\" host budget are refused before pinning" \
+  'but the pinned staging pools take' "$strata" train --config "$config" --steps 1 \
+  --set zero_optimization.offload_optimizer.device='"cpu"' --set strata.offload.pinned_buffer='"1000TiB"' \
+  --set zero_optimization.sub_group_size=1e12
 # Every file read whole is read one way (issue 39): a FIFO as --config does not block forever, a
 # directory or a device is named as such, not "unexpected end of input".
 mkfifo config.fifo
