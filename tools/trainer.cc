@@ -47,6 +47,7 @@
 #include "tools/compute_device.h"
 #include "tools/demo_config.h"  // generated from configs/demo.json (tools/CMakeLists.txt)
 #include "tools/output_file.h"
+#include "tools/rank_agreement.h"
 #include "tools/run_paths.h"
 #include "tools/token_cache.h"
 #include "tools/trainer_parallel.h"
@@ -534,6 +535,7 @@ TrainSummary run_training(const TrainOptions& options) {
   if (another_rank_failed(*comm, output_error)) {
     throw ConfigError("another rank refused one of its output paths (its message says which)");
   }
+  check_ranks_agree(*comm, rank_identity(options, cfg));  // Note [Ranks agree]
 
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
