@@ -661,7 +661,7 @@ TrainSummary run_training(const TrainOptions& options) {
   const int data_world = dcomm.world_size();
   const std::int64_t units = static_cast<std::int64_t>(accumulation) * data_world;
   const std::int64_t tokens_per_step = units * micro * seq;
-  StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step);
+  StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step, options.resume, first_step);
   if (rank == 0) log_run_shape(cfg, model, decoder.layout().groups.size(), layout, *device, comm->backend());
   StepLoop loop{.cfg = cfg, .device = *device, .comm = dcomm, .world_comm = *comm, .engine = engine, .decoder = decoder, .rt = rt,
                 .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -155,6 +156,35 @@ TEST(TrainTrust, InitWeightsOfAnotherModelAreRefusedNamingTheTensors) {
 
   into_tiny["strata"]["init_weights"] = dir.file("tiny.safetensors");
   EXPECT_EQ(run_training(options_for(dir, into_tiny)).steps, 1) << "the model's own weights";
+}
+
+// strata.metrics holds one run's lines: a fresh run finding an earlier run's lines keeps them as
+// PATH.1 and starts anew (steps 1,2,1,2 in one file told nothing apart); a resume appends after a
+// marker line naming the step and the checkpoint.
+TEST(TrainTrust, MetricsOfEachRunAreToldApart) {
+  TempDir dir;
+  nlohmann::json config = tiny_config(dir, 2);
+  config["strata"]["metrics"] = dir.file("m.jsonl");
+  config["strata"]["checkpoint"]["dir"] = dir.file("ck-metrics");
+  run_training(options_for(dir, config));
+  const std::string first = file_text(dir.file("m.jsonl"));
+  ASSERT_EQ(std::count(first.begin(), first.end(), '\n'), 2);
+  config["strata"]["checkpoint"]["dir"] = dir.file("ck-metrics2");
+  run_training(options_for(dir, config));
+  EXPECT_EQ(file_text(dir.file("m.jsonl.1")), first) << "the earlier run's lines are kept";
+  const std::string second = file_text(dir.file("m.jsonl"));
+  EXPECT_EQ(std::count(second.begin(), second.end(), '\n'), 2) << second;
+
+  config["strata"]["steps"] = 3;
+  TrainOptions resume = options_for(dir, config);
+  resume.resume = dir.file("ck-metrics2");
+  run_training(resume);
+  const std::string resumed = file_text(dir.file("m.jsonl"));
+  EXPECT_EQ(resumed.substr(0, second.size()), second);
+  EXPECT_NE(resumed.find("{\"resumed\":{\"checkpoint\":\"" + dir.file("ck-metrics2") + "\",\"step\":2}}\n{\"applied\""),
+            std::string::npos)
+      << resumed;
+  EXPECT_FALSE(fs::exists(dir.file("m.jsonl.2"))) << "a resume appends";
 }
 
 // A static fp16 loss scale of 2^100 overflows every gradient: every step is skipped. The run fails
