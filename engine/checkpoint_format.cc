@@ -331,7 +331,14 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
     }
     return target;
   }
-  if (!fs::is_directory(dir)) throw FormatError(fmt::format("checkpoint directory {} does not exist", dir));
+  if (!fs::is_directory(dir)) {
+    if (fs::exists(dir)) {
+      throw FormatError(fmt::format("{} is a file, not a checkpoint: give a checkpoint directory (step-*) or the "
+                                    "directory holding its `latest`",
+                                    dir));
+    }
+    throw FormatError(fmt::format("checkpoint directory {} does not exist", dir));
+  }
   throw FormatError(fmt::format("{} is not a checkpoint: it has neither {} nor a {} file naming one", dir,
                                 kCheckpointManifest, kCheckpointLatest));
 }

@@ -29,6 +29,9 @@ StrataConfig parse_strata(ConfigReader r) {
   {
     ConfigReader d = r.section("data");
     d.get_string("train", &s.data.train);
+    if (s.data.train.empty()) {
+      d.fail("train", "is empty; name a token file, a text file, or \"fortunes\" (the built-in corpus)");
+    }
     d.get_string("validation", &s.data.validation);
     d.get_choice("format", &s.data.format, {"auto", "text", "tokens"});
     d.get_int("seq_len", &s.data.seq_len, 2, 1 << 20);

@@ -77,7 +77,10 @@ void ModelConfig::validate() const {
   need(n_layers > 0, "n_layers must be positive");
   need(d_model > 0 && n_heads > 0, "d_model and n_heads must be positive");
   need(d_model % n_heads == 0, "d_model must be a multiple of n_heads");
-  need(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads");
+  need(n_kv_heads > 0, fmt::format("n_kv_heads is {} (0: missing); a llama model needs at least 1 KV head: set "
+                                   "n_kv_heads (equal to n_heads for multi-head attention)",
+                                   n_kv_heads));
+  need(n_heads % n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads");
   need(arch == Architecture::Llama || n_kv_heads == n_heads, "gpt2 models have n_kv_heads == n_heads");
   need(arch == Architecture::Gpt2 || head_dim() % 2 == 0, "RoPE needs an even head dimension (d_model / n_heads)");
   need(ffn_hidden > 0, "ffn_hidden must be positive");

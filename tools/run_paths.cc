@@ -159,6 +159,13 @@ void check_run_outputs(const TrainOptions& options, const TrainConfig& cfg, int 
     check_output_path(trace_path_of_rank(cfg, rank, world), "strata.trace", OutputWrite::InPlace,
                       MissingDirectory::Create);
   }
+  struct stat st {};
+  const std::string& ck = cfg.strata.checkpoint.dir;
+  if (!ck.empty() && ::stat(ck.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    throw ConfigError(fmt::format("strata.checkpoint.dir '{}' is a file, not a directory; give a directory (made if "
+                                  "missing) for the run's checkpoints",
+                                  ck));
+  }
   if (rank == 0) {
     check_output_path(options.save_weights, "--save-weights", OutputWrite::Replaced);
     check_output_path(options.summary_json, "--summary-json", OutputWrite::InPlace);

@@ -127,6 +127,17 @@ std::optional<std::string> stale_reason(const std::string& cache, const std::opt
   return std::nullopt;
 }
 
+void make_cache_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    throw IoError(fmt::format("cannot make the token cache directory '{}': {}; it lies in strata.checkpoint.dir (or "
+                              "strata-run/ without one): choose a directory that can hold it",
+                              dir, ec.message()),
+                  ec.value());
+  }
+}
+
 // Holds DIR/.strata-tokenize.lock: one run at a time makes the caches of a directory.
 class TokenizeLock {
  public:
@@ -176,7 +187,7 @@ std::string fortunes_token_cache(const std::string& cache_dir, const std::string
     return why ? why : stale_reason(val, source);
   };
   if (!reason()) return train;
-  fs::create_directories(cache_dir);
+  make_cache_dir(cache_dir);
   const TokenizeLock lock(cache_dir);
   const std::optional<std::string> why = reason();  // another run may have made it meanwhile
   if (!why) return train;
@@ -198,7 +209,7 @@ void text_token_cache(const std::string& source_path, const std::string& what, c
   }
   if (!stale_reason(cache, source)) return;
   const std::string dir = fs::path(cache).parent_path().string();
-  fs::create_directories(dir);
+  make_cache_dir(dir);
   const TokenizeLock lock(dir);
   const std::optional<std::string> why = stale_reason(cache, source);
   if (!why) return;  // another run made it meanwhile

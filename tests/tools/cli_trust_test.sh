@@ -128,6 +128,28 @@ expect_error "pinned pools past the \"auto\" host budget are refused before pinn
   'but the pinned staging pools take' "$strata" train --config "$config" --steps 1 \
   --set zero_optimization.offload_optimizer.device='"cpu"' --set strata.offload.pinned_buffer='"1000TiB"' \
   --set zero_optimization.sub_group_size=1e12
+# Messages (issue 39): a file-system failure names the path and the cause with exit 1, never
+# "unexpected error"; each value is judged by what it is.
+touch plainfile
+expect_error "a checkpoint directory that is a file" "strata.checkpoint.dir 'plainfile' is a file, not a directory" \
+  "$strata" train --config "$config" --steps 1 --set strata.checkpoint.dir='"plainfile"'
+long=$(printf 'x%.0s' $(seq 1 300))
+expect_error "a path too long names it and the cause" "File name too long" \
+  "$strata" train --config "$config" --steps 1 --set strata.checkpoint.dir="\"$long\""
+expect_error "ckpt verify on a file says it is a file" "plainfile is a file, not a checkpoint" \
+  "$strata" ckpt verify plainfile
+expect_error "a byte size past 2^64 is too large, not malformed" "'99999999TiB' is too large" \
+  "$strata" train --config "$config" --steps 1 --set strata.offload.pinned_buffer='"99999999TiB"'
+expect_error "AUTO suggests auto" "is written in lower case" \
+  "$strata" train --config "$config" --steps 1 --set zero_optimization.stage='"AUTO"'
+expect_error "an empty data path says empty" "strata.data.train: is empty" \
+  "$strata" train --config "$config" --steps 1 --set strata.data.train='""'
+expect_error "n_kv_heads 0 says so" "n_kv_heads is 0 (0: missing)" "$strata" train --config "$config" --steps 1 \
+  --set strata.model='{"name": "kv0", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 0, "ffn_hidden": 64}'
+expect_error "a tile count past its cap names the cap" "1000000 tiles exceed the" \
+  "$strata" train --config "$config" --steps 1 --set strata.tiling='{"default": 1000000}'
+out=$("$strata" doctor --need 1PiB 2>&1) && rc=0 || rc=$?
+check "doctor --need reads the units doctor prints (exit $rc)" "! echo \"\$out\" | grep -q 'not a byte size'"
 # Every file read whole is read one way (issue 39): a FIFO as --config does not block forever, a
 # directory or a device is named as such, not "unexpected end of input".
 mkfifo config.fifo
