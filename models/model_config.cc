@@ -1,6 +1,8 @@
 // Model configurations by name and by fields (see models/model_config.h).
 #include "models/model_config.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -106,6 +108,8 @@ namespace {
 std::int64_t model_integer(const nlohmann::json& value, const std::string& key) {
   if (value.is_number_integer()) return value.get<std::int64_t>();
   if (value.is_number_float()) {
+    const double v = value.get<double>();
+    if (std::floor(v) == v && std::abs(v) < 9.0e18) return static_cast<std::int64_t>(v);  // 32.0 is 32
     throw ConfigError(fmt::format("model config key '{}' is {}, not a whole number; give an integer", key,
                                   value.dump()));
   }

@@ -45,11 +45,15 @@ std::string file_kind(const struct stat& st) {
 fs::path resolved(const std::string& p) { return canonical_path(p); }
 
 // A file of a checkpoint series, this run's or another's: its `latest` pointer, or anything inside
-// one of its step directories. An output there would break the series (engine/checkpoint.h).
+// one of its step directories (engine/checkpoint.h); or a token cache a run made. An output there
+// would break the series or the cache.
 std::optional<std::string> checkpoint_part(const std::string& path) {
   const fs::path p = resolved(path);
   const fs::path parent = p.parent_path();
   std::error_code ec;
+  if (fs::exists(p.string() + ".source", ec)) {  // a token cache with its record (tools/token_cache.h)
+    return fmt::format("a token cache of a run (its record is '{}.source')", p.string());
+  }
   if (p.filename() == kCheckpointLatest && !checkpoint_steps_in(parent.string()).empty()) {
     return fmt::format("the `latest` pointer of the checkpoints in '{}'", parent.string());
   }
@@ -73,7 +77,7 @@ void check_output_path(const std::string& path, std::string_view what, OutputWri
                                   what, path, *target));
   }
   if (const std::optional<std::string> part = checkpoint_part(path)) {
-    throw ConfigError(fmt::format("{} '{}' is {}; writing it would break that checkpoint series: choose an output "
+    throw ConfigError(fmt::format("{} '{}' is {}; writing it would break what a run reads there: choose an output "
                                   "path outside it",
                                   what, path, *part));
   }

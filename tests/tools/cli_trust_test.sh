@@ -122,6 +122,9 @@ expect_error "strata.device.memory 0 is refused, not 1 GiB" "strata.device.memor
 expect_error "n_layers 1.5 is refused, not truncated" "model config key 'n_layers' is 1.5, not a whole number" \
   "$strata" train --config "$config" --steps 1 \
   --set strata.model='{"name": "tiny", "n_layers": 1.5}'
+"$strata" --log-level warn train --config "$config" --steps 0 --set strata.model='{"name": "tiny", "d_model": 32.0}' \
+  >whole.log 2>&1 && rc=0 || rc=$?
+check "a whole number written 32.0 is still 32 (exit $rc)" "[ $rc -eq 0 ]"
 expect_error "rope_theta on a gpt2 model is refused" "'rope_theta' applies to llama models" \
   "$strata" train --config "$config" --steps 1 --set strata.model='{"name": "tiny", "rope_theta": 500000}'
 expect_error "pinned pools past the \"auto\" host budget are refused before pinning" \

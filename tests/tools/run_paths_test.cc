@@ -150,6 +150,15 @@ TEST_F(RunPathsTest, AnOutputInsideACheckpointSeriesIsRefused) {
   EXPECT_REFUSED(refusal(o, other), "the `latest` pointer");
   o.save_weights = "weights.safetensors";
   EXPECT_EQ(refusal(o, other), "");
+  // Another run's token cache (it has a record beside it): refused; a .tok file without one is not.
+  fs::create_directories("elsewhere");
+  std::ofstream("elsewhere/train.tok") << "tokens";
+  std::ofstream("elsewhere/plain.tok") << "tokens";
+  std::ofstream("elsewhere/train.tok.source") << "{}";
+  o.save_weights = "elsewhere/train.tok";
+  EXPECT_REFUSED(refusal(o, other), "is a token cache of a run");
+  o.save_weights = "elsewhere/plain.tok";
+  EXPECT_EQ(refusal(o, other), "");
   // A file the run writes itself must not be one it reads: init weights where the swap file goes.
   fs::rename("init.safetensors", "nv/strata-swap-rank0.bin");
   EXPECT_REFUSED(refusal(options(), config({{"init_weights", "nv/strata-swap-rank0.bin"}})),
