@@ -27,6 +27,35 @@ void UniqueFd::reset() noexcept {
   }
 }
 
+std::optional<std::string> refused_output_link(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return std::nullopt;
+  const std::string absolute = std::filesystem::absolute(path).lexically_normal().string();
+  if (absolute.rfind("/dev/", 0) == 0 || absolute.rfind("/proc/", 0) == 0) return std::nullopt;
+  std::error_code ec;
+  const std::filesystem::path target = std::filesystem::read_symlink(path, ec);
+  return ec ? std::string("?") : target.string();
+}
+
+UniqueFd open_output_file(const std::string& path, std::string_view what, OutputOpen mode) {
+  struct stat st {};
+  const bool system_link = ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && !refused_output_link(path);
+  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (mode == OutputOpen::Append ? O_APPEND : O_TRUNC);
+  if (!system_link) flags |= O_NOFOLLOW;  // also when a link is planted after the check above
+  UniqueFd fd(::open(path.c_str(), flags, 0644));
+  if (!fd.valid()) {
+    const int err = errno;
+    if (err == ELOOP) {
+      throw IoError(fmt::format("{}: '{}' is a symbolic link (to '{}'); Strata never writes through a link, which "
+                                "could overwrite the file it points to: remove the link or give another path",
+                                what, path, refused_output_link(path).value_or("?")),
+                    err);
+    }
+    throw IoError(fmt::format("{}: cannot open '{}' for writing: {}", what, path, errno_text(err)), err);
+  }
+  return fd;
+}
+
 UniqueFd open_for_read(const std::string& path, std::string_view what, Symlinks symlinks) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; it is
   // refused below, and on a regular file the flag changes nothing.

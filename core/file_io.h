@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,6 +46,24 @@ enum class Symlinks : std::uint8_t { Follow, Refuse };
 // directory, FIFO, socket or device is refused with a message saying what it is (a FIFO would
 // block the read forever).
 UniqueFd open_for_read(const std::string& path, std::string_view what, Symlinks symlinks = Symlinks::Follow);
+
+// Note [No writing through links]: where Strata writes a file in place (metrics, trace, summary,
+// lock files), a symbolic link at the path is refused, never followed: a planted link would turn
+// the write into an overwrite of whatever it points to (a checkpoint, a swap file, someone's
+// weights). Files replaced whole rename a new file over the path and so replace a link instead of
+// writing through it; the tools refuse links there too (tools/output_file.h), so every output path
+// has one rule. The system's own links under /dev/ and /proc/ (/dev/stdout, /dev/fd/N) name a
+// stream the user chose and are followed.
+//
+// The target of `path` when `path` itself is a symbolic link Strata refuses to write through (see
+// the note); nullopt when it is not a link or is one of the system's.
+std::optional<std::string> refused_output_link(const std::string& path);
+
+// Opens `path` to write in place, sequentially (pipes and terminals work too): created 0644 when
+// missing, then appended to or truncated. A link at the path is refused (Note [No writing through
+// links]); IoError naming `what`, the path and the cause.
+enum class OutputOpen : std::uint8_t { Append, Truncate };
+UniqueFd open_output_file(const std::string& path, std::string_view what, OutputOpen mode);
 
 // Makes directory `dir` when it is missing, creating its last component only (a mistyped path must
 // not grow a chain of directories). ConfigError naming `what`, the path and the fix when the parent

@@ -84,6 +84,11 @@ RunLock RunLock::acquire(const std::string& guarded, std::string_view what, std:
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd.valid()) {
       const int err = errno;
+      if (err == ELOOP) {  // Note [No writing through links] in core/file_io.h
+        throw ConfigError(fmt::format("the lock file {} of {} {} is a symbolic link (to '{}'); Strata never writes "
+                                      "through a link. A run makes its own lock file: remove the link",
+                                      path, what, guarded, refused_output_link(path).value_or("?")));
+      }
       throw IoError(fmt::format("cannot create the lock file {} of {} {} ({}); check that the directory exists and "
                                 "is writable",
                                 path, what, guarded, std::strerror(err)),

@@ -66,8 +66,9 @@ bool split_byte_size(std::string_view text, double* number, std::string* unit, s
 // Bytes per unit as spelled; 0 for a spelling that is not accepted.
 double bytes_per_unit(const std::string& unit) {
   if (unit.empty() || unit == "B") return 1;
-  static constexpr const char* kPrefixes = "KMGT";
-  for (int p = 0; p < 4; ++p) {
+  // Up to E: format_bytes prints PiB, and what Strata prints it must read back.
+  static constexpr const char* kPrefixes = "KMGTPE";
+  for (int p = 0; p < 6; ++p) {
     const char upper = kPrefixes[p];
     const char lower_case = static_cast<char>(std::tolower(static_cast<unsigned char>(upper)));
     const double binary = std::pow(1024.0, p + 1);
@@ -96,10 +97,13 @@ bool parse_bytes(std::string_view text, std::size_t* out_bytes) {
 std::string bad_bytes_message(std::string_view text) {
   double number = 0;
   std::string unit, num;
+  if (split_byte_size(text, &number, &unit) && bytes_per_unit(unit) != 0 && number * bytes_per_unit(unit) > 1.8e19) {
+    return fmt::format("'{}' is too large: a byte size is at most 16EiB (2^64 bytes)", text);
+  }
   if (split_byte_size(text, &number, &unit, &num) && !unit.empty() && unit.back() == 'b') {
     // "64Mb", "64mb", "1gib": a lowercase b is bits (64Mb would be 8 MB); the intent is unclear.
     const char prefix = static_cast<char>(std::toupper(static_cast<unsigned char>(unit.front())));
-    if (unit.size() >= 2 && std::string_view("KMGT").find(prefix) != std::string_view::npos) {
+    if (unit.size() >= 2 && std::string_view("KMGTPE").find(prefix) != std::string_view::npos) {
       return fmt::format("'{}' is not a byte size: a lowercase 'b' means bits; write {}{}iB (powers of 1024) or "
                          "{}{}B (powers of 1000)",
                          text, num, prefix, num, prefix);

@@ -17,6 +17,8 @@
 //                   version 1, still read, had ranges back to back). Only ranks holding the first
 //                   copy of their shard write (ZeroEngine::holds_primary_state), so the files of
 //                   one checkpoint cover each group's flat buffer exactly once.
+// Since format version 3 the manifest is sealed: its last member "manifest_xxh64" covers its bytes
+// (Note [Sealed manifest] in engine/checkpoint_format.cc).
 // Each (range, array) segment carries an XXH64 (seed 0) of its bytes; a file's checksum is the
 // XXH64 of its segments' checksums as 8-byte little-endian words in file order. A loader needing elements
 // [a, b) of a group's flat buffer reads them from the files whose ranges cover them; elements past
@@ -58,7 +60,7 @@
 
 namespace strata {
 
-inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr const char* kCheckpointManifest = "manifest.json";
 inline constexpr const char* kCheckpointLatest = "latest";
 
@@ -103,6 +105,9 @@ struct CheckpointSaveOptions {
   // Deletes the checkpoints a save retires in the background and must outlive the begin/save calls
   // it is passed to (the trainer owns one for the run); none: the save deletes them before it returns.
   CheckpointRetention* retention = nullptr;
+  // What the run trains on, recorded as the manifest's "data" (null: not recorded). The engine does
+  // not read it; the trainer compares it on resume (Note [Token cache identity], tools/token_cache.h).
+  nlohmann::json data;
 };
 
 struct CheckpointSaveResult {
@@ -208,6 +213,9 @@ std::optional<std::int64_t> latest_checkpoint_step(const std::string& parent);
 // DIR itself when it holds a manifest, else the checkpoint DIR/latest names. Throws FormatError
 // naming what is missing.
 std::string resolve_checkpoint_dir(const std::string& dir);
+// The text of a manifest as written: `manifest` (any "manifest_xxh64" dropped) dumped with indent 1
+// and sealed with its checksum (Note [Sealed manifest] in engine/checkpoint_format.cc).
+std::string checkpoint_manifest_text(nlohmann::json manifest);
 // Reads and checks the structure of DIR's manifest (DIR resolved as above). FormatError names the
 // file and the field.
 CheckpointManifest read_checkpoint_manifest(const std::string& dir);

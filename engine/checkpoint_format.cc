@@ -331,9 +331,61 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
     }
     return target;
   }
-  if (!fs::is_directory(dir)) throw FormatError(fmt::format("checkpoint directory {} does not exist", dir));
+  if (!fs::is_directory(dir)) {
+    if (fs::exists(dir)) {
+      throw FormatError(fmt::format("{} is a file, not a checkpoint: give a checkpoint directory (step-*) or the "
+                                    "directory holding its `latest`",
+                                    dir));
+    }
+    throw FormatError(fmt::format("checkpoint directory {} does not exist", dir));
+  }
   throw FormatError(fmt::format("{} is not a checkpoint: it has neither {} nor a {} file naming one", dir,
                                 kCheckpointManifest, kCheckpointLatest));
+}
+
+namespace {
+
+// Note [Sealed manifest]: since format version 3 the manifest's last member is "manifest_xxh64",
+// the XXH64 of the manifest's bytes as they would be without it (the JSON dumped with indent 1,
+// ending in "\n}"). The seal covers the bytes, not the parsed values, so `ckpt verify` and every
+// resume catch an edit of any byte: in the body the sum differs; in the seal the hex is wrong or
+// the member is gone (a version 3 manifest must have it). Versions 1 and 2 have no seal and are
+// read as before.
+constexpr const char* kSealKey = "manifest_xxh64";
+
+std::string seal_prefix() { return fmt::format(",\n \"{}\": \"", kSealKey); }
+
+void check_seal(const std::string& text, const nlohmann::json& j, const std::string& path) {
+  const nlohmann::json version = j.value("format_version", nlohmann::json());
+  if (!j.contains(kSealKey)) {
+    if (version.is_number_integer() && version.get<std::int64_t>() >= 3) {
+      throw FormatError(fmt::format("checkpoint manifest {} has no \"{}\" (format version 3 seals its manifest): it "
+                                    "was edited or damaged after it was written; restore it or use another checkpoint",
+                                    path, kSealKey));
+    }
+    return;
+  }
+  const std::string prefix = seal_prefix();
+  const std::size_t at = text.rfind(prefix);
+  const std::size_t hex_at = at + prefix.size();
+  const bool shaped = at != std::string::npos && text.size() == hex_at + 16 + 4 &&
+                      text.compare(hex_at + 16, 4, "\"\n}\n") == 0 &&
+                      text.find_first_not_of("0123456789abcdef", hex_at) == hex_at + 16;
+  const std::string body = shaped ? text.substr(0, at) + "\n}" : std::string();
+  if (!shaped || fmt::format("{:016x}", XXH64(body.data(), body.size(), 0)) != text.substr(hex_at, 16)) {
+    throw FormatError(fmt::format("checkpoint manifest {} does not match its checksum (\"{}\"): it was edited or "
+                                  "damaged after it was written; restore it or use another checkpoint",
+                                  path, kSealKey));
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_manifest_text(nlohmann::json manifest) {
+  manifest.erase(kSealKey);
+  const std::string body = manifest.dump(1);  // "{\n ...\n}"
+  return body.substr(0, body.size() - 2) + seal_prefix() +
+         fmt::format("{:016x}\"\n}}\n", XXH64(body.data(), body.size(), 0));
 }
 
 CheckpointManifest read_checkpoint_manifest(const std::string& dir_in) {
@@ -342,11 +394,13 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir_in) {
   m.path = (fs::path(m.dir) / kCheckpointManifest).string();
   const ManifestFields f(m.path);
   JsonInputError error;
-  std::optional<nlohmann::json> json = parse_json_input(read_checkpoint_text(m.path), JsonComments::Refuse, &error);
+  const std::string text = read_checkpoint_text(m.path);
+  std::optional<nlohmann::json> json = parse_json_input(text, JsonComments::Refuse, &error);
   if (!json) {
     throw FormatError(
         fmt::format("checkpoint manifest {} is not valid JSON ({}); the checkpoint is damaged", m.path, error.message));
   }
+  if (json->is_object()) check_seal(text, *json, m.path);
   m.json = std::move(*json);
   parse_run_fields(f, m.json, m);
   parse_groups(f, m.json, m);

@@ -257,7 +257,7 @@ nlohmann::json gather_records(Communicator& world, const std::string& record) {
 std::exception_ptr publish(const nlohmann::json& manifest, const SaveDirs& dirs, const std::string& name,
                            const CheckpointSaveOptions& options, CheckpointRetention& retention) {
   try {
-    write_whole_file(dirs.tmp_dir, kCheckpointManifest, manifest.dump(1) + "\n", options);
+    write_whole_file(dirs.tmp_dir, kCheckpointManifest, checkpoint_manifest_text(manifest), options);
     fsync_directory(dirs.tmp_dir);
     rename_path(dirs.tmp_dir, dirs.dir);
     fsync_directory(dirs.parent);
@@ -408,8 +408,9 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
     try {
       const nlohmann::json groups = split_groups(options.tensor) ? split_groups_json(split_records) : nullptr;
       for (const auto& f : files) result.bytes += f["bytes"].get<std::uint64_t>();
-      error = publish(manifest_json(engine, world, config, model_name, step, files, groups, options.tensor), dirs, name,
-                      options, retention);
+      nlohmann::json manifest = manifest_json(engine, world, config, model_name, step, files, groups, options.tensor);
+      if (!options.data.is_null()) manifest["data"] = options.data;
+      error = publish(manifest, dirs, name, options, retention);
     } catch (const std::exception&) {  // the manifest could not be built: nothing was published
       error = std::current_exception();
       std::error_code ec;

@@ -1,15 +1,15 @@
 // Parsing of the training config (see engine/config.h).
 #include "engine/config.h"
 
-#include <fstream>
+#include <cerrno>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "engine/config_reader.h"
 #include "engine/json_input.h"
 #include "offload/io_engine.h"
@@ -515,14 +515,19 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) {
-    throw ConfigError(fmt::format("config file '{}' cannot be opened: {}; pass an existing file with --config", path,
-                                  errno_text(errno)));
+  // Through read_text_file, as every file read whole: a FIFO, device or directory is refused
+  // saying what it is (a FIFO would block forever, /dev/zero never end).
+  std::string text;
+  try {
+    text = read_text_file(path, "config file");
+  } catch (const IoError& e) {
+    if (e.errno_value() == ENOENT || e.errno_value() == EACCES) {
+      throw ConfigError(fmt::format("config file '{}' cannot be opened: {}; pass an existing file with --config", path,
+                                    errno_text(e.errno_value())));
+    }
+    throw ConfigError(fmt::format("--config: {}", e.what()));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return load_train_config_text(text.str(), path, overrides);
+  return load_train_config_text(text, path, overrides);
 }
 
 TrainConfig load_train_config_text(const std::string& text, const std::string& path,

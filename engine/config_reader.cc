@@ -2,6 +2,7 @@
 #include "engine/config_reader.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -15,7 +16,15 @@
 namespace strata {
 namespace {
 
-std::string describe(const nlohmann::json& v) { return fmt::format("{} {}", v.type_name(), json_excerpt(v)); }
+std::string describe(const nlohmann::json& v) {
+  std::string text = fmt::format("{} {}", v.type_name(), json_excerpt(v));
+  if (v.is_string()) {  // "AUTO", "Auto": the keyword is lower case
+    std::string lower = v.get<std::string>();
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "auto") text += " (did you mean \"auto\"? it is written in lower case)";
+  }
+  return text;
+}
 
 bool auto_value(const nlohmann::json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 

@@ -29,6 +29,9 @@ StrataConfig parse_strata(ConfigReader r) {
   {
     ConfigReader d = r.section("data");
     d.get_string("train", &s.data.train);
+    if (s.data.train.empty()) {
+      d.fail("train", "is empty; name a token file, a text file, or \"fortunes\" (the built-in corpus)");
+    }
     d.get_string("validation", &s.data.validation);
     d.get_choice("format", &s.data.format, {"auto", "text", "tokens"});
     d.get_int("seq_len", &s.data.seq_len, 2, 1 << 20);
@@ -42,6 +45,10 @@ StrataConfig parse_strata(ConfigReader r) {
     d.get_choice("kind", &kind, {"auto", "sim", "cuda"});
     s.device.kind = kind == "sim" ? DeviceChoice::Sim : kind == "cuda" ? DeviceChoice::Cuda : DeviceChoice::Auto;
     d.get_bytes("memory", &s.device.memory_bytes, 0);
+    if (d.has("memory") && !d.is_auto("memory") && s.device.memory_bytes == 0) {
+      d.fail("memory", "0 B is no device memory; give a size such as \"8GiB\", or leave the key out (or write "
+                       "\"auto\") for the default");
+    }
     // The modeled link (Note [Modeled link], core/device/sim_device.cc): a bandwidth so low, or a
     // latency so high, that a step would take hours is a typo, not a model of a link.
     const auto get_gbps = [&d](std::string_view key, double* gbps) {

@@ -1,29 +1,63 @@
 // parse_json_input (see engine/json_input.h).
 #include "engine/json_input.h"
 
+#include <set>
+#include <string>
+#include <vector>
+
 #include <fmt/format.h>
 
 namespace strata {
 namespace {
 
 struct TooDeep {};
+struct DuplicateKey {
+  std::string message;
+};
 
 }  // namespace
 
 std::optional<nlohmann::json> parse_json_input(std::string_view text, JsonComments comments, JsonInputError* error) {
-  // The callback sees the depth of every container as it opens, before anything below it exists.
-  const auto limit_depth = [](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
-    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
-        depth >= kMaxJsonDepth) {
-      throw TooDeep{};
+  // The callback sees the depth of every container as it opens, before anything below it exists,
+  // and every key with the depth of its object + 1: the keys seen so far in each open object are
+  // kept by depth (an object's opening clears the level of its keys), so a repeated key is caught
+  // before nlohmann keeps only its last value and silently drops the first.
+  std::vector<std::set<std::string>> keys_at(1);
+  std::vector<std::string> key_path(1);
+  const auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& value) {
+    using Event = nlohmann::json::parse_event_t;
+    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxJsonDepth) throw TooDeep{};
+    const auto grow = [&](std::size_t level) {
+      if (keys_at.size() <= level) keys_at.resize(level + 1);
+      if (key_path.size() <= level) key_path.resize(level + 1);
+    };
+    if (event == Event::object_start) {
+      const auto level = static_cast<std::size_t>(depth) + 1;
+      grow(level);
+      keys_at[level].clear();
+    }
+    if (event == Event::key && value.is_string()) {
+      const auto at = static_cast<std::size_t>(depth);
+      grow(at);
+      std::string name = value.get<std::string>();
+      if (!keys_at[at].insert(name).second) {
+        std::string where;
+        for (std::size_t i = 1; i < at; ++i) where += (where.empty() ? "" : ".") + key_path[i];
+        throw DuplicateKey{fmt::format("the key \"{}\" appears twice in {}; JSON keeps only the last, so the first "
+                                       "would be silently dropped: merge the two into one",
+                                       name, where.empty() ? "the top-level object" : "the object at " + where)};
+      }
+      key_path[at] = std::move(name);
     }
     return true;
   };
   try {
-    return nlohmann::json::parse(text.begin(), text.end(), limit_depth, /*allow_exceptions=*/true,
+    return nlohmann::json::parse(text.begin(), text.end(), check, /*allow_exceptions=*/true,
                                  /*ignore_comments=*/comments == JsonComments::Allow);
   } catch (const TooDeep&) {
     *error = {fmt::format("arrays and objects are nested more than {} deep", kMaxJsonDepth), 0, true};
+  } catch (const DuplicateKey& d) {
+    *error = {d.message, 0, false};
   } catch (const nlohmann::json::parse_error& e) {
     *error = {e.what(), e.byte, false};
   } catch (const nlohmann::json::exception& e) {  // out_of_range 406: a number beyond double's range

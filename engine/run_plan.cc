@@ -161,14 +161,18 @@ void place_chunks(const TrainConfig& c, RunPlan& p) {
     }
   }
   const std::uint64_t fixed = pinned + cpu_arrays;
-  if (o.host_budget > 0 && fixed > o.host_budget && !c.strata.offload.host_budget_auto) {
+  // The pinned pools alone never spill: past the budget they are refused before anything is pinned,
+  // "auto" budget or not (pinning more than the host can spare stalls the machine for minutes).
+  if (o.host_budget > 0 && (pinned > o.host_budget || (fixed > o.host_budget && !c.strata.offload.host_budget_auto))) {
     const std::string arrays =
         cpu_arrays == 0 ? "" : fmt::format(" and the arrays offloaded to \"cpu\" {}", format_bytes(cpu_arrays));
     const std::string devices =
         cpu_arrays == 0 ? "" : ", or set the offload device to \"auto\" (spills to nvme_path) or \"nvme\"";
+    const std::string budget = c.strata.offload.host_budget_auto ? fmt::format("\"auto\" ({})", format_bytes(o.host_budget))
+                                                                 : format_bytes(o.host_budget);
     throw ConfigError(fmt::format("{}: strata.offload.host_budget = {} but the pinned staging pools take {}{}; raise the "
                                   "budget, lower strata.offload.pinned_buffer or the offload buffer_count{}",
-                                  c.source, format_bytes(o.host_budget), format_bytes(pinned), arrays, devices));
+                                  c.source, budget, format_bytes(pinned), arrays, devices));
   }
   HostBudget budget(o.host_budget, fixed);
   if (par == OffloadDevice::Auto) {

@@ -2,6 +2,7 @@
 #include "models/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
 #include <fmt/format.h>
@@ -82,7 +83,10 @@ void ModelConfig::validate() const {
   need(d_model > 0 && n_heads > 0, "d_model and n_heads must be positive");
   need(attn_head_dim >= 0, "head_dim must be positive (or 0: d_model / n_heads)");
   need(attn_head_dim > 0 || d_model % n_heads == 0, "d_model must be a multiple of n_heads (or head_dim given)");
-  need(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads");
+  need(n_kv_heads > 0, fmt::format("n_kv_heads is {} (0: missing); a llama model needs at least 1 KV head: set "
+                                   "n_kv_heads (equal to n_heads for multi-head attention)",
+                                   n_kv_heads));
+  need(n_heads % n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads");
   const bool gpt2 = arch == Architecture::Gpt2;
   need(!gpt2 || n_kv_heads == n_heads, "gpt2 models have n_kv_heads == n_heads");
   need(!gpt2 || attn_head_dim == 0 || attn_head_dim * n_heads == d_model, "gpt2 models have head_dim = d_model / n_heads");
@@ -112,6 +116,23 @@ ModelConfig model_config_by_name(std::string_view name) {
   throw ConfigError(fmt::format("unknown model '{}'; known models: {}", name, fmt::join(known_model_names(), ", ")));
 }
 
+namespace {
+
+// A count of the model config: an integer, never a fraction quietly truncated (n_layers: 1.5).
+std::int64_t model_integer(const nlohmann::json& value, const std::string& key) {
+  if (value.is_number_integer()) return value.get<std::int64_t>();
+  if (value.is_number_float()) {
+    const double v = value.get<double>();
+    if (std::floor(v) == v && std::abs(v) < 9.0e18) return static_cast<std::int64_t>(v);  // 32.0 is 32
+    throw ConfigError(fmt::format("model config key '{}' is {}, not a whole number; give an integer", key,
+                                  value.dump()));
+  }
+  throw ConfigError(fmt::format("model config key '{}' must be an integer, found {} {}", key, value.type_name(),
+                                value.dump()));
+}
+
+}  // namespace
+
 ModelConfig model_config_from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw ConfigError("model config must be a JSON object");
   ModelConfig c;
@@ -134,20 +155,20 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
         if (a != "gpt2" && a != "llama") throw ConfigError(fmt::format("model.arch '{}' must be gpt2 or llama", a));
         c.arch = a == "gpt2" ? Architecture::Gpt2 : Architecture::Llama;
       } else if (key == "vocab_size") {
-        c.vocab_size = value.get<std::int64_t>();
+        c.vocab_size = model_integer(value, key);
       } else if (key == "max_seq_len") {
-        c.max_seq_len = value.get<std::int64_t>();
+        c.max_seq_len = model_integer(value, key);
       } else if (key == "n_layers") {
-        c.n_layers = value.get<std::int64_t>();
+        c.n_layers = model_integer(value, key);
       } else if (key == "d_model") {
-        c.d_model = value.get<std::int64_t>();
+        c.d_model = model_integer(value, key);
       } else if (key == "n_heads") {
-        c.n_heads = value.get<std::int64_t>();
+        c.n_heads = model_integer(value, key);
         if (!j.contains("n_kv_heads") && c.arch == Architecture::Gpt2) c.n_kv_heads = c.n_heads;
       } else if (key == "n_kv_heads") {
-        c.n_kv_heads = value.get<std::int64_t>();
+        c.n_kv_heads = model_integer(value, key);
       } else if (key == "ffn_hidden") {
-        c.ffn_hidden = value.get<std::int64_t>();
+        c.ffn_hidden = model_integer(value, key);
       } else if (key == "norm_eps") {
         c.norm_eps = value.get<float>();
       } else if (key == "rope_theta") {
@@ -178,6 +199,13 @@ ModelConfig model_config_from_json(const nlohmann::json& j) {
   if (c.arch == Architecture::Gpt2 && c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
   // A model given by its fields: LLaMA's head is untied unless asked (a named base keeps its own).
   if (j.contains("arch") && !j.contains("tied_embeddings")) c.tied_embeddings = c.arch == Architecture::Gpt2;
+  // A key the architecture does not read is refused, not carried silently.
+  if (c.arch == Architecture::Gpt2 && j.contains("rope_theta")) {
+    throw ConfigError(fmt::format("model config key 'rope_theta' applies to llama models (rotary positions), and "
+                                  "model '{}' is gpt2 (learned positions), which does not read it: remove the key or "
+                                  "set arch to llama",
+                                  c.name));
+  }
   c.validate();
   return c;
 }

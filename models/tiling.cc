@@ -42,17 +42,19 @@ std::int64_t max_tiles(const ModelConfig& model, StageKind k) {
 // Empty when `tiles` is valid, else why not (the caller names the place).
 std::string count_problem(const ModelConfig& model, std::int64_t chunks, StageKind k, std::int64_t tiles) {
   if (tiles < 1) return fmt::format("{} tiles must be at least 1", tiles);
+  // The cap first: raising chunks cannot help a count past it.
+  const std::int64_t most = max_tiles(model, k);
+  if (tiles > most) {
+    return fmt::format(
+        "{} tiles exceed the {} rows of the smallest {} weight of model '{}' (every tile needs a row of it); use at "
+        "most {}",
+        tiles, most, kind_name(k), model.name, most);
+  }
   if (chunks % tiles != 0) {
     return fmt::format(
         "{} tiles do not divide the {} reduction chunks (tile counts must divide strata.tiling.chunks; "
         "raise chunks to a multiple of {})",
         tiles, chunks, tiles);
-  }
-  const std::int64_t most = max_tiles(model, k);
-  if (tiles > most) {
-    return fmt::format(
-        "{} tiles exceed the {} rows of the smallest {} weight of model '{}' (every tile needs a row of it)", tiles,
-        most, kind_name(k), model.name);
   }
   return {};
 }

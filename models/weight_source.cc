@@ -85,36 +85,52 @@ WeightSource WeightSource::open(const std::string& path, const ModelConfig& conf
   for (const ParamGroupSpec& g : decoder_param_groups(config)) {
     for (const ParamTensorSpec& t : g.tensors) shapes[t.name] = t.shape;
   }
-  std::set<std::string> used;
+  // Another model's weights are refused whole before a shape is compared: tensors the model does
+  // not have (a deeper model's blocks, which would be dropped) first, then the ones it lacks.
+  std::set<std::string> wanted;
+  for (const HfTensorName& m : names) wanted.insert(strata_names ? m.strata_name : m.hf_name);
+  std::vector<std::string> extra, missing;
+  for (const auto& [n, found] : by_name) {
+    if (!wanted.contains(n)) extra.push_back(found.entry->name);
+  }
+  for (const HfTensorName& m : names) {
+    const std::string& n = strata_names ? m.strata_name : m.hf_name;
+    if (!by_name.contains(n)) missing.push_back(n);
+  }
+  const auto listed = [](const std::vector<std::string>& v) {  // a few names; the count says how many more
+    std::string out;
+    for (std::size_t i = 0; i < v.size() && i < 4; ++i) out += fmt::format("{}'{}'", i == 0 ? "" : ", ", v[i]);
+    if (v.size() > 4) out += fmt::format(" and {} more", v.size() - 4);
+    return out;
+  };
+  if (!extra.empty()) {
+    throw FormatError(fmt::format("{} '{}' holds {} tensor(s) model '{}' does not have ({}); they are the weights of "
+                                  "another model (more layers, another size or architecture), which would be dropped: "
+                                  "give the weights of model '{}', or set strata.model to theirs",
+                                  s.what_, path, extra.size(), config.name, listed(extra), config.name));
+  }
+  if (!missing.empty()) {
+    throw FormatError(fmt::format("{} '{}' lacks {} tensor(s) of model '{}' ({}); they are the weights of another "
+                                  "model or incomplete: give the weights of model '{}' (strata train --save-weights "
+                                  "and strata ckpt export write such files)",
+                                  s.what_, path, missing.size(), config.name, listed(missing), config.name));
+  }
   for (const HfTensorName& m : names) {
     const std::string file_name = strata_names ? m.strata_name : m.hf_name;
-    const auto it = by_name.find(file_name);
-    if (it == by_name.end()) {
-      throw FormatError(fmt::format("{} '{}' has no tensor '{}' (model '{}' parameter '{}'); the weights are for "
-                                    "another model or incomplete",
-                                    s.what_, path, file_name, config.name, m.strata_name));
-    }
-    Tensor t{it->second.file, it->second.entry->name, shapes.at(m.strata_name), !strata_names && m.transposed};
+    const Found& found = by_name.at(file_name);
+    Tensor t{found.file, found.entry->name, shapes.at(m.strata_name), !strata_names && m.transposed};
     std::vector<std::int64_t> want = t.shape;
     if (t.transposed) std::swap(want[0], want[1]);
-    if (it->second.entry->shape != want) {
+    if (found.entry->shape != want) {
       throw FormatError(fmt::format("{} '{}': tensor '{}' has shape {} but model '{}' needs {}", s.what_,
-                                    s.file_paths_[t.file], t.file_name, format_shape(it->second.entry->shape),
+                                    s.file_paths_[t.file], t.file_name, format_shape(found.entry->shape),
                                     config.name, format_shape(want)));
     }
-    if (!it->second.entry->dtype) {
+    if (!found.entry->dtype) {
       throw FormatError(fmt::format("{} '{}': tensor '{}' is {}; weights must be F32, BF16 or F16", s.what_,
-                                    s.file_paths_[t.file], t.file_name, it->second.entry->dtype_name));
+                                    s.file_paths_[t.file], t.file_name, found.entry->dtype_name));
     }
-    used.insert(file_name);
     s.tensors_.emplace(m.strata_name, std::move(t));
-  }
-  for (const auto& [n, found] : by_name) {
-    if (!used.contains(n)) {
-      throw FormatError(fmt::format("{} '{}' has tensor '{}' that model '{}' does not have; check the model (a "
-                                    "different size or architecture)",
-                                    s.what_, s.file_paths_[found.file], found.entry->name, config.name));
-    }
   }
   return s;
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,23 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, co
   return 1;
 }
 
+namespace {
+
+std::string filesystem_message(const std::filesystem::filesystem_error& e) {
+  // libstdc++: "filesystem error: cannot create directories: Not a directory [a/b]".
+  std::string what = e.what();
+  const std::string prefix = "filesystem error: ";
+  if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+  const std::size_t colon = what.find(": ");
+  const std::string operation = colon == std::string::npos ? std::string("a file-system call") : what.substr(0, colon);
+  std::string paths = fmt::format("'{}'", e.path1().string());
+  if (!e.path2().empty()) paths += fmt::format(" and '{}'", e.path2().string());
+  return fmt::format("{}: {} ({}); check the path, its parent directories and their permissions", paths,
+                     e.code().message(), operation);
+}
+
+}  // namespace
+
 int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level) {
   try {
     LogOptions log;
@@ -130,6 +148,11 @@ int run_selected(CLI::App& app, const CommandTable& table, const std::string& lo
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A file-system call without a message of its own (a checkpoint directory on a read-only mount,
+    // a path too long, a regular file where a directory goes): the path and the cause, exit 1.
+    std::fprintf(stderr, "strata: error: %s\n", filesystem_message(e).c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata: unexpected error: %s\n", e.what());

@@ -31,6 +31,8 @@ struct Target {
   HostFacts host;
   bool machine = false;
   std::uint64_t drive_space = 0;  // all the machine's drives together; 0: not known
+  int drives = -1;                // the machine file's drives.count; -1: no machine file
+  std::string machine_name;
   int tensor = 1;                 // strata.parallel.tensor: the engine shards over world / tensor ranks
   int slices = 1;                 // strata.parallel.tensor_slices
   int pipeline = 1;               // strata.parallel.pipeline: every stage is planned
@@ -63,6 +65,8 @@ Target target_of(const EstimateInputs& in) {
     t.device_bytes = m.gpus.memory_bytes;
     t.host = HostFacts{m.host.memory_bytes, t.world, 0};
     t.drive_space = m.drives.capacity_bytes * static_cast<std::uint64_t>(m.drives.count);
+    t.drives = m.drives.count;
+    t.machine_name = fmt::format("'{}' ({})", m.name, m.source);
     return t;
   }
   t.world = in.world_size > 0 ? in.world_size : 1;
@@ -227,6 +231,11 @@ Estimate estimate_stage(const EstimateInputs& in, const Target& t, const models:
     e.tiers.placement = placed.why;
     e.capacity = measure_capacities(e.tiers, t.device_bytes, t.world);
     e.capacity.host_available = t.host.mem_available;
+    if (t.drives == 0 && e.tiers.nvme_files > 0) {  // simulate refuses it too (tools/step_sim.cc)
+      throw ConfigError(fmt::format("{}: the config puts state on NVMe ({} of swap files), but machine {} has no "
+                                    "drives (drives.count 0): describe its drives, or offload to \"cpu\"",
+                                    cfg.source, format_bytes(e.tiers.nvme_files), t.machine_name));
+    }
     e.nvme_checked = !t.machine || t.drive_space > 0;
     if (t.machine && !e.capacity.nvme_free.empty()) {
       // The config's directories share the machine's drives: each gets an equal part of their space.

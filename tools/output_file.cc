@@ -7,26 +7,18 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "engine/checkpoint.h"
 
 namespace strata::tools {
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string file_kind(const struct stat& st) {
-  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
-  if (S_ISFIFO(st.st_mode)) return "a FIFO";
-  if (S_ISSOCK(st.st_mode)) return "a socket";
-  return "not a regular file";
-}
-
-// `p` with symbolic links and `..` resolved as far as the path exists.
-fs::path resolved(const std::string& p) {
+fs::path canonical_path(const std::string& p) {
   std::error_code ec;
   fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec);
   return ec ? fs::absolute(p).lexically_normal() : r;
@@ -41,10 +33,54 @@ bool is_within(const fs::path& inner, const fs::path& outer) {
   return true;
 }
 
+namespace {
+
+std::string file_kind(const struct stat& st) {
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "not a regular file";
+}
+
+fs::path resolved(const std::string& p) { return canonical_path(p); }
+
+// A file of a checkpoint series, this run's or another's: its `latest` pointer, or anything inside
+// one of its step directories (engine/checkpoint.h); or a token cache a run made. An output there
+// would break the series or the cache.
+std::optional<std::string> checkpoint_part(const std::string& path) {
+  const fs::path p = resolved(path);
+  const fs::path parent = p.parent_path();
+  std::error_code ec;
+  if (fs::exists(p.string() + ".source", ec)) {  // a token cache with its record (tools/token_cache.h)
+    return fmt::format("a token cache of a run (its record is '{}.source')", p.string());
+  }
+  if (p.filename() == kCheckpointLatest && !checkpoint_steps_in(parent.string()).empty()) {
+    return fmt::format("the `latest` pointer of the checkpoints in '{}'", parent.string());
+  }
+  for (fs::path dir = parent; !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
+    const std::string name = dir.filename().string();
+    if ((name.rfind("step-", 0) == 0 || name.rfind(".tmp-step-", 0) == 0) &&
+        fs::exists(dir / kCheckpointManifest, ec)) {
+      return fmt::format("inside the checkpoint '{}'", dir.string());
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void check_output_path(const std::string& path, std::string_view what, OutputWrite how, MissingDirectory missing) {
   if (path.empty()) return;
+  if (const std::optional<std::string> target = refused_output_link(path)) {
+    throw ConfigError(fmt::format("{} '{}' is a symbolic link (to '{}'); Strata never writes through a link, which "
+                                  "could overwrite the file it points to: remove the link or give another path",
+                                  what, path, *target));
+  }
+  if (const std::optional<std::string> part = checkpoint_part(path)) {
+    throw ConfigError(fmt::format("{} '{}' is {}; writing it would break what a run reads there: choose an output "
+                                  "path outside it",
+                                  what, path, *part));
+  }
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;
   if (exists) {
@@ -114,12 +150,7 @@ void check_output_not_input(const std::string& out, std::string_view what, const
 }
 
 OutputFile::OutputFile(std::string path, std::string what, Mode mode) : path_(std::move(path)), what_(std::move(what)) {
-  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (mode == Mode::Append ? O_APPEND : O_TRUNC);
-  fd_ = UniqueFd(::open(path_.c_str(), flags, 0644));
-  if (!fd_.valid()) {
-    const int err = errno;
-    throw IoError(fmt::format("{}: cannot open '{}' for writing: {}", what_, path_, errno_text(err)), err);
-  }
+  fd_ = open_output_file(path_, what_, mode == Mode::Append ? OutputOpen::Append : OutputOpen::Truncate);
   struct stat st {};
   regular_file_ = ::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode);
 }

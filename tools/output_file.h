@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,11 @@ void check_output_path(const std::string& path, std::string_view what, OutputWri
 // empty `out` are skipped.
 void check_output_not_input(const std::string& out, std::string_view what, const std::vector<std::string>& input_files,
                             const std::vector<std::string>& input_dirs);
+
+// `p` absolute, with symbolic links and `..` resolved as far as the path exists.
+std::filesystem::path canonical_path(const std::string& p);
+// Whether `inner` is `outer` or lies inside it (both canonical).
+bool is_within(const std::filesystem::path& inner, const std::filesystem::path& outer);
 
 // Whether `a` and `b` resolve (symbolic links and `..` followed) to the same file; never for an
 // existing device or FIFO, which several outputs may share (/dev/stdout).

@@ -16,6 +16,8 @@ void register_train(CLI::App& app, CommandTable& table) {
   cmd->add_option("--resume", options->resume,
                   "continue from a checkpoint (a step-* directory, or strata.checkpoint.dir holding `latest`); "
                   "--steps stays the total step count");
+  cmd->add_flag("--allow-new-data", options->allow_new_data,
+               "resume on data other than the checkpoint was trained on (refused without it)");
   cmd->add_option("--summary-json", options->summary_json,
                   "write the run's summary (losses, tokens/s, peak bytes per tier, NVMe bytes, overlap) as JSON");
   cmd->add_option("--drive-tbw", options->drive_tbw,

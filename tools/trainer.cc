@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -50,6 +49,9 @@
 #include "tools/compute_device.h"
 #include "tools/demo_config.h"  // generated from configs/demo.json (tools/CMakeLists.txt)
 #include "tools/output_file.h"
+#include "tools/rank_agreement.h"
+#include "tools/run_paths.h"
+#include "tools/token_cache.h"
 #include "tools/trainer_parallel.h"
 #include "tools/trainer_checkpoints.h"
 #include "tools/trainer_report.h"
@@ -113,30 +115,19 @@ models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpoi
 namespace {
 
 // The token file to train on: the fortunes corpus (tokenized once into `cache_dir`), a token file,
-// or a text file tokenized by bytes.
+// or a text file tokenized by bytes. Caches are made again when their source changed (Note [Token
+// cache identity], tools/token_cache.h).
 std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, const std::string& cache_dir) {
   const DataConfig& d = cfg.strata.data;
   std::string path;
   if (d.train == "fortunes") {
-    path = cache_dir + "/train.tok";  // prepare_fortunes_token_files writes train.tok and val.tok
-    if (comm.rank() == 0) {
-      std::filesystem::create_directories(cache_dir);
-      if (!std::filesystem::exists(path)) models::prepare_fortunes_token_files(cache_dir);
-    }
+    path = cache_dir + "/train.tok";  // fortunes_token_cache writes train.tok and val.tok
+    if (comm.rank() == 0) fortunes_token_cache(cache_dir, models::kDefaultFortunesDir);
   } else {
     const bool text = d.format == "text" || (d.format == "auto" && std::filesystem::path(d.train).extension() == ".txt");
     if (!text) return d.train;
     path = cache_dir + "/" + std::filesystem::path(d.train).filename().string() + ".tok";
-    if (comm.rank() == 0) {
-      std::ifstream in(d.train, std::ios::binary);
-      if (!in) {
-        throw ConfigError(fmt::format("{}: strata.data.train: cannot open '{}': {}", cfg.source, d.train,
-                                      errno_text(errno)));
-      }
-      const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      std::filesystem::create_directories(cache_dir);
-      models::write_token_file(path, models::ByteTokenizer::encode(content), models::ByteTokenizer::kVocabSize);
-    }
+    if (comm.rank() == 0) text_token_cache(d.train, cfg.source + ": strata.data.train", path);
   }
   comm.barrier();
   return path;
@@ -189,45 +180,6 @@ TrainConfig load_run_config(const TrainOptions& options) {
   }
   resolve_step_autos(cfg);
   return cfg;
-}
-
-// Every output of the run can be written and none of them is an input or another output: checked
-// before any work, so a wrong path costs seconds, not the run (tools/output_file.h).
-void check_run_outputs(const TrainOptions& options, const TrainConfig& cfg, int rank, int world) {
-  struct Output {
-    std::string path;
-    std::string_view what;
-    OutputWrite how;
-    MissingDirectory missing = MissingDirectory::Refuse;  // the config's outputs: its working area, created
-  };
-  std::vector<Output> outputs;
-  if (!cfg.strata.trace_path.empty()) {
-    outputs.push_back({world > 1 ? fmt::format("{}.rank{}", cfg.strata.trace_path, rank) : cfg.strata.trace_path,
-                       "strata.trace", OutputWrite::InPlace, MissingDirectory::Create});
-  }
-  if (rank == 0) {
-    outputs.push_back({options.save_weights, "--save-weights", OutputWrite::Replaced});
-    outputs.push_back({options.summary_json, "--summary-json", OutputWrite::InPlace});
-    outputs.push_back({cfg.strata.metrics_path, "strata.metrics", OutputWrite::InPlace, MissingDirectory::Create});
-  }
-  const std::string data_file = cfg.strata.data.train == "fortunes" ? std::string() : cfg.strata.data.train;
-  const std::vector<std::string> input_files = {options.config_path, cfg.strata.init_weights, data_file,
-                                                cfg.strata.data.validation};
-  const std::vector<std::string> input_dirs = {options.resume.empty() ? std::string()
-                                                                      : resolve_checkpoint_dir(options.resume),
-                                                initial_weights_path(cfg)};
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    const Output& o = outputs[i];
-    if (o.path.empty()) continue;
-    check_output_path(o.path, o.what, o.how, o.missing);
-    check_output_not_input(o.path, o.what, input_files, input_dirs);
-    for (std::size_t j = 0; j < i; ++j) {
-      if (!outputs[j].path.empty() && same_resolved_path(o.path, outputs[j].path)) {
-        throw ConfigError(fmt::format("{} '{}' and {} '{}' are the same file; give each output its own path",
-                                      outputs[j].what, outputs[j].path, o.what, o.path));
-      }
-    }
-  }
 }
 
 // The device the run computes on. With strata.trace, every stream records a timeline
@@ -331,8 +283,7 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
 // The token file to train on, checked against the model's vocabulary and for one whole window.
 models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm, const models::ModelConfig& model) {
   const std::int64_t seq = cfg.strata.data.seq_len;
-  const std::string cache_dir = cfg.strata.checkpoint.dir.empty() ? "strata-run/data" : cfg.strata.checkpoint.dir + "/data";
-  const std::string data_path = prepare_training_data(cfg, comm, cache_dir);
+  const std::string data_path = prepare_training_data(cfg, comm, token_cache_dir(cfg));
   models::TokenFile data = models::TokenFile::open(data_path);
   data.check_vocab(model.vocab_size);
   // Training on every token of a file whose prompts are masked would teach the prompts: refuse
@@ -610,6 +561,7 @@ TrainSummary run_training(const TrainOptions& options) {
   if (another_rank_failed(*comm, output_error)) {
     throw ConfigError("another rank refused one of its output paths (its message says which)");
   }
+  check_ranks_agree(*comm, rank_identity(options, cfg));  // Note [Ranks agree]
 
   bool checkpointing = false;
   const models::ModelConfig model = training_model_config(cfg, &checkpointing);
@@ -705,6 +657,11 @@ TrainSummary run_training(const TrainOptions& options) {
       (*reslicer)(reader, g, a, offset, out);
     };
   };
+  // What the run trains on: its checkpoints record it, a resume compares it (Note [Token cache identity]).
+  if (rank == 0 && (checkpoints.enabled() || !options.resume.empty())) {
+    checkpoints.data_identity = token_data_identity(data.path());
+  }
+  checkpoints.allow_new_data = options.allow_new_data;
   checkpoints.claim_directory(!options.resume.empty());
   const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
 
@@ -730,7 +687,7 @@ TrainSummary run_training(const TrainOptions& options) {
   const int data_world = dcomm.world_size();
   const std::int64_t units = static_cast<std::int64_t>(accumulation) * data_world;
   const std::int64_t tokens_per_step = units * micro * seq;
-  StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step);
+  StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step, options.resume, first_step);
   if (rank == 0) log_run_shape(cfg, model, decoder.layout().groups.size(), layout, *device, comm->backend());
   StepLoop loop{.cfg = cfg, .device = *device, .comm = dcomm, .world_comm = *comm, .engine = engine, .decoder = decoder, .rt = rt,
                 .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,
@@ -763,8 +720,7 @@ TrainSummary run_training(const TrainOptions& options) {
     save_weights(options.save_weights, model, engine, decoder, tp, stage, rank, coords.data);
   }
   if (run_device.recorder) {
-    const std::string path =
-        world > 1 ? fmt::format("{}.rank{}", cfg.strata.trace_path, rank) : cfg.strata.trace_path;
+    const std::string path = trace_path_of_rank(cfg, rank, world);
     run_device.recorder->write_chrome_trace(path, rank);
     if (rank == 0) spdlog::info("wrote the timeline to {} (open it in chrome://tracing or ui.perfetto.dev)", path);
   }

@@ -36,6 +36,7 @@ struct TrainOptions {
   std::string summary_json;                  // --summary-json OUT.json (rank 0)
   bool quiet = false;                        // no per-step progress lines (tests)
   std::string resume;                        // --resume DIR: a checkpoint, or the parent with `latest`
+  bool allow_new_data = false;               // --allow-new-data: resume on data other than the checkpoint's
   // Called after each checkpoint this rank took part in (benchmarks): its wall seconds and bytes.
   std::function<void(double seconds, std::uint64_t bytes)> on_checkpoint;
   // Whether a checkpoint due after a step is begun before it, so the step captures the new state

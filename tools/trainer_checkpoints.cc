@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/units.h"
+#include "tools/token_cache.h"
 
 namespace strata::tools {
 namespace {
@@ -124,6 +125,18 @@ std::int64_t TrainCheckpoints::resume(const std::string& dir, ZeroEngine& engine
                  "slices: exact mode gives the same bits only for equal slices (Note [Tensor slices])",
                  saved.dir, saved.tensor_slices, tensor.slices);
   }
+  // Trained on other data? Rank 0 knows the data; every rank stops when it refuses.
+  std::exception_ptr data_error;
+  if (comm_.rank() == 0) {
+    try {
+      check_resumed_data(saved.json, data_identity, allow_new_data, saved.dir);
+    } catch (const Error&) {
+      data_error = std::current_exception();
+    }
+  }
+  if (another_rank_failed(comm_, data_error)) {
+    throw ConfigError(fmt::format("rank 0 refused resuming {} on this data (its message says why)", saved.dir));
+  }
   const CheckpointManifest m =
       saved.tensor_size != tensor.size && make_reslicer
           ? load_checkpoint_resliced(engine, comm_, cfg_, model_name_, dir, make_reslicer(saved))
@@ -175,6 +188,7 @@ CheckpointSaveOptions TrainCheckpoints::options() {
   o.keep = cfg_.strata.checkpoint.keep;
   o.retention = &retention_;
   o.tensor = tensor;
+  o.data = data_identity;
   return o;
 }
 

@@ -32,6 +32,10 @@ class TrainCheckpoints {
   // Makes the reslicer that loads a checkpoint written with other tensor ranks
   // (tools/checkpoint_tensors.h); without it such a checkpoint is refused.
   std::function<CheckpointReslicer(const CheckpointManifest&)> make_reslicer;
+  // Rank 0: the identity of the data the run trains on, recorded in each checkpoint; a resume on
+  // other data is refused unless allow_new_data (Note [Token cache identity], tools/token_cache.h).
+  nlohmann::json data_identity;
+  bool allow_new_data = false;  // TrainOptions::allow_new_data
 
   // Before anything is written (collective): rank 0 makes strata.checkpoint.dir (its last component
   // only), takes it for this run (Note [Run locks], core/run_lock.h) and, for a fresh run, refuses

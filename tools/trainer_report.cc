@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/units.h"
 
 namespace strata::tools {
@@ -75,9 +76,30 @@ RunLock lock_metrics(const TrainConfig& cfg, int rank) {
   return RunLock::acquire(path, "metrics file");
 }
 
-std::unique_ptr<OutputFile> open_metrics(const TrainConfig& cfg, int rank) {
-  if (rank != 0 || cfg.strata.metrics_path.empty()) return nullptr;
-  return std::make_unique<OutputFile>(cfg.strata.metrics_path, "strata.metrics", OutputFile::Mode::Append);
+// Called with the metrics lock held: no other run renames or writes the file meanwhile.
+std::unique_ptr<OutputFile> open_metrics(const TrainConfig& cfg, int rank, const std::string& resumed_from,
+                                         std::int64_t first_step) {
+  const std::string& path = cfg.strata.metrics_path;
+  if (rank != 0 || path.empty()) return nullptr;
+  struct stat st {};
+  const bool earlier_lines = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0;
+  if (earlier_lines && resumed_from.empty()) {
+    std::string kept;
+    for (int n = 1;; ++n) {
+      kept = fmt::format("{}.{}", path, n);
+      struct stat other {};
+      if (::lstat(kept.c_str(), &other) != 0) break;
+    }
+    rename_path(path, kept);
+    spdlog::info("strata.metrics: {} held the lines of an earlier run; they are kept as {}, and this run starts the "
+                 "file anew",
+                 path, kept);
+  }
+  auto file = std::make_unique<OutputFile>(path, "strata.metrics", OutputFile::Mode::Append);
+  if (earlier_lines && !resumed_from.empty()) {
+    file->write(nlohmann::json{{"resumed", {{"step", first_step}, {"checkpoint", resumed_from}}}}.dump() + "\n");
+  }
+  return file;
 }
 
 }  // namespace
@@ -103,13 +125,13 @@ void ProgressBar::finish() {
 }
 
 StepReporter::StepReporter(const TrainConfig& cfg, bool quiet, int rank, ZeroEngine& engine,
-                           std::int64_t tokens_per_step)
+                           std::int64_t tokens_per_step, const std::string& resumed_from, std::int64_t first_step)
     : cfg_(cfg),
       quiet_(quiet),
       engine_(engine),
       tokens_per_step_(tokens_per_step),
       metrics_lock_(lock_metrics(cfg, rank)),
-      metrics_(open_metrics(cfg, rank)),
+      metrics_(open_metrics(cfg, rank, resumed_from, first_step)),
       bar_(cfg.strata.steps, rank == 0 && !quiet) {}
 
 void StepReporter::report(const StepFigures& f, std::int64_t s, double eta_seconds) {

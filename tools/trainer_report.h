@@ -52,11 +52,16 @@ class ProgressBar {
 
 // Rank 0's report of each step: the progress bar, or a log line every steps_per_print steps; and
 // with strata.metrics, one JSON line per step (opened for appending; an IoError if it cannot be).
+// A file's lines are one run's: a fresh run finding lines of an earlier one keeps them as PATH.N
+// (the first free N) and starts the file anew; a resume appends after a marker line
+// {"resumed": {"step": S, "checkpoint": DIR}}, so steps that repeat are told apart.
 // A metrics write that fails (a full disk) is logged at once with the path; metrics stop, training
 // goes on, and the run ends with that error once its other outputs are written (metrics_failure).
 class StepReporter {
  public:
-  StepReporter(const TrainConfig& cfg, bool quiet, int rank, ZeroEngine& engine, std::int64_t tokens_per_step);
+  // `resumed_from`: the checkpoint directory a resume continues (empty for a fresh run), at `first_step`.
+  StepReporter(const TrainConfig& cfg, bool quiet, int rank, ZeroEngine& engine, std::int64_t tokens_per_step,
+               const std::string& resumed_from = {}, std::int64_t first_step = 0);
   // Step s (from 0), with the estimated seconds left. Call on rank 0 only.
   void report(const StepFigures& f, std::int64_t s, double eta_seconds);
   // Ends the progress bar's line and closes the metrics file (checked).

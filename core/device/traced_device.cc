@@ -1,14 +1,17 @@
 // The tracing Device decorator (see core/device/traced_device.h).
 #include "core/device/traced_device.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "core/device/sim_kernel.h"
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace strata {
 
@@ -79,9 +82,17 @@ void TraceRecorder::write_chrome_trace(const std::string& path, int rank) const 
     first = false;
   }
   out += "\n]}\n";
-  std::ofstream f(path);
-  if (!f || !(f << out) || !f.flush()) {
-    throw IoError(fmt::format("cannot write the trace to '{}': {}", path, errno_text(errno)), errno);
+  // Never through a planted link (Note [No writing through links] in core/file_io.h).
+  const UniqueFd fd = open_output_file(path, "the trace", OutputOpen::Truncate);
+  std::string_view rest = out;
+  while (!rest.empty()) {
+    const ssize_t n = ::write(fd.get(), rest.data(), rest.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      throw IoError(fmt::format("cannot write the trace to '{}': {}", path, errno_text(err)), err);
+    }
+    rest.remove_prefix(static_cast<std::size_t>(n));
   }
 }
 

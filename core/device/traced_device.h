@@ -41,7 +41,8 @@ class TraceRecorder {
   void set_origin(std::shared_ptr<Event> origin, double origin_us);
   // Every slice; waits for the events of timed slices still in flight.
   std::vector<TraceSlice> slices() const;
-  // Writes the Chrome trace-event JSON ("X" complete events, one thread per stream). Throws IoError.
+  // Writes the Chrome trace-event JSON ("X" complete events, one thread per stream), never through
+  // a symbolic link (Note [No writing through links] in core/file_io.h). Throws IoError.
   void write_chrome_trace(const std::string& path, int rank = 0) const;
 
  private:

@@ -114,5 +114,63 @@ TEST(FuzzCheckpoint, RankFiles) {
   EXPECT_GT(s.refused, 0u);
 }
 
+// The manifest and a rank file mutated together (issue 39): since the manifest is sealed (Note
+// [Sealed manifest] in engine/checkpoint_format.cc), any edit of any byte of either must be reported
+// by verify_checkpoint (`strata ckpt verify`), and the pair as written must verify. The two files
+// travel as one input split at a marker; a mutant that destroys the marker is all manifest.
+TEST(FuzzCheckpoint, ManifestAndRankFilePair) {
+  offload::testing::TempDir dir;
+  const std::string ckpt = save_seed_checkpoint(dir);
+  const CheckpointManifest m = read_checkpoint_manifest(ckpt);
+  ASSERT_FALSE(m.files.empty());
+  const std::string manifest = ckpt + "/" + kCheckpointManifest;
+  const std::string data = ckpt + "/" + m.files[0].name;
+  const std::string marker = "\n--strata-fuzz-split--\n";
+  const std::string manifest_seed = slurp(manifest), data_seed = slurp(data);
+  const std::vector<std::string> seeds = {manifest_seed + marker + data_seed};
+  const FuzzStats s = fuzz_loop(
+      "manifest-and-rank-file", seeds, mutate_bytes,
+      [&](const std::string& input) {
+        const std::size_t at = input.find(marker);
+        const std::string manifest_in = at == std::string::npos ? input : input.substr(0, at);
+        const std::string data_in = at == std::string::npos ? data_seed : input.substr(at + marker.size());
+        put(manifest, manifest_in);
+        put(data, data_in);
+        const std::vector<std::string> problems = verify_checkpoint(ckpt);
+        const bool intact = manifest_in == manifest_seed && data_in == data_seed;
+        if (!intact && problems.empty()) throw InsaneResult("an edited manifest or rank file passed verification");
+        if (intact && !problems.empty()) throw InsaneResult("an intact checkpoint failed: " + problems[0]);
+        if (!problems.empty()) throw FormatError(problems[0]);
+      },
+      0.5);
+  put(manifest, manifest_seed);
+  put(data, data_seed);
+  EXPECT_TRUE(verify_checkpoint(ckpt).empty());
+  EXPECT_GT(s.refused, 0u);
+}
+
+// Each single-byte edit of the manifest, at every offset, is caught: the seal covers every byte
+// (before it, "optimizer_steps": 4 -> 1 verified and resumed with other weights).
+TEST(FuzzCheckpoint, EveryByteOfTheManifestIsSealed) {
+  offload::testing::TempDir dir;
+  const std::string ckpt = save_seed_checkpoint(dir);
+  const std::string manifest = ckpt + "/" + kCheckpointManifest;
+  const std::string seed = slurp(manifest);
+  ASSERT_TRUE(verify_checkpoint(ckpt).empty());
+  std::size_t missed = 0;
+  for (std::size_t i = 0; i < seed.size(); ++i) {
+    std::string edited = seed;
+    edited[i] = static_cast<char>(edited[i] == '1' ? '2' : (edited[i] == ' ' ? '\t' : edited[i] ^ 0x01));
+    put(manifest, edited);
+    if (verify_checkpoint(ckpt).empty()) {
+      ++missed;
+      ADD_FAILURE() << "an edit at byte " << i << " ('" << seed[i] << "' -> '" << edited[i] << "') passed";
+      if (missed > 5) break;
+    }
+  }
+  put(manifest, seed);
+  EXPECT_TRUE(verify_checkpoint(ckpt).empty());
+}
+
 }  // namespace
 }  // namespace strata::fuzz

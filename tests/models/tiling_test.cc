@@ -528,6 +528,7 @@ TEST(TilingSpecTest, BadSpecsAreRefusedNamingTheKey) {
   expect_config_error(c, R"({"default": {"atn": 2}})", "strata.tiling.default: unknown key 'atn'");
   expect_config_error(c, R"({"chunks": 64, "default": {"attn": 32}})",
                       "strata.tiling.default.attn: 32 tiles exceed the 16 rows");
+  expect_config_error(c, R"({"default": 1000000})", "1000000 tiles exceed the 16 rows of the smallest attn weight");
   expect_config_error(c, R"({"chunks": 0})", "strata.tiling.chunks");
   expect_config_error(c, R"({"chunks": "many"})", "strata.tiling.chunks");
   expect_config_error(c, R"({"chunks": 12, "layers": {"0": 8}})", "strata.tiling.layers.0.attn: 8 tiles do not divide");

@@ -4,7 +4,8 @@
 # link that never finishes a step) are refused naming the thing and the fix; eval's --batch-size is
 # named as a flag, not as a config key it does not have; `strata train` runs from any directory on
 # the built-in configs/demo.json; `bench model` picks a sequence length the model supports; a full
-# disk under strata.metrics fails the run naming the path. Every refusal exits 1.
+# disk under strata.metrics fails the run naming the path; a FIFO, directory or device as --config
+# is refused saying what it is. Every refusal exits 1.
 # Usage: cli_trust_test.sh STRATA_BINARY CONFIG WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; work="$3"
@@ -114,6 +115,59 @@ if ! "$strata" --log-level warn bench model --model tiny --steps 1 --warmup 0 --
   no_gpu "cuda without a usable GPU names the flag and the fix" 'set --device to "sim"' \
     "$strata" bench model --model tiny --steps 1 --device cuda
 fi
+# Configs say what they mean (issue 39): a repeated key, memory 0, a fractional layer count, a key
+# the architecture does not read and pinned pools past the host budget are refused, not reinterpreted.
+printf '{"train_micro_batch_size_per_gpu": 2, "strata": {"model": "tiny"},\n "strata": {"steps": 1}}\n' > dup.json
+expect_error "a repeated key is refused, not the first section dropped" \
+  'appears twice in the top-level object; JSON keeps only the last' "$strata" train --config dup.json
+printf '{"strata": {"data": {"seq_len": 16, "seq_len": 32}}}\n' > dup2.json
+expect_error "... also inside a section" 'appears twice in the object at strata.data' \
+  "$strata" train --config dup2.json
+expect_error "strata.device.memory 0 is refused, not 1 GiB" "strata.device.memory: 0 B is no device memory" \
+  "$strata" train --config "$config" --steps 1 --set strata.device.memory=0
+expect_error "n_layers 1.5 is refused, not truncated" "model config key 'n_layers' is 1.5, not a whole number" \
+  "$strata" train --config "$config" --steps 1 \
+  --set strata.model='{"name": "tiny", "n_layers": 1.5}'
+"$strata" --log-level warn train --config "$config" --steps 0 --set strata.model='{"name": "tiny", "d_model": 32.0}' \
+  >whole.log 2>&1 && rc=0 || rc=$?
+check "a whole number written 32.0 is still 32 (exit $rc)" "[ $rc -eq 0 ]"
+expect_error "rope_theta on a gpt2 model is refused" "'rope_theta' applies to llama models" \
+  "$strata" train --config "$config" --steps 1 --set strata.model='{"name": "tiny", "rope_theta": 500000}'
+expect_error "pinned pools past the \"auto\" host budget are refused before pinning" \
+  'but the pinned staging pools take' "$strata" train --config "$config" --steps 1 \
+  --set zero_optimization.offload_optimizer.device='"cpu"' --set strata.offload.pinned_buffer='"1000TiB"' \
+  --set zero_optimization.sub_group_size=1e12
+# Messages (issue 39): a file-system failure names the path and the cause with exit 1, never
+# "unexpected error"; each value is judged by what it is.
+touch plainfile
+expect_error "a checkpoint directory that is a file" "strata.checkpoint.dir 'plainfile' is a file, not a directory" \
+  "$strata" train --config "$config" --steps 1 --set strata.checkpoint.dir='"plainfile"'
+long=$(printf 'x%.0s' $(seq 1 300))
+expect_error "a path too long names it and the cause" "File name too long" \
+  "$strata" train --config "$config" --steps 1 --set strata.checkpoint.dir="\"$long\""
+expect_error "ckpt verify on a file says it is a file" "plainfile is a file, not a checkpoint" \
+  "$strata" ckpt verify plainfile
+expect_error "a byte size past 2^64 is too large, not malformed" "'99999999TiB' is too large" \
+  "$strata" train --config "$config" --steps 1 --set strata.offload.pinned_buffer='"99999999TiB"'
+expect_error "AUTO suggests auto" "is written in lower case" \
+  "$strata" train --config "$config" --steps 1 --set zero_optimization.stage='"AUTO"'
+expect_error "an empty data path says empty" "strata.data.train: is empty" \
+  "$strata" train --config "$config" --steps 1 --set strata.data.train='""'
+expect_error "n_kv_heads 0 says so" "n_kv_heads is 0 (0: missing)" "$strata" train --config "$config" --steps 1 \
+  --set strata.model='{"name": "kv0", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 0, "ffn_hidden": 64}'
+expect_error "a tile count past its cap names the cap" "1000000 tiles exceed the" \
+  "$strata" train --config "$config" --steps 1 --set strata.tiling='{"default": 1000000}'
+out=$("$strata" doctor --need 1PiB 2>&1) && rc=0 || rc=$?
+check "doctor --need reads the units doctor prints (exit $rc)" "! echo \"\$out\" | grep -q 'not a byte size'"
+# Every file read whole is read one way (issue 39): a FIFO as --config does not block forever, a
+# directory or a device is named as such, not "unexpected end of input".
+mkfifo config.fifo
+expect_error "a FIFO as --config is refused, not waited on" "config file config.fifo is not a regular file" \
+  timeout 20 "$strata" train --config config.fifo --steps 1
+expect_error "a directory as --config is named as one" "config file $work is a directory" \
+  "$strata" train --config "$work" --steps 1
+expect_error "/dev/zero as --config is named as a device" "config file /dev/zero is not a regular file" \
+  timeout 20 "$strata" train --config /dev/zero --steps 1
 expect_error "--save-weights into a missing directory is refused before training" "directory '$work/nope' does not exist" \
   "$strata" train --config "$config" --steps 2 --save-weights "$work/nope/w.safetensors"
 exit $fail

@@ -66,6 +66,13 @@ echo '{"name": "x", "gpus": {"count": 1}}' > broken.json
 "$strata" estimate --machine "$repo/configs/machines/h100x1-4drives.json" --world 2 > out.txt 2> err.txt && rc=0 || rc=$?
 [ "$rc" = 1 ] && grep -q -- "--world 2 is more than the 1 GPU" err.txt && ok "--world above the machine's GPUs" ||
   { cat err.txt; bad "--world 2 on one GPU: exit $rc"; }
+# NVMe state on a machine file without drives does not fit (simulate refuses it too; issue 39).
+sed -e 's/"count": 4, "read_gbps": 7, "write_gbps": 6/"count": 0, "read_gbps": 0, "write_gbps": 0/' \
+  "$repo/configs/machines/h100x1-4drives.json" > nodrives.json
+"$strata" estimate --config "$repo/configs/plans/llama-70b-finetune.json" --machine nodrives.json > out.txt 2> err.txt &&
+  rc=0 || rc=$?
+[ "$rc" = 3 ] && grep -q "^fits: no:.*has no drives (drives.count 0)" out.txt && ok "NVMe state on a machine without drives: fits: no" ||
+  { cat out.txt err.txt; bad "NVMe state on 0 drives: exit $rc"; }
 # strata.parallel is planned as train runs it: 2-way tensor parallelism on 8 GPUs shards each slice
 # over 4 data ranks (the plan itself is compared with train's in train_tensor_parallel_test.sh).
 "$strata" estimate --config "$repo/configs/plans/llama-70b-finetune.json" --machine "$repo/configs/machines/h100x8-node.json" \

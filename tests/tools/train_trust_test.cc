@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -142,6 +143,68 @@ TEST(TrainTrust, TokenFilesWithALossMaskAreRefused) {
   const std::string what = error_of<FormatError>([&] { run_training(o); });
   EXPECT_NE(what.find(dir.file("masked.tok")), std::string::npos) << what;
   EXPECT_NE(what.find("has a loss mask"), std::string::npos) << what;
+}
+
+// strata.init_weights of another shape: a file of a 4-layer model into the 2-layer tiny model (its
+// blocks 2 and 3 were dropped) and the reverse (blocks 2 and 3 missing) are refused naming the
+// tensors; the tiny model's own file still initializes it.
+TEST(TrainTrust, InitWeightsOfAnotherModelAreRefusedNamingTheTensors) {
+  TempDir dir;
+  nlohmann::json deep = tiny_config(dir, 0);
+  deep["strata"]["model"] = {{"name", "tiny4"}, {"arch", "gpt2"}, {"vocab_size", 256}, {"max_seq_len", 64},
+                             {"n_layers", 4}, {"d_model", 32}, {"n_heads", 4}, {"ffn_hidden", 128}};
+  TrainOptions save_deep = options_for(dir, deep);
+  save_deep.save_weights = dir.file("deep.safetensors");
+  run_training(save_deep);
+  TrainOptions save_tiny = options_for(dir, tiny_config(dir, 0));
+  save_tiny.save_weights = dir.file("tiny.safetensors");
+  run_training(save_tiny);
+
+  nlohmann::json into_tiny = tiny_config(dir, 1);
+  into_tiny["strata"]["init_weights"] = dir.file("deep.safetensors");
+  const TrainOptions o = options_for(dir, into_tiny);
+  const std::string extra = error_of<FormatError>([&] { run_training(o); });
+  EXPECT_NE(extra.find("model 'tiny' does not have ('blocks.2."), std::string::npos) << extra;
+  EXPECT_NE(extra.find("would be dropped"), std::string::npos) << extra;
+
+  deep["strata"]["steps"] = 1;
+  deep["strata"]["init_weights"] = dir.file("tiny.safetensors");
+  const TrainOptions d = options_for(dir, deep);
+  const std::string missing = error_of<FormatError>([&] { run_training(d); });
+  EXPECT_NE(missing.find("lacks"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("'blocks.2."), std::string::npos) << missing;
+
+  into_tiny["strata"]["init_weights"] = dir.file("tiny.safetensors");
+  EXPECT_EQ(run_training(options_for(dir, into_tiny)).steps, 1) << "the model's own weights";
+}
+
+// strata.metrics holds one run's lines: a fresh run finding an earlier run's lines keeps them as
+// PATH.1 and starts anew (steps 1,2,1,2 in one file told nothing apart); a resume appends after a
+// marker line naming the step and the checkpoint.
+TEST(TrainTrust, MetricsOfEachRunAreToldApart) {
+  TempDir dir;
+  nlohmann::json config = tiny_config(dir, 2);
+  config["strata"]["metrics"] = dir.file("m.jsonl");
+  config["strata"]["checkpoint"]["dir"] = dir.file("ck-metrics");
+  run_training(options_for(dir, config));
+  const std::string first = file_text(dir.file("m.jsonl"));
+  ASSERT_EQ(std::count(first.begin(), first.end(), '\n'), 2);
+  config["strata"]["checkpoint"]["dir"] = dir.file("ck-metrics2");
+  run_training(options_for(dir, config));
+  EXPECT_EQ(file_text(dir.file("m.jsonl.1")), first) << "the earlier run's lines are kept";
+  const std::string second = file_text(dir.file("m.jsonl"));
+  EXPECT_EQ(std::count(second.begin(), second.end(), '\n'), 2) << second;
+
+  config["strata"]["steps"] = 3;
+  TrainOptions resume = options_for(dir, config);
+  resume.resume = dir.file("ck-metrics2");
+  run_training(resume);
+  const std::string resumed = file_text(dir.file("m.jsonl"));
+  EXPECT_EQ(resumed.substr(0, second.size()), second);
+  EXPECT_NE(resumed.find("{\"resumed\":{\"checkpoint\":\"" + dir.file("ck-metrics2") + "\",\"step\":2}}\n{\"applied\""),
+            std::string::npos)
+      << resumed;
+  EXPECT_FALSE(fs::exists(dir.file("m.jsonl.2"))) << "a resume appends";
 }
 
 // A static fp16 loss scale of 2^100 overflows every gradient: every step is skipped. The run fails
