@@ -27,6 +27,8 @@
 #include "core/units.h"
 #include "engine/checkpoint.h"
 #include "models/decoder_params.h"
+#include "models/hf_config.h"
+#include "models/hf_export.h"
 #include "models/hf_names.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
@@ -99,17 +101,6 @@ int run_inspect(const std::string& dir, bool json) {
   return 0;
 }
 
-// [rows, cols] -> [cols, rows].
-std::vector<float> transposed(const std::vector<float>& src, std::int64_t rows, std::int64_t cols) {
-  std::vector<float> dst(src.size());
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < cols; ++c) {
-      dst[static_cast<std::size_t>(c * rows + r)] = src[static_cast<std::size_t>(r * cols + c)];
-    }
-  }
-  return dst;
-}
-
 // The whole tensors' fp32 master weights, in the untiled declaration order, from whatever cut the
 // run made (tiles, tensor ranks).
 struct WholeMaster {
@@ -123,8 +114,75 @@ std::vector<WholeMaster> consolidated_master(CheckpointReader& reader, const mod
   return out;
 }
 
-int run_export(const std::string& dir, const std::string& out, const std::string& dtype_name,
-               const std::string& names) {
+struct ExportOptions {
+  std::string dir, out, dtype = "fp32", names, max_shard_size = "5GB";
+  bool hf_folder = false;
+};
+
+// `ckpt export DIR OUT --hf`: a folder transformers loads (models/hf_export.h), with the config and
+// tokenizer of the Hugging Face folder the run was started from, when it was.
+int run_export_hf_folder(const ExportOptions& o, CheckpointReader& reader, const models::ModelConfig& model,
+                         DType dtype) {
+  const CheckpointManifest& m = reader.manifest();
+  const std::optional<std::string_view> hf_class = models::hf_model_class(model.arch);
+  if (!hf_class) {
+    throw ConfigError(fmt::format("--hf: model '{}' of checkpoint {} has architecture '{}', which has no Hugging Face "
+                                  "names in Strata; export a file with --names strata",
+                                  m.model, m.dir, models::architecture_name(model.arch)));
+  }
+  std::size_t max_shard = 0;
+  if (!parse_bytes(o.max_shard_size, &max_shard) || max_shard == 0) {
+    throw ConfigError(fmt::format("--max-shard-size {}: give a positive size such as 5GB, 500MiB or 2000000000 (each "
+                                  "weights file of the folder holds at most this many bytes)",
+                                  o.max_shard_size));
+  }
+  std::string out = o.out;
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  models::HfExport e;
+  e.out_dir = out;
+  e.model = model;
+  e.dtype = dtype;
+  e.max_shard_bytes = max_shard;
+  e.metadata = {{"strata.model", m.model}, {"strata.step", std::to_string(m.step)}};
+  std::vector<std::string> input_dirs = {m.dir};
+  const nlohmann::json& source = m.config.contains("strata") ? m.config["strata"].value("model", nlohmann::json()) : nlohmann::json();
+  if (source.is_string() && models::is_hf_model_folder(source.get<std::string>())) {
+    const models::HfModelFolder folder = models::open_hf_model_folder(source.get<std::string>());
+    e.source_config = folder.config_json;
+    e.companion_files = folder.companion_files;
+    input_dirs.push_back(folder.dir);
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(out, ec)) check_output_path(out, "strata ckpt export OUT", OutputWrite::Replaced);
+  check_output_not_input(out, "strata ckpt export OUT", {(std::filesystem::path(o.dir) / kCheckpointLatest).string()},
+                         input_dirs);
+  for (const auto& f : m.files) reader.verify_file(f);
+  const CheckpointTensors tensors(m, model);
+  const models::HfExportResult r = models::write_hf_model_folder(
+      e, [&](const ParamTensorSpec& t, std::vector<float>& values) { values = tensors.read(reader, t.name, 0); });
+  fmt::print("wrote {} tensors ({}, Hugging Face folder for {}) of step {} to {}: {} in {}, config.json, "
+             "generation_config.json{}\n",
+             r.tensors, o.dtype, *hf_class, m.step, out, format_bytes(r.weight_bytes),
+             r.weight_files.size() == 1 ? r.weight_files[0]
+                                        : fmt::format("{} shards + model.safetensors.index.json", r.weight_files.size()),
+             e.companion_files.empty() ? std::string()
+                                       : fmt::format(", {} file(s) of the source folder", e.companion_files.size()));
+  return 0;
+}
+
+int run_export(const ExportOptions& o) {
+  const std::string& dir = o.dir;
+  const std::string& out = o.out;
+  const std::string& dtype_name = o.dtype;
+  if (o.hf_folder && !o.names.empty() && o.names != "hf") {
+    throw ConfigError(fmt::format("--hf writes a Hugging Face folder, whose weights carry Hugging Face names; drop "
+                                  "--names {}",
+                                  o.names));
+  }
+  if (!o.hf_folder && o.max_shard_size != "5GB") {
+    throw ConfigError("--max-shard-size applies to a Hugging Face folder (--hf); a single file is never split");
+  }
+  const std::string names = o.names.empty() ? "strata" : o.names;
   if (dtype_name != "fp32" && dtype_name != "bf16") {
     throw ConfigError(fmt::format("--dtype {}: choose fp32 or bf16", dtype_name));
   }
@@ -137,6 +195,12 @@ int run_export(const std::string& dir, const std::string& out, const std::string
   const models::WeightNaming naming = names == "hf" ? models::WeightNaming::HuggingFace : models::WeightNaming::Strata;
   CheckpointReader reader(read_checkpoint_manifest(dir));
   const CheckpointManifest& m = reader.manifest();
+  if (o.hf_folder) {
+    bool activation_checkpointing = false;
+    const models::ModelConfig model =
+        training_model_config(parse_train_config(m.config, m.path + " (config)"), &activation_checkpointing);
+    return run_export_hf_folder(o, reader, model, dtype);
+  }
   // OUT is replaced whole; it must not be a file of the checkpoint it is made from (a data file,
   // the manifest, the `latest` that named it), nor anywhere inside that checkpoint's directory.
   check_output_path(out, "strata ckpt export OUT", OutputWrite::Replaced);
@@ -165,7 +229,7 @@ int run_export(const std::string& dir, const std::string& out, const std::string
       const models::HfTensorName& h = hf_of.at(whole.spec.name);
       name = h.hf_name;
       if (h.transposed) {  // GPT-2's Conv1D weights are stored [in, out]
-        master = transposed(master, shape[0], shape[1]);
+        master = models::transposed_matrix(master, shape[0], shape[1]);
         std::swap(shape[0], shape[1]);
       }
     }
@@ -212,18 +276,21 @@ void register_ckpt(CLI::App& ckpt, CommandTable& table) {
     table[cmd] = [dir, json] { return run_inspect(*dir, *json); };
   }
   {
-    auto dir = std::make_shared<std::string>();
-    auto out = std::make_shared<std::string>();
-    auto dtype = std::make_shared<std::string>("fp32");
-    auto names = std::make_shared<std::string>("strata");
-    auto* cmd = ckpt.add_subcommand("export", "write a checkpoint's consolidated weights as safetensors");
-    cmd->add_option("DIR", *dir, "checkpoint directory, or the parent holding `latest`")->required();
-    cmd->add_option("OUT", *out, "output .safetensors file")->required();
-    cmd->add_option("--dtype", *dtype, "fp32 (default) or bf16");
-    cmd->add_option("--names", *names,
+    auto o = std::make_shared<ExportOptions>();
+    auto* cmd = ckpt.add_subcommand("export", "write a checkpoint's consolidated weights as safetensors, or as a "
+                                              "Hugging Face model folder (--hf)");
+    cmd->add_option("DIR", o->dir, "checkpoint directory, or the parent holding `latest`")->required();
+    cmd->add_option("OUT", o->out, "output .safetensors file (a new folder with --hf)")->required();
+    cmd->add_option("--dtype", o->dtype, "fp32 (default) or bf16");
+    cmd->add_option("--names", o->names,
                     "strata (default: Strata's names, as --save-weights writes) or hf (Hugging Face names of the "
                     "model's architecture, GPT-2 Conv1D weights transposed, a tied head omitted)");
-    table[cmd] = [dir, out, dtype, names] { return run_export(*dir, *out, *dtype, *names); };
+    cmd->add_flag("--hf", o->hf_folder,
+                  "write OUT as a folder AutoModelForCausalLM.from_pretrained loads: config.json, "
+                  "generation_config.json, the tokenizer files of the model folder the run started from, and "
+                  "model.safetensors (sharded with an index above --max-shard-size)");
+    cmd->add_option("--max-shard-size", o->max_shard_size, "with --hf: the most bytes per weights file (default 5GB)");
+    table[cmd] = [o] { return run_export(*o); };
   }
 }
 
