@@ -33,6 +33,8 @@ StrataConfig parse_strata(ConfigReader r) {
       d.fail("train", "is empty; name a token file, a text file, or \"fortunes\" (the built-in corpus)");
     }
     d.get_string("validation", &s.data.validation);
+    d.get_int("validation_interval_steps", &s.data.validation_interval_steps, 0, std::numeric_limits<std::int64_t>::max());
+    d.get_int("validation_windows", &s.data.validation_windows, 0, std::numeric_limits<std::int64_t>::max());
     d.get_choice("format", &s.data.format, {"auto", "text", "tokens"});
     d.get_int("seq_len", &s.data.seq_len, 2, 1 << 20);
     d.get_double("validation_fraction", &s.data.validation_fraction, 0.0, 0.5);

@@ -21,8 +21,8 @@ GroupViews ParamFetcher::acquire(std::size_t g, ParamPhase phase, Stream* stream
   STRATA_CHECK(g < groups_.size(), "param group {} of {}", g, groups_.size());
   Group& G = groups_[g];
   const GroupPlan& P = ctx_.group(g);
-  recording_.push_back(TraceEntry{g, phase});
-  if (trace_valid_) {
+  if (!evaluating_) recording_.push_back(TraceEntry{g, phase});
+  if (trace_valid_ && !evaluating_) {
     if (trace_pos_ < trace_.size() && trace_[trace_pos_].group == g && trace_[trace_pos_].phase == phase) {
       ++trace_pos_;
     } else {
@@ -41,7 +41,7 @@ GroupViews ParamFetcher::acquire(std::size_t g, ParamPhase phase, Stream* stream
   ++G.live;
   G.last_use_stream = stream;
   if (std::find(G.users.begin(), G.users.end(), stream) == G.users.end()) G.users.push_back(stream);
-  if (trace_valid_) prefetch_after(trace_pos_);
+  if (trace_valid_ && !evaluating_) prefetch_after(trace_pos_);
   return views_of(P.layout, G.gathered.data(), ctx_.working());
 }
 
@@ -53,7 +53,7 @@ void ParamFetcher::release(std::size_t g, Stream* stream) {
   if (--G.live > 0 || !P.sharded_params) return;
   G.last_use_stream = stream;
   // Keep the gathered weights when the trace says the group is needed again inside the window.
-  if (trace_valid_) {
+  if (trace_valid_ && !evaluating_) {
     std::size_t window = 0;
     for (std::size_t i = trace_pos_; i < trace_.size(); ++i) {
       if (trace_[i].group == g) return;
@@ -201,6 +201,22 @@ void ParamFetcher::end_step() {
   // Start fetching the next step's first groups now (their weights are final): with parameters on
   // NVMe this hides the first reads behind the caller's work between steps.
   prefetch_after(0);
+}
+
+void ParamFetcher::begin_evaluation() {
+  STRATA_CHECK(recording_.empty() && !evaluating_, "an evaluation begins between steps ({} acquisitions recorded)",
+               recording_.size());
+  evaluating_ = true;
+}
+
+void ParamFetcher::end_evaluation() {
+  STRATA_CHECK(evaluating_, "end_evaluation() without begin_evaluation()");
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    STRATA_CHECK(groups_[g].live == 0, "end_evaluation() while group {} is still acquired", ctx_.group(g).layout.name());
+  }
+  evaluating_ = false;
+  trace_pos_ = 0;
+  if (trace_valid_) prefetch_after(0);
 }
 
 }  // namespace strata

@@ -37,6 +37,11 @@ class ParamFetcher {
   // End of a step: gathered copies freed, the trace kept or replaced, the next step's first
   // groups prefetched.
   void end_step();
+  // Between steps, an evaluation's forward passes (validation): acquisitions are not recorded nor
+  // matched against the trace, nothing is prefetched or kept past its release. end_evaluation
+  // prefetches the next step's first groups again.
+  void begin_evaluation();
+  void end_evaluation();
 
   int live(std::size_t g) const { return groups_[g].live; }
   std::uint64_t gathers() const { return gathers_; }
@@ -71,6 +76,7 @@ class ParamFetcher {
   std::vector<TraceEntry> trace_;
   std::vector<TraceEntry> recording_;
   bool trace_valid_ = false;
+  bool evaluating_ = false;
   std::size_t trace_pos_ = 0;
   std::size_t live_elems_ = 0;
   std::uint64_t prefetched_ = 0;

@@ -147,6 +147,14 @@ void ZeroEngine::grads_ready(std::size_t g, Stream* stream) { reducer_->ready(g,
 void ZeroEngine::begin_micro_batch() { reducer_->begin_micro_batch(); }
 void ZeroEngine::end_micro_batch() { reducer_->end_micro_batch(); }
 
+void ZeroEngine::begin_evaluation() {
+  STRATA_CHECK(!reducer_->in_micro_batch() && (specs_.empty() || reducer_->units(0) == 0),
+               "an evaluation runs between steps, not inside one");
+  fetcher_->begin_evaluation();
+}
+
+void ZeroEngine::end_evaluation() { fetcher_->end_evaluation(); }
+
 void ZeroEngine::prepare_step(double lr) {
   STRATA_CHECK(!reducer_->in_micro_batch() && (specs_.empty() || reducer_->units(0) == 0),
                "prepare_step() must come before the step's first micro-batch");

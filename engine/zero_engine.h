@@ -120,6 +120,11 @@ class ZeroEngine final : public ParamProvider {
   // Brackets one micro-batch's forward and backward (index 0..A-1 within the step).
   void begin_micro_batch();
   void end_micro_batch();
+  // Brackets forward-only passes between steps (validation): parameters are acquired and released
+  // as in a step, on every rank alike (stage 3 gathers are collectives), but the prefetch trace of
+  // the steps is left as it was. No gradient may be acquired inside.
+  void begin_evaluation();
+  void end_evaluation();
   // Announces the learning rate of the step about to run, before its first micro-batch. With the
   // optimizer offloaded this lets the update overlap backward (Note [Overlapped update]); without
   // the call the step waits for step() as usual. step() must then get the same lr.

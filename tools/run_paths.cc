@@ -116,7 +116,7 @@ RunPaths train_run_paths(const TrainOptions& options, const TrainConfig& cfg, in
     paths.add({cfg.strata.model.get<std::string>(), "the Hugging Face model folder of strata.model", PathRole::Input,
                PathKind::Directory});
   }
-  paths.add({d.validation, "strata.data.validation", PathRole::Input});
+  if (d.validation != "fortunes") paths.add({d.validation, "strata.data.validation", PathRole::Input});
   if (!options.resume.empty()) {
     const std::string resumed = resolve_checkpoint_dir(options.resume);
     paths.add({resumed, "the checkpoint being resumed", PathRole::Input, PathKind::Directory});

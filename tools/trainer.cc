@@ -55,6 +55,7 @@
 #include "tools/trainer_parallel.h"
 #include "tools/trainer_checkpoints.h"
 #include "tools/trainer_report.h"
+#include "tools/trainer_validation.h"
 
 namespace strata::tools {
 namespace {
@@ -355,6 +356,7 @@ struct StepLoop {
   std::vector<std::int32_t> targets;
   models::PipelineRunner* pipeline = nullptr;  // this rank's stage (P > 1)
   Communicator* pipeline_comm = nullptr;
+  const ValidationSet* validation = nullptr;  // strata.data.validation
   double pipeline_busy_ms = 0, pipeline_span_ms = 0;  // over the steps after the run's first
 };
 
@@ -446,6 +448,7 @@ void record_step(TrainSummary& summary, const StepFigures& f, std::int64_t s, st
 struct LoopSeconds {
   double steps = 0;
   double exposed = 0;
+  double validation = 0;  // not counted in the run's throughput
 };
 
 // Step s (from 0) was the `skipped`-th skipped step in a row; past strata.max_skipped_steps the run
@@ -499,6 +502,20 @@ LoopSeconds run_steps(StepLoop& l, std::int64_t first_step, TrainSummary& summar
     }
     skipped_in_a_row = f.result.applied ? 0 : skipped_in_a_row + 1;
     check_skipped_steps(l.cfg, f, s, skipped_in_a_row);
+    if (l.validation != nullptr && l.validation->due(s + 1)) {
+      ValidationResult v;
+      try {
+        v = l.validation->evaluate(l.engine, l.decoder, l.rt, l.comm, l.micro);
+      } catch (const std::exception& e) {
+        if (l.world_comm.world_size() > 1) end_job_after_failure(e, l.world_comm, s);
+        throw;
+      }
+      total.validation += v.seconds;
+      summary.validation_loss = v.loss;
+      summary.validation_tokens = v.tokens;
+      summary.validation_step = s + 1;
+      if (l.reports) l.reporter.report_validation(s + 1, v);
+    }
     summary.stopped_by_signal = l.checkpoints.after_step(l.engine, s + 1, s + 1 == l.cfg.strata.steps);
     if (summary.stopped_by_signal != 0) break;
   }
@@ -536,7 +553,7 @@ void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& 
   summary.device_capacity_bytes = l.device.capacity_bytes();
   summary.device_name = l.device.name();
   summary.tokens_per_step = l.tokens_per_step;
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count() - seconds.validation;
   const std::int64_t steps_run = std::max<std::int64_t>(0, summary.steps - first_step);
   summary.tokens_per_second = elapsed > 0 ? static_cast<double>(l.tokens_per_step * steps_run) / elapsed : 0;
 }
@@ -631,6 +648,10 @@ TrainSummary run_training(const TrainOptions& options) {
     plan.run.offload.swap_file_name = swap_file_name(rank);  // data ranks repeat across tensor and pipeline groups
   }
   models::TokenFile data = open_training_data(cfg, *comm, model);
+  std::optional<ValidationSet> validation;
+  if (const std::string path = validation_path(cfg, token_cache_dir(cfg)); !path.empty()) {
+    validation.emplace(cfg, model, path);
+  }
 
   ZeroEngine engine(cfg, *device, dcomm, groups, init, std::move(plan.run));
   std::vector<ZeroEngine::TensorShare> shares;
@@ -696,7 +717,8 @@ TrainSummary run_training(const TrainOptions& options) {
                 .units = units, .tokens_per_step = tokens_per_step, .first_step = first_step,
                 .inputs = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .targets = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
-                .pipeline = pipeline.get(), .pipeline_comm = pipeline_comm};
+                .pipeline = pipeline.get(), .pipeline_comm = pipeline_comm,
+                .validation = validation ? &*validation : nullptr};
   // On an exception the compute stream may still hold work that reads the loop's token arrays and
   // the pipeline runner's buffers: it finishes before they are destroyed (an out-of-memory error
   // in the engine's step crashed here on the unwinding).

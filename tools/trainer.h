@@ -60,6 +60,10 @@ struct TrainSummary {
   std::uint64_t optimizer_chunk_updates = 0;
   std::uint64_t overlapped_chunk_updates = 0;
   double step_call_fraction = 0;  // share of step time spent inside ZeroEngine::step()
+  // The last validation (strata.data.validation; tools/trainer_validation.h); 0 tokens: none ran.
+  double validation_loss = 0;
+  std::int64_t validation_tokens = 0;
+  std::int64_t validation_step = 0;
   std::uint64_t peak_rss_bytes = 0;  // this process's peak resident set (VmHWM)
   std::uint64_t pinned_bytes = 0;    // fixed staging pools
   bool optimizer_offloaded = false;  // the optimizer state (and its update) on the host or NVMe

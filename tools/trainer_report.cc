@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string_view>
@@ -161,6 +162,25 @@ void StepReporter::report(const StepFigures& f, std::int64_t s, double eta_secon
   }
 }
 
+void StepReporter::report_validation(std::int64_t step, const ValidationResult& v) {
+  if (!quiet_) {
+    bar_.finish();
+    spdlog::info("step {}/{} | validation loss {:.4f} (perplexity {:.4g}) over {} tokens of {} windows, {:.2f} s", step,
+                 cfg_.strata.steps, v.loss, std::exp(v.loss), v.tokens, v.windows, v.seconds);
+  }
+  if (!metrics_) return;
+  try {
+    metrics_->write(nlohmann::json{{"step", step},
+                                   {"validation_loss", v.loss},
+                                   {"validation_tokens", v.tokens},
+                                   {"validation_seconds", v.seconds}}
+                        .dump() +
+                    "\n");
+  } catch (const IoError& e) {
+    metrics_failed(e);
+  }
+}
+
 void StepReporter::finish() {
   bar_.finish();
   if (!metrics_) return;
@@ -261,6 +281,9 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
   out.write(nlohmann::json{{"steps", s.steps},
                         {"first_loss", s.first_loss},
                         {"last_loss", s.last_loss},
+                        {"validation_loss", s.validation_tokens > 0 ? nlohmann::json(s.validation_loss) : nlohmann::json()},
+                        {"validation_tokens", s.validation_tokens},
+                        {"validation_step", s.validation_step},
                         {"tokens_per_second", s.tokens_per_second},
                         {"peak_device_bytes", s.peak_device_bytes},
                         {"peak_host_bytes", s.peak_host_bytes},

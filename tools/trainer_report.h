@@ -16,6 +16,7 @@
 #include "engine/zero_engine.h"
 #include "tools/output_file.h"
 #include "tools/trainer.h"
+#include "tools/trainer_validation.h"
 
 namespace strata::tools {
 
@@ -64,6 +65,8 @@ class StepReporter {
                const std::string& resumed_from = {}, std::int64_t first_step = 0);
   // Step s (from 0), with the estimated seconds left. Call on rank 0 only.
   void report(const StepFigures& f, std::int64_t s, double eta_seconds);
+  // The validation after step `step` (from 1). Call on rank 0 only.
+  void report_validation(std::int64_t step, const ValidationResult& v);
   // Ends the progress bar's line and closes the metrics file (checked).
   void finish();
   // The first failed write, flush or close of strata.metrics, if any.
