@@ -86,6 +86,12 @@ class GradReducer;
 // correctly on a GPU (zero_engine.cc); STRATA_CUDA_OFFLOAD=1 opts in, for the GPU tests.
 bool cuda_offload_opted_in();
 
+// Host bytes ZeroEngine's construction holds at once to initialize a group: its fp32 values, their
+// working-dtype copy when that is narrower (the largest group's), and with NVMe one chunk's buffer on
+// the way to the swap file. Initial weights stream through it group by group into their homes, so
+// this, not the model, bounds the import's memory.
+std::uint64_t init_staging_bytes(const RunPlan& plan);
+
 struct StepResult {
   bool applied = true;      // false: non-finite gradients, the step was skipped (fp16)
   double grad_norm = 0.0;   // of the mean gradient, before clipping

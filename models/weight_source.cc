@@ -1,6 +1,7 @@
 // Weights from a safetensors file or a Hugging Face folder (see models/weight_source.h).
 #include "models/weight_source.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -130,6 +131,9 @@ WeightSource WeightSource::open(const std::string& path, const ModelConfig& conf
       throw FormatError(fmt::format("{} '{}': tensor '{}' is {}; weights must be F32, BF16 or F16", s.what_,
                                     s.file_paths_[t.file], t.file_name, found.entry->dtype_name));
     }
+    t.elems = 1;
+    for (std::int64_t d : t.shape) t.elems *= static_cast<std::uint64_t>(d);
+    t.file_dtype = *found.entry->dtype;
     s.tensors_.emplace(m.strata_name, std::move(t));
   }
   return s;
@@ -177,6 +181,21 @@ void WeightSource::read(const std::string& strata_name, DType to, void* dst) con
   const auto it = tensors_.find(strata_name);
   STRATA_CHECK(it != tensors_.end(), "weights of '{}' have no tensor '{}'", path_, strata_name);
   read_rows(strata_name, to, 0, it->second.shape.empty() ? 1 : it->second.shape[0], dst);
+}
+
+std::uint64_t WeightSource::read_staging_bytes() const {
+  std::uint64_t most = 0;
+  for (const auto& [name, t] : tensors_) {
+    const std::uint64_t raw = t.file_dtype != DType::F32 ? t.elems * dtype_bytes(t.file_dtype) : 0;
+    most = std::max(most, raw + (t.transposed ? t.elems * 4 : 0));
+  }
+  return most;
+}
+
+std::uint64_t WeightSource::file_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& [name, t] : tensors_) bytes += t.elems * dtype_bytes(t.file_dtype);
+  return bytes;
 }
 
 }  // namespace strata::models

@@ -39,6 +39,10 @@ class WeightSource {
                  void* dst) const;
   // The whole tensor.
   void read(const std::string& strata_name, DType to, void* dst) const;
+  // Host bytes a read of a whole tensor into fp32 holds beside its destination (the file's
+  // values before conversion, a Conv1D tensor before its transpose): the largest tensor's.
+  std::uint64_t read_staging_bytes() const;
+  std::uint64_t file_bytes() const;  // of the tensors the model reads
 
  private:
   struct Tensor {
@@ -46,6 +50,8 @@ class WeightSource {
     std::string file_name;  // the name in the file
     std::vector<std::int64_t> shape;  // Strata's
     bool transposed = false;
+    std::uint64_t elems = 0;
+    DType file_dtype = DType::F32;
   };
   std::string path_, what_;
   WeightNaming naming_ = WeightNaming::Strata;

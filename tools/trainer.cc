@@ -653,11 +653,29 @@ TrainSummary run_training(const TrainOptions& options) {
     validation.emplace(cfg, model, path);
   }
 
+  // Initial weights stream group by group into their homes: the import holds one group's staging
+  // and one tensor's read buffer, never the model (a model larger than host memory imports).
+  std::uint64_t import_peak = 0;
+  if (init_file) {
+    std::uint64_t whole_tensor = 0;  // a tensor rank cuts its slice from the whole tensor
+    if (tp.size > 1) {
+      for (const ParamGroupSpec& g : tp_layout.whole) {
+        for (const ParamTensorSpec& t : g.tensors) whole_tensor = std::max<std::uint64_t>(whole_tensor, t.elems() * 4);
+      }
+    }
+    import_peak = init_staging_bytes(plan.run) + init_file->read_staging_bytes() + whole_tensor;
+    if (rank == 0) {
+      spdlog::info("initial weights: {} ({} file(s), {}), streamed group by group into their homes; peak host memory "
+                   "of the import {} (one group's staging and one tensor's read buffer)",
+                   init_path, init_file->files().size(), format_bytes(init_file->file_bytes()), format_bytes(import_peak));
+    }
+  }
   ZeroEngine engine(cfg, *device, dcomm, groups, init, std::move(plan.run));
   std::vector<ZeroEngine::TensorShare> shares;
   for (std::size_t g : stage_groups) shares.push_back(tensor_share(tp_layout, g, tp.rank));
   engine.set_tensor_group(tensor_comm, shares);
   engine.set_pipeline_group(pipeline_comm);
+  const std::uint64_t init_file_bytes = init_file ? init_file->file_bytes() : 0;
   init_file.reset();
   TrainCheckpoints checkpoints(cfg, *comm, model.name);
   checkpoints.on_checkpoint = options.on_checkpoint;
@@ -725,6 +743,8 @@ TrainSummary run_training(const TrainOptions& options) {
   const StreamDrain drain(*stream);
 
   TrainSummary summary;
+  summary.import_peak_host_bytes = import_peak;
+  summary.import_bytes = init_file_bytes;
   const auto start = Clock::now();
   const LoopSeconds seconds = run_steps(loop, first_step, summary);
   reporter.finish();

@@ -60,6 +60,10 @@ struct TrainSummary {
   std::uint64_t optimizer_chunk_updates = 0;
   std::uint64_t overlapped_chunk_updates = 0;
   double step_call_fraction = 0;  // share of step time spent inside ZeroEngine::step()
+  // Initial weights read from a file or a Hugging Face folder: their bytes, and the most host
+  // memory the import held at once (ZeroEngine's group staging + the reader's; 0 without a file).
+  std::uint64_t import_bytes = 0;
+  std::uint64_t import_peak_host_bytes = 0;
   // The last validation (strata.data.validation; tools/trainer_validation.h); 0 tokens: none ran.
   double validation_loss = 0;
   std::int64_t validation_tokens = 0;

@@ -284,6 +284,8 @@ void write_summary_json(const std::string& path, const TrainSummary& s) {
                         {"validation_loss", s.validation_tokens > 0 ? nlohmann::json(s.validation_loss) : nlohmann::json()},
                         {"validation_tokens", s.validation_tokens},
                         {"validation_step", s.validation_step},
+                        {"import_bytes", s.import_bytes},
+                        {"import_peak_host_bytes", s.import_peak_host_bytes},
                         {"tokens_per_second", s.tokens_per_second},
                         {"peak_device_bytes", s.peak_device_bytes},
                         {"peak_host_bytes", s.peak_host_bytes},

@@ -14,6 +14,9 @@ by transformers as one file and as shards with an index, and:
      AutoModelForCausalLM.from_pretrained with no missing or unexpected keys, its loss equals
      `strata eval --model OUT` within 1e-6, the weights moved from the start, and (GPT-2) the
      tokenizer loads with AutoTokenizer and encodes as the source's.
+A bf16 model larger than the host budget trains a step from its folder with parameters and
+optimizer on NVMe: the import's peak host memory (reported in the summary) is under the budget,
+and the first loss equals transformers' on the bf16 weights in fp32.
 Then bad folders (a missing shard, an index naming a tensor its shard lacks, an unknown
 model_type, a field Strata cannot honour, shapes that disagree with config.json, a folder with
 pytorch_model.bin only) each end in exit 1 with one message naming the problem.
@@ -199,6 +202,44 @@ def family_test(name, config, rng):
     return sharded, data
 
 
+def import_under_budget(rng):
+    """A bf16 model larger than the host budget imports into NVMe homes holding one group at a time."""
+    work = os.path.join(WORK, "import-budget")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    config = LlamaConfig(vocab_size=4000, hidden_size=128, intermediate_size=512, num_hidden_layers=24,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(5)
+    folder = os.path.join(work, "hf")
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(folder, safe_serialization=True,
+                                                                                 max_shard_size="2MB")
+    tokens = [rng.randrange(config.vocab_size) for _ in range(SEQ + 2)]
+    data = os.path.join(work, "train.bin")
+    write_llmc(data, tokens)
+    budget = 12 << 20
+    cfg = train_config(folder, data, work)
+    cfg["strata"]["steps"] = 1
+    cfg["strata"]["offload"] = {"host_budget": budget, "pinned_buffer": "2MiB"}
+    cfg["zero_optimization"]["offload_param"].update({"buffer_count": 2, "buffer_size": 6e5})
+    cfg["zero_optimization"]["offload_optimizer"]["buffer_count"] = 2
+    del cfg["strata"]["checkpoint"]
+    with open(os.path.join(work, "train.json"), "w") as f:
+        json.dump(cfg, f)
+    summary_path = os.path.join(work, "summary.json")
+    run(["train", "--config", os.path.join(work, "train.json"), "--summary-json", summary_path])
+    with open(summary_path) as f:
+        summary = json.load(f)
+    peak, size = summary["import_peak_host_bytes"], summary["import_bytes"]
+    check(0 < peak < budget < size,
+          f"import of {size / 2**20:.2f} MiB of bf16 weights under a {budget / 2**20:.0f} MiB host budget: peak host "
+          f"memory of the import {peak / 2**20:.2f} MiB")
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    candidates = [ref_loss(model, tokens[o:], 1) for o in (0, 1)]
+    check(any(close(summary["first_loss"], c) for c in candidates),
+          f"bf16 import: first loss {summary['first_loss']:.9f} vs transformers fp32 {candidates[0]:.9f} / "
+          f"{candidates[1]:.9f}")
+
+
 def expect_refusal(what, folder, data, needle):
     p = run(["eval", "--model", folder, "--data", data, "--seq-len", str(SEQ), "--device", "sim"], expect_ok=False)
     errors = [line for line in p.stderr.splitlines() if "error" in line]
@@ -261,6 +302,7 @@ def main():
         folder, data = family_test(name, config, rng)
         if name == "llama-gqa-tied":
             llama_folder, llama_data = folder, data
+    import_under_budget(rng)
     bad_inputs(llama_folder, llama_data)
     if failures:
         print(f"{len(failures)} check(s) failed")
