@@ -240,6 +240,28 @@ def import_under_budget(rng):
           f"{candidates[1]:.9f}")
 
 
+def shipped_finetune_config(folder, rng):
+    """configs/finetune.json (the README's walk-through) runs as shipped on a folder, shortened."""
+    work = os.path.join(WORK, "finetune-config")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(os.path.join(work, "data"))
+    for name in ("train", "val"):
+        write_llmc(os.path.join(work, "data", f"{name}.tok"), [rng.randrange(300) for _ in range(40 * SEQ)])
+    config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "finetune.json")
+    summary_path = os.path.join(work, "summary.json")
+    p = subprocess.run([STRATA, "--log-level", "warn", "train", "--config", config, "--summary-json", summary_path,
+                        "--set", f'strata.model="{folder}"', "--set", f"strata.data.seq_len={SEQ}",
+                        "--set", "strata.steps=4", "--set", "strata.data.validation_interval_steps=2",
+                        "--set", "scheduler.params.warmup_num_steps=1", "--set", "gradient_accumulation_steps=2",
+                        "--set", "strata.device.kind=\"sim\""], cwd=work, capture_output=True, text=True)
+    ok = p.returncode == 0
+    if ok:
+        with open(summary_path) as f:
+            summary = json.load(f)
+        ok = summary["steps"] == 4 and summary["validation_step"] == 4 and summary["validation_tokens"] > 0
+    check(ok, f"configs/finetune.json trains a folder with validation, offloaded to NVMe{'' if ok else ': ' + p.stderr}")
+
+
 def expect_refusal(what, folder, data, needle):
     p = run(["eval", "--model", folder, "--data", data, "--seq-len", str(SEQ), "--device", "sim"], expect_ok=False)
     errors = [line for line in p.stderr.splitlines() if "error" in line]
@@ -302,6 +324,8 @@ def main():
         folder, data = family_test(name, config, rng)
         if name == "llama-gqa-tied":
             llama_folder, llama_data = folder, data
+        if name == "gpt2":
+            shipped_finetune_config(folder, rng)
     import_under_budget(rng)
     bad_inputs(llama_folder, llama_data)
     if failures:
