@@ -86,6 +86,23 @@ for model in tiny tiny-llama; do
     echo "FAILED: $model: 4 slices and 1 slice wrote identical weights (the comparison proves nothing)"; fail=1
   fi
 done
+# The LLaMA options of the Hugging Face families at once (Qwen2's q/k/v biases, a head_dim of its own,
+# a tied head, llama3 rope scaling): the biases slice with their weights, replicated KV heads and
+# sequence parallelism included.
+opts='{"name": "tiny-options", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 2, "d_model": 32,
+  "n_heads": 4, "n_kv_heads": 2, "head_dim": 12, "ffn_hidden": 64, "qkv_bias": true, "tied_embeddings": true,
+  "rope_scaling": {"rope_type": "llama3", "factor": 4, "low_freq_factor": 1, "high_freq_factor": 4,
+  "original_max_position_embeddings": 16}}'
+common=(--log-level warn train --config "$config" --steps 12 --set strata.model="$opts" --set gradient_clipping=0
+        --set train_micro_batch_size_per_gpu=1 --set strata.parallel.tensor_slices=4)
+run 1 1 4 0 options.ref.st
+run 2 2 4 0 options.d1t2.st
+compare options.ref.st options.d1t2.st "tiny-options: tensor 2, stage 0 = one rank"
+run 4 2 2 3 options.d2t2s3.st
+compare options.ref.st options.d2t2s3.st "tiny-options: data 2 x tensor 2, stage 3 = one rank"
+run 4 4 4 2 options.d1t4sp.st --set strata.parallel.sequence=true
+compare options.ref.st options.d1t4sp.st "tiny-options: tensor 4 (replicated KV heads) with sequence parallelism = one rank"
+if cmp -s options.ref.st tiny-llama.ref.st; then echo "FAILED: tiny-options trained tiny-llama's weights"; fail=1; fi
 
 # Activation checkpointing (the recomputed forward issues its collectives again), micro-batches of
 # 2 sequences, a LLaMA with 2 KV heads and an MLP width of 96, 2 slices.
