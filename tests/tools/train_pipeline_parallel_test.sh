@@ -115,6 +115,17 @@ compare g4.ref.st g4.d2t2p2.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pi
 # norm output (every row) and the embedding's slice as before.
 run 8 2 2 4 2 g4.d2t2p2sp.st --set strata.parallel.sequence=true --summary-json g4sp.json
 compare g4.ref.st g4.d2t2p2sp.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pipeline 2 with sequence parallelism, stage 2 = one rank"
+# A tied LLaMA with q/k/v biases, a head_dim of its own and llama3 rope scaling (Llama 3.2 and Qwen2
+# style): the tied head across stages, beside tensor ranks with sequence parallelism.
+opts='{"name": "opts4", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 4, "d_model": 32, "n_heads": 4,
+  "n_kv_heads": 2, "head_dim": 12, "ffn_hidden": 64, "qkv_bias": true, "tied_embeddings": true, "rope_scaling":
+  {"rope_type": "llama3", "factor": 4, "low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 16}}'
+common+=(--set strata.model="$opts")
+run 1 1 1 8 0 opts.ref.st
+run 2 1 2 8 1 opts.p2.st
+compare opts.ref.st opts.p2.st "tied LLaMA with biases, head_dim 12, llama3 rope: pipeline 2, stage 1 = one rank"
+run 8 2 2 4 2 opts.d2t2p2sp.st --set strata.parallel.sequence=true
+compare opts.ref.st opts.d2t2p2sp.st "tied LLaMA with every option: data 2 x tensor 2 x pipeline 2 with sequence parallelism = one rank"
 if python3 - g4sp.json <<'EOF'
 import json, sys
 p = json.load(open(sys.argv[1]))["pipeline"]["per_stage"]
