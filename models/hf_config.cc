@@ -269,7 +269,10 @@ HfModelFolder open_hf_model_folder(const std::string& dir) {
   f.config = model_config_from_hf(f.config_json, config_path, &f.notes);
   const fs::path index = root / "model.safetensors.index.json", single = root / "model.safetensors";
   std::error_code ec;
-  if (fs::exists(index, ec)) {
+  // transformers' order: model.safetensors when it is there, else the index.
+  if (fs::exists(single, ec)) {
+    f.weight_files.push_back(single.string());
+  } else if (fs::exists(index, ec)) {
     f.index_file = index.string();
     const nlohmann::json j = read_json_file(f.index_file);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
@@ -296,8 +299,6 @@ HfModelFolder open_hf_model_folder(const std::string& dir) {
       }
       f.weight_map[tensor] = path;
     }
-  } else if (fs::exists(single, ec)) {
-    f.weight_files.push_back(single.string());
   } else if (fs::exists(root / "pytorch_model.bin", ec) || fs::exists(root / "pytorch_model.bin.index.json", ec)) {
     throw FormatError(fmt::format("'{}' holds PyTorch pickle weights (pytorch_model.bin), which Strata does not "
                                   "unpickle; convert them once with transformers: "

@@ -52,8 +52,9 @@ struct HfModelFolder {
   std::vector<std::string> companion_files;
 };
 
-// Reads and checks `dir`: config.json, then model.safetensors.index.json (every shard present, its
-// names plain file names in the folder) or model.safetensors. ConfigError / FormatError naming the
+// Reads and checks `dir`: config.json, then model.safetensors, or without it (transformers' order)
+// model.safetensors.index.json (every shard present, its names plain file names in the folder).
+// ConfigError / FormatError naming the
 // file and the fix (a folder with only pytorch_model.bin is told how to convert it).
 HfModelFolder open_hf_model_folder(const std::string& dir);
 

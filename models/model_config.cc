@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iterator>
 
 #include <fmt/format.h>
@@ -113,7 +114,22 @@ ModelConfig model_config_by_name(std::string_view name) {
   for (auto& c : known_configs()) {
     if (c.name == name) return c;
   }
-  throw ConfigError(fmt::format("unknown model '{}'; known models: {}", name, fmt::join(known_model_names(), ", ")));
+  // A path that is not a Hugging Face folder (models/hf_config.h reads those) says what it lacks.
+  std::error_code ec;
+  const std::filesystem::path path{std::string(name)};
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError(fmt::format("model '{}' is a directory without config.json; a Hugging Face model folder holds "
+                                  "config.json and model.safetensors (or its shards); known model names: {}",
+                                  name, fmt::join(known_model_names(), ", ")));
+  }
+  if (std::filesystem::exists(path, ec)) {
+    throw ConfigError(fmt::format("model '{}' is a file; give a model name ({}) or a Hugging Face model folder (the "
+                                  "directory holding config.json)",
+                                  name, fmt::join(known_model_names(), ", ")));
+  }
+  throw ConfigError(fmt::format("unknown model '{}': neither a model name ({}) nor a Hugging Face model folder (a "
+                                "directory holding config.json)",
+                                name, fmt::join(known_model_names(), ", ")));
 }
 
 namespace {

@@ -58,6 +58,17 @@ int run_verify(const std::string& dir) {
   return 0;
 }
 
+// The model of the run that wrote a checkpoint, from the config it records; a model folder gone since
+// is named as the checkpoint's.
+models::ModelConfig checkpoint_model(const CheckpointManifest& m) {
+  bool activation_checkpointing = false;
+  try {
+    return training_model_config(parse_train_config(m.config, m.path + " (config)"), &activation_checkpointing);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("checkpoint {}: the model of the run that wrote it: {}", m.dir, e.what()));
+  }
+}
+
 int run_inspect(const std::string& dir, bool json) {
   const CheckpointManifest m = read_checkpoint_manifest(dir);
   if (json) {
@@ -196,18 +207,13 @@ int run_export(const ExportOptions& o) {
   CheckpointReader reader(read_checkpoint_manifest(dir));
   const CheckpointManifest& m = reader.manifest();
   if (o.hf_folder) {
-    bool activation_checkpointing = false;
-    const models::ModelConfig model =
-        training_model_config(parse_train_config(m.config, m.path + " (config)"), &activation_checkpointing);
-    return run_export_hf_folder(o, reader, model, dtype);
+    return run_export_hf_folder(o, reader, checkpoint_model(m), dtype);
   }
   // OUT is replaced whole; it must not be a file of the checkpoint it is made from (a data file,
   // the manifest, the `latest` that named it), nor anywhere inside that checkpoint's directory.
   check_output_path(out, "strata ckpt export OUT", OutputWrite::Replaced);
   check_output_not_input(out, "strata ckpt export OUT", {(std::filesystem::path(dir) / kCheckpointLatest).string()}, {m.dir});
-  bool activation_checkpointing = false;
-  const models::ModelConfig model =
-      training_model_config(parse_train_config(m.config, m.path + " (config)"), &activation_checkpointing);
+  const models::ModelConfig model = checkpoint_model(m);
   const std::optional<std::string_view> hf_class = models::hf_model_class(model.arch);
   if (naming == models::WeightNaming::HuggingFace && !hf_class) {
     throw ConfigError(fmt::format("--names hf: model '{}' of checkpoint {} has architecture '{}', which has no Hugging "

@@ -306,6 +306,14 @@ def bad_inputs(sharded, data):
     edit_json(os.path.join(d, "config.json"), lambda j: j.update({"intermediate_size": 48}))
     expect_refusal("shapes that disagree with config.json", d, data, "48")
 
+    d = copy("no-config")
+    os.remove(os.path.join(d, "config.json"))
+    expect_refusal("a folder without config.json", d, data, "is a directory without config.json")
+
+    d = copy("single-and-index")  # transformers reads model.safetensors first; so does Strata
+    shutil.copy(os.path.join(WORK, "gpt2", "hf", "model.safetensors"), d)
+    expect_refusal("model.safetensors beside an index is the one read", d, data, "'transformer.h.0.")
+
     d = copy("pytorch-bin")
     for f in os.listdir(d):
         if f.startswith("model") and (f.endswith(".safetensors") or f.endswith(".json")):
