@@ -1,7 +1,9 @@
 // `strata train` and `strata ckpt export` under hostile use, in-process: a run that trains nothing
 // fails (non-finite init weights, too many skipped steps in a row); every write of the run's text
 // outputs is checked (a full disk, /dev/full, fails the run naming the path) and every output path
-// is checked before any work; no output may be an input (the config, a checkpoint's files).
+// is checked before any work; no output may be an input (the config, a checkpoint's files). A token
+// file's loss mask is applied: the step's loss is the mean over its counted targets, and a file
+// whose every target is masked leaves the weights as they were.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
