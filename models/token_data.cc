@@ -249,16 +249,40 @@ BatchSampler::BatchSampler(const TokenFile& data, std::int64_t batch, std::int64
   }
 }
 
+namespace {
+
+// Target i of the file (token i as a prediction), or kIgnoredTarget when its mask bit is 0.
+std::int32_t target_at(const TokenFile& data, std::uint64_t i) {
+  return data.counts_in_loss(i) ? static_cast<std::int32_t>(data[i]) : kIgnoredTarget;
+}
+
+// Offset of the window drawn at sampler position `position`.
+std::uint64_t window_start(const TokenFile& data, std::int64_t seq, const SamplerState& state, std::uint64_t position) {
+  const std::uint64_t starts = data.size() - static_cast<std::uint64_t>(seq);  // offsets with seq+1 tokens
+  return splitmix64(state.seed ^ splitmix64(position)) % starts;
+}
+
+}  // namespace
+
 void BatchSampler::next(std::int32_t* inputs, std::int32_t* targets) {
-  const std::uint64_t starts = data_.size() - static_cast<std::uint64_t>(seq_);  // offsets with seq+1 tokens
   for (std::int64_t b = 0; b < batch_; ++b) {
-    const std::uint64_t start = splitmix64(state_.seed ^ splitmix64(state_.position)) % starts;
+    const std::uint64_t start = window_start(data_, seq_, state_, state_.position);
     ++state_.position;
     for (std::int64_t t = 0; t < seq_; ++t) {
       inputs[b * seq_ + t] = static_cast<std::int32_t>(data_[start + static_cast<std::uint64_t>(t)]);
-      targets[b * seq_ + t] = static_cast<std::int32_t>(data_[start + static_cast<std::uint64_t>(t) + 1]);
+      targets[b * seq_ + t] = target_at(data_, start + static_cast<std::uint64_t>(t) + 1);
     }
   }
+}
+
+std::int64_t BatchSampler::counted_targets() const {
+  if (!data_.has_loss_mask()) return batch_ * seq_;
+  std::int64_t counted = 0;
+  for (std::int64_t b = 0; b < batch_; ++b) {
+    const std::uint64_t start = window_start(data_, seq_, state_, state_.position + static_cast<std::uint64_t>(b));
+    for (std::int64_t t = 1; t <= seq_; ++t) counted += data_.counts_in_loss(start + static_cast<std::uint64_t>(t)) ? 1 : 0;
+  }
+  return counted;
 }
 
 ConsecutiveWindows::ConsecutiveWindows(const TokenFile& data, std::int64_t seq)
@@ -269,7 +293,7 @@ void ConsecutiveWindows::window(std::int64_t w, std::int32_t* inputs, std::int32
   const std::uint64_t start = static_cast<std::uint64_t>(w * seq_);
   for (std::int64_t t = 0; t < seq_; ++t) {
     inputs[t] = static_cast<std::int32_t>(data_[start + static_cast<std::uint64_t>(t)]);
-    targets[t] = static_cast<std::int32_t>(data_[start + static_cast<std::uint64_t>(t) + 1]);
+    targets[t] = target_at(data_, start + static_cast<std::uint64_t>(t) + 1);
   }
 }
 

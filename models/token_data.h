@@ -97,6 +97,25 @@ struct ByteTokenizer {
   static std::string decode(std::span<const std::uint32_t> tokens);
 };
 
+// Note [Loss mask]: a token file's loss mask (written by `strata data prepare`: 0 on the prompt
+// tokens of prompt/completion pairs) says which tokens count as prediction targets. The samplers
+// below write kIgnoredTarget for target t of a window when token t's bit is 0 (the target is the
+// token predicted, the input before it is not looked at), and every cross-entropy kernel
+// (models/kernels/ops.h, the vocabulary-parallel ones too, on the CPU and in CUDA) gives an ignored
+// target loss 0 and a gradient row of exact zeros, so a masked position contributes nothing to the
+// loss or to any gradient, in exact and fast mode. Targets travel beside the tokens to wherever the
+// head runs (the last pipeline stage, the first stage for a tied embedding across stages, every
+// tensor rank), so every layout applies the mask with no code of its own. The loss is the mean over
+// the counted targets of the whole step, as transformers' loss with labels -100 over one batch: the
+// trainer (tools/trainer.cc, step_target_count) counts the targets of every micro-batch of every data rank
+// from the sampler (the same count on every rank, no collective) and seeds the loss gradient with
+// units / count, which the engine's 1 / units (optim/optimizer_phase.h) turns into 1 / count; the
+// reported loss is the sum of the per-token losses over the ranks divided by the same count. A
+// window (or a whole step) with no counted target adds nothing: its gradient is zero and a step
+// without any counted target reports loss 0, never NaN. `strata eval` averages over the counted
+// targets of the windows the same way (models::LossSum).
+inline constexpr std::int32_t kIgnoredTarget = -1;
+
 // Draws windows of seq+1 tokens at pseudo-random offsets: window k's offset is a hash of (seed, k),
 // so the sequence is fixed by the seed and resuming needs only the position (windows drawn so far).
 struct SamplerState {
@@ -107,8 +126,12 @@ struct SamplerState {
 class BatchSampler {
  public:
   BatchSampler(const TokenFile& data, std::int64_t batch, std::int64_t seq, std::uint64_t seed);
-  // Fills inputs and targets ([batch, seq] int32 each; targets are inputs shifted by one token).
+  // Fills inputs and targets ([batch, seq] int32 each; targets are inputs shifted by one token,
+  // kIgnoredTarget where the file's loss mask leaves a token out, Note [Loss mask]).
   void next(std::int32_t* inputs, std::int32_t* targets);
+  // The targets the next call of next() would count toward the loss (batch * seq without a mask);
+  // the position is unchanged.
+  std::int64_t counted_targets() const;
   SamplerState state() const { return state_; }
   void restore(const SamplerState& state) { state_ = state; }
 
@@ -119,7 +142,7 @@ class BatchSampler {
 };
 
 // Consecutive windows from the start: window w covers tokens [w*seq, w*seq + seq] (inputs and the
-// targets shifted by one). count() = (size - 1) / seq.
+// targets shifted by one, kIgnoredTarget where the loss mask leaves a token out). count() = (size - 1) / seq.
 class ConsecutiveWindows {
  public:
   ConsecutiveWindows(const TokenFile& data, std::int64_t seq);

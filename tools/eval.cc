@@ -1,5 +1,6 @@
 // `strata eval`: mean cross-entropy (and perplexity) of given weights on given token data, walking
-// the data in consecutive windows of --seq-len tokens from the start (targets shifted by one), so the
+// the data in consecutive windows of --seq-len tokens from the start (targets shifted by one; a
+// loss mask's targets left out, Note [Loss mask] in models/token_data.h), so the
 // figure depends on no seed. Runs the model with all weights resident on the device --device picks
 // (auto: a GPU when one is usable, else the sim device).
 #include "tools/commands.h"
@@ -120,19 +121,30 @@ int run_eval(EvalOptions o) {
     total.sum += s.sum;
     total.tokens += s.tokens;
   }
+  // A loss mask (Note [Loss mask] in models/token_data.h) leaves the prompts' targets out of the mean.
+  const std::int64_t masked = todo * o.seq_len - total.tokens;
+  if (total.tokens == 0) {
+    throw FormatError(fmt::format("--data '{}': every target of the {} windows evaluated is masked by the file's loss "
+                                  "mask, so there is no loss to average; evaluate more windows (--batches) or data with "
+                                  "completions",
+                                  o.data, todo));
+  }
   const double loss = total.mean();
   if (o.json) {
     nlohmann::json j = {{"model", config.name},   {"weights", o.weights},     {"data", o.data},
                         {"seq_len", o.seq_len},   {"windows", todo},           {"tokens", total.tokens},
+                        {"masked_targets", masked},
                         {"loss", loss},           {"perplexity", std::exp(loss)},
                         {"weight_names", naming == WeightNaming::Strata ? "strata" : "huggingface"}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("model %s, weights %s (%s names), data %s\n", config.name.c_str(), o.weights.c_str(),
                 naming == WeightNaming::Strata ? "Strata" : "Hugging Face", o.data.c_str());
-    std::printf("%lld windows of %lld tokens (%lld tokens): loss %.6f nats/token, perplexity %.4f\n",
+    const std::string masked_note =
+        data.has_loss_mask() ? fmt::format(", {} masked by the loss mask not counted", masked) : std::string();
+    std::printf("%lld windows of %lld tokens (%lld tokens%s): loss %.6f nats/token, perplexity %.4f\n",
                 static_cast<long long>(todo), static_cast<long long>(o.seq_len), static_cast<long long>(total.tokens),
-                loss, std::exp(loss));
+                masked_note.c_str(), loss, std::exp(loss));
   }
   return 0;
 }

@@ -287,14 +287,6 @@ models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm,
   const std::string data_path = prepare_training_data(cfg, comm, token_cache_dir(cfg));
   models::TokenFile data = models::TokenFile::open(data_path);
   data.check_vocab(model.vocab_size);
-  // Training on every token of a file whose prompts are masked would teach the prompts: refuse
-  // until the loss applies the mask (issue 35, item 3).
-  if (data.has_loss_mask()) {
-    throw FormatError(fmt::format("training data '{}' has a loss mask (prompt tokens masked by `strata data prepare`), "
-                                  "which training does not apply yet; prepare it from \"text\" documents to train on "
-                                  "every token",
-                                  data_path));
-  }
   if (data.size() < static_cast<std::size_t>(seq + 2)) {
     throw FormatError(fmt::format("training data '{}' has {} tokens, fewer than one window of seq_len {} + 1",
                                   data_path, data.size(), seq));
@@ -351,6 +343,7 @@ struct StepLoop {
   int accumulation;
   std::int64_t units;  // micro-batches per step over all ranks
   std::int64_t tokens_per_step;
+  bool masked;  // the data has a loss mask (Note [Loss mask] in models/token_data.h)
   std::int64_t first_step = 0;       // of this run (after a resume, the checkpoint's)
   std::vector<std::int32_t> inputs;   // one micro-batch
   std::vector<std::int32_t> targets;
@@ -360,19 +353,42 @@ struct StepLoop {
   double pipeline_busy_ms = 0, pipeline_span_ms = 0;  // over the steps after the run's first
 };
 
-// The micro-batches of step s through this rank's pipeline stage; returns the sum of their mean
-// losses (the last stage's, on every stage).
-double run_pipeline_micro_batches(StepLoop& l, std::int64_t s) {
+// The targets of step s that count toward the loss, over every micro-batch of every data rank (Note
+// [Loss mask] in models/token_data.h): every rank draws the same windows, so every rank gets the
+// same count without a collective. Without a loss mask, every target counts.
+std::int64_t step_target_count(StepLoop& l, std::int64_t s) {
+  if (!l.masked) return l.tokens_per_step;
+  std::int64_t counted = 0;
+  for (std::int64_t unit = 0; unit < l.units; ++unit) {
+    l.sampler.restore(models::SamplerState{l.seed, static_cast<std::uint64_t>((s * l.units + unit) * l.micro)});
+    counted += l.sampler.counted_targets();
+  }
+  return counted;
+}
+
+// d(step loss)/d(per-token loss) as the micro-batches' loss gradient starts: 1 / (targets counted in
+// the step) times the units, which the engine's step divides out again (grad_scale = 1 / units), and
+// times the fp16 loss scale (1 otherwise; divided out too). Float products of whole numbers below
+// 2^24 are exact, so without a mask this is the rounded 1 / (micro * seq) of every unit. A step with
+// no counted target has no gradient: seed 0 (Note [Loss mask]).
+float loss_gradient_seed(const StepLoop& l, std::int64_t counted) {
+  if (counted == 0) return 0.0f;
+  const float scaled_units = static_cast<float>(l.engine.loss_scale()) * static_cast<float>(l.units);
+  return scaled_units / static_cast<float>(counted);
+}
+
+// The micro-batches of step s through this rank's pipeline stage; returns the sum of their
+// per-token losses (the last stage's, on every stage).
+double run_pipeline_micro_batches(StepLoop& l, std::int64_t s, float grad_seed) {
   const auto fill = [&](int a, std::int32_t* tokens, std::int32_t* targets) {
     const std::int64_t unit = static_cast<std::int64_t>(a) * l.world + l.rank;
     l.sampler.restore(models::SamplerState{l.seed, static_cast<std::uint64_t>((s * l.units + unit) * l.micro)});
     l.sampler.next(tokens, targets);
   };
-  const float grad_seed = static_cast<float>(l.engine.loss_scale()) / static_cast<float>(l.micro * l.seq);
   const std::vector<models::LossSum> losses = l.pipeline->run_step(
       l.engine, fill, grad_seed, [&](int) { l.engine.begin_micro_batch(); }, [&](int) { l.engine.end_micro_batch(); });
   double loss_sum = 0;
-  for (const models::LossSum& loss : losses) loss_sum += loss.mean();
+  for (const models::LossSum& loss : losses) loss_sum += loss.sum;
   if (s > l.first_step) {  // the first step warms up (allocations, the prefetch trace)
     l.pipeline_busy_ms += l.pipeline->last_step().busy_ms;
     l.pipeline_span_ms += l.pipeline->last_step().span_ms;
@@ -381,27 +397,26 @@ double run_pipeline_micro_batches(StepLoop& l, std::int64_t s) {
   return l.pipeline_comm->all_reduce_host(last ? loss_sum : 0.0, ReduceOp::Sum);
 }
 
-// The micro-batches of step s on this rank; returns the sum of their mean losses.
-double run_micro_batches(StepLoop& l, std::int64_t s) {
-  if (l.pipeline != nullptr) return run_pipeline_micro_batches(l, s);
+// The micro-batches of step s on this rank, their loss gradient seeded with grad_seed
+// (loss_gradient_seed); returns the sum of their per-token losses.
+double run_micro_batches(StepLoop& l, std::int64_t s, float grad_seed) {
+  if (l.pipeline != nullptr) return run_pipeline_micro_batches(l, s, grad_seed);
   double loss_sum = 0;
   for (int a = 0; a < l.accumulation; ++a) {
     const std::int64_t unit = static_cast<std::int64_t>(a) * l.world + l.rank;
     l.sampler.restore(models::SamplerState{l.seed, static_cast<std::uint64_t>((s * l.units + unit) * l.micro)});
     l.sampler.next(l.inputs.data(), l.targets.data());
     l.engine.begin_micro_batch();
-    // The loss gradient carries the fp16 loss scale (1 otherwise); the engine's step divides it out.
-    const float grad_seed = static_cast<float>(l.engine.loss_scale()) / static_cast<float>(l.micro * l.seq);
     const models::LossSum loss = l.decoder.forward_backward(l.rt, l.engine, l.inputs.data(), l.targets.data(), l.micro,
                                                             l.seq, grad_seed);
     l.engine.end_micro_batch();
-    loss_sum += loss.mean();
+    loss_sum += loss.sum;
   }
   return loss_sum;
 }
 
 // Step s (from 0): the checkpoint begun before it, the learning rate, the micro-batches, step(lr)
-// and the loss averaged over ranks.
+// and the step's loss: the mean over the targets it counted on all ranks (Note [Loss mask]).
 StepFigures run_step(StepLoop& l, std::int64_t s) {
   StepFigures f;
   const auto step_start = Clock::now();
@@ -413,11 +428,17 @@ StepFigures run_step(StepLoop& l, std::int64_t s) {
   l.checkpoints.before_step(l.engine, s + 1, s + 1 == l.cfg.strata.steps);
   f.lr = lr_for_step(l.cfg.scheduler, l.cfg.optimizer.lr, s);
   l.engine.prepare_step(f.lr);
-  const double loss_sum = run_micro_batches(l, s);
+  f.counted_targets = step_target_count(l, s);
+  if (f.counted_targets == 0 && l.reports) {
+    spdlog::warn("step {}: the loss mask masks every target of the step's {} windows: no gradient, loss reported as 0",
+                 s + 1, l.units * l.micro);
+  }
+  const double loss_sum = run_micro_batches(l, s, loss_gradient_seed(l, f.counted_targets));
   const auto step_call = Clock::now();
   f.result = l.engine.step(f.lr);
   f.exposed = std::chrono::duration<double>(Clock::now() - step_call).count();
-  f.loss = l.comm.all_reduce_host(loss_sum, ReduceOp::Sum) / static_cast<double>(l.units);
+  const double all_ranks_sum = l.comm.all_reduce_host(loss_sum, ReduceOp::Sum);
+  f.loss = f.counted_targets > 0 ? all_ranks_sum / static_cast<double>(f.counted_targets) : 0.0;
   f.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
   f.stats = l.device.memory_stats();
   f.io = l.engine.tier_stats();
@@ -732,7 +753,7 @@ TrainSummary run_training(const TrainOptions& options) {
                 .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,
                 .rank = dcomm.rank(), .world = data_world, .micro = micro, .seq = seq, .seed = seed,
                 .accumulation = accumulation,
-                .units = units, .tokens_per_step = tokens_per_step, .first_step = first_step,
+                .units = units, .tokens_per_step = tokens_per_step, .masked = data.has_loss_mask(), .first_step = first_step,
                 .inputs = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .targets = std::vector<std::int32_t>(static_cast<std::size_t>(micro * seq)),
                 .pipeline = pipeline.get(), .pipeline_comm = pipeline_comm,

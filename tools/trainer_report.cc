@@ -208,6 +208,7 @@ void StepReporter::write_metrics_line(const StepFigures& f, std::int64_t s, std:
                               {"applied", f.result.applied},
                               {"loss_scale", f.result.loss_scale},
                               {"tokens", tokens_per_step_},
+                              {"loss_tokens", f.counted_targets},
                               {"seconds", f.seconds},
                               {"step_call_seconds", f.exposed},
                               {"device_bytes", f.stats.allocated_bytes},

@@ -24,7 +24,8 @@ namespace strata::tools {
 struct StepFigures {
   double lr = 0;
   StepResult result;
-  double loss = 0;     // averaged over ranks
+  double loss = 0;     // the mean over the step's counted targets, all ranks
+  std::int64_t counted_targets = 0;  // targets of the step the loss counts (all ranks; fewer with a loss mask)
   double seconds = 0;  // the whole step
   double exposed = 0;  // inside step(): reductions not yet done, optimizer not overlapped
   MemoryStats stats;   // after the step

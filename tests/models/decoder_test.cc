@@ -11,6 +11,7 @@
 #include "core/device/device.h"
 #include "core/error.h"
 #include "models/decoder.h"
+#include "models/token_data.h"
 #include "models/decoder_params.h"
 #include "models/resident_provider.h"
 #include "tests/models/decoder_test_util.h"
@@ -107,6 +108,42 @@ TEST_P(DecoderTest, MicroBatchesGiveBitIdenticalGradients) {
   EXPECT_EQ(one.second, four.second);
   const auto eight = grads(8, 1);
   EXPECT_TRUE(one.first == eight.first) << "1x8 and 8x1 gradients differ";
+}
+
+// Note [Loss mask]: a micro-batch whose every target is masked (kIgnoredTarget) adds exactly zero
+// to every gradient and reports no token and a zero loss, not NaN; masking part of a window leaves
+// the loss of the other targets as it was.
+TEST_P(DecoderTest, MaskedTargetsAddNothing) {
+  const ModelConfig c = tiny(GetParam());
+  Decoder model(c, {});
+  const std::int64_t B = 2, T = 12;
+  const auto in = random_tokens(B * T, 31);
+  const auto tg = random_tokens(B * T, 32);
+  ResidentParamProvider p(model.param_groups(), nullptr);
+  p.init_gpt2_style(4, c.n_layers, nullptr);
+  p.zero_grads(nullptr);
+  const std::vector<std::int32_t> none(static_cast<std::size_t>(B * T), kIgnoredTarget);
+  const LossSum masked = model.forward_backward({}, p, in.data(), none.data(), B, T, 0.5f);
+  EXPECT_EQ(masked.tokens, 0);
+  EXPECT_EQ(masked.sum, 0.0);
+  EXPECT_EQ(masked.mean(), 0.0);
+  ASSERT_EQ(c.dtype, DType::F32);
+  const std::vector<std::uint8_t> bytes = all_grads(p);
+  std::vector<float> grads(bytes.size() / 4);
+  std::memcpy(grads.data(), bytes.data(), grads.size() * 4);
+  for (std::size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(grads[i], 0.0f) << "a masked target reached gradient " << i;
+  // Half the targets masked: the loss sum is the sum over the rest of the full batch's losses.
+  auto half = tg;
+  for (std::size_t i = 0; i < half.size(); i += 2) half[i] = kIgnoredTarget;
+  const LossSum some = model.forward_loss({}, p, in.data(), half.data(), B, T);
+  EXPECT_EQ(some.tokens, B * T / 2);
+  double expected = 0;
+  for (std::size_t i = 1; i < tg.size(); i += 2) {
+    auto one = none;
+    one[i] = tg[i];
+    expected += model.forward_loss({}, p, in.data(), one.data(), B, T).sum;
+  }
+  EXPECT_NEAR(some.sum, expected, 1e-9 * std::abs(expected));
 }
 
 TEST_P(DecoderTest, CheckpointedBackwardEqualsPlainBackward) {

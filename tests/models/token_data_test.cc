@@ -1,6 +1,6 @@
 // Token data: the three file formats read back, corrupt and truncated files rejected clearly, the
 // byte tokenizer, the seeded sampler (same seed same batches; resume from a saved position), the
-// consecutive evaluation windows and the fortunes corpus split.
+// consecutive evaluation windows, masked targets in both, and the fortunes corpus split.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -194,6 +194,58 @@ TEST_F(TokenDataTest, SamplerIsSeededAndResumable) {
   BatchSampler resumed(data, B, T, 0);
   resumed.restore({42, B});  // one batch of B windows drawn
   EXPECT_EQ(draw(resumed), a2);
+}
+
+// Note [Loss mask]: a target whose token's mask bit is 0 comes out as kIgnoredTarget from the
+// sampler and the evaluation windows (the input before it is the token as it is), and
+// counted_targets() counts what the next draw will count without moving the sampler.
+TEST_F(TokenDataTest, MaskedTargetsAreIgnoredAndCounted) {
+  std::vector<std::uint32_t> toks(300);
+  std::vector<std::uint8_t> mask(toks.size());
+  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<std::uint32_t>(i), mask[i] = (i / 5) % 3 != 0;
+  TokenFileMeta meta;
+  meta.vocab_size = 512;
+  meta.loss_mask = mask;
+  write_token_file(file("m.tok"), toks, meta);
+  const auto data = TokenFile::open(file("m.tok"));
+  const std::int64_t B = 4, T = 16;
+  BatchSampler s(data, B, T, 9);
+  std::int64_t masked_seen = 0;
+  for (int draw = 0; draw < 20; ++draw) {
+    const std::int64_t counted = s.counted_targets();
+    const SamplerState before = s.state();
+    EXPECT_EQ(s.counted_targets(), counted) << "counting moved the sampler";
+    std::vector<std::int32_t> in(B * T), tg(B * T);
+    s.next(in.data(), tg.data());
+    EXPECT_EQ(s.state().position, before.position + B);
+    std::int64_t counted_here = 0;
+    for (std::int64_t i = 0; i < B * T; ++i) {
+      // Input i is token p; target i is token p + 1, ignored where its mask bit is 0.
+      const auto p = static_cast<std::size_t>(in[i]);  // every token is its position
+      if (mask[p + 1] != 0) {
+        EXPECT_EQ(tg[i], static_cast<std::int32_t>(p + 1)) << i;
+      } else {
+        EXPECT_EQ(tg[i], kIgnoredTarget) << i;
+      }
+    }
+    for (std::int64_t i = 0; i < B * T; ++i) counted_here += tg[i] >= 0 ? 1 : 0;
+    EXPECT_EQ(counted_here, counted);
+    masked_seen += B * T - counted_here;
+  }
+  EXPECT_GT(masked_seen, 0);
+  // Without a mask every target counts.
+  write_token_file(file("plain.tok"), toks, 512);
+  const auto plain = TokenFile::open(file("plain.tok"));
+  EXPECT_EQ(BatchSampler(plain, B, T, 9).counted_targets(), B * T);
+
+  const ConsecutiveWindows windows(data, T);
+  std::vector<std::int32_t> in(T), tg(T);
+  windows.window(2, in.data(), tg.data());
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::size_t target_pos = static_cast<std::size_t>(2 * T + t + 1);
+    EXPECT_EQ(in[t], static_cast<std::int32_t>(target_pos - 1));
+    EXPECT_EQ(tg[t], mask[target_pos] != 0 ? static_cast<std::int32_t>(target_pos) : kIgnoredTarget) << t;
+  }
 }
 
 TEST_F(TokenDataTest, ConsecutiveWindowsWalkFromTheStart) {

@@ -4,13 +4,17 @@
 # byte-identical weight files, for the GPT-2 and the LLaMA-style tiny models.
 #   8 units: world 1 x 8 micro-batches at stage 0 (the reference), world 2 x 4 at stage 3,
 #            world 4 x 2 at stage 2 with sharding factor 2;
-#   4 units: world 1 x 4 at stage 0 (the reference), world 4 x 1 at stage 1, world 2 x 2 at stage 3.
+#   4 units: world 1 x 4 at stage 0 (the reference), world 4 x 1 at stage 1, world 2 x 2 at stage 3;
+#   the same 4-unit layouts on prompt/completion data with the prompts masked from the loss
+#   (tests/tools/masked_tokens.py; Note [Loss mask]: the mean over the step's counted targets).
 # Usage: train_exact_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
+here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$work"; cd "$work"
 mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
 fail=0
+python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
 compare() {  # reference, candidate, description
   if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
 }
@@ -36,6 +40,16 @@ for model in tiny tiny-llama; do
   # The check can fail: a run over different data must give different weights.
   if cmp -s "$model.u4.ref.safetensors" "$model.u8.ref.safetensors"; then
     echo "FAILED: $model: 4-unit and 8-unit runs wrote identical weights (the comparison proves nothing)"; fail=1
+  fi
+  # Masked prompts: every rank's micro-batches count other targets, the step's mean is over all.
+  masked=(--set strata.data.train="\"$work/masked.tok\"")
+  run 1 4 0 "$model.m4.ref.safetensors" "${masked[@]}"
+  run 4 1 1 "$model.m4.w4s1.safetensors" "${masked[@]}"
+  run 2 2 3 "$model.m4.w2s3.safetensors" "${masked[@]}"
+  compare "$model.m4.ref.safetensors" "$model.m4.w4s1.safetensors" "$model 4 units, masked: world 4 stage 1 = world 1 stage 0"
+  compare "$model.m4.ref.safetensors" "$model.m4.w2s3.safetensors" "$model 4 units, masked: world 2 stage 3 = world 1 stage 0"
+  if cmp -s "$model.m4.ref.safetensors" "$model.u4.ref.safetensors"; then
+    echo "FAILED: $model: the masked and the unmasked data trained identical weights"; fail=1
   fi
 done
 exit $fail

@@ -4,7 +4,8 @@
 #    pipeline, both schedules, ZeRO stages 0-3, the optimizer state on NVMe, activation checkpointing,
 #    explicit stage sizes, clipping (beside tensor ranks too), re-materialized stages, and GPT-2's embedding tied across the first and last stage, write weights
 #    byte-identical to the single-rank run; so do checkpoints resumed across a change of stages,
-#    tensor and data ranks.
+#    tensor and data ranks; the tied GPT-2 on prompt/completion data with the prompts masked from
+#    the loss (tests/tools/masked_tokens.py), pipelined beside tensor and data ranks and tiled.
 # 2. What train reports against the formulas: bytes sent and received per micro-batch at each stage
 #    boundary (batch x seq x d_model values each way, and the tied embedding's traffic), the
 #    micro-batches in flight and activation sets kept per stage (GPipe: all of them; 1F1B: P -
@@ -15,9 +16,11 @@
 # Usage: train_pipeline_parallel_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
+here="$(cd "$(dirname "$0")" && pwd)"
 rm -rf "$work"; mkdir -p "$work"; cd "$work"
 mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
 fail=0
+python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
 compare() {  # reference, candidate, description
   if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
 }
@@ -101,6 +104,19 @@ common=(--log-level warn train --config "$config" --set strata.steps=6 --set gra
 run 1 1 1 4 0 tiny.ref.st
 run 2 1 2 4 1 tiny.p2.st "${gpipe[@]}"
 compare tiny.ref.st tiny.p2.st "GPT-2 tiny (tied): pipeline 2 (GPipe), stage 1 = one rank"
+# Masked prompts (Note [Loss mask]): the last stage's loss and the first stage's tied head both
+# ignore the masked targets; beside tensor and data ranks, and with every block tiled.
+masked=(--set strata.data.train="\"$work/masked.tok\"")
+run 1 1 1 4 0 tiny.m.ref.st "${masked[@]}"
+if cmp -s tiny.ref.st tiny.m.ref.st; then echo "FAILED: the masked data trained the weights of the unmasked"; fail=1; fi
+run 2 1 2 4 1 tiny.m.p2.st "${masked[@]}"
+compare tiny.m.ref.st tiny.m.p2.st "GPT-2 tiny (tied), masked: pipeline 2, stage 1 = one rank"
+run 8 2 2 2 2 tiny.m.d2t2p2.st "${masked[@]}" "${gpipe[@]}"
+compare tiny.m.ref.st tiny.m.d2t2p2.st "GPT-2 tiny (tied), masked: data 2 x tensor 2 x pipeline 2 (GPipe), stage 2 = one rank"
+run 1 1 1 4 0 tiny.m.untiled.st "${masked[@]}" --set strata.parallel.tensor_slices=1
+run 2 1 2 4 1 tiny.m.tiled.p2.st "${masked[@]}" --set strata.parallel.tensor_slices=1 --set 'strata.tiling={"default": 4}' \
+  --set strata.device.memory='"512MiB"'
+compare tiny.m.untiled.st tiny.m.tiled.p2.st "GPT-2 tiny (tied), masked: pipeline 2 with every block tiled in 4 = one rank untiled"
 g4='{"name": "g4", "arch": "gpt2", "vocab_size": 256, "max_seq_len": 64, "n_layers": 4, "d_model": 32, "n_heads": 4, "ffn_hidden": 128}'
 common+=(--set strata.model="$g4")
 run 1 1 1 8 0 g4.ref.st

@@ -5,7 +5,8 @@
 #    single-rank run with the same strata.parallel.tensor_slices (Note [Tensor slices]); for the
 #    GPT-2 and the LLaMA-style (grouped-query) tiny models, an 8-head GPT-2 for 8 tensor ranks and a
 #    LLaMA with 2 KV heads at 2, 4 and 8 (replicated KV heads); and across a checkpoint and a resume
-#    at other data and tensor ranks.
+#    at other data and tensor ranks; and on prompt/completion data with the prompts masked from the
+#    loss (tests/tools/masked_tokens.py).
 # 2. Fast mode: T = 2 trains to the loss of T = 1 within rounding (fp32 with and without gradient
 #    clipping, bf16, fp16); the tensor
 #    group's collectives counted at the communicator equal Megatron's count for the tiny model's
@@ -15,9 +16,11 @@
 # Usage: train_tensor_parallel_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
+here="$(cd "$(dirname "$0")" && pwd)"
 rm -rf "$work"; mkdir -p "$work"; cd "$work"
 mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
 fail=0
+python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
 compare() {  # reference, candidate, description
   if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
 }
@@ -85,6 +88,14 @@ for model in tiny tiny-llama; do
   if cmp -s "$model.ref.st" "$model.s1.st"; then
     echo "FAILED: $model: 4 slices and 1 slice wrote identical weights (the comparison proves nothing)"; fail=1
   fi
+  # Masked prompts (Note [Loss mask]): the vocabulary-parallel loss ignores the masked targets on
+  # every tensor rank, with and without sequence parallelism, beside data ranks.
+  masked=(--set strata.data.train="\"$work/masked.tok\"")
+  run 1 1 4 0 "$model.m.ref.st" "${masked[@]}"
+  run 2 2 4 0 "$model.m.d1t2sp.st" "${masked[@]}" --set strata.parallel.sequence=true
+  compare "$model.m.ref.st" "$model.m.d1t2sp.st" "$model masked: tensor 2 with sequence parallelism, stage 0 = one rank"
+  run 4 2 2 3 "$model.m.d2t2.st" "${masked[@]}"
+  compare "$model.m.ref.st" "$model.m.d2t2.st" "$model masked: data 2 x tensor 2, stage 3 = one rank"
 done
 # The LLaMA options of the Hugging Face families at once (Qwen2's q/k/v biases, a head_dim of its own,
 # a tied head, llama3 rope scaling): the biases slice with their weights, replicated KV heads and
