@@ -44,6 +44,7 @@
 #include "models/tiling.h"
 #include "models/tiling_plan.h"
 #include "models/token_data.h"
+#include "models/tokenizer.h"
 #include "models/weights_io.h"
 #include "tools/checkpoint_tensors.h"
 #include "tools/compute_device.h"
@@ -282,11 +283,50 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
 }
 
 // The token file to train on, checked against the model's vocabulary and for one whole window.
+// The data was made for this model: text tokenized by bytes only for a byte vocabulary (the
+// built-in fortunes corpus, a throughput benchmark's data, with a warning), and a token file that
+// names its tokenizer only for a model folder with that tokenizer.
+void check_data_fits_model(const TrainConfig& cfg, const models::TokenFile& data, const std::string& data_path,
+                           const models::ModelConfig& model) {
+  const DataConfig& d = cfg.strata.data;
+  const bool text = d.train != "fortunes" && (d.format == "text" || (d.format == "auto" &&
+                                                                      std::filesystem::path(d.train).extension() == ".txt"));
+  const std::string folder = cfg.strata.model.is_string() ? cfg.strata.model.get<std::string>() : std::string();
+  const bool hf_folder = !folder.empty() && models::is_hf_model_folder(folder);
+  if (model.vocab_size != 256 && (text || d.train == "fortunes")) {
+    const std::string prepare = fmt::format("strata data prepare --tokenizer {} --input {} --out data",
+                                            hf_folder ? folder : "MODEL_FOLDER",
+                                            text ? d.train : std::string("TEXT"));
+    if (text) {
+      throw ConfigError(fmt::format("strata.data.train '{}' is text, which Strata reads as bytes (a vocabulary of "
+                                    "256), and model '{}' has a vocabulary of {}: it would train on bytes without a "
+                                    "word; tokenize it with the model's tokenizer: `{}`, then train on data/train.tok",
+                                    d.train, model.name, model.vocab_size, prepare));
+    }
+    spdlog::warn("strata.data.train \"fortunes\" is byte tokens and model '{}' has a vocabulary of {}: the loss "
+                 "measures throughput, not language; to train on text, `{}`",
+                 model.name, model.vocab_size, prepare);
+  }
+  if (data.tokenizer_hash() == 0 || !hf_folder) return;
+  std::error_code ec;
+  const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(folder) / "tokenizer.json", ec) ||
+                             std::filesystem::exists(std::filesystem::path(folder) / "tokenizer.model", ec);
+  if (!has_tokenizer) return;
+  const models::TokenizerIdentity id = models::load_tokenizer(folder)->identity();
+  if (id.file_hash != data.tokenizer_hash()) {
+    throw FormatError(fmt::format("training data '{}' was tokenized by a tokenizer of hash {:016x}, and the model "
+                                  "folder's '{}' has hash {:016x}: the ids mean other tokens for this model; prepare "
+                                  "the data with `strata data prepare --tokenizer {} ...`",
+                                  data_path, data.tokenizer_hash(), id.path, id.file_hash, folder));
+  }
+}
+
 models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm, const models::ModelConfig& model) {
   const std::int64_t seq = cfg.strata.data.seq_len;
   const std::string data_path = prepare_training_data(cfg, comm, token_cache_dir(cfg));
   models::TokenFile data = models::TokenFile::open(data_path);
   data.check_vocab(model.vocab_size);
+  check_data_fits_model(cfg, data, data_path, model);
   if (data.size() < static_cast<std::size_t>(seq + 2)) {
     throw FormatError(fmt::format("training data '{}' has {} tokens, fewer than one window of seq_len {} + 1",
                                   data_path, data.size(), seq));

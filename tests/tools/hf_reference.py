@@ -262,6 +262,35 @@ def shipped_finetune_config(folder, rng):
     check(ok, f"configs/finetune.json trains a folder with validation, offloaded to NVMe{'' if ok else ': ' + p.stderr}")
 
 
+def data_for_the_model(folder):
+    """Token files carry their tokenizer: data prepared with the folder's trains, data of another
+    tokenizer and raw text for a model whose vocabulary is not bytes are refused, naming the fix."""
+    work = os.path.join(WORK, "data-match")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    text = os.path.join(work, "corpus.txt")
+    with open(text, "w") as f:
+        f.write("the quick brown fox jumps over the lazy dog.\n\n" * 200)
+    run(["data", "prepare", "--tokenizer", folder, "--input", text, "--out", os.path.join(work, "data")])
+    train = os.path.join(work, "data", "train.tok")
+    base = ["train", "--config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs",
+                                              "tiny.json"), "--steps", "1", "--set", f"strata.data.seq_len={SEQ}"]
+    p = run(base + ["--set", f'strata.model="{folder}"', "--set", f'strata.data.train="{train}"'], expect_ok=False)
+    check(p.returncode == 0, f"data prepared with the folder's tokenizer trains (exit {p.returncode}) {p.stderr[-300:]}")
+    other = os.path.join(work, "other-tokenizer")
+    shutil.copytree(folder, other)
+    with open(os.path.join(other, "tokenizer.json")) as f:
+        tok = json.load(f)
+    with open(os.path.join(other, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, indent=1)  # the same tokens, other bytes: a tokenizer Strata cannot tell from another
+    p = run(base + ["--set", f'strata.model="{other}"', "--set", f'strata.data.train="{train}"'], expect_ok=False)
+    check(p.returncode == 1 and "was tokenized by a tokenizer of hash" in p.stderr,
+          f"data of another tokenizer is refused: {p.stderr.strip()[:300]}")
+    p = run(base + ["--set", f'strata.model="{folder}"', "--set", f'strata.data.train="{text}"'], expect_ok=False)
+    check(p.returncode == 1 and "strata data prepare --tokenizer" in p.stderr,
+          f"raw text for a vocabulary of 300 is refused with the command that prepares it: {p.stderr.strip()[:300]}")
+
+
 def expect_refusal(what, folder, data, needle):
     p = run(["eval", "--model", folder, "--data", data, "--seq-len", str(SEQ), "--device", "sim"], expect_ok=False)
     errors = [line for line in p.stderr.splitlines() if "error" in line]
@@ -334,6 +363,7 @@ def main():
             llama_folder, llama_data = folder, data
         if name == "gpt2":
             shipped_finetune_config(folder, rng)
+            data_for_the_model(folder)
     import_under_budget(rng)
     bad_inputs(llama_folder, llama_data)
     if failures:
