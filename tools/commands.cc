@@ -21,6 +21,7 @@ void register_commands(CLI::App& app, CommandTable& table) {
   register_train(app, table);
   register_doctor(app, table);
   register_eval(app, table);
+  register_generate(app, table);
   register_estimate(app, table);
   register_simulate(app, table);
   register_data(app, table);

@@ -28,6 +28,7 @@ int run_selected(CLI::App& app, const CommandTable& table, const std::string& lo
 void register_doctor(CLI::App& app, CommandTable& table);
 void register_train(CLI::App& app, CommandTable& table);
 void register_eval(CLI::App& app, CommandTable& table);
+void register_generate(CLI::App& app, CommandTable& table);
 void register_estimate(CLI::App& app, CommandTable& table);
 void register_simulate(CLI::App& app, CommandTable& table);
 // `strata data tokenize` (tools/data.cc).

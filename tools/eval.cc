@@ -21,11 +21,11 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "models/decoder.h"
-#include "models/hf_config.h"
 #include "models/resident_provider.h"
 #include "models/token_data.h"
 #include "models/weights_io.h"
 #include "tools/compute_device.h"
+#include "tools/model_source.h"
 
 namespace strata::tools {
 
@@ -53,12 +53,9 @@ std::uint64_t physical_memory_bytes() {
 int run_eval(EvalOptions o) {
   using namespace strata::models;
   // A Hugging Face model folder gives the model and, unless --weights says otherwise, the weights.
-  const bool folder = is_hf_model_folder(o.model);
-  const ModelConfig config = folder ? open_hf_model_folder(o.model).config : model_config_by_name(o.model);
-  if (o.weights.empty()) {
-    if (!folder) throw ConfigError(fmt::format("--weights is required with --model '{}' (a name, not a model folder)", o.model));
-    o.weights = o.model;
-  }
+  const ModelSource source = resolve_model_source(o.model, o.weights, "strata eval");
+  const ModelConfig& config = source.config;
+  o.weights = source.weights;
   const DeviceChoice choice = parse_device_flag(o.device);
   if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
   if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {

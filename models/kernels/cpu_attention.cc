@@ -7,6 +7,9 @@
 //
 // Inner loops are written as axpy updates over contiguous rows (keys are transposed into the tile),
 // which GCC vectorizes without reassociating sums, so results stay bit-reproducible.
+//
+// attention_cached (the KV cache's attention, Note [KV cache] in models/kv_decoder.h) runs the
+// forward's per-tile function on new query rows over a cache, so each row gets the forward's bits.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -81,6 +84,51 @@ void tile_dot(const float* a, const float* bt, std::int64_t rows, std::int64_t c
   }
 }
 
+// One query tile of one head: `rows` query rows at positions p0.. (row i at q_index(i)) against
+// keys 0..p0+rows-1 of `kv_len` (key j at kv_index(j)), the online softmax key tile by key tile from
+// position 0; store(i, acc row, 1 / l, m, l) takes each row's result. A row's arithmetic depends on
+// its own values only, never on which other rows share its tile: attention_forward and
+// attention_cached call this one function, so a cached row has a full forward's bits.
+template <typename T, typename QIndex, typename KvIndex, typename Store>
+void forward_query_tile(const void* q, const void* k, const void* v, QIndex q_index, KvIndex kv_index,
+                        std::int64_t rows, std::int64_t p0, std::int64_t kv_len, std::int64_t d, float scale,
+                        Tiles& tl, std::vector<float>& m, std::vector<float>& l, Store store) {
+  load_tile<T>(q, rows, d, q_index, scale, tl.q.data(), false);
+  std::fill(m.begin(), m.end(), -INFINITY);
+  std::fill(l.begin(), l.end(), 0.0f);
+  std::fill(tl.acc.begin(), tl.acc.end(), 0.0f);
+  for (std::int64_t j0 = 0; j0 <= p0 + rows - 1; j0 += kTile) {
+    const std::int64_t cols = std::min(kTile, kv_len - j0);
+    load_tile<T>(k, cols, d, [&](std::int64_t j) { return kv_index(j0 + j); }, 1.0f, tl.kt.data(), true);
+    load_tile<T>(v, cols, d, [&](std::int64_t j) { return kv_index(j0 + j); }, 1.0f, tl.v.data(), false);
+    tile_dot(tl.q.data(), tl.kt.data(), rows, cols, d, tl.s.data());
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int64_t last = std::min(cols, p0 + i - j0 + 1);  // causal: key j0+j <= query p0+i
+      if (last <= 0) continue;
+      float* srow = tl.s.data() + i * kTile;
+      float tile_max = -INFINITY;
+      for (std::int64_t j = 0; j < last; ++j) tile_max = std::max(tile_max, srow[j]);
+      const float m_new = std::max(m[static_cast<std::size_t>(i)], tile_max);
+      const float corr = math::online_softmax_rescale(m[static_cast<std::size_t>(i)], m_new);
+      float* arow = tl.acc.data() + i * d;
+      float sum = 0.0f;
+      for (std::int64_t c = 0; c < d; ++c) arow[c] *= corr;
+      for (std::int64_t j = 0; j < last; ++j) {
+        const float p = math::shifted_exp(srow[j], m_new);
+        sum += p;
+        const float* vrow = tl.v.data() + j * d;
+        for (std::int64_t c = 0; c < d; ++c) arow[c] += p * vrow[c];
+      }
+      l[static_cast<std::size_t>(i)] = l[static_cast<std::size_t>(i)] * corr + sum;
+      m[static_cast<std::size_t>(i)] = m_new;
+    }
+  }
+  for (std::int64_t i = 0; i < rows; ++i) {
+    store(i, tl.acc.data() + i * d, 1.0f / l[static_cast<std::size_t>(i)], m[static_cast<std::size_t>(i)],
+          l[static_cast<std::size_t>(i)]);
+  }
+}
+
 }  // namespace
 
 void attention_forward(DType dtype, const AttentionShape& shape, const void* q, const void* k, const void* v,
@@ -101,43 +149,45 @@ void attention_forward(DType dtype, const AttentionShape& shape, const void* q, 
         const std::int64_t qt = w % q_tiles, h = (w / q_tiles) % shape.q_heads, b = w / (q_tiles * shape.q_heads);
         const std::int64_t g = h / group;
         const std::int64_t i0 = qt * kTile, rows = std::min(kTile, shape.seq - i0);
-        load_tile<T>(q, rows, d, [&](std::int64_t i) { return L.q_index(b, i0 + i, h); }, scale, tl.q.data(), false);
-        std::fill(m.begin(), m.end(), -INFINITY);
-        std::fill(l.begin(), l.end(), 0.0f);
-        std::fill(tl.acc.begin(), tl.acc.end(), 0.0f);
-        for (std::int64_t j0 = 0; j0 <= i0 + rows - 1; j0 += kTile) {
-          const std::int64_t cols = std::min(kTile, shape.seq - j0);
-          load_tile<T>(k, cols, d, [&](std::int64_t j) { return L.kv_index(b, j0 + j, g); }, 1.0f, tl.kt.data(), true);
-          load_tile<T>(v, cols, d, [&](std::int64_t j) { return L.kv_index(b, j0 + j, g); }, 1.0f, tl.v.data(), false);
-          tile_dot(tl.q.data(), tl.kt.data(), rows, cols, d, tl.s.data());
-          for (std::int64_t i = 0; i < rows; ++i) {
-            const std::int64_t last = std::min(cols, i0 + i - j0 + 1);  // causal: key j0+j <= query i0+i
-            if (last <= 0) continue;
-            float* srow = tl.s.data() + i * kTile;
-            float tile_max = -INFINITY;
-            for (std::int64_t j = 0; j < last; ++j) tile_max = std::max(tile_max, srow[j]);
-            const float m_new = std::max(m[static_cast<std::size_t>(i)], tile_max);
-            const float corr = math::online_softmax_rescale(m[static_cast<std::size_t>(i)], m_new);
-            float* arow = tl.acc.data() + i * d;
-            float sum = 0.0f;
-            for (std::int64_t c = 0; c < d; ++c) arow[c] *= corr;
-            for (std::int64_t j = 0; j < last; ++j) {
-              const float p = math::shifted_exp(srow[j], m_new);
-              sum += p;
-              const float* vrow = tl.v.data() + j * d;
-              for (std::int64_t c = 0; c < d; ++c) arow[c] += p * vrow[c];
-            }
-            l[static_cast<std::size_t>(i)] = l[static_cast<std::size_t>(i)] * corr + sum;
-            m[static_cast<std::size_t>(i)] = m_new;
-          }
-        }
-        for (std::int64_t i = 0; i < rows; ++i) {
-          const float inv = 1.0f / l[static_cast<std::size_t>(i)];
-          const std::int64_t o = L.o_index(b, i0 + i, h);
-          for (std::int64_t c = 0; c < d; ++c) store<T>(out, o + c, tl.acc[static_cast<std::size_t>(i * d + c)] * inv);
-          lse[L.lse_index(b, h, i0 + i)] =
-              math::online_softmax_lse(m[static_cast<std::size_t>(i)], l[static_cast<std::size_t>(i)]);
-        }
+        forward_query_tile<T>(
+            q, k, v, [&](std::int64_t i) { return L.q_index(b, i0 + i, h); },
+            [&](std::int64_t j) { return L.kv_index(b, j, g); }, rows, i0, shape.seq, d, scale, tl, m, l,
+            [&](std::int64_t i, const float* acc, float inv, float mi, float li) {
+              const std::int64_t o = L.o_index(b, i0 + i, h);
+              for (std::int64_t c = 0; c < d; ++c) store<T>(out, o + c, acc[c] * inv);
+              lse[L.lse_index(b, h, i0 + i)] = math::online_softmax_lse(mi, li);
+            });
+      }
+    });
+  });
+}
+
+void attention_cached(DType dtype, const CachedAttentionShape& shape, const void* q, const void* k_cache,
+                      const void* v_cache, void* out) {
+  STRATA_CHECK(shape.kv_heads > 0 && shape.q_heads % shape.kv_heads == 0, "q_heads {} not a multiple of kv_heads {}",
+               shape.q_heads, shape.kv_heads);
+  STRATA_CHECK(shape.q_rows >= 1 && shape.q_rows <= shape.kv_len, "{} query rows over a cache of {} positions",
+               shape.q_rows, shape.kv_len);
+  const std::int64_t d = shape.head_dim;
+  const std::int64_t group = shape.q_heads / shape.kv_heads;
+  const std::int64_t past = shape.kv_len - shape.q_rows;
+  const std::int64_t q_tiles = (shape.q_rows + kTile - 1) / kTile;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    parallel_rows(shape.q_heads * q_tiles, 1, [&](std::int64_t w0, std::int64_t w1) {
+      Tiles tl(d);
+      std::vector<float> m(kTile), l(kTile);
+      for (std::int64_t w = w0; w < w1; ++w) {
+        const std::int64_t qt = w % q_tiles, h = w / q_tiles, g = h / group;
+        const std::int64_t i0 = qt * kTile, rows = std::min(kTile, shape.q_rows - i0);
+        forward_query_tile<T>(
+            q, k_cache, v_cache, [&](std::int64_t i) { return (i0 + i) * shape.q_row_stride + h * d; },
+            [&](std::int64_t j) { return j * shape.kv_row_stride + g * d; }, rows, past + i0, shape.kv_len, d, scale,
+            tl, m, l, [&](std::int64_t i, const float* acc, float inv, float, float) {
+              const std::int64_t o = (i0 + i) * shape.out_row_stride + h * d;
+              for (std::int64_t c = 0; c < d; ++c) store<T>(out, o + c, acc[c] * inv);
+            });
       }
     });
   });

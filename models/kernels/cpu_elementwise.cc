@@ -89,14 +89,14 @@ void cast(DType src_dtype, const void* src, DType dst_dtype, void* dst, std::int
 }
 
 void rope(DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
-          std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction) {
+          std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction, std::int64_t first_position) {
   STRATA_CHECK(head_dim % 2 == 0, "rope needs an even head_dim, got {}", head_dim);
   const std::int64_t half = head_dim / 2;
   // cos/sin table [seq, half], computed once per call with the shared per-element math.
   std::vector<float> cos_t(static_cast<std::size_t>(seq * half)), sin_t(cos_t.size());
   for (std::int64_t t = 0; t < seq; ++t) {
     for (std::int64_t i = 0; i < half; ++i) {
-      const float angle = math::rope_angle(t, static_cast<int>(i), static_cast<int>(head_dim), spec);
+      const float angle = math::rope_angle(first_position + t, static_cast<int>(i), static_cast<int>(head_dim), spec);
       const auto at = static_cast<std::size_t>(t * half + i);
       math::rope_cos_sin(angle, &cos_t[at], &sin_t[at]);
     }

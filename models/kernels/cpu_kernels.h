@@ -34,8 +34,12 @@ void attention_forward(DType dtype, const AttentionShape& shape, const void* q,
 void attention_backward(DType dtype, const AttentionShape& shape, const void* q,
                         const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
                         void* dk, void* dv);
+void attention_cached(DType dtype, const CachedAttentionShape& shape, const void* q, const void* k_cache,
+                      const void* v_cache, void* out);
+// Row r of each sequence is at position first_position + r (0 but for rope_at).
 void rope(DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction);
+          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction,
+          std::int64_t first_position = 0);
 void embedding_forward(DType dtype, const std::int32_t* tokens, const void* wte,
                        const void* wpe, void* out, std::int64_t batch, std::int64_t seq, std::int64_t channels);
 void embedding_backward(DType dtype, const std::int32_t* tokens, const void* dout,

@@ -73,7 +73,7 @@ __global__ void residual_add_kernel(const T* a, const T* b, T* out, std::int64_t
 // are recomputed per element with the CPU kernel's functions (the CPU tabulates them per call).
 template <typename T>
 __global__ void rope_kernel(T* x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
-                            std::int64_t row_stride, RopeSpec spec, float sign) {
+                            std::int64_t row_stride, RopeSpec spec, float sign, std::int64_t first_position) {
   const std::int64_t half = head_dim / 2;
   const std::int64_t n = rows * heads * half;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -81,7 +81,7 @@ __global__ void rope_kernel(T* x, std::int64_t rows, std::int64_t seq, std::int6
     const std::int64_t i = e % half;
     const std::int64_t h = (e / half) % heads;
     const std::int64_t r = e / (half * heads);
-    const std::int64_t t = r % seq;
+    const std::int64_t t = first_position + r % seq;
     const float angle = math::rope_angle(t, static_cast<int>(i), static_cast<int>(head_dim), spec);
     float cos_a = 0.0f, sin_a = 0.0f;
     math::rope_cos_sin(angle, &cos_a, &sin_a);
@@ -159,7 +159,8 @@ void cast(const Launch& L, DType src_dtype, const void* src, DType dst_dtype, vo
 }
 
 void rope(const Launch& L, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction) {
+          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction,
+          std::int64_t first_position) {
   STRATA_CHECK(head_dim % 2 == 0, "rope needs an even head_dim");
   const std::int64_t n = batch * seq * heads * (head_dim / 2);
   if (n <= 0) return;
@@ -168,7 +169,8 @@ void rope(const Launch& L, DType dtype, void* x, std::int64_t batch, std::int64_
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     rope_kernel<T><<<element_blocks(n), kBlockThreads, 0, scope.stream>>>(static_cast<T*>(x), batch * seq, seq,
-                                                                          heads, head_dim, row_stride, spec, sign);
+                                                                          heads, head_dim, row_stride, spec, sign,
+                                                                          first_position);
   });
   check_launch();
 }

@@ -89,7 +89,8 @@ void swiglu_backward(const Launch& L, DType dtype, const void* gate_up, const vo
 void residual_add(const Launch& L, DType dtype, const void* a, const void* b, void* out, std::int64_t n);
 void cast(const Launch& L, DType src_dtype, const void* src, DType dst_dtype, void* dst, std::int64_t n);
 void rope(const Launch& L, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
-          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction);
+          std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction,
+          std::int64_t first_position = 0);
 
 // models/kernels/cuda_embedding.cu.
 void embedding_forward(const Launch& L, DType dtype, const std::int32_t* tokens, const void* wte, const void* wpe,
@@ -125,6 +126,9 @@ void attention_forward(const Launch& L, DType dtype, const AttentionShape& shape
 void attention_backward(const Launch& L, DType dtype, const AttentionShape& shape, const void* q, const void* k,
                         const void* v, const void* out, const float* lse, const void* dout, void* dq, void* dk,
                         void* dv);
+// models/kernels/cuda_attention_cached.cu (the KV cache's attention).
+void attention_cached(const Launch& L, DType dtype, const CachedAttentionShape& shape, const void* q,
+                      const void* k_cache, const void* v_cache, void* out);
 
 }  // namespace cuda
 }  // namespace strata::models

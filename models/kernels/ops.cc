@@ -238,11 +238,33 @@ void attention_backward(const KernelContext& ctx, DType dtype, const AttentionSh
       UsesCublas::No, 5 * attention_flops_unit(shape));
 }
 
+void attention_cached(const KernelContext& ctx, DType dtype, const CachedAttentionShape& shape, const void* q,
+                      const void* k_cache, const void* v_cache, void* out) {
+  // q_rows x kv_len x heads x head_dim products, twice (scores and values), 2 FLOPs each.
+  const double flops = 4.0 * static_cast<double>(shape.q_rows) * static_cast<double>(shape.kv_len) *
+                       static_cast<double>(shape.q_heads) * static_cast<double>(shape.head_dim);
+  launch(
+      ctx, "attention_cached", [=] { cpu::attention_cached(dtype, shape, q, k_cache, v_cache, out); },
+      [=](const auto& L) { cuda::attention_cached(L, dtype, shape, q, k_cache, v_cache, out); }, UsesCublas::No,
+      flops);
+}
+
 void rope(const KernelContext& ctx, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
           std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction) {
   launch(
       ctx, "rope", [=] { cpu::rope(dtype, x, batch, seq, heads, head_dim, row_stride, spec, direction); },
       [=](const auto& L) { cuda::rope(L, dtype, x, batch, seq, heads, head_dim, row_stride, spec, direction); });
+}
+
+void rope_at(const KernelContext& ctx, DType dtype, void* x, std::int64_t rows, std::int64_t first_position,
+             std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec) {
+  STRATA_CHECK(rows >= 0 && first_position >= 0, "rope_at {} rows from position {}", rows, first_position);
+  launch(
+      ctx, "rope_at",
+      [=] { cpu::rope(dtype, x, 1, rows, heads, head_dim, row_stride, spec, RopeDirection::Forward, first_position); },
+      [=](const auto& L) {
+        cuda::rope(L, dtype, x, 1, rows, heads, head_dim, row_stride, spec, RopeDirection::Forward, first_position);
+      });
 }
 
 void embedding_forward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* wte,

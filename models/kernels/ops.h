@@ -149,11 +149,32 @@ void attention_backward(const KernelContext& ctx, DType dtype, const AttentionSh
                         const void* k, const void* v, const void* out, const float* lse, const void* dout, void* dq,
                         void* dk, void* dv);
 
+// Note [KV cache] (models/kv_decoder.h): causal attention of `q_rows` new query rows of one
+// sequence over a key/value cache of `kv_len` positions that already holds the new rows' keys and
+// values last. Query row i is at position kv_len - q_rows + i and attends keys 0..that position.
+// Element (t, h, d) of q is at q[t * q_row_stride + h*head_dim + d], of the caches at
+// k[t * kv_row_stride + g*head_dim + d] (kv head g = h / (q_heads / kv_heads)), of out at
+// out_row_stride. Each row's arithmetic is attention_forward's for the same row (the same key
+// tiles from position 0, the same online softmax), so on the CPU a cached row has a full forward's
+// bits; no lse is kept (inference only).
+struct CachedAttentionShape {
+  std::int64_t q_rows = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t q_row_stride = 0, kv_row_stride = 0, out_row_stride = 0;
+};
+void attention_cached(const KernelContext& ctx, DType dtype, const CachedAttentionShape& shape, const void* q,
+                      const void* k_cache, const void* v_cache, void* out);
+
 // Rotary embedding, in place, of `heads` heads of head_dim at row stride row_stride, rows = batch*seq,
 // position of row r = r % seq. Direction::Inverse rotates back (the backward of Forward).
 enum class RopeDirection { Forward, Inverse };
 void rope(const KernelContext& ctx, DType dtype, void* x, std::int64_t batch, std::int64_t seq, std::int64_t heads,
           std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec, RopeDirection direction);
+
+// rope's Forward rotation of `rows` consecutive rows of one sequence at positions first_position..
+// (a KV cache's new rows, Note [KV cache] in models/kv_decoder.h): row r gets the bits rope()
+// gives row first_position + r of a whole sequence.
+void rope_at(const KernelContext& ctx, DType dtype, void* x, std::int64_t rows, std::int64_t first_position,
+             std::int64_t heads, std::int64_t head_dim, std::int64_t row_stride, const RopeSpec& spec);
 
 // out[b*seq + t, :] = wte[token, :] + (wpe ? wpe[t, :] : 0). Tokens are int32 in [0, vocab).
 void embedding_forward(const KernelContext& ctx, DType dtype, const std::int32_t* tokens, const void* wte,

@@ -254,6 +254,36 @@ TEST_P(CudaAttentionByDtype, AttentionOverSomeHeadsIsTheWholeCallBitForBitAndRep
   expect_same_bits(tag("attention_backward dq by kv group"), fetch(DQ), want_dq);
 }
 
+// The KV cache's attention (ops.h attention_cached, cuda_attention_cached.cu) against its CPU
+// kernel: the last q_rows rows of a batch-1 causal case as new rows over a cache of its seq keys
+// (q in the packed qkv rows, the cache its k and v columns), decode (1 row), a few rows, and the
+// whole sequence, within the forward's bounds for those rows (attention_bounds; the scalar kernel's
+// order, no tensor cores). Rows outside the new ones and out's padding stay untouched.
+TEST_P(CudaAttentionByDtype, AttentionCachedMatchesCpu) {
+  const AttnCase cases[] = {{"gqa", 1, 37, 4, 2, 64, 0}, {"mha", 1, 130, 2, 2, 40, 3}, {"mqa", 1, 70, 4, 1, 24, 5},
+                            {"gqa", 1, 33, 2, 1, 128, 0}};
+  for (const AttnCase& c : cases) {
+    const AttnLayout L{c};
+    for (const std::int64_t q_rows : {std::int64_t{1}, std::int64_t{5}, c.seq}) {
+      const std::string name = std::string(c.name) + " " + shape_name({c.seq, c.q_heads, c.kv_heads, c.head_dim}) +
+                               " rows " + std::to_string(q_rows);
+      const std::int64_t past = c.seq - q_rows;
+      const Vec qkv = quantize(random_vec(L.rows() * L.qkv_stride(), 501, -2, 2), dt());
+      Twin QKV = twin(qkv, dt()), O = twin(random_vec(L.rows() * L.out_stride(), 502), dt());
+      const CachedAttentionShape shape{q_rows, c.seq, c.q_heads, c.kv_heads, c.head_dim,
+                                       L.qkv_stride(), L.qkv_stride(), L.out_stride()};
+      both([&](Side s) {
+        attention_cached(ctx(s), dt(), shape, QKV.at(s, past * L.qkv_stride()), QKV.at(s, L.k_offset()),
+                         QKV.at(s, L.v_offset()), O.at(s, past * L.out_stride()));
+      });
+      const AttnBounds bd = attention_bounds(L, qkv, read_buf(O.cpu()), Vec(L.rows() * L.out_stride(), 0.0), 0.0);
+      Vec bounds = bd.out;
+      std::fill(bounds.begin(), bounds.begin() + past * L.out_stride(), 0.0);  // rows before the new ones: untouched
+      expect_within_bounds(tag("attention_cached out " + name), fetch(O), O.cpu(), bounds);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAttentionByDtype, ::testing::ValuesIn(kAllDtypes),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

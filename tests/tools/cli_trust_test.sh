@@ -46,7 +46,7 @@ expect_error "tensor slices that do not nest" "strata.parallel.tensor_slices = 3
 expect_error "tiling beside tensor slices" "strata.tiling beside tensor parallelism" \
   "$strata" train --config "$config" --steps 1 --set strata.parallel.tensor_slices=2 --set strata.tiling='{"default": 2}'
 expect_error "an unknown schedule" "strata.parallel.schedule" "$strata" train --config "$config" --set strata.parallel.schedule='"zb"'
-expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, estimate, simulate, data, bench, ckpt" \
+expect_error "an unknown subcommand lists the commands" "the commands are train, doctor, eval, generate, estimate, simulate, data, bench, ckpt" \
   "$strata" frobnicate
 expect_error "data prepare without a tokenizer folder" "tokenizer folder '$work/no-model' does not exist" \
   "$strata" data prepare --tokenizer "$work/no-model" --input "$config" --out "$work/prepared"
