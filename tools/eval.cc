@@ -64,6 +64,7 @@ int run_eval(EvalOptions o) {
   if (o.batch_size < 1) throw ConfigError("--batch-size must be at least 1");
   if (o.batches < 0) throw ConfigError("--batches must be positive (or 0 for all windows)");
   const TokenFile data = TokenFile::open(o.data, o.flat_u32 ? FlatTokenWidth::U32 : FlatTokenWidth::U16);
+  check_data_tokenizer(data, o.data, source.folder);
   data.check_vocab(config.vocab_size);
   const ConsecutiveWindows windows(data, o.seq_len);
   if (windows.count() == 0) {

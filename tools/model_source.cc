@@ -1,5 +1,7 @@
 // --model and --weights of eval and generate (tools/model_source.h).
 #include "tools/model_source.h"
+#include "models/tokenizer.h"
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -27,6 +29,21 @@ ModelSource resolve_model_source(const std::string& model, const std::string& we
     out.weights = out.folder;
   }
   return out;
+}
+
+void check_data_tokenizer(const models::TokenFile& data, const std::string& data_path, const std::string& folder) {
+  if (data.tokenizer_hash() == 0 || folder.empty()) return;
+  std::error_code ec;
+  const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(folder) / "tokenizer.json", ec) ||
+                             std::filesystem::exists(std::filesystem::path(folder) / "tokenizer.model", ec);
+  if (!has_tokenizer) return;
+  const models::TokenizerIdentity id = models::load_tokenizer(folder)->identity();
+  if (id.file_hash != data.tokenizer_hash()) {
+    throw FormatError(fmt::format("token file '{}' was tokenized by a tokenizer of hash {:016x}, and the model "
+                                  "folder's '{}' has hash {:016x}: the ids mean other tokens for this model; prepare "
+                                  "the data with `strata data prepare --tokenizer {} ...`",
+                                  data_path, data.tokenizer_hash(), id.path, id.file_hash, folder));
+  }
 }
 
 }  // namespace strata::tools

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "models/model_config.h"
+#include "models/token_data.h"
 
 namespace strata::tools {
 
@@ -20,5 +21,11 @@ struct ModelSource {
 
 // ConfigError naming `command`'s flags when a name comes without --weights, or the name is unknown.
 ModelSource resolve_model_source(const std::string& model, const std::string& weights, const std::string& command);
+
+// A token file that names its tokenizer (strata data prepare) was made with the tokenizer of the
+// model folder `folder` (when the folder has one): FormatError naming both hashes and the command
+// that prepares the data otherwise. Nothing to check for files without a tokenizer hash or
+// without a folder.
+void check_data_tokenizer(const models::TokenFile& data, const std::string& data_path, const std::string& folder);
 
 }  // namespace strata::tools

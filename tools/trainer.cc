@@ -55,6 +55,7 @@
 #include "tools/token_cache.h"
 #include "tools/trainer_parallel.h"
 #include "tools/trainer_checkpoints.h"
+#include "tools/model_source.h"
 #include "tools/trainer_report.h"
 #include "tools/trainer_validation.h"
 
@@ -307,18 +308,7 @@ void check_data_fits_model(const TrainConfig& cfg, const models::TokenFile& data
                  "measures throughput, not language; to train on text, `{}`",
                  model.name, model.vocab_size, prepare);
   }
-  if (data.tokenizer_hash() == 0 || !hf_folder) return;
-  std::error_code ec;
-  const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(folder) / "tokenizer.json", ec) ||
-                             std::filesystem::exists(std::filesystem::path(folder) / "tokenizer.model", ec);
-  if (!has_tokenizer) return;
-  const models::TokenizerIdentity id = models::load_tokenizer(folder)->identity();
-  if (id.file_hash != data.tokenizer_hash()) {
-    throw FormatError(fmt::format("training data '{}' was tokenized by a tokenizer of hash {:016x}, and the model "
-                                  "folder's '{}' has hash {:016x}: the ids mean other tokens for this model; prepare "
-                                  "the data with `strata data prepare --tokenizer {} ...`",
-                                  data_path, data.tokenizer_hash(), id.path, id.file_hash, folder));
-  }
+  if (hf_folder) check_data_tokenizer(data, data_path, folder);
 }
 
 models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm, const models::ModelConfig& model) {

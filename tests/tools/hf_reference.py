@@ -286,6 +286,9 @@ def data_for_the_model(folder):
     p = run(base + ["--set", f'strata.model="{other}"', "--set", f'strata.data.train="{train}"'], expect_ok=False)
     check(p.returncode == 1 and "was tokenized by a tokenizer of hash" in p.stderr,
           f"data of another tokenizer is refused: {p.stderr.strip()[:300]}")
+    p = run(["eval", "--model", other, "--data", train, "--seq-len", str(SEQ)], expect_ok=False)
+    check(p.returncode == 1 and "was tokenized by a tokenizer of hash" in p.stderr,
+          f"eval of data of another tokenizer is refused: {p.stderr.strip()[-300:]}")
     p = run(base + ["--set", f'strata.model="{folder}"', "--set", f'strata.data.train="{text}"'], expect_ok=False)
     check(p.returncode == 1 and "strata data prepare --tokenizer" in p.stderr,
           f"raw text for a vocabulary of 300 is refused with the command that prepares it: {p.stderr.strip()[:300]}")
