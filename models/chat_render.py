@@ -2,7 +2,7 @@
 
 Run by `strata data prepare` as one python3 subprocess per invocation (models/chat_template.cc starts
 it with this text built into the binary, `python3 -c`, so there is no file to find), talking JSON
-lines over its stdin and stdout; see Note [Chat templates] in docs/DESIGN.md.
+lines over its stdin and stdout; see Note [Chat templates] in models/chat_template.h.
 
 Protocol: the first line is {"template": TEXT, "variables": {name: value}, "nfc": BOOL}; the reply is {"ok": true}
 or {"fatal": MESSAGE} (then the process exits). Each following line is one conversation's "messages"

@@ -1,5 +1,5 @@
 // Chat templates: which template a model folder has, the python3 renderer subprocess, and the
-// assistant-token mask (see models/chat_template.h and Note [Chat templates] in docs/DESIGN.md).
+// assistant-token mask (see Note [Chat templates] in models/chat_template.h).
 #include "models/chat_template.h"
 
 #include <signal.h>

@@ -1,8 +1,45 @@
 // Chat conversations rendered as a model expects them: the chat template of a model folder
 // (tokenizer_config.json's "chat_template") or the documented default, rendered by Python's jinja2
 // in one python3 subprocess (models/chat_render.py, built into the binary), and the assistant
-// replies' byte spans in the rendered text, from which the loss mask is made. See Note [Chat
-// templates] in docs/DESIGN.md.
+// replies' byte spans in the rendered text, from which the loss mask is made.
+//
+// Note [Chat templates]:
+//  * Which template: tokenizer_config.json's "chat_template" in the tokenizer's folder (a string,
+//    or a list of {"name", "template"} of which "default" is used, as transformers picks it
+//    without tools). Without one, the default below: ChatML, "<|im_start|>{role}\n{content}<|im_end|>\n"
+//    per message, "<|im_start|>assistant\n" as the generation prompt; "<|im_start|>" and
+//    "<|im_end|>" must each encode to one token of the tokenizer, else the default is refused with
+//    a message saying to add the model's chat_template. Nothing else of the tokenizer (BOS, EOS)
+//    enters the default.
+//  * Who renders: jinja2 in python3 (Debian's python3-jinja2), the engine transformers uses; no C++
+//    Jinja is in Debian, and a hand-written one would drift from it. The environment is
+//    transformers 4.44's (_compile_jinja_template): ImmutableSandboxedEnvironment, trim_blocks,
+//    lstrip_blocks, raise_exception, its tojson, the {% generation %} tag; the variables are
+//    messages, tools=None, documents=None, add_generation_prompt and the special tokens of
+//    tokenizer_config.json (special_tokens_map.json for those it lacks). One subprocess per
+//    `data prepare`, started as `/usr/bin/python3 -c SCRIPT` ($STRATA_CHAT_PYTHON overrides the
+//    interpreter): the script is compiled into the binary from models/chat_render.py by CMake, so
+//    nothing has to be found at run time, from the build folder, CI or an install alike. Requests
+//    and replies are JSON lines over a socket pair (MSG_NOSIGNAL: a dead renderer is an error, never
+//    a SIGPIPE), written by one thread while another reads, so neither side can fill its buffer and
+//    wait forever; at the end our side shuts, the renderer exits and is reaped.
+//  * Which tokens count: the assistant replies. Where the template marks them with
+//    {% generation %}, those blocks (transformers' return_assistant_tokens_mask). Otherwise, for
+//    each assistant message i, the text from the end of the render of messages[:i] with
+//    add_generation_prompt=True to the end of the render of messages[:i+1]: the reply, its
+//    end-of-turn token and what the template writes after it in the turn (ChatML's newline); a
+//    template whose renders are not prefixes of the whole (one that drops earlier replies'
+//    reasoning, or a conversation opening with the assistant under a BOS-adding template) is refused
+//    for that conversation. The whole conversation is encoded as one text, as
+//    apply_chat_template(tokenize=True) does (never segment by segment, which can split a token at a
+//    boundary), and a token counts when its bytes overlap a span, as transformers' char_to_token
+//    marks them. A tokenizer that normalizes to NFC gets the NFC text (the same ids) with the spans
+//    moved into it, so that its tokens add up to the text.
+//  * The document: the template's tokens exactly; no BOS or EOS is added, since the template places
+//    them (LLaMA 3's bos_token, the end-of-turn tokens). A conversation without an assistant
+//    message is left out with a warning counting them: none of it would count toward the loss.
+//  * Not supported: SentencePiece tokenizers (their tokens do not map onto the text byte for byte;
+//    refused with a message), tools and documents (always None).
 #pragma once
 
 #include <sys/types.h>

@@ -204,6 +204,12 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     }
   }
   if (!conversations.empty()) {
+    if (tokenizer.identity().kind != TokenizerKind::ByteLevelBpe) {
+      throw ConfigError(fmt::format("chat \"messages\" need a byte-level BPE tokenizer (tokenizer.json) in this build; "
+                                    "'{}' is {}, whose tokens do not map onto the rendered text byte for byte; give "
+                                    "the data as \"prompt\" and \"completion\" fields",
+                                    tokenizer.identity().path, tokenizer_kind_name(tokenizer.identity().kind)));
+    }
     const auto render_start = std::chrono::steady_clock::now();
     const ChatTemplate chat_template = load_chat_template(tokenizer.identity().path, tokenizer);
     report.chat_template = chat_template.source;
@@ -299,7 +305,7 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     std::vector<std::uint8_t> mask;
     for (const Entry& e : entries) {
       const std::size_t k = first[e.source] + e.doc;
-      if (docs[e.source][e.doc].is_chat()) {  // the template's tokens as they are (Note [Chat templates])
+      if (docs[e.source][e.doc].is_chat()) {  // the template's tokens as they are: Note [Chat templates]
         tokens.insert(tokens.end(), text_ids[k].begin(), text_ids[k].end());
         mask.insert(mask.end(), chat_masks[k].begin(), chat_masks[k].end());
         continue;

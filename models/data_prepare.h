@@ -12,7 +12,8 @@
 // EOS: BOS when the tokenizer has one distinct from EOS (as LLaMA's and SentencePiece's add it;
 // GPT-2's has none), unless told otherwise. A chat is the template's tokens exactly, as
 // transformers' apply_chat_template(messages, tokenize=True) gives them: the template places BOS
-// and the end-of-turn tokens itself, so neither BOS nor EOS is added (see Note [Chat templates]).
+// and the end-of-turn tokens itself, so neither BOS nor EOS is added (see Note [Chat templates] in
+// models/chat_template.h).
 //
 // Mixing: a source of weight w contributes each of its training documents floor(w) times, plus once
 // more with probability frac(w) (a seeded hash of the document, so reruns agree); the documents of
