@@ -45,6 +45,11 @@ try:
 except ImportError as e:
     print(f"skipped: {e} (bash tools/setup-python.sh makes .venv; apt-get install python3-jinja2)")
     sys.exit(77)
+# Strata's renderer runs /usr/bin/python3 (models/chat_template.h), which needs jinja2 of its own.
+if subprocess.run([os.environ.get("STRATA_CHAT_PYTHON") or "/usr/bin/python3", "-c", "import jinja2"],
+                  capture_output=True).returncode != 0:
+    print("skipped: /usr/bin/python3 cannot import jinja2 (apt-get install python3-jinja2; tools/setup.sh does)")
+    sys.exit(77)
 
 QWEN2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
