@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "engine/json_input.h"
+#include "models/chat_template.h"
 #include "models/token_data.h"
 
 namespace strata::models {
@@ -46,18 +47,19 @@ struct Entry {
 }  // namespace
 
 std::vector<SourceDocument> read_documents(const std::string& path, const std::string& contents,
-                                           const std::string& text_field, TextDocuments text_documents) {
+                                           const std::string& text_field, TextDocuments text_documents,
+                                           std::uint64_t* chats_without_reply) {
   std::vector<SourceDocument> docs;
   if (!path.ends_with(".jsonl")) {
     check_utf8(contents, fmt::format("text file '{}'", path));
     if (text_documents == TextDocuments::File) {
-      docs.push_back({false, {}, contents, 1});
+      docs.push_back({false, {}, contents, 1, {}});
       return docs;
     }
     std::size_t begin = 0, line = 0, doc_begin = 0, doc_end = 0, doc_line = 0;
     bool open = false;  // a document has begun and not been flushed
     const auto flush = [&] {
-      if (open) docs.push_back({false, {}, contents.substr(doc_begin, doc_end - doc_begin), doc_line});
+      if (open) docs.push_back({false, {}, contents.substr(doc_begin, doc_end - doc_begin), doc_line, {}});
       open = false;
     };
     while (begin < contents.size()) {
@@ -98,23 +100,44 @@ std::vector<SourceDocument> read_documents(const std::string& path, const std::s
       return it->get_ptr<const std::string*>();
     };
     if (const std::string* text = string_field(text_field)) {
-      docs.push_back({false, {}, *text, line});
+      docs.push_back({false, {}, *text, line, {}});
       continue;
     }
     const std::string* prompt = string_field("prompt");
     const std::string* completion = string_field("completion");
     if (prompt != nullptr && completion != nullptr) {
-      docs.push_back({true, *prompt, *completion, line});
+      docs.push_back({true, *prompt, *completion, line, {}});
       continue;
     }
-    if (value->contains("messages")) {
-      fail("chat \"messages\" are not supported yet (chat templates are not rendered by this build); give \"prompt\" "
-           "and \"completion\" fields instead");
+    if (const auto it = value->find("messages"); it != value->end()) {
+      if (!it->is_array() || it->empty()) fail(fmt::format("\"messages\" is {}, not a non-empty array of messages", json_excerpt(*it)));
+      bool has_reply = false;
+      for (std::size_t m = 0; m < it->size(); ++m) {
+        const auto& message = (*it)[m];
+        const auto field = [&](const char* key) -> const std::string& {
+          if (!message.is_object()) fail(fmt::format("message {} is {}, not an object with \"role\" and \"content\"", m + 1, json_excerpt(message)));
+          const auto f = message.find(key);
+          if (f == message.end()) fail(fmt::format("message {} has no \"{}\" (each message needs \"role\" and \"content\")", m + 1, key));
+          if (!f->is_string()) fail(fmt::format("message {}'s \"{}\" is {}, not a string", m + 1, key, json_excerpt(*f)));
+          return f->get_ref<const std::string&>();
+        };
+        has_reply = field("role") == "assistant" || has_reply;
+        field("content");
+      }
+      if (!has_reply) {
+        if (chats_without_reply != nullptr) ++*chats_without_reply;
+        continue;
+      }
+      SourceDocument doc;
+      doc.line = line;
+      doc.chat_messages = it->dump();
+      docs.push_back(std::move(doc));
+      continue;
     }
     std::vector<std::string> keys;
     for (const auto& [key, v] : value->items()) keys.push_back(key);
-    fail(fmt::format("no \"{}\" field and no \"prompt\" + \"completion\" pair (it has: {}); give the text field with "
-                     "--field or fix the line",
+    fail(fmt::format("no \"{}\" field, no \"prompt\" + \"completion\" pair and no chat \"messages\" (it has: {}); "
+                     "give the text field with --field or fix the line",
                      text_field, keys.empty() ? std::string("no fields") : fmt::format("{}", fmt::join(keys, ", "))));
   }
   return docs;
@@ -158,9 +181,58 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     const std::string contents = read_text_file(o.sources[s].path, "data file");
     identity.push_back(XXH64(contents.data(), contents.size(), 0));
     identity.push_back(static_cast<std::uint64_t>(o.sources[s].weight * 1e9));
-    docs[s] = read_documents(o.sources[s].path, contents, o.text_field, o.text_documents);
+    std::uint64_t without_reply = 0;
+    docs[s] = read_documents(o.sources[s].path, contents, o.text_field, o.text_documents, &without_reply);
+    if (without_reply > 0) {
+      spdlog::warn("'{}': {} conversations have no assistant message and were left out (none of their tokens would "
+                   "count toward the loss)",
+                   o.sources[s].path, without_reply);
+    }
+    report.chats_without_reply += without_reply;
     report.source_documents += docs[s].size();
     report.source_bytes += contents.size();
+  }
+  // Chats are rendered first, in one renderer for all sources; each chat's assistant spans are kept
+  // by its index among all documents.
+  std::vector<std::size_t> first(docs.size() + 1, 0);
+  for (std::size_t s = 0; s < docs.size(); ++s) first[s + 1] = first[s] + docs[s].size();
+  std::vector<std::vector<ByteSpan>> assistant(report.source_documents);
+  std::vector<std::string> conversations;
+  for (const auto& d : docs) {
+    for (const auto& doc : d) {
+      if (doc.is_chat()) conversations.push_back(doc.chat_messages);
+    }
+  }
+  if (!conversations.empty()) {
+    if (tokenizer.identity().kind != TokenizerKind::ByteLevelBpe) {
+      throw ConfigError(fmt::format("chat \"messages\" need a byte-level BPE tokenizer (tokenizer.json) in this build; "
+                                    "'{}' is {}, whose tokens do not map onto the rendered text byte for byte; give "
+                                    "the data as \"prompt\" and \"completion\" fields",
+                                    tokenizer.identity().path, tokenizer_kind_name(tokenizer.identity().kind)));
+    }
+    const auto render_start = std::chrono::steady_clock::now();
+    const ChatTemplate chat_template = load_chat_template(tokenizer.identity().path, tokenizer);
+    report.chat_template = chat_template.source;
+    const std::string variables = chat_template.variables.dump();
+    identity.push_back(XXH64(chat_template.text.data(), chat_template.text.size(), 0));
+    identity.push_back(XXH64(variables.data(), variables.size(), 0));
+    std::vector<RenderedChat> rendered = ChatRenderer(chat_template).render(conversations);
+    std::size_t c = 0;
+    for (std::size_t s = 0; s < docs.size(); ++s) {
+      for (std::size_t d = 0; d < docs[s].size(); ++d) {
+        SourceDocument& doc = docs[s][d];
+        if (!doc.is_chat()) continue;
+        RenderedChat& r = rendered[c++];
+        if (!r.error.empty()) {
+          throw FormatError(fmt::format("JSONL file '{}' line {}: {} ({})", o.sources[s].path, doc.line, r.error,
+                                        chat_template.source));
+        }
+        doc.text = std::move(r.text);
+        assistant[first[s] + d] = std::move(r.assistant);
+      }
+    }
+    report.chats = conversations.size();
+    report.render_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - render_start).count();
   }
   report.source_hash = XXH64(identity.data(), identity.size() * sizeof(std::uint64_t), 0);
 
@@ -196,8 +268,7 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
 
   // Encode every document once, in parallel over documents.
   std::vector<std::vector<std::uint32_t>> prompt_ids(report.source_documents), text_ids(report.source_documents);
-  std::vector<std::size_t> first(docs.size() + 1, 0);
-  for (std::size_t s = 0; s < docs.size(); ++s) first[s + 1] = first[s] + docs[s].size();
+  std::vector<std::vector<std::uint8_t>> chat_masks(report.source_documents);
   std::atomic<std::uint64_t> done_bytes{0};
   tbb::enumerable_thread_specific<std::unique_ptr<EncodeScratch>> scratch([&] { return tokenizer.new_scratch(); });
   const auto start = std::chrono::steady_clock::now();
@@ -213,6 +284,10 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
         // UTF-8 once parsed.
         tokenizer.encode_into(doc.prompt, sc, prompt_ids[k]);
         tokenizer.encode_into(doc.text, sc, text_ids[k]);
+        if (doc.is_chat()) {
+          chat_masks[k] = assistant_token_mask(tokenizer, text_ids[k], doc.text, assistant[k],
+                                               fmt::format("JSONL file '{}' line {}", o.sources[s].path, doc.line));
+        }
         bytes += doc.prompt.size() + doc.text.size();
       }
       const std::uint64_t now = done_bytes += bytes;
@@ -221,7 +296,7 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
   });
   report.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& d : docs) {
-    for (const auto& doc : d) report.has_loss_mask = report.has_loss_mask || doc.has_prompt;
+    for (const auto& doc : d) report.has_loss_mask = report.has_loss_mask || doc.has_prompt || doc.is_chat();
   }
 
   ensure_directory(o.out_dir, "--out");
@@ -230,6 +305,11 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     std::vector<std::uint8_t> mask;
     for (const Entry& e : entries) {
       const std::size_t k = first[e.source] + e.doc;
+      if (docs[e.source][e.doc].is_chat()) {  // the template's tokens as they are: Note [Chat templates]
+        tokens.insert(tokens.end(), text_ids[k].begin(), text_ids[k].end());
+        mask.insert(mask.end(), chat_masks[k].begin(), chat_masks[k].end());
+        continue;
+      }
       const bool prompted = docs[e.source][e.doc].has_prompt;
       if (add_bos) tokens.push_back(*bos_candidate), mask.push_back(prompted ? 0 : 1);
       tokens.insert(tokens.end(), prompt_ids[k].begin(), prompt_ids[k].end());

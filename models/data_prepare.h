@@ -5,10 +5,15 @@
 //
 // Documents: a text file (any name not ending in .jsonl) is one document, or one per paragraph or
 // line (TextDocuments; more documents also encode in parallel); a JSONL file gives one per
-// line, from its `text` field (all tokens count toward the loss) or its `prompt` and `completion`
+// line, from its `text` field (all tokens count toward the loss), its `prompt` and `completion`
 // fields (encoded separately, so the boundary is exact; the prompt's tokens are masked from the
-// loss). Each document is [BOS] tokens EOS: BOS when the tokenizer has one distinct from EOS (as
-// LLaMA's and SentencePiece's add it; GPT-2's has none), unless told otherwise.
+// loss), or its chat `messages` (rendered with the model's chat template, models/chat_template.h;
+// only the assistant replies' tokens count). Each text or prompt/completion document is [BOS] tokens
+// EOS: BOS when the tokenizer has one distinct from EOS (as LLaMA's and SentencePiece's add it;
+// GPT-2's has none), unless told otherwise. A chat is the template's tokens exactly, as
+// transformers' apply_chat_template(messages, tokenize=True) gives them: the template places BOS
+// and the end-of-turn tokens itself, so neither BOS nor EOS is added (see Note [Chat templates] in
+// models/chat_template.h).
 //
 // Mixing: a source of weight w contributes each of its training documents floor(w) times, plus once
 // more with probability frac(w) (a seeded hash of the document, so reruns agree); the documents of
@@ -56,33 +61,45 @@ struct PrepareSplit {
 
 struct PrepareReport {
   std::uint64_t source_documents = 0, source_bytes = 0;
+  std::uint64_t chats = 0, chats_without_reply = 0;  // conversations rendered; skipped for having no assistant message
+  std::string chat_template;                         // where the template came from, when there were chats
+  double render_seconds = 0;
   PrepareSplit train, validation;
   bool has_loss_mask = false;
   std::uint64_t source_hash = 0;
   double encode_seconds = 0;
 };
 
-// One document of a source: a text (every token counts toward the loss), or a prompt and its
-// completion (has_prompt; the prompt's tokens are masked). `line` is the JSONL line (1 for text).
+// One document of a source: a text (every token counts toward the loss), a prompt and its
+// completion (has_prompt; the prompt's tokens are masked), or a chat (its "messages" array as JSON
+// text in `chat_messages`; `text` is empty until rendered). `line` is the JSONL line (1 for text).
 struct SourceDocument {
   bool has_prompt = false;
   std::string prompt, text;
   std::uint64_t line = 1;
+  std::string chat_messages;
+  bool is_chat() const { return !chat_messages.empty(); }
 };
 
 // The documents of `contents`, read from `path`: a JSONL file (name ending in .jsonl) one per line,
 // any other file as `text_documents` says. FormatError naming the file and line for invalid UTF-8, a line that
-// is not a JSON object, a line without `text_field` or a prompt/completion pair, chat messages.
+// is not a JSON object, a line without `text_field`, a prompt/completion pair or "messages", and
+// "messages" that are not a non-empty array of objects with string "role" and "content". A chat
+// without an assistant message is left out (nothing of it would count), counted in `*chats_without_reply`.
 std::vector<SourceDocument> read_documents(const std::string& path, const std::string& contents,
                                            const std::string& text_field,
-                                           TextDocuments text_documents = TextDocuments::File);
+                                           TextDocuments text_documents = TextDocuments::File,
+                                           std::uint64_t* chats_without_reply = nullptr);
 
 // Called from the encoding threads with the bytes encoded so far and the total; must be thread-safe.
 using PrepareProgress = std::function<void(std::uint64_t done_bytes, std::uint64_t total_bytes)>;
 
-// ConfigError for bad options (a weight of 0 or below, a fraction outside [0, 1), no EOS token);
-// FormatError naming the file and line for a bad document (invalid UTF-8, a JSONL line that is not
-// an object or lacks its fields, chat `messages`, which this build does not render).
+// ConfigError for bad options (a weight of 0 or below, a fraction outside [0, 1), no EOS token) and
+// for chats that cannot be rendered (no python3 with jinja2, no template and none of the default's
+// tokens, a template that does not compile); FormatError naming the file and line for a bad
+// document (invalid UTF-8, a JSONL line that is not an object or lacks its fields, a conversation
+// the chat template refuses or fails on). The chat template is the tokenizer's folder's
+// (load_chat_template).
 PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOptions& options,
                                  const PrepareProgress& progress = {});
 

@@ -61,6 +61,16 @@ class Tokenizer {
   virtual std::optional<std::uint32_t> token_id(std::string_view token) const = 0;
   virtual std::optional<std::uint32_t> bos_id() const = 0;
   virtual std::optional<std::uint32_t> eos_id() const = 0;
+  // (optional) The exact bytes token `id` stands for, when the tokens of a text concatenate to the
+  // text (to its NFC form where normalizes_to_nfc()): byte-level BPE without a prefix space;
+  // nullopt where they need not (SentencePiece). The chat loss mask maps tokens onto the rendered
+  // text through it (models/chat_template.h).
+  virtual std::optional<std::string> token_bytes(std::uint32_t id) const {
+    (void)id;
+    return std::nullopt;
+  }
+  // Whether text is brought to Unicode NFC before it is split into tokens (Qwen2's normalizer).
+  virtual bool normalizes_to_nfc() const { return false; }
 
   const TokenizerIdentity& identity() const { return identity_; }
 

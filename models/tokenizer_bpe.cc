@@ -75,8 +75,11 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<std::uint32_t> token_id(std::string_view token) const override;
   std::optional<std::uint32_t> bos_id() const override { return bos_; }
   std::optional<std::uint32_t> eos_id() const override { return eos_; }
+  std::optional<std::string> token_bytes(std::uint32_t id) const override;
+  bool normalizes_to_nfc() const override { return spec_.nfc; }
 
  private:
+  std::string raw_bytes(std::uint32_t id) const;
   void encode_text(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const;
   void split_normalized(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const;
   void encode_segment(std::string_view text, BpeScratch& s, std::vector<std::uint32_t>& out) const;
@@ -334,6 +337,28 @@ void BpeTokenizer::merge(std::vector<std::uint32_t>& symbols) const {
   symbols.resize(kept);
 }
 
+std::string BpeTokenizer::raw_bytes(std::uint32_t id) const {
+  const auto added = added_by_id_.find(id);
+  const std::string& token = added != added_by_id_.end() ? added->second : id_to_token_[id];
+  // HF's ByteLevel decoder: a token made of byte-level characters gives their bytes; one with any
+  // other character (an added token like "<|endoftext|>" mostly is not) gives its own UTF-8.
+  std::string mapped;
+  for (std::size_t i = 0; i < token.size();) {
+    const std::size_t len = (static_cast<unsigned char>(token[i]) & 0x80) == 0 ? 1 : 2;
+    const auto it = char_to_byte_.find(token.substr(i, len));
+    if (it == char_to_byte_.end()) return token;
+    mapped.push_back(static_cast<char>(it->second));
+    i += len;
+  }
+  return mapped;
+}
+
+std::optional<std::string> BpeTokenizer::token_bytes(std::uint32_t id) const {
+  // With a prefix space the tokens add up to more than the text.
+  if (id >= id_to_token_.size() || spec_.add_prefix_space) return std::nullopt;
+  return raw_bytes(id);
+}
+
 std::string BpeTokenizer::decode(std::span<const std::uint32_t> ids) const {
   std::string bytes;
   for (std::size_t k = 0; k < ids.size(); ++k) {
@@ -342,23 +367,7 @@ std::string BpeTokenizer::decode(std::span<const std::uint32_t> ids) const {
       throw FormatError(fmt::format("token {} at position {} is outside the vocabulary of {} tokens of '{}'", id, k,
                                     id_to_token_.size(), spec_.path));
     }
-    const auto added = added_by_id_.find(id);
-    const std::string& token = added != added_by_id_.end() ? added->second : id_to_token_[id];
-    // HF's ByteLevel decoder: a token made of byte-level characters gives their bytes; one with any
-    // other character (an added token like "<|endoftext|>" mostly is not) gives its own UTF-8.
-    std::string mapped;
-    bool all_mapped = true;
-    for (std::size_t i = 0; i < token.size() && all_mapped;) {
-      const std::size_t len = (static_cast<unsigned char>(token[i]) & 0x80) == 0 ? 1 : 2;
-      const auto it = char_to_byte_.find(token.substr(i, len));
-      if (it == char_to_byte_.end()) {
-        all_mapped = false;
-      } else {
-        mapped.push_back(static_cast<char>(it->second));
-      }
-      i += len;
-    }
-    bytes += all_mapped ? mapped : token;
+    bytes += raw_bytes(id);
   }
   return utf8_lossy(bytes);
 }

@@ -59,6 +59,11 @@ int run_tokenize(const TokenizeOptions& o) {
   const auto source = models::read_documents(input, contents, o.field);
   std::vector<std::string_view> docs;
   for (const auto& d : source) {
+    if (d.is_chat()) {
+      throw FormatError(fmt::format("JSONL file '{}' line {}: a chat (\"messages\"); `strata data tokenize` encodes one "
+                                    "text per line, `strata data prepare` renders chats with the model's chat template",
+                                    input, d.line));
+    }
     if (d.has_prompt) {
       throw FormatError(fmt::format("JSONL file '{}' line {}: a prompt/completion pair; `strata data tokenize` encodes "
                                     "one text per line, `strata data prepare` takes pairs",
@@ -171,15 +176,24 @@ int run_prepare(PrepareCliOptions o) {
                           {"source_bytes", r.source_bytes},
                           {"source_hash", fmt::format("{:016x}", r.source_hash)},
                           {"loss_mask", r.has_loss_mask},
+                          {"chats", r.chats},
+                          {"chats_without_reply", r.chats_without_reply},
+                          {"render_seconds", r.render_seconds},
                           {"train", split(r.train)},
                           {"encode_seconds", r.encode_seconds}};
     if (!r.validation.path.empty()) row["validation"] = split(r.validation);
+    if (r.chats > 0) row["chat_template"] = r.chat_template;
     fmt::print("{}\n", row.dump());
     return 0;
   }
   fmt::print("{} documents ({:.1f} MB) from {} files, encoded in {:.2f} s by {} '{}' (vocab {}, hash {:016x})\n",
              r.source_documents, static_cast<double>(r.source_bytes) / 1e6, o.inputs.size(), r.encode_seconds,
              models::tokenizer_kind_name(id.kind), id.path, tokenizer->vocab_size(), id.file_hash);
+  if (r.chats > 0) {
+    fmt::print("{} chats rendered in {:.2f} s with {}{}\n", r.chats, r.render_seconds, r.chat_template,
+               r.chats_without_reply > 0 ? fmt::format(" ({} without an assistant message left out)", r.chats_without_reply)
+                                         : std::string());
+  }
   for (const auto* s : {&r.train, &r.validation}) {
     if (s->path.empty()) continue;
     fmt::print("wrote {}: {} documents, {} tokens{}\n", s->path, s->documents, s->tokens,
@@ -256,8 +270,8 @@ void register_data(CLI::App& app, CommandTable& table) {
   auto p = std::make_shared<PrepareCliOptions>();
   auto* prep = data->add_subcommand("prepare", "token files for training (train.tok, val.tok) from text and JSONL files");
   prep->add_option("--tokenizer", p->tokenizer, "model folder with tokenizer.json or tokenizer.model (or the file)")->required();
-  prep->add_option("--input", p->inputs, "a text file (one document) or a .jsonl file (text, or prompt + completion per "
-                                         "line); repeat for several")->required();
+  prep->add_option("--input", p->inputs, "a text file (one document) or a .jsonl file (per line: text, prompt + completion, or "
+                                         "chat messages); repeat for several")->required();
   prep->add_option("--weight", p->weights, "one per --input, in order: how many times its documents enter training "
                                            "(fractions sample; default 1)");
   prep->add_option("--out", p->prepare.out_dir, "directory for train.tok and val.tok")->required();

@@ -11,7 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   fio fortunes
   libpcre2-dev libsentencepiece-dev libicu-dev
-  python3-venv python3-pip python3-torch
+  python3-venv python3-pip python3-torch python3-jinja2
 )
 
 missing=()

@@ -157,12 +157,16 @@ TEST_F(DataPrepareTest, RefusesBadInputsNamingFileAndLine) {
     EXPECT_NE(what.find(want), std::string::npos) << what;
     EXPECT_NE(what.find(path), std::string::npos) << what;
   };
-  expect("missing.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"x\", \"id\": 3}\n", "line 2: no \"text\" field and no \"prompt\" + \"completion\" pair (it has: body, id)");
+  expect("missing.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"x\", \"id\": 3}\n", "line 2: no \"text\" field, no \"prompt\" + \"completion\" pair and no chat \"messages\" (it has: body, id)");
   expect("prompt_only.jsonl", "{\"prompt\": \"x\"}\n", "line 1: no \"text\" field");
   expect("number.jsonl", "{\"text\": 5}\n", "line 1: the \"text\" field is 5, not a string");
   expect("array.jsonl", "\n[1, 2]\n", "line 2: not a JSON object");
   expect("broken.jsonl", "{\"text\": \"a\"\n", "line 1:");
-  expect("chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", "chat \"messages\" are not supported");
+  // Chats are checked before any rendering (chat_reference renders them against transformers).
+  expect("chat_no_content.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\"}]}\n",
+         "line 1: message 2 has no \"content\"");
+  expect("chat_empty.jsonl", "{\"text\": \"x\"}\n{\"messages\": []}\n", "line 2: \"messages\" is [], not a non-empty array");
+  expect("chat_role.jsonl", "{\"messages\": [{\"role\": 1, \"content\": \"hi\"}]}\n", "line 1: message 1's \"role\" is 1, not a string");
   expect("latin1.txt", "caf\xE9\n", "is not valid UTF-8 at byte 3 (line 1");
   expect("latin1.jsonl", "{\"text\": \"caf\xE9\"}\n", "line 1:");
 
