@@ -42,6 +42,7 @@
 #include "offload/io_engine.h"
 #include "tools/bench_io_files.h"
 #include "tools/bench_io_plan.h"
+#include "tools/bench_io_replay.h"
 #include "tools/bench_io_report.h"
 #include "tools/bench_io_runs.h"
 #include "tools/bench_io_verify.h"
@@ -261,6 +262,7 @@ int run_bench_io(const BenchIoArgs& a) {
 
 void register_bench_io(CLI::App& bench, CommandTable& table) {
   auto args = std::make_shared<bench_io::BenchIoArgs>();
+  auto replay = std::make_shared<bench_io::ReplayArgs>();
   auto* cmd = bench.add_subcommand("io", "NVMe bandwidth/IOPS/latency of Strata's I/O engine (optionally beside fio)");
   cmd->add_option("--dir", args->dir, "directory for the test file (on the drive to measure)");
   cmd->add_option("--paths", args->paths, "comma-separated directories, one test file and stream each (one per drive)");
@@ -321,7 +323,29 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
   cmd->add_flag("--histogram", args->histogram, "add the latency histogram to each JSON row");
   // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify]).
   cmd->add_option("--inject-fault", args->inject_fault)->group("");
-  table[cmd] = [args]() -> int { return bench_io::run_bench_io(*args); };
+  auto* replay_opt = cmd->add_option(
+      "--replay", replay->config,
+      "replay the NVMe I/O of one ZeRO-Infinity step of this training config (or 'demo') through the engine's swap "
+      "store on its nvme_path, beside the step's simulated compute");
+  auto* set_opt = cmd->add_option("--set", replay->overrides, "with --replay: override a config key (repeatable)");
+  auto* machine_opt = cmd->add_option("--machine", replay->machine,
+                                      "with --replay: the compute side, a machine file or 'measure' (this host as "
+                                      "the sim device)")
+                          ->capture_default_str();
+  auto* steps_opt = cmd->add_option("--replay-steps", replay->steps, "with --replay: steps measured after one untimed")
+                        ->capture_default_str();
+  auto* tbw_opt = cmd->add_option("--drive-tbw", replay->drive_tbw,
+                                  "with --replay: rated TB written of one drive, for the days to its endurance");
+  table[cmd] = [args, replay, replay_opt, set_opt, machine_opt, steps_opt, tbw_opt]() -> int {
+    if (replay_opt->count() == 0) {
+      for (const CLI::Option* o : {set_opt, machine_opt, steps_opt, tbw_opt}) {
+        if (o->count() > 0) throw ConfigError(fmt::format("{} is an option of --replay: add --replay CONFIG", o->get_name()));
+      }
+      return bench_io::run_bench_io(*args);
+    }
+    replay->json = args->json;
+    return bench_io::run_replay(*replay);
+  };
 }
 
 }  // namespace strata::tools
