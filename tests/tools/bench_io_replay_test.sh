@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# `strata bench io --replay` (Note [Step replay], tools/bench_io_replay.h): the replayed step of the
+# `strata bench io --replay` and `--tune`, the two ties to training. --replay (Note [Step replay],
+# tools/bench_io_replay.h): the replayed step of the
 # demo config reads and writes exactly the NVMe bytes a step of `strata train` on the same config
 # reads and writes (so the jobs, keys, fetches and the overlapped update are the engine's), and the
 # report carries the I/O time, the simulated compute, the bottleneck verdict, tokens/s and the wear
-# with --drive-tbw. Times are only checked to be positive. Misuse ends in one line naming the flag.
+# with --drive-tbw. --tune sweeps a small matrix on the config's nvme_path, writes a fragment
+# of aio keys, and `strata train --config-fragment` shows them in its plan line. Times are only
+# checked to be positive. Misuse ends in one line naming the flag.
 # Skips (exit 77) where the work directory refuses O_DIRECT.
 # Usage: bench_io_replay_test.sh STRATA_BINARY WORKDIR
 set -euo pipefail
@@ -57,4 +60,28 @@ refuse_replay "--set without --replay" "--set is an option of --replay" --dir "$
 refuse_replay "a config without NVMe" "keeps nothing on NVMe" --replay demo \
   --set zero_optimization.offload_optimizer.device='"cpu"' --set zero_optimization.offload_param.device='"cpu"'
 refuse_replay "a missing config" "no-such-replay.json: no such config file" --replay "$work/no-such-replay.json"
+# --tune: a small sweep on the config's nvme_path; the fragment's settings reach train's plan line.
+out=$("$strata" --log-level warn bench io --tune --size 8M --tune-request-sizes 128K,512K --tune-qd 2,8 \
+  --out "$work/tuned.json" "${nvme[@]}")
+if python3 -c '
+import json, sys
+f = json.load(open(sys.argv[1]))["aio"]
+sys.exit(0 if set(f) == {"queue_depth", "request_size", "write_request_size"} and f["queue_depth"] in (2, 8)
+         and f["request_size"] in (131072, 524288) and f["write_request_size"] in (131072, 524288) else 1)' "$work/tuned.json" &&
+   [ "$(grep -c "GB/s\|KiB" <<<"$out")" -ge 5 ]; then ok "--tune wrote $(tr -d ' \n' <"$work/tuned.json")"; else bad "--tune: $out"; fi
+printf '{"aio": {"queue_depth": 8, "request_size": 262144, "write_request_size": 131072}}\n' >"$work/frag.json"
+plan=$("$strata" train --steps 1 --config-fragment "$work/frag.json" "${nvme[@]}" --set "strata.metrics=\"$work/m3.jsonl\"" 2>&1 | grep "tier plan")
+grep -q "queue depth 8, requests up to 256.00 KiB read / 128.00 KiB write" <<<"$plan" &&
+  ok "train --config-fragment: the plan line shows the tuned settings" || bad "plan line: $plan"
+"$strata" train --steps 1 --config-fragment "$work/tuned.json" "${nvme[@]}" --set "strata.metrics=\"$work/m4.jsonl\"" >/dev/null 2>&1 &&
+  ok "train runs with the fragment --tune wrote" || bad "train with the tuned fragment failed"
+refuse_replay "--tune-qd 0" "--tune-qd 0: each depth must be a whole number 1-1024" --tune --tune-qd 0 "${nvme[@]}"
+refuse_replay "--tune-request-sizes 5000" "--tune-request-sizes 5000: each size must be a multiple of 4 KiB" \
+  --tune --tune-request-sizes 5000 "${nvme[@]}"
+refuse_replay "--out without --tune" "--out is an option of --tune" --dir "$work" --out "$work/x.json"
+msg=$("$strata" train --config-fragment "$work/nope.json" 2>&1) || true
+grep -q "config-fragment $work/nope.json" <<<"$msg" && ok "a missing fragment is named" || bad "missing fragment: $msg"
+printf '{"aio": {"request_size": 5000}}\n' >"$work/bad.json"
+msg=$("$strata" train --config-fragment "$work/bad.json" 2>&1) || true
+grep -q "aio.request_size" <<<"$msg" && ok "a bad fragment value names the key: $msg" || bad "bad fragment: $msg"
 exit $fail
