@@ -214,6 +214,13 @@ AioConfig parse_aio(ConfigReader r) {
                                       "[Request size and merging], offload/uring_engine.cc)",
                                       offload::kDefaultMaxReadRequestBytes >> 20,
                                       offload::kDefaultMaxWriteRequestBytes >> 20));
+  // Request sizes a drive was tuned to (`strata bench io --tune`): whole 4 KiB pages, at most 64 MiB.
+  for (auto [key, out] : {std::pair{"request_size", &a.request_bytes}, std::pair{"write_request_size", &a.write_request_bytes}}) {
+    r.get_bytes(key, out, 4096);
+    if (*out % 4096 != 0 || *out > (std::uint64_t{64} << 20)) {
+      r.fail(key, "must be a multiple of 4096 bytes (O_DIRECT alignment) and at most 64 MiB");
+    }
+  }
   int thread_count = 1;
   r.get_int("thread_count", &thread_count, 1, 256);
   r.ignored("thread_count", "the io_uring engine needs no submitting threads (one engine thread owns the ring); the "

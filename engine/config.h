@@ -54,6 +54,10 @@ struct ZeroConfig {
 struct AioConfig {
   int queue_depth = 32;
   std::string engine = "auto";  // strata extension: auto | io_uring | threads
+  // Strata extensions (`strata bench io --tune` writes them): the largest kernel read and write;
+  // 0: the engine's defaults (Note [Request size and merging], offload/uring_engine.cc).
+  std::uint64_t request_bytes = 0;
+  std::uint64_t write_request_bytes = 0;
 };
 
 struct LossScaleConfig {

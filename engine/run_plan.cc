@@ -342,6 +342,8 @@ offload::IoEngineOptions io_engine_options(const AioConfig& aio) {
   offload::IoEngineOptions io;
   io.kind = offload::parse_engine_kind(aio.engine, "aio.engine");
   io.queue_depth = static_cast<unsigned>(aio.queue_depth);
+  io.max_request_bytes = static_cast<std::size_t>(aio.request_bytes);
+  io.max_write_request_bytes = static_cast<std::size_t>(aio.write_request_bytes);
   return io;
 }
 

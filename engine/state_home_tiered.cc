@@ -23,12 +23,6 @@ namespace strata {
 namespace {
 
 constexpr std::size_t kBlock = optim::kCpuBlockElems;
-constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-
-std::size_t add_field(ChunkJob& job, std::string key, Tier tier, std::size_t bytes, ChunkField::Kind kind) {
-  job.fields.push_back(ChunkField{std::move(key), tier, bytes, kind});
-  return job.fields.size() - 1;
-}
 
 template <typename T>
 T* as(std::span<std::byte> s) {
@@ -198,44 +192,16 @@ ChunkJob TieredStateHome::combine_job(std::size_t g, std::size_t k, const void* 
   const std::size_t wbytes = ctx_.wbytes();
   const DType wdtype = ctx_.working();
   const bool exact = ctx_.exact();
-  const int merges = exact ? counter_merges(unit) : 0;
   const StateChunk c = P.chunks[k];
   const std::size_t n = c.elems;
-  const Tier tier = grad_tier(g, k);  // the partial sums; the state (overlapped update) has its own
+  // The fields are engine/chunk_fields.h's (what `bench io --replay` runs too).
+  CombineFields cf = combine_fields(ctx_.plan, g, k, unit, exact, overlap);
+  STRATA_CHECK(last == (unit + 1 == ctx_.plan.accumulation), "unit {} of {}: last={}", unit, ctx_.plan.accumulation, last);
   ChunkJob job;
-  const std::size_t i_stage = add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
-  std::vector<std::size_t> i_adds;
-  std::size_t i_out = kNone, i_tmp = kNone;
-  if (exact) {
-    std::vector<int> adds;
-    for (int level = 0; level < merges; ++level) adds.push_back(level);
-    if (last) {
-      const std::vector<int> left = counter_levels_left(ctx_.accumulation(), merges);
-      adds.insert(adds.end(), left.begin(), left.end());
-    }
-    for (int level : adds) {
-      i_adds.push_back(add_field(job, level_key(g, level, k), tier, 4 * n, ChunkField::Read));
-      job.remove_after.push_back(level_key(g, level, k));
-    }
-    if (overlap) {
-      i_out = add_field(job, "", Tier::Host, 4 * n, ChunkField::Scratch);
-    } else {
-      i_out = add_field(job, last ? grad_key(g, k) : level_key(g, merges, k), tier, 4 * n, ChunkField::Write);
-    }
-  } else if (unit == 0) {
-    i_out = overlap ? add_field(job, "", Tier::Host, 4 * n, ChunkField::Scratch)
-                    : add_field(job, grad_key(g, k), tier, 4 * n, ChunkField::Write);
-  } else {
-    i_out = add_field(job, grad_key(g, k), tier, 4 * n, overlap ? ChunkField::Read : ChunkField::Update);
-    if (overlap) job.remove_after.push_back(grad_key(g, k));
-    i_tmp = add_field(job, "", Tier::Host, 4 * n, ChunkField::Scratch);
-  }
-  std::size_t i_state = kNone, i_w = kNone;
-  if (overlap) {
-    i_state = add_field(job, state_key(g, k), state_tier(g, k), state_bytes(n), ChunkField::Update);
-    i_w = (params_ && P.sharded_params) ? add_field(job, param_key(g, k), param_tier(g, k), n * wbytes, ChunkField::Write)
-                                        : add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
-  }
+  job.fields = std::move(cf.fields);
+  job.remove_after = std::move(cf.remove_after);
+  const std::size_t i_stage = cf.stage, i_out = cf.out, i_tmp = cf.tmp, i_state = cf.state, i_w = cf.weights;
+  const std::vector<std::size_t> i_adds = cf.adds;
   job.work = [=, this, &P](std::span<const std::span<std::byte>> f) {
     std::byte* stage = f[i_stage].data();
     transfer_->copy_d2h(stage, static_cast<const std::byte*>(reduced) + (P.grad_offset + c.begin) * wbytes, n * wbytes);
@@ -328,22 +294,15 @@ void TieredStateHome::update_chunk(std::size_t g, const StateChunk& c, float* st
 
 void TieredStateHome::update(double lr, float grad_scale, std::int64_t step) {
   ctx_.optimizer.set_lr(lr);
-  const std::size_t wbytes = ctx_.wbytes();
   std::vector<ChunkJob> jobs;
   for (std::size_t g = 0; g < ctx_.group_count(); ++g) {
-    const GroupPlan& P = ctx_.group(g);
-    for (std::size_t k = 0; k < P.chunks.size(); ++k) {
-      const StateChunk c = P.chunks[k];
+    for (std::size_t k = 0; k < ctx_.group(g).chunks.size(); ++k) {
+      const StateChunk c = ctx_.group(g).chunks[k];
       const std::size_t n = c.elems;
+      UpdateFields uf = update_fields(ctx_.plan, g, k);
       ChunkJob job;
-      add_field(job, state_key(g, k), state_tier(g, k), state_bytes(n), ChunkField::Update);
-      add_field(job, grad_key(g, k), grad_tier(g, k), 4 * n, ChunkField::Read);
-      job.remove_after.push_back(grad_key(g, k));
-      if (params_ && P.sharded_params) {
-        add_field(job, param_key(g, k), param_tier(g, k), n * wbytes, ChunkField::Write);
-      } else {
-        add_field(job, "", Tier::Host, n * wbytes, ChunkField::Scratch);
-      }
+      job.fields = std::move(uf.fields);
+      job.remove_after = std::move(uf.remove_after);
       job.work = [=, this](std::span<const std::span<std::byte>> f) {
         update_chunk(g, c, as<float>(f[0]), as<float>(f[1]), f[2].data(), grad_scale, step);
       };

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/chunk_fields.h"
 #include "engine/host_executor.h"
 #include "engine/state_home.h"
 #include "offload/swap_store.h"
@@ -65,14 +66,6 @@ class TieredStateHome final : public StateHome {
   StateHomeStats stats() const override;
 
  private:
-  // Tier keys of chunk k of group g: optimizer state, final gradient, working weights, and the
-  // binary counter's partial sum at `level`.
-  static std::string state_key(std::size_t g, std::size_t k) { return "o" + std::to_string(g) + "." + std::to_string(k); }
-  static std::string grad_key(std::size_t g, std::size_t k) { return "g" + std::to_string(g) + "." + std::to_string(k); }
-  static std::string param_key(std::size_t g, std::size_t k) { return "w" + std::to_string(g) + "." + std::to_string(k); }
-  static std::string level_key(std::size_t g, int level, std::size_t k) {
-    return "l" + std::to_string(g) + "." + std::to_string(level) + "." + std::to_string(k);
-  }
   std::size_t state_bytes(std::size_t elems) const { return static_cast<std::size_t>(nstate_) * 4 * elems; }
 
   void combine(std::size_t g, const void* reduced, int unit, bool last, bool overlap);

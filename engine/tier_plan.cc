@@ -100,6 +100,9 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   p.nvme_files = offload::SwapStore::file_bytes(o.swap_capacity_bytes, o.nvme_dirs.size()) * o.nvme_dirs.size() *
                  static_cast<std::uint64_t>(world_size);
   p.nvme_dirs = o.nvme_dirs;
+  p.nvme_queue_depth = o.io.queue_depth;
+  p.nvme_read_request_bytes = offload::request_limits(o.io).read_bytes;
+  p.nvme_write_request_bytes = offload::request_limits(o.io).write_bytes;
   p.host_budget = o.host_budget;
   p.state_chunks = o.state_chunks;
   p.spilled_state_chunks = o.spilled_state_chunks;
@@ -247,8 +250,9 @@ std::string describe_plan(const TierPlan& p, const TierCapacities& cap) {
   o << fmt::format("; host {} ({} arrays + {} pinned)", format_bytes(p.host_total()), format_bytes(p.host_arrays),
                    format_bytes(p.pinned));
   if (!p.nvme_dirs.empty()) {
-    o << fmt::format("; nvme {} in swap files of {} over {} dir(s)", format_bytes(p.nvme), format_bytes(p.nvme_files),
-                     p.nvme_dirs.size());
+    o << fmt::format("; nvme {} in swap files of {} over {} dir(s), queue depth {}, requests up to {} read / {} write",
+                     format_bytes(p.nvme), format_bytes(p.nvme_files), p.nvme_dirs.size(), p.nvme_queue_depth,
+                     format_bytes(p.nvme_read_request_bytes), format_bytes(p.nvme_write_request_bytes));
   }
   o << fmt::format("; model state {} = {:.1f}x the device", format_bytes(p.model_state),
                    cap.device > 0 ? static_cast<double>(p.model_state) / static_cast<double>(cap.device) : 0.0);

@@ -48,6 +48,10 @@ struct TierPlan {
   // fragmentation (RunPlan's swap_capacity_bytes). The free-space check and the printed plan use it.
   std::uint64_t nvme_files = 0;
   std::vector<std::string> nvme_dirs;
+  // How the swap store reaches the drives (aio.queue_depth, aio.request_size, aio.write_request_size
+  // as the I/O engine takes them), for the plan line.
+  unsigned nvme_queue_depth = 0;
+  std::uint64_t nvme_read_request_bytes = 0, nvme_write_request_bytes = 0;
   // The model state in all (weights, fp32 master, moments, gradients), every rank together.
   std::uint64_t model_state = 0;
   // Spilling (Note [Spill across tiers], engine/run_plan.cc): the host budget (0: none) and the

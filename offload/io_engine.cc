@@ -79,6 +79,13 @@ void wait_all(std::span<const IoHandle> handles) {
 
 void IoEngine::run(std::span<const IoRequest> requests) { submit(requests).wait(); }
 
+RequestLimits request_limits(const IoEngineOptions& options) {
+  const std::size_t read = options.max_request_bytes != 0 ? options.max_request_bytes : kDefaultMaxReadRequestBytes;
+  const std::size_t write = options.max_write_request_bytes != 0 ? options.max_write_request_bytes
+                                                                 : std::min(kDefaultMaxWriteRequestBytes, read);
+  return RequestLimits{read, write};
+}
+
 namespace detail {
 
 void IoBatchState::piece_done(std::exception_ptr err) {
@@ -153,12 +160,6 @@ SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_p
   return split_requests(requests, max_piece_bytes, max_piece_bytes, std::move(callback), files);
 }
 
-RequestLimits request_limits(const IoEngineOptions& options) {
-  const std::size_t read = options.max_request_bytes != 0 ? options.max_request_bytes : kDefaultMaxReadRequestBytes;
-  const std::size_t write = options.max_write_request_bytes != 0 ? options.max_write_request_bytes
-                                                                 : std::min(kDefaultMaxWriteRequestBytes, read);
-  return RequestLimits{read, write};
-}
 
 SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_read_piece_bytes,
                           std::size_t max_write_piece_bytes, IoCallback callback, const FileTable& files) {

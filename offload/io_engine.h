@@ -65,6 +65,13 @@ struct IoEngineOptions {
   FaultInjector* faults = nullptr;        // tests: fault injection at the completion boundary
 };
 
+// The largest kernel read and write an engine with `options` issues (the defaults filled in).
+struct RequestLimits {
+  std::size_t read_bytes;
+  std::size_t write_bytes;
+};
+RequestLimits request_limits(const IoEngineOptions& options);
+
 // A registered file; an index into the engine's file table.
 using FileId = int;
 

@@ -58,11 +58,6 @@ SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_r
 
 // The engines' request-size limits from the options: {largest read, largest write} in bytes
 // (Note [Request size and merging]).
-struct RequestLimits {
-  std::size_t read_bytes;
-  std::size_t write_bytes;
-};
-RequestLimits request_limits(const IoEngineOptions& options);
 
 // fd + path per FileId; slots are reused after unregister.
 class FileTable {

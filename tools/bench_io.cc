@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -42,6 +43,8 @@
 #include "offload/io_engine.h"
 #include "tools/bench_io_files.h"
 #include "tools/bench_io_plan.h"
+#include "tools/bench_io_replay.h"
+#include "tools/bench_io_tune.h"
 #include "tools/bench_io_report.h"
 #include "tools/bench_io_runs.h"
 #include "tools/bench_io_verify.h"
@@ -235,7 +238,8 @@ struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
 };
 
-int run_bench_io(const BenchIoArgs& a) {
+// Runs every row of the flags' matrix; `each` sees each row's report as it is done.
+void for_each_row(const BenchIoArgs& a, const std::function<void(const RowReport&)>& each) {
   const BenchPlan plan = make_plan(a);
   std::unique_ptr<std::FILE, FileCloser> interval_log;
   if (!a.interval_log.empty()) {
@@ -251,16 +255,33 @@ int run_bench_io(const BenchIoArgs& a) {
   BenchSetup setup{a, plan, files, buffers, interval_log.get()};
 
   bool written = false;  // every test file holds written data (Note [Bench file state])
-  if (!a.json) print_table_header(a.vs_fio);
-  for (const Row& row : plan.rows) print_row(run_row(setup, row, written), a.json);
-  return 0;
+  for (const Row& row : plan.rows) each(run_row(setup, row, written));
 }
 
+}  // namespace
+
+std::vector<RowReport> measure_rows(const BenchIoArgs& a) {
+  std::vector<RowReport> out;
+  for_each_row(a, [&](const RowReport& r) { out.push_back(r); });
+  return out;
+}
+
+namespace {
+int run_bench_io(const BenchIoArgs& a) {
+  bool header = false;
+  for_each_row(a, [&](const RowReport& r) {
+    if (!a.json && !header) print_table_header(a.vs_fio);
+    header = true;
+    print_row(r, a.json);
+  });
+  return 0;
+}
 }  // namespace
 }  // namespace bench_io
 
 void register_bench_io(CLI::App& bench, CommandTable& table) {
   auto args = std::make_shared<bench_io::BenchIoArgs>();
+  auto replay = std::make_shared<bench_io::ReplayArgs>();
   auto* cmd = bench.add_subcommand("io", "NVMe bandwidth/IOPS/latency of Strata's I/O engine (optionally beside fio)");
   cmd->add_option("--dir", args->dir, "directory for the test file (on the drive to measure)");
   cmd->add_option("--paths", args->paths, "comma-separated directories, one test file and stream each (one per drive)");
@@ -321,7 +342,54 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
   cmd->add_flag("--histogram", args->histogram, "add the latency histogram to each JSON row");
   // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify]).
   cmd->add_option("--inject-fault", args->inject_fault)->group("");
-  table[cmd] = [args]() -> int { return bench_io::run_bench_io(*args); };
+  auto* replay_opt = cmd->add_option(
+      "--replay", replay->config,
+      "replay the NVMe I/O of one ZeRO-Infinity step of this training config (or 'demo') through the engine's swap "
+      "store on its nvme_path, beside the step's simulated compute");
+  auto* set_opt = cmd->add_option("--set", replay->overrides, "with --replay or --tune: override a config key (repeatable)");
+  auto* machine_opt = cmd->add_option("--machine", replay->machine,
+                                      "with --replay: the compute side, a machine file or 'measure' (this host as "
+                                      "the sim device)")
+                          ->capture_default_str();
+  auto* steps_opt = cmd->add_option("--replay-steps", replay->steps, "with --replay: steps measured after one untimed")
+                        ->capture_default_str();
+  auto* tbw_opt = cmd->add_option("--drive-tbw", replay->drive_tbw,
+                                  "with --replay: rated TB written of one drive, for the days to its endurance");
+  auto tune = std::make_shared<bench_io::TuneArgs>();
+  auto* tune_opt = cmd->add_flag("--tune", tune->enabled,
+                                 "sweep kernel request size x queue depth (reads and writes) on the drive of the "
+                                 "config's nvme_path (or --dir/--paths) and print the best aio settings");
+  auto* out_opt = cmd->add_option("--out", tune->out, "with --tune: write the winning settings as a config fragment "
+                                                       "(`strata train --config-fragment FILE` reads it)");
+  auto* config_opt = cmd->add_option("--config", tune->config, "with --tune: the training config whose nvme_path is "
+                                                               "tuned (default: the built-in demo)");
+  auto* sizes_opt = cmd->add_option("--tune-request-sizes", tune->request_sizes,
+                                    "with --tune: kernel request sizes swept")->capture_default_str();
+  auto* qds_opt = cmd->add_option("--tune-qd", tune->qds, "with --tune: queue depths swept")->capture_default_str();
+  auto* size_opt = cmd->get_option("--size");
+  table[cmd] = [args, replay, tune, replay_opt, set_opt, machine_opt, steps_opt, tbw_opt, tune_opt, out_opt, config_opt,
+                sizes_opt, qds_opt, size_opt]() -> int {
+    if (tune_opt->count() > 0) {
+      if (replay_opt->count() > 0) throw ConfigError("--tune and --replay: run one at a time");
+      tune->overrides = replay->overrides;
+      tune->size_given = size_opt->count() > 0;
+      return bench_io::run_tune(*tune, *args);
+    }
+    for (const CLI::Option* o : {out_opt, config_opt, sizes_opt, qds_opt}) {
+      if (o->count() > 0) throw ConfigError(fmt::format("{} is an option of --tune: add --tune", o->get_name()));
+    }
+    if (replay_opt->count() == 0) {
+      for (const CLI::Option* o : {set_opt, machine_opt, steps_opt, tbw_opt}) {
+        if (o->count() > 0) {
+          throw ConfigError(fmt::format("{} is an option of --replay{}: add --replay CONFIG", o->get_name(),
+                                        o == set_opt ? " and --tune" : ""));
+        }
+      }
+      return bench_io::run_bench_io(*args);
+    }
+    replay->json = args->json;
+    return bench_io::run_replay(*replay);
+  };
 }
 
 }  // namespace strata::tools

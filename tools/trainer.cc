@@ -21,11 +21,13 @@
 #include "core/device/device.h"
 #include "core/device/traced_device.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "core/units.h"
 #include "engine/checkpoint.h"
 #include "engine/communicator.h"
 #include "engine/config.h"
+#include "engine/json_input.h"
 #include "engine/lr_schedule.h"
 #include "engine/parallel_layout.h"
 #include "engine/run_plan.h"
@@ -64,6 +66,28 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 }  // namespace
+
+std::vector<std::string> config_fragment_overrides(const std::string& path) {
+  const std::string text = read_text_file(path, "--config-fragment");
+  JsonInputError error;
+  const std::optional<nlohmann::json> doc = parse_json_input(text, JsonComments::Allow, &error);
+  if (!doc) {
+    throw ConfigError(fmt::format("--config-fragment {}: not JSON ({}{}); it holds an object of config sections, as "
+                                  "`strata bench io --tune --out` writes",
+                                  path, error.message, json_error_place(text, error).empty() ? "" : ", " + json_error_place(text, error)));
+  }
+  if (!doc->is_object()) throw ConfigError(fmt::format("--config-fragment {}: expected a JSON object of config sections", path));
+  std::vector<std::string> out;
+  const auto flatten = [&](const auto& self, const nlohmann::json& v, const std::string& key) -> void {
+    if (v.is_object() && !v.empty()) {
+      for (const auto& [k, child] : v.items()) self(self, child, key.empty() ? k : key + "." + k);
+    } else {
+      out.push_back(key + "=" + v.dump());
+    }
+  };
+  flatten(flatten, *doc, "");
+  return out;
+}
 
 TrainConfig load_train_config_or_demo(const std::string& path, const std::vector<std::string>& overrides) {
   if (!path.empty()) return load_train_config(path, overrides);

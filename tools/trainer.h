@@ -144,6 +144,9 @@ struct TrainSummary {
 // The config in `path` with `overrides` applied; an empty path means configs/demo.json as compiled
 // into the command (tools/CMakeLists.txt), so `strata train` works from any directory.
 TrainConfig load_train_config_or_demo(const std::string& path, const std::vector<std::string>& overrides);
+// A config fragment file (a JSON object of sections, as `strata bench io --tune --out` writes) as
+// --set overrides, one per leaf: {"aio": {"queue_depth": 8}} is aio.queue_depth=8.
+std::vector<std::string> config_fragment_overrides(const std::string& path);
 
 // The model a training config describes (strata.model, with the precision's dtype), and whether it
 // asks for activation checkpointing.

@@ -142,14 +142,15 @@ std::string fingerprint(const TrainConfig& c) {
   const SchedulerConfig& s = c.scheduler;
   return fmt::format(
       "{} {} {} {} {} {} | {} {} {} {} {} {} | {} {} {} {} {} {} {} {} {} | {} {} | {} {} {} {} {} {} {} {} {} | "
-      "{} {} {} {} {} {} {} {}",
+      "{} {} {} {} {} {} {} {} | {} {}",
       c.micro_batch_size, c.gradient_accumulation_steps, c.train_batch_size, c.gradient_clipping, c.steps_per_print,
       precision_name(c.precision), c.fp16.loss_scale, c.fp16.initial_scale_power, c.fp16.loss_scale_window,
       c.fp16.hysteresis, c.fp16.consecutive_hysteresis, c.fp16.min_loss_scale, z.stage, offload(z.offload_param),
       offload(z.offload_optimizer), z.sub_group_size_elems, z.max_live_parameters_elems, z.prefetch_bucket_size_elems,
       z.param_persistence_threshold_elems, z.sharding_factor, 0, c.aio.queue_depth, c.aio.engine, o.type, o.lr, o.beta1,
       o.beta2, o.eps, o.weight_decay, o.momentum, o.bias_correction, 0, s.type, s.warmup_min_lr, s.warmup_max_lr,
-      s.warmup_num_steps, s.total_num_steps, s.warmup_type, s.warmup_min_ratio, s.cos_min_ratio);
+      s.warmup_num_steps, s.total_num_steps, s.warmup_type, s.warmup_min_ratio, s.cos_min_ratio, c.aio.request_bytes,
+      c.aio.write_request_bytes);
 }
 
 // The context every row is set into: offloads on (so their keys are read with effect), a decaying
@@ -227,6 +228,8 @@ const std::map<std::string, json>& row_values() {
     m[z + "offload_optimizer.ratio"] = 0.3;
     m["aio.queue_depth"] = 7;
     m["aio.engine"] = "threads";
+    m["aio.request_size"] = 262144;
+    m["aio.write_request_size"] = 131072;
     m["aio.block_size"] = 8192;
     m["aio.thread_count"] = 4;
     m["aio.single_submit"] = true;
