@@ -90,6 +90,15 @@ StepIo step_io_of(const StepWorkload& w, const SimResult& free_run) {
 
 // The engine's offloaded tiers for one rank, built as TieredStateHome builds them, with a swap
 // file of its own beside the training run's.
+// A chunk job of the engine's with its I/O and no work: what the replay runs.
+ChunkJob io_only_job(std::vector<ChunkField> fields, std::vector<std::string> remove_after) {
+  ChunkJob job;
+  job.fields = std::move(fields);
+  job.remove_after = std::move(remove_after);
+  job.work = [](std::span<const std::span<std::byte>>) {};
+  return job;
+}
+
 class ReplayTiers {
  public:
   explicit ReplayTiers(const RunPlan& plan) : plan_(plan) {
@@ -212,11 +221,7 @@ class ReplayTiers {
     const bool overlap = unit + 1 == io.units && io.overlap;
     for (std::size_t k = 0; k < plan_.groups[g].chunks.size(); ++k) {
       CombineFields f = combine_fields(plan_, g, k, unit, io.exact, overlap);
-      ChunkJob job;
-      job.fields = std::move(f.fields);
-      job.remove_after = std::move(f.remove_after);
-      job.work = [](std::span<const std::span<std::byte>>) {};
-      jobs.push_back(std::move(job));
+      jobs.push_back(io_only_job(std::move(f.fields), std::move(f.remove_after)));
     }
     if (!jobs.empty()) ChunkPipeline(*store_, *pool_).run(jobs);
   }
@@ -227,11 +232,7 @@ class ReplayTiers {
     for (std::size_t g = 0; g < plan_.groups.size(); ++g) {
       for (std::size_t k = 0; k < plan_.groups[g].chunks.size(); ++k) {
         UpdateFields f = update_fields(plan_, g, k);
-        ChunkJob job;
-        job.fields = std::move(f.fields);
-        job.remove_after = std::move(f.remove_after);
-        job.work = [](std::span<const std::span<std::byte>>) {};
-        jobs.push_back(std::move(job));
+        jobs.push_back(io_only_job(std::move(f.fields), std::move(f.remove_after)));
       }
     }
     if (!jobs.empty()) ChunkPipeline(*store_, *pool_).run(jobs);

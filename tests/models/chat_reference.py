@@ -29,14 +29,12 @@ import math
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import time
-from array import array
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tokenizer_reference as tr  # noqa: E402  (the corpus generator and the split regexes)
+import tokenizer_reference as tr  # noqa: E402  (the corpus generator, the split regexes, tokenizer folders)
 
 try:
     import jinja2  # noqa: F401  (apply_chat_template needs it)
@@ -77,19 +75,11 @@ CHATML_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA3_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
 
-def splitmix64(x):
-    m = (1 << 64) - 1
-    x = (x + 0x9E3779B97F4A7C15) & m
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
-    return x ^ (x >> 31)
-
-
 def shuffled(items, seed):
     """Strata's Fisher-Yates over the training documents (models/data_prepare.cc)."""
     items = list(items)
     for i in range(len(items), 1, -1):
-        j = splitmix64(seed ^ splitmix64(i)) % i
+        j = tr.splitmix64(seed ^ tr.splitmix64(i)) % i
         items[i - 1], items[j] = items[j], items[i - 1]
     return items
 
@@ -130,37 +120,9 @@ def train_bpe(texts):
 
 
 def write_folder(work, name, spec, normalizer, pattern, ignore_merges, specials, config):
-    from tokenizers import AddedToken, Tokenizer
-    spec = json.loads(json.dumps(spec))
-    spec["normalizer"] = normalizer
-    spec["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": pattern}
-    spec["model"]["ignore_merges"] = ignore_merges
-    folder = os.path.join(work, name)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "tokenizer.json")
-    with open(path, "w") as f:
-        json.dump(spec, f, ensure_ascii=False)
-    t = Tokenizer.from_file(path)
-    t.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in specials])
-    t.save(path)
-    config = dict(config, tokenizer_class="PreTrainedTokenizerFast")
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump(config, f, ensure_ascii=False)
-    return folder
-
-
-def read_token_file(path):
-    data = open(path, "rb").read()
-    magic, version, width, count, vocab = struct.unpack_from("<8sIIQQ", data, 0)
-    assert magic == b"STRATOK1" and version == 2, (magic, version)
-    flags = struct.unpack_from("<QQII", data, 32)[2]
-    ids = array("H" if width == 2 else "I")
-    ids.frombytes(data[64:64 + count * width])
-    mask = None
-    if flags & 1:
-        bits = data[64 + count * width:]
-        mask = [(bits[i // 8] >> (i % 8)) & 1 for i in range(count)]
-    return list(ids), mask, vocab
+    """tokenizer_reference's BPE folder with `specials` as special tokens, loadable by AutoTokenizer."""
+    return tr.write_bpe(work, name, spec, normalizer, pattern, ignore_merges, [(c, True, False) for c in specials],
+                        dict(config, tokenizer_class="PreTrainedTokenizerFast"))
 
 
 def byte_offsets(tok, ids, text):
@@ -236,7 +198,8 @@ def check_template(strata, work, name, folder, template, chats, lonely, seed):
     if proc.returncode != 0:
         sys.exit(f"FAILED: {name}: strata data prepare exited {proc.returncode}: {proc.stderr}")
     report = json.loads(proc.stdout)
-    ids, mask, vocab = read_token_file(os.path.join(out, "train.tok"))
+    ids, mask, header = tr.read_token_file(os.path.join(out, "train.tok"))
+    vocab = header["vocab"]
 
     t0 = time.perf_counter()
     want = [reference(tok, template, m) for m in chats]

@@ -26,6 +26,9 @@ import struct
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tokenizer_reference import splitmix64  # noqa: E402  (Strata's seeded index hash)
+
 try:
     import torch
     import transformers
@@ -36,14 +39,6 @@ except ImportError as e:  # the test's skip, with the reason
 REL_TOL = 1e-6
 SEQ, MICRO, ACCUMULATION, STEPS, SEED, LR = 32, 2, 2, 3, 1234, 0.5
 VOCAB = 256
-
-
-def splitmix64(x):
-    m = (1 << 64) - 1
-    x = (x + 0x9E3779B97F4A7C15) & m
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
-    return x ^ (x >> 31)
 
 
 def documents(rng):

@@ -35,6 +35,15 @@ SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>
             "<think>", "<s>", "</s>", "<|endof", "<|im_start|><|im_end|>", " <mask>", "[SEP] ", "\u3000<mask>"]
 
 
+def splitmix64(x):
+    """SplitMix64's finalizer, as Strata's seeded samplers and shuffles hash an index (models/token_data.cc)."""
+    m = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
 def skip(reason):
     print(f"skipped: {reason}")
     sys.exit(77)
