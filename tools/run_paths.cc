@@ -14,6 +14,7 @@
 #include "engine/run_plan.h"
 #include "models/hf_config.h"
 #include "tools/output_file.h"
+#include "tools/trainer_data.h"
 
 namespace strata::tools {
 namespace fs = std::filesystem;
@@ -131,7 +132,7 @@ RunPaths train_run_paths(const TrainOptions& options, const TrainConfig& cfg, in
     paths.add({cache + "/val.tok", "the token cache", PathRole::Owned});
   } else {
     paths.add({d.train, "strata.data.train", PathRole::Input});
-    const bool text = d.format == "text" || (d.format == "auto" && fs::path(d.train).extension() == ".txt");
+    const bool text = train_data_is_text(d);
     if (text) paths.add({cache + "/" + fs::path(d.train).filename().string() + ".tok", "the token cache", PathRole::Owned});
   }
   // Owned.

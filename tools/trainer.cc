@@ -46,7 +46,6 @@
 #include "models/tiling.h"
 #include "models/tiling_plan.h"
 #include "models/token_data.h"
-#include "models/tokenizer.h"
 #include "models/weights_io.h"
 #include "tools/checkpoint_tensors.h"
 #include "tools/compute_device.h"
@@ -57,7 +56,7 @@
 #include "tools/token_cache.h"
 #include "tools/trainer_parallel.h"
 #include "tools/trainer_checkpoints.h"
-#include "tools/model_source.h"
+#include "tools/trainer_data.h"
 #include "tools/trainer_report.h"
 #include "tools/trainer_validation.h"
 
@@ -140,25 +139,6 @@ models::ModelConfig training_model_config(const TrainConfig& cfg, bool* checkpoi
 }
 
 namespace {
-
-// The token file to train on: the fortunes corpus (tokenized once into `cache_dir`), a token file,
-// or a text file tokenized by bytes. Caches are made again when their source changed (Note [Token
-// cache identity], tools/token_cache.h).
-std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, const std::string& cache_dir) {
-  const DataConfig& d = cfg.strata.data;
-  std::string path;
-  if (d.train == "fortunes") {
-    path = cache_dir + "/train.tok";  // fortunes_token_cache writes train.tok and val.tok
-    if (comm.rank() == 0) fortunes_token_cache(cache_dir, models::kDefaultFortunesDir);
-  } else {
-    const bool text = d.format == "text" || (d.format == "auto" && std::filesystem::path(d.train).extension() == ".txt");
-    if (!text) return d.train;
-    path = cache_dir + "/" + std::filesystem::path(d.train).filename().string() + ".tok";
-    if (comm.rank() == 0) text_token_cache(d.train, cfg.source + ": strata.data.train", path);
-  }
-  comm.barrier();
-  return path;
-}
 
 // Only world rank 0 writes: the whole tensors travel to it alone (data rank 0's tensor groups
 // assemble them on tensor rank 0, whose pipeline groups bring them to stage 0), and no other rank
@@ -305,47 +285,6 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
   if (reports) spdlog::info("{}", describe_plan(plan, capacity));
   check_plan_fits(plan, capacity, cfg.source);
   return CheckedPlan{std::move(run_plan), plan};
-}
-
-// The token file to train on, checked against the model's vocabulary and for one whole window.
-// The data was made for this model: text tokenized by bytes only for a byte vocabulary (the
-// built-in fortunes corpus, a throughput benchmark's data, with a warning), and a token file that
-// names its tokenizer only for a model folder with that tokenizer.
-void check_data_fits_model(const TrainConfig& cfg, const models::TokenFile& data, const std::string& data_path,
-                           const models::ModelConfig& model) {
-  const DataConfig& d = cfg.strata.data;
-  const bool text = d.train != "fortunes" && (d.format == "text" || (d.format == "auto" &&
-                                                                      std::filesystem::path(d.train).extension() == ".txt"));
-  const std::string folder = cfg.strata.model.is_string() ? cfg.strata.model.get<std::string>() : std::string();
-  const bool hf_folder = !folder.empty() && models::is_hf_model_folder(folder);
-  if (model.vocab_size != 256 && (text || d.train == "fortunes")) {
-    const std::string prepare = fmt::format("strata data prepare --tokenizer {} --input {} --out data",
-                                            hf_folder ? folder : "MODEL_FOLDER",
-                                            text ? d.train : std::string("TEXT"));
-    if (text) {
-      throw ConfigError(fmt::format("strata.data.train '{}' is text, which Strata reads as bytes (a vocabulary of "
-                                    "256), and model '{}' has a vocabulary of {}: it would train on bytes without a "
-                                    "word; tokenize it with the model's tokenizer: `{}`, then train on data/train.tok",
-                                    d.train, model.name, model.vocab_size, prepare));
-    }
-    spdlog::warn("strata.data.train \"fortunes\" is byte tokens and model '{}' has a vocabulary of {}: the loss "
-                 "measures throughput, not language; to train on text, `{}`",
-                 model.name, model.vocab_size, prepare);
-  }
-  if (hf_folder) check_data_tokenizer(data, data_path, folder);
-}
-
-models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm, const models::ModelConfig& model) {
-  const std::int64_t seq = cfg.strata.data.seq_len;
-  const std::string data_path = prepare_training_data(cfg, comm, token_cache_dir(cfg));
-  models::TokenFile data = models::TokenFile::open(data_path);
-  data.check_vocab(model.vocab_size);
-  check_data_fits_model(cfg, data, data_path, model);
-  if (data.size() < static_cast<std::size_t>(seq + 2)) {
-    throw FormatError(fmt::format("training data '{}' has {} tokens, fewer than one window of seq_len {} + 1",
-                                  data_path, data.size(), seq));
-  }
-  return data;
 }
 
 // Rank 0's line about the model, the stage and the batch shape, before the first step.

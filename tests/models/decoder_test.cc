@@ -110,7 +110,7 @@ TEST_P(DecoderTest, MicroBatchesGiveBitIdenticalGradients) {
   EXPECT_TRUE(one.first == eight.first) << "1x8 and 8x1 gradients differ";
 }
 
-// Note [Loss mask]: a micro-batch whose every target is masked (kIgnoredTarget) adds exactly zero
+// A micro-batch whose every target is masked (kIgnoredTarget) adds exactly zero
 // to every gradient and reports no token and a zero loss, not NaN; masking part of a window leaves
 // the loss of the other targets as it was.
 TEST_P(DecoderTest, MaskedTargetsAddNothing) {

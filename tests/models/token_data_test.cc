@@ -196,7 +196,7 @@ TEST_F(TokenDataTest, SamplerIsSeededAndResumable) {
   EXPECT_EQ(draw(resumed), a2);
 }
 
-// Note [Loss mask]: a target whose token's mask bit is 0 comes out as kIgnoredTarget from the
+// A target whose token's mask bit is 0 comes out as kIgnoredTarget from the
 // sampler and the evaluation windows (the input before it is the token as it is), and
 // counted_targets() counts what the next draw will count without moving the sampler.
 TEST_F(TokenDataTest, MaskedTargetsAreIgnoredAndCounted) {

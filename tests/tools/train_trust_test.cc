@@ -153,7 +153,7 @@ void write_masked_tokens(const std::string& path, bool all_masked) {
   models::write_token_file(path, tokens, meta);
 }
 
-// Note [Loss mask]: a masked step's loss is the mean over the targets counted in the whole step,
+// A masked step's loss is the mean over the targets counted in the whole step,
 // here 4 micro-batches of one window each, as the decoder computes it over the same 4 windows from
 // the same weights (transformers' loss with labels -100 over one batch; sft_reference checks that
 // against transformers itself). The mean of the micro-batches' own means is another figure.
