@@ -152,10 +152,7 @@ int run_eval(EvalOptions o) {
 void register_eval(CLI::App& app, CommandTable& table) {
   auto opts = std::make_shared<EvalOptions>();
   auto* cmd = app.add_subcommand("eval", "mean cross-entropy of weights on token data (consecutive windows)");
-  cmd->add_option("--model", opts->model, "model name (tiny, gpt2-124m, llama-7b, ...) or Hugging Face model folder")
-      ->required();
-  cmd->add_option("--weights", opts->weights,
-                  "safetensors file or model folder (Strata or Hugging Face names; default: the --model folder's)");
+  add_model_flags(*cmd, opts->model, opts->weights);
   cmd->add_option("--data", opts->data, "token file (Strata, llm.c or flat uint16)")->required();
   cmd->add_option("--batches", opts->batches, "batches of --batch-size windows to evaluate (default: all)");
   cmd->add_option("--seq-len", opts->seq_len, "tokens per window (default: 256, or the model's max_seq_len if shorter)");

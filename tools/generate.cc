@@ -239,10 +239,7 @@ int run_generate(const GenerateFlags& f) {
 void register_generate(CLI::App& app, CommandTable& table) {
   auto f = std::make_shared<GenerateFlags>();
   auto* cmd = app.add_subcommand("generate", "text or token ids after a prompt, over a KV cache (greedy by default)");
-  cmd->add_option("--model", f->model, "model name (tiny, gpt2-124m, llama-7b, ...) or Hugging Face model folder")
-      ->required();
-  cmd->add_option("--weights", f->weights,
-                  "safetensors file or model folder (Strata or Hugging Face names; default: the --model folder's)");
+  add_model_flags(*cmd, f->model, f->weights);
   auto* prompt = cmd->add_option("--prompt", f->prompt, "prompt text (needs a model folder with a tokenizer; no BOS added)");
   cmd->add_option("--prompt-ids", f->prompt_ids, "prompt as comma-separated token ids, e.g. 15496,11,995");
   cmd->add_option("--max-tokens", f->max_tokens, "most new tokens (default 32)");

@@ -31,6 +31,13 @@ ModelSource resolve_model_source(const std::string& model, const std::string& we
   return out;
 }
 
+void add_model_flags(CLI::App& cmd, std::string& model, std::string& weights) {
+  cmd.add_option("--model", model, "model name (tiny, gpt2-124m, llama-7b, ...) or Hugging Face model folder")
+      ->required();
+  cmd.add_option("--weights", weights,
+                 "safetensors file or model folder (Strata or Hugging Face names; default: the --model folder's)");
+}
+
 void check_data_tokenizer(const models::TokenFile& data, const std::string& data_path, const std::string& folder) {
   if (data.tokenizer_hash() == 0 || folder.empty()) return;
   std::error_code ec;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "models/model_config.h"
 #include "models/token_data.h"
 
@@ -18,6 +20,9 @@ struct ModelSource {
   std::string folder;              // the Hugging Face model folder, empty for a built-in name
   std::vector<std::string> notes;  // lines worth printing once (models/hf_config.h)
 };
+
+// --model (required) and --weights on `cmd`, as eval and generate take them.
+void add_model_flags(CLI::App& cmd, std::string& model, std::string& weights);
 
 // ConfigError naming `command`'s flags when a name comes without --weights, or the name is unknown.
 ModelSource resolve_model_source(const std::string& model, const std::string& weights, const std::string& command);
