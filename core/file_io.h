@@ -5,7 +5,7 @@
 // of a directory, and atomic replacement (temporary, fsync, rename, fsync of the directory) so a
 // failed save leaves the previous file intact. Policies that belong to one kind of file stay with
 // it: the swap directory's safety checks in offload/file.h, the checkpoint's fault injection in
-// engine/checkpoint_writer.cc.
+// checkpoint/checkpoint_writer.cc.
 #pragma once
 
 #include <cstddef>
@@ -51,7 +51,7 @@ UniqueFd open_for_read(const std::string& path, std::string_view what, Symlinks 
 // lock files), a symbolic link at the path is refused, never followed: a planted link would turn
 // the write into an overwrite of whatever it points to (a checkpoint, a swap file, someone's
 // weights). Files replaced whole rename a new file over the path and so replace a link instead of
-// writing through it; the tools refuse links there too (tools/output_file.h), so every output path
+// writing through it; the tools refuse links there too (train/output_file.h), so every output path
 // has one rule. The system's own links under /dev/ and /proc/ (/dev/stdout, /dev/fd/N) name a
 // stream the user chose and are followed.
 //

@@ -1,7 +1,7 @@
 // The arrays each chunk job of the tiered state home reads, writes and needs as scratch, and the
 // tier keys they live under: one description of the offloaded step's I/O, read by the engine
 // (engine/state_home_tiered.cc builds its jobs on it) and by `strata bench io --replay`
-// (tools/bench_io_replay.cc), which runs the same jobs with no work through the same swap store
+// (bench/bench_io_replay.cc), which runs the same jobs with no work through the same swap store
 // and chunk pipeline, so the replayed I/O is the engine's and not a second description of it.
 //
 // A chunk's fields follow from the run plan alone (its tiers, the working dtype, whether the
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/offload_tier.h"
-#include "engine/run_plan.h"
+#include "plan/run_plan.h"
 
 namespace strata {
 

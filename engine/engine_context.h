@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "core/device/device.h"
-#include "engine/communicator.h"
-#include "engine/config.h"
-#include "engine/param_provider.h"
-#include "engine/run_plan.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "plan/param_provider.h"
+#include "plan/run_plan.h"
 #include "optim/cpu_exec.h"
 #include "optim/optimizer.h"
 
@@ -31,7 +31,7 @@ struct EngineContext {
   const RunPlan& plan;
   Device& device;
   Communicator& world;
-  Communicator& shard_comm;    // the ranks that share one copy of the state (engine/partition.h)
+  Communicator& shard_comm;    // the ranks that share one copy of the state (plan/partition.h)
   Communicator& replica_comm;  // the ranks that hold the same shard
   Stream& comm;                // the engine's communication stream
   optim::ParamGroup& optimizer;

@@ -1,5 +1,5 @@
 // The shapes a checkpoint sees of the engine's state: ranges, pieces, the callbacks that move them
-// and the counters beside them (engine/zero_engine.h has the calls, engine/checkpoint.h the format).
+// and the counters beside them (engine/zero_engine.h has the calls, checkpoint/checkpoint.h the format).
 #pragma once
 
 #include <cstddef>
@@ -20,7 +20,7 @@ struct EngineCounters {
 };
 
 // This rank's optimizer state range of one param group: elements [offset_elems, offset_elems +
-// elems) of the group's flat padded buffer of total_elems (engine/partition.h).
+// elems) of the group's flat padded buffer of total_elems (plan/partition.h).
 struct StateRange {
   std::size_t offset_elems = 0;
   std::size_t elems = 0;

@@ -41,7 +41,7 @@ void GradReducer::begin_micro_batch() {
 // room; TierPlan::device_in_flight is the most the second can add (tier_plan.cc). The wait blocks
 // the host only, while the compute stream still holds the backward enqueued before it; every rank
 // enqueues the same reductions in the same order, so no rank waits for work another has not
-// enqueued. The step simulator waits the same way (tools/step_sim.cc).
+// enqueued. The step simulator waits the same way (sim/step_sim.cc).
 
 void GradReducer::bound_in_flight() {
   while (!in_flight_.empty() && in_flight_.front()->query()) {

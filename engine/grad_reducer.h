@@ -50,7 +50,7 @@ class GradReducer {
   void reduce(std::size_t g);
   void* in_place_target(std::size_t g);
   // Note [Reductions in flight]: before a micro-batch buffer is allocated, waits until fewer than
-  // kReductionsInFlight (engine/run_plan.h) reductions are still queued on the communication stream.
+  // kReductionsInFlight (plan/run_plan.h) reductions are still queued on the communication stream.
   void bound_in_flight();
 
   // Recorded on the communication stream at end_step, after the update: the compute stream waits

@@ -5,7 +5,7 @@
 //   - on host memory or NVMe (engine/state_home_tiered.h, Note [Offload] in engine/zero_engine.h):
 //     chunks streamed through the pinned pool, the sums formed on a host worker stream while
 //     backward goes on, the update by the CPU optimizer, overlapped with backward where it can be.
-// The run plan (engine/run_plan.h) says which; make_state_home builds it. Not part of the engine's
+// The run plan (plan/run_plan.h) says which; make_state_home builds it. Not part of the engine's
 // interface.
 #pragma once
 

@@ -78,7 +78,7 @@ class TieredStateHome final : public StateHome {
   EngineContext& ctx_;
   WorkingWeights& weights_;
   // Where chunk k of group g keeps its state, its gradient sums and its working weights: each chunk has its own tier
-  // (Note [Spill across tiers], engine/run_plan.cc).
+  // (Note [Spill across tiers], plan/run_plan.cc).
   Tier state_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].state); }
   Tier grad_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].grads); }
   Tier param_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].params); }

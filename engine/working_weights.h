@@ -1,5 +1,5 @@
 // The working weights W a rank keeps on the device, in the form the run plan says
-// (engine/run_plan.h, WeightsForm): a resident full copy, this rank's shard (stage 3), or the fp32
+// (plan/run_plan.h, WeightsForm): a resident full copy, this rank's shard (stage 3), or the fp32
 // master itself. Stage-3 shards on the parameter tier are the state home's (engine/state_home.h);
 // gathered copies are the fetcher's (engine/param_fetcher.h). Not part of the engine's interface.
 #pragma once

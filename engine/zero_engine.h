@@ -1,6 +1,6 @@
-// ZeroEngine: ZeRO stages 0-3 behind the ParamProvider contract (engine/param_provider.h).
+// ZeroEngine: ZeRO stages 0-3 behind the ParamProvider contract (plan/param_provider.h).
 //
-// Per param group (engine/partition.h: one flat buffer, padded into shard_count aligned shards):
+// Per param group (plan/partition.h: one flat buffer, padded into shard_count aligned shards):
 //   stage 0: full working weights W, full fp32 master/moments on every rank;
 //   stage 1: full W; master/moments sharded; full gradients (all-reduce);
 //   stage 2: full W; master/moments and gradients sharded (reduce-scatter);
@@ -20,7 +20,7 @@
 // micro-batches), unit u = a*W + r being micro-batch a of rank r (the data sampler hands out units
 // by that index). In exact mode the sum is taken on one fixed pairwise tree over u: each
 // micro-batch's gradients are reduced across ranks right away on the tree over ranks
-// (Note [Deterministic reduction], engine/communicator.h), and the per-micro-batch results are
+// (Note [Deterministic reduction], comm/communicator.h), and the per-micro-batch results are
 // combined across micro-batches by a binary counter (log2(A)+1 partial buffers) whose merges are
 // the upper levels of the same tree. For W and A powers of two the result has the same bits for any
 // split of W*A into ranks and micro-batches, any stage and any sharding factor. The global gradient
@@ -64,13 +64,13 @@
 #include <vector>
 
 #include "core/device/device.h"
-#include "engine/communicator.h"
-#include "engine/config.h"
+#include "comm/communicator.h"
+#include "config/config.h"
 #include "engine/engine_state.h"
 #include "engine/offload_tier.h"
-#include "engine/param_provider.h"
-#include "engine/partition.h"
-#include "engine/run_plan.h"
+#include "plan/param_provider.h"
+#include "plan/partition.h"
+#include "plan/run_plan.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 
@@ -105,7 +105,7 @@ class ZeroEngine final : public ParamProvider {
   // `group`. Must give the same values on every rank.
   using InitFn = std::function<void(std::size_t group, std::size_t tensor, std::span<float> out)>;
 
-  // Places the state as `plan` says (engine/run_plan.h: make_run_plan for this config, these groups
+  // Places the state as `plan` says (plan/run_plan.h: make_run_plan for this config, these groups
   // and this rank of `world`).
   ZeroEngine(const TrainConfig& config, Device& device, Communicator& world, std::vector<ParamGroupSpec> groups,
              const InitFn& init, RunPlan plan);
@@ -160,7 +160,7 @@ class ZeroEngine final : public ParamProvider {
   // The factor the model must multiply its loss gradient by in the next micro-batches: the fp16
   // loss scale (1 in bf16 and fp32). step() divides it out again (optim::decide_phase).
   double loss_scale() const;
-  // Where everything lives (engine/run_plan.h).
+  // Where everything lives (plan/run_plan.h).
   const RunPlan& plan() const { return plan_; }
   int micro_batches_per_step() const { return accumulation_; }
   const ShardTopology& topology() const { return topo_; }

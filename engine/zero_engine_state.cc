@@ -1,6 +1,6 @@
 // ZeroEngine's checkpoint state: this rank's fp32 master weights and optimizer moments streamed out
 // and back in piece by piece from whichever home holds them (engine/state_home.h), plus the step
-// counter and the loss scaler (engine/zero_engine.h; the file format is engine/checkpoint.h's
+// counter and the loss scaler (engine/zero_engine.h; the file format is checkpoint/checkpoint.h's
 // business).
 //
 // Note [Checkpoint state]: everything else a step depends on is derived. The working weights are
@@ -10,7 +10,7 @@
 // the prefetch trace hold nothing between steps. So export after step k and import into a fresh
 // engine of the same config continues with the same bits as the run that never stopped. The state
 // range of a rank is a range of the group's flat buffer, whose tensor offsets do not depend on the
-// shard count (engine/partition.h): a loader may fill the range from data saved under another
+// shard count (plan/partition.h): a loader may fill the range from data saved under another
 // world size or sharding factor (padding elements are zero).
 #include <cstring>
 #include <deque>
@@ -68,7 +68,7 @@ bool ZeroEngine::capture_next_step(StateCaptureSink sink) {
 std::size_t ZeroEngine::captured_pieces() const { return home_->captured_pieces(); }
 
 // Note [Checkpoint copy]: export_state moves the state at disk speed. A piece handed to the sink
-// is written (O_DIRECT, engine/checkpoint_writer.cc) straight from where it already is: a host-tier
+// is written (O_DIRECT, checkpoint/checkpoint_writer.cc) straight from where it already is: a host-tier
 // chunk from its host array, an NVMe chunk from the pinned slot its read landed in, device state
 // from a staging buffer filled by one copy per array (StateHome::fetch_piece). Up to the home's
 // export_depth pieces are in flight: while the sink hashes and writes piece i, the reads of pieces

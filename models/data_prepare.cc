@@ -18,7 +18,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "engine/json_input.h"
+#include "config/json_input.h"
 #include "models/chat_template.h"
 #include "models/token_data.h"
 

@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "core/host_buffer.h"
-#include "engine/communicator.h"
+#include "comm/communicator.h"
 #include "models/decoder_params.h"
 #include "models/decoder_pass.h"
 #include "models/sliced_pass.h"

@@ -1,4 +1,4 @@
-// GPT-2-style and LLaMA-style decoders, written against param groups (engine/param_provider.h).
+// GPT-2-style and LLaMA-style decoders, written against param groups (plan/param_provider.h).
 //
 // The decoder owns no parameter memory: for each group it asks the provider for views before use
 // and hands them back after (embedding, blocks in order, head; then the blocks in reverse and the
@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "core/device/device.h"
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 #include "models/decoder_params.h"
 #include "models/kernels/ops.h"
 #include "models/model_config.h"

@@ -1,4 +1,4 @@
-// The param groups of a decoder (engine/param_provider.h): group 0 is the embedding, then each
+// The param groups of a decoder (plan/param_provider.h): group 0 is the embedding, then each
 // transformer block, the last group the final norm (and the LM head when it is not tied). Tensor names
 // are Strata's own ("blocks.3.attn.qkv.weight"); models/hf_names.h maps them to Hugging Face names.
 // Linear weights are stored [out, in].
@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 #include "models/model_config.h"
 #include "models/tiling.h"
 

@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/communicator.h"
+#include "comm/communicator.h"
 #include "models/decoder.h"
 #include "models/decoder_pass.h"
 

@@ -17,7 +17,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 #include "models/kv_decoder.h"
 
 namespace strata::models {

@@ -31,7 +31,7 @@
 
 #include "core/device/device.h"
 #include "core/host_buffer.h"
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 #include "models/decoder.h"
 #include "models/model_config.h"
 

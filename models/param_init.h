@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 
 namespace strata::models {
 

@@ -1,10 +1,10 @@
 // Pipeline parallelism of the decoders (strata.parallel.pipeline = P; issue 17).
 //
-// The P ranks of a pipeline group (engine/parallel_layout.h) each hold a contiguous range of the
+// The P ranks of a pipeline group (plan/parallel_layout.h) each hold a contiguous range of the
 // blocks: the first stage also the embedding, the last the final norm and the head. A step's A
 // micro-batches flow through the stages: each stage's output, the residual stream of batch x seq x
 // d_model values, goes point to point to the next stage, and its gradient comes back the same way
-// (engine/communicator.h exchange: each stage's sends go with its next receives, Note [Grouped
+// (comm/communicator.h exchange: each stage's sends go with its next receives, Note [Grouped
 // transfers] in models/pipeline_runner.h, since a communicator runs its calls in issue order, Note
 // [Issue order]). The order of a stage's work is its
 // schedule (pipeline_schedule): GPipe runs every micro-batch's forward, then every backward; 1F1B
@@ -50,11 +50,11 @@
 // on the same values: the same bits) and adds the head's and the lookup's contributions in the
 // single-rank order. The price is one more head forward per micro-batch on the first stage.
 //
-// Checkpoints hold every stage's groups where an unpipelined run keeps them (engine/checkpoint.h),
+// Checkpoints hold every stage's groups where an unpipelined run keeps them (checkpoint/checkpoint.h),
 // so they resume across a change of stages.
 //
-// `strata estimate` plans every stage (tools/estimate_plan.cc) and `strata simulate` replays the
-// stages' schedule (tools/step_sim_stages.cc, Note [Pipelined step simulation]). Not built yet:
+// `strata estimate` plans every stage (sim/estimate_plan.cc) and `strata simulate` replays the
+// stages' schedule (sim/step_sim_stages.cc, Note [Pipelined step simulation]). Not built yet:
 // interleaved (virtual) stages.
 #pragma once
 
@@ -64,8 +64,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/param_provider.h"
+#include "config/config.h"
+#include "plan/param_provider.h"
 #include "models/decoder_params.h"
 #include "models/model_config.h"
 

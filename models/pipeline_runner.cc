@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "engine/communicator.h"
+#include "comm/communicator.h"
 
 namespace strata::models {
 

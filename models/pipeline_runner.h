@@ -10,7 +10,7 @@
 // stage beside the ideal (P - 1) / (A + P - 1), which assumes equal stages.
 //
 // Note [Grouped transfers]: a communicator runs its calls one at a time in issue order (Note [Issue
-// order], engine/communicator.h), so a stage must not send to a neighbour and then receive from it
+// order], comm/communicator.h), so a stage must not send to a neighbour and then receive from it
 // while the neighbour does the same the other way round: in 1F1B's steady state stage s sends
 // micro-batch k's output to stage s + 1 and then waits for micro-batch j's gradient from it, while
 // s + 1 sends that gradient and then waits for k's output, and each send waits for its receive.
@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "core/device/device.h"
-#include "engine/communicator.h"
-#include "engine/config.h"
+#include "comm/communicator.h"
+#include "config/config.h"
 #include "models/decoder.h"
 #include "models/pipeline.h"
 

@@ -15,7 +15,7 @@
 
 #include "core/device/device.h"
 #include "core/host_buffer.h"
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 
 namespace strata::models {
 

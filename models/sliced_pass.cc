@@ -2,7 +2,7 @@
 #include "models/sliced_pass.h"
 
 #include "core/error.h"
-#include "engine/communicator.h"
+#include "comm/communicator.h"
 #include "models/decoder_params.h"
 
 namespace strata::models {

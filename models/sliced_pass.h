@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 #include "models/kernels/ops.h"
 #include "models/model_config.h"
 #include "models/tensor_parallel.h"

@@ -1,6 +1,6 @@
 // Megatron-style 1D tensor parallelism of the decoders (strata.parallel.tensor = T; issue 17).
 //
-// The T ranks of a tensor group (engine/parallel_layout.h) each hold a slice of every large weight
+// The T ranks of a tensor group (plan/parallel_layout.h) each hold a slice of every large weight
 // and run every block on the same activations:
 //   column-parallel (split by output rows): GPT-2 attn.qkv (the q, k and v rows of the rank's heads)
 //     and mlp.fc with their biases; LLaMA attn.q, attn.k, attn.v, mlp.gate, mlp.up. Forward needs
@@ -23,7 +23,7 @@
 // gradient over output rows, the cross-entropy's sum over the vocabulary and the head's input
 // gradient) is therefore always computed in S = strata.parallel.tensor_slices fixed slices, each a
 // partial of its own, combined on the pairwise tree of Note [Deterministic reduction]
-// (engine/communicator.h): a rank sums the S/T slices it holds on a subtree and the tensor group's
+// (comm/communicator.h): a rank sums the S/T slices it holds on a subtree and the tensor group's
 // all-reduce adds the ranks' subtrees on the rest of the same tree. Each slice's matmuls have the
 // same shapes on every T (a slice is a whole number of the tiling's row chunks, Note [Tile-invariant
 // linear layers]), so runs with equal S give the same bits for every T dividing S. S must be a power
@@ -55,8 +55,8 @@
 // T / r times less). In bf16 and fp16 each slice's dK and dV are rounded before the tree adds them,
 // as every split sum of Note [Tensor slices] is.
 //
-// Checkpoints hold every tensor rank's physical groups (engine/checkpoint.h); a resume with other
-// tensor ranks and `strata ckpt export` put the slices back together (tools/checkpoint_tensors.h).
+// Checkpoints hold every tensor rank's physical groups (checkpoint/checkpoint.h); a resume with other
+// tensor ranks and `strata ckpt export` put the slices back together (train/checkpoint_tensors.h).
 //
 // Note [Sequence parallelism] (strata.parallel.sequence, Megatron's sequence parallelism): the
 // stretches between a row-parallel linear and the next column-parallel one (residual adds, norms,
@@ -94,7 +94,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 #include "models/model_config.h"
 #include "models/tiling.h"
 

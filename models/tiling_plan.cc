@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/tier_plan.h"
+#include "plan/tier_plan.h"
 #include "models/decoder.h"
 #include "models/decoder_params.h"
 

@@ -4,14 +4,14 @@
 // device (its resident state and activations do), every block tiled automatically; and "auto"
 // counts sized so one tile group in use (gathered, its gradient and its reduction) fits a third of
 // what the device has left after the activations and the resident state of the untiled plan. The
-// bytes come from the tier planner's sum over the run plan (engine/tier_plan.h).
+// bytes come from the tier planner's sum over the run plan (plan/tier_plan.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "core/device/device.h"
-#include "engine/config.h"
+#include "config/config.h"
 #include "models/model_config.h"
 #include "models/tiling.h"
 

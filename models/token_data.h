@@ -107,7 +107,7 @@ struct ByteTokenizer {
 // head runs (the last pipeline stage, the first stage for a tied embedding across stages, every
 // tensor rank), so every layout applies the mask with no code of its own. The loss is the mean over
 // the counted targets of the whole step, as transformers' loss with labels -100 over one batch: the
-// trainer (tools/trainer.cc, step_target_count) counts the targets of every micro-batch of every data rank
+// trainer (train/trainer.cc, step_target_count) counts the targets of every micro-batch of every data rank
 // from the sampler (the same count on every rank, no collective) and seeds the loss gradient with
 // units / count, which the engine's 1 / units (optim/optimizer_phase.h) turns into 1 / count; the
 // reported loss is the sum of the per-token losses over the ranks divided by the same count. A

@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "engine/json_input.h"
+#include "config/json_input.h"
 
 namespace strata::models {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/device/device.h"
-#include "engine/param_provider.h"
+#include "plan/param_provider.h"
 #include "models/model_config.h"
 #include "models/safetensors.h"
 #include "models/weight_source.h"

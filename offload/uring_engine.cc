@@ -30,7 +30,7 @@
 // 4 KiB reads, so submit_batch is 1.
 // Fixed buffers, IOSQE_ASYNC, the ring flags and queue depth past 4 made no difference beyond the
 // noise; random 4 KiB I/O is bound by the per-request cost whatever the engine. The state of the
-// blocks written matters too: see Note [Bench file state] in tools/bench_io_files.h.
+// blocks written matters too: see Note [Bench file state] in bench/bench_io_files.h.
 #include <liburing.h>
 #include <sys/eventfd.h>
 #include <unistd.h>

@@ -74,7 +74,7 @@ void cross_entropy_finish(DType dtype, const void* logits_slice, const std::int3
       std::vector<double> t(static_cast<std::size_t>(slices));
       for (std::int64_t r = r0; r < r1; ++r) {
         // Slice s = rank * local_slices + l, in global order; then the pairwise tree of
-        // tree_reduce_host (engine/communicator.h), so any split into ranks adds alike.
+        // tree_reduce_host (comm/communicator.h), so any split into ranks adds alike.
         for (std::int64_t k = 0; k < ranks; ++k) {
           for (std::int64_t l = 0; l < local_slices; ++l) {
             t[static_cast<std::size_t>(k * local_slices + l)] = all_sums[(k * rows + r) * local_slices + l];

@@ -91,7 +91,7 @@ __global__ void finish_kernel(const T* logits, const std::int32_t* __restrict__ 
   const std::int64_t ranks = slices / local_slices;
   if (threadIdx.x == 0) {
     // Slice s = rank * local_slices + l in global order, then the pairwise tree of
-    // tree_reduce_host (engine/communicator.h), as the CPU kernel adds them.
+    // tree_reduce_host (comm/communicator.h), as the CPU kernel adds them.
     for (std::int64_t k = 0; k < ranks; ++k) {
       for (std::int64_t l = 0; l < local_slices; ++l) t[k * local_slices + l] = all_sums[(k * rows + r) * local_slices + l];
     }

@@ -1,4 +1,4 @@
-// Loading checkpoints of the ZeRO engine (engine/checkpoint.h): a run saved after k steps and
+// Loading checkpoints of the ZeRO engine (checkpoint/checkpoint.h): a run saved after k steps and
 // loaded into a fresh engine — in memory, or with the optimizer and parameters on host memory or
 // NVMe, whatever tier wrote it — continues with weights bit-identical to the run that never
 // stopped; format version 1 is still read; flipped bytes, truncated or missing files and manifests
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "engine/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/engine/checkpoint_test_util.h"
 
 namespace strata {

@@ -1,4 +1,4 @@
-// Saving checkpoints of the ZeRO engine (engine/checkpoint.h): the on-disk layout (step
+// Saving checkpoints of the ZeRO engine (checkpoint/checkpoint.h): the on-disk layout (step
 // directories, `latest`, the newest K kept, retired data files recycled as spares), atomic saves
 // (an injected ENOSPC/EIO at any file, or a corrupt swap file, leaves the previous checkpoint and
 // `latest` loadable), NVMe state copied chunk by chunk into aligned ranges, and a checkpoint
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "engine/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/engine/checkpoint_test_util.h"
 
 namespace strata {

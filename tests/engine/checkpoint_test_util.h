@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "engine/zero_engine.h"
 #include "tests/engine/toy_model.h"
 #include "tests/offload/offload_test_util.h"

@@ -12,7 +12,7 @@
 
 #include "core/device/device.h"
 #include "core/dtype.h"
-#include "engine/communicator.h"
+#include "comm/communicator.h"
 #include "tests/engine/rank_checks.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include "core/device/device.h"
 #include "core/device/sim_kernel.h"
 #include "core/dtype.h"
-#include "engine/communicator.h"
+#include "comm/communicator.h"
 
 namespace strata {
 namespace {

@@ -1,4 +1,4 @@
-// "auto" values and the batch-size triangle (Note [Auto values], engine/config.cc): the Hugging Face
+// "auto" values and the batch-size triangle (Note [Auto values], config/config.cc): the Hugging Face
 // Trainer's DeepSpeed configs write "auto" for what the Trainer fills in; Strata resolves each as the
 // Trainer would (or to its own default where the Trainer's value needs the model) and records every
 // resolution for the startup block; the batch sizes follow DeepSpeed's derivation.
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "engine/config.h"
+#include "config/config.h"
 
 namespace strata {
 namespace {

@@ -1,4 +1,4 @@
-// DeepSpeed's config semantics for the keys it accepts (engine/config.cc): a feature switched off is
+// DeepSpeed's config semantics for the keys it accepts (config/config.cc): a feature switched off is
 // accepted without a word; a key without effect is listed, silently when its value is DeepSpeed's
 // default or what Strata does anyway; other names and old forms are read as the current ones (and
 // act); a feature switched on that Strata cannot honour is refused naming what to use.
@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "engine/config.h"
+#include "config/config.h"
 
 namespace strata {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "engine/config.h"
-#include "engine/config_reader.h"
+#include "config/config.h"
+#include "config/config_reader.h"
 
 namespace strata {
 namespace {

@@ -1,8 +1,8 @@
-// DeepSpeed's model-state estimators (engine/deepspeed_estimate.h) against the outputs DeepSpeed
+// DeepSpeed's model-state estimators (plan/deepspeed_estimate.h) against the outputs DeepSpeed
 // documents on its "Memory Requirements" page (docs/code-docs/source/memory.rst, the worked examples
 // for t5-3b on 1 node x 8 GPUs and for t5-large on 4 GPUs), character for character where the page
 // prints a table.
-#include "engine/deepspeed_estimate.h"
+#include "plan/deepspeed_estimate.h"
 
 #include <gtest/gtest.h>
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/device/device.h"
-#include "engine/communicator.h"
+#include "comm/communicator.h"
 #include "tests/core/sim_device_test_util.h"
 #include "tests/engine/rank_checks.h"
 #include "engine/zero_engine.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "engine/lr_schedule.h"
+#include "config/lr_schedule.h"
 
 namespace strata {
 namespace {

@@ -1,7 +1,7 @@
-// Machine files (engine/machine.h): a good file read field by field, every kind of bad field refused
+// Machine files (plan/machine.h): a good file read field by field, every kind of bad field refused
 // with one message naming the file, the field and the fix, the JSON round trip, the example files in
 // configs/machines/, and the SSD wear arithmetic on numbers worked by hand.
-#include "engine/machine.h"
+#include "plan/machine.h"
 
 #include <gtest/gtest.h>
 

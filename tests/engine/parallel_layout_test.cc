@@ -1,4 +1,4 @@
-// The data x tensor x pipeline layout (engine/parallel_layout.h): for every factorization of 1, 2, 4
+// The data x tensor x pipeline layout (plan/parallel_layout.h): for every factorization of 1, 2, 4
 // and 8 ranks, coordinates and ranks are a bijection, tensor groups are consecutive ranks, pipeline
 // groups stride by T and data groups by T x P, every rank is in exactly one group of each axis; a
 // layout that does not divide the world is refused naming the keys and the valid choices.
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "engine/config.h"
-#include "engine/parallel_layout.h"
+#include "config/config.h"
+#include "plan/parallel_layout.h"
 
 namespace strata {
 namespace {

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "engine/partition.h"
+#include "plan/partition.h"
 
 namespace strata {
 namespace {

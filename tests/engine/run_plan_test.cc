@@ -1,4 +1,4 @@
-// The run plan (engine/run_plan.h) against what the engine really allocates: for every stage,
+// The run plan (plan/run_plan.h) against what the engine really allocates: for every stage,
 // optimizer tier, parameter tier and precision, the bytes the tier planner sums over the plan are
 // the bytes the engine holds on the device, in host arrays, in the swap store and in pinned pools
 // once it is built; and after training, the most the host and NVMe tiers held is what the plan
@@ -13,8 +13,8 @@
 #include <fmt/format.h>
 
 #include "core/device/device.h"
-#include "engine/run_plan.h"
-#include "engine/tier_plan.h"
+#include "plan/run_plan.h"
+#include "plan/tier_plan.h"
 #include "engine/zero_engine.h"
 #include "tests/engine/toy_model.h"
 #include "tests/offload/offload_test_util.h"

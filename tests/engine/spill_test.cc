@@ -1,4 +1,4 @@
-// Spill across tiers (Note [Spill across tiers], engine/run_plan.cc): offload sections with device
+// Spill across tiers (Note [Spill across tiers], plan/run_plan.cc): offload sections with device
 // "auto" fill host memory up to strata.offload.host_budget and put the remaining chunks on NVMe.
 // The planner's choices (parameters before optimizer state, the budget kept, refusals before any
 // work), the engine holding exactly what the plan places, and the master test: a run whose state
@@ -12,8 +12,8 @@
 
 #include "core/device/device.h"
 #include "core/error.h"
-#include "engine/run_plan.h"
-#include "engine/tier_plan.h"
+#include "plan/run_plan.h"
+#include "plan/tier_plan.h"
 #include "engine/zero_engine.h"
 #include "tests/engine/checkpoint_test_util.h"
 #include "tests/engine/toy_model.h"

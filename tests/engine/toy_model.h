@@ -16,9 +16,9 @@
 
 #include "core/device/device.h"
 #include "core/device/sim_kernel.h"
-#include "engine/communicator.h"
-#include "engine/config.h"
-#include "engine/param_provider.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "plan/param_provider.h"
 #include "engine/zero_engine.h"
 
 namespace strata::testing_toy {

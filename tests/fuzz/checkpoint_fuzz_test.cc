@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/engine/checkpoint_test_util.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -115,7 +115,7 @@ TEST(FuzzCheckpoint, RankFiles) {
 }
 
 // The manifest and a rank file mutated together (issue 39): since the manifest is sealed (Note
-// [Sealed manifest] in engine/checkpoint_format.cc), any edit of any byte of either must be reported
+// [Sealed manifest] in checkpoint/checkpoint_format.cc), any edit of any byte of either must be reported
 // by verify_checkpoint (`strata ckpt verify`), and the pair as written must verify. The two files
 // travel as one input split at a marker; a mutant that destroys the marker is all manifest.
 TEST(FuzzCheckpoint, ManifestAndRankFilePair) {

@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/offload/offload_test_util.h"
 

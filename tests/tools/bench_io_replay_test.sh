@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `strata bench io --replay` and `--tune`, the two ties to training. --replay (Note [Step replay],
-# tools/bench_io_replay.h): the replayed step of the
+# bench/bench_io_replay.h): the replayed step of the
 # demo config reads and writes exactly the NVMe bytes a step of `strata train` on the same config
 # reads and writes (so the jobs, keys, fetches and the overlapped update are the engine's), and the
 # report carries the I/O time, the simulated compute, the bottleneck verdict, tokens/s and the wear

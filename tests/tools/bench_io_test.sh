@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `strata bench io` (tools/bench_io.cc), the interface people script: a small matrix prints one JSON
+# `strata bench io` (bench/bench_io.cc), the interface people script: a small matrix prints one JSON
 # object per row with the fields the issue fixes (rw, bs, qd, gbps, iops, p50_us, p99_us) and real
 # numbers; --huge-pages auto backs small random writes with 4 KiB pages and the rest with huge pages
 # (Note [Bench buffers]); the table has a row per cell; with fio installed, --vs-fio adds fio_gbps

@@ -1,6 +1,6 @@
 // The arithmetic of `strata bench io` without a disk: latency percentiles from the log-bucket
 // histogram against the exact ones, the steady-state test on series with known answers, and the
-// block headers of --verify (Note [Bench verify] in tools/bench_io_verify.h) against each kind of
+// block headers of --verify (Note [Bench verify] in bench/bench_io_verify.h) against each kind of
 // damage, including a torn write the header alone would not show.
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "tools/bench_io_stats.h"
-#include "tools/bench_io_verify.h"
+#include "bench/bench_io_stats.h"
+#include "bench/bench_io_verify.h"
 
 namespace strata::tools::bench_io {
 namespace {

@@ -21,14 +21,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/config.h"
+#include "config/config.h"
 #include "models/decoder_params.h"
 #include "models/hf_names.h"
 #include "models/resident_provider.h"
 #include "models/safetensors.h"
 #include "models/weights_io.h"
-#include "tools/commands.h"
-#include "tools/trainer.h"
+#include "cli/commands.h"
+#include "train/trainer.h"
 
 namespace strata::tools {
 namespace {

@@ -1,4 +1,4 @@
-// tools/compute_device.h: which device a training config computes on. These choices are made from
+// train/compute_device.h: which device a training config computes on. These choices are made from
 // the config alone (no GPU needed), so they are checked here on every machine.
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "engine/config.h"
-#include "tools/compute_device.h"
+#include "config/config.h"
+#include "train/compute_device.h"
 
 namespace strata::tools {
 namespace {

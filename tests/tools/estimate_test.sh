@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `strata estimate` (tools/estimate_plan.h, Note [One plan for estimate and train]):
+# `strata estimate` (sim/estimate_plan.h, Note [One plan for estimate and train]):
 #  1. its tier line is byte for byte the line `strata train` logs before step 1, for the demo config
 #     (everything on NVMe), an "auto" config that spills past a host budget, and an in-memory one;
 #  2. the largest depth it reports fits and one layer more does not;

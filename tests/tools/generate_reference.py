@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference test of `strata generate` (tools/generate.cc, models/kv_decoder.h) against Hugging Face
+"""Reference test of `strata generate` (cli/generate.cc, models/kv_decoder.h) against Hugging Face
 transformers' `generate(do_sample=False)`.
 
 Builds tiny random-weight models with transformers, one per family Strata imports: GPT-2; LLaMA with

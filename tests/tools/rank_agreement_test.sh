@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ranks of one job agree before the first step (Note [Ranks agree], tools/rank_agreement.h):
+# The ranks of one job agree before the first step (Note [Ranks agree], train/rank_agreement.h):
 # ranks launched with different --steps (the job hung after the shorter rank's last step), seeds or
 # micro-batches (exit 0 on a silent mix) all end with exit 1 and one message naming the differing
 # key and both values; ranks launched alike train as before.

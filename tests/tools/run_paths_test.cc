@@ -1,4 +1,4 @@
-// A run owns every path it touches (Note [Run paths], tools/run_paths.h): each output the user names
+// A run owns every path it touches (Note [Run paths], train/run_paths.h): each output the user names
 // is refused on another path of the run (a swap file or its lock, the checkpoint directory, a step
 // directory, `latest`, a token cache, an input, another output), and no output is written through
 // a planted symbolic link (Note [No writing through links], core/file_io.h): strata.trace,
@@ -18,10 +18,10 @@
 #include "core/device/traced_device.h"
 #include "core/error.h"
 #include "core/run_lock.h"
-#include "engine/config.h"
-#include "tools/output_file.h"
-#include "tools/run_paths.h"
-#include "tools/trainer.h"
+#include "config/config.h"
+#include "train/output_file.h"
+#include "train/run_paths.h"
+#include "train/trainer.h"
 
 namespace strata::tools {
 namespace {

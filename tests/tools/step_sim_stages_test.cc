@@ -1,4 +1,4 @@
-// The pipelined step simulator (Note [Pipelined step simulation], tools/step_sim_stages.cc): cases
+// The pipelined step simulator (Note [Pipelined step simulation], sim/step_sim_stages.cc): cases
 // whose answer is known exactly. With only compute taking time and equal stages, each stage's
 // bubble is (P - 1) / (A + P - 1) under either schedule, the two schedules take the same time and
 // differ in the micro-batches in flight; with only the link taking time, the messages' chain;
@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "tools/step_sim.h"
-#include "tools/trainer.h"
+#include "sim/step_sim.h"
+#include "train/trainer.h"
 
 namespace strata::tools {
 namespace {

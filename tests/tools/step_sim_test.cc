@@ -1,4 +1,4 @@
-// The step simulator (tools/step_sim.h, Note [Step simulator]): cases whose answer is known
+// The step simulator (sim/step_sim.h, Note [Step simulator]): cases whose answer is known
 // exactly (one finite queue, a pipeline with one slot), the pipeline's slot bound, monotonicity in
 // the drives' speed, and the trace file. No timings are measured.
 #include <algorithm>
@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "models/tensor_parallel.h"
-#include "tools/step_sim.h"
-#include "tools/step_sim_timeline.h"
-#include "tools/trainer.h"
+#include "sim/step_sim.h"
+#include "sim/step_sim_timeline.h"
+#include "train/trainer.h"
 
 namespace strata::tools {
 namespace {

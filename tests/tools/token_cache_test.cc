@@ -1,4 +1,4 @@
-// Inputs are what they claim to be (Note [Token cache identity], tools/token_cache.h): a token cache
+// Inputs are what they claim to be (Note [Token cache identity], train/token_cache.h): a token cache
 // is used only while it matches its source and itself as recorded (a text file named `train` does
 // not become the fortunes' train.tok; a replaced cache is made again); runs that start at once make
 // one cache without racing; a checkpoint records the data it was trained on, and a resume on other
@@ -17,8 +17,8 @@
 
 #include "core/error.h"
 #include "models/token_data.h"
-#include "tools/token_cache.h"
-#include "tools/trainer.h"
+#include "train/token_cache.h"
+#include "train/trainer.h"
 
 namespace strata::tools {
 namespace {

@@ -218,7 +218,7 @@ run 3 1 3 8 3 g6.p3g.st "${gpipe[@]}"
 compare g6.ref.st g6.p3g.st "GPT-2 (tied), 32 KiB boundaries: pipeline 3 (GPipe), stage 3 = one rank"
 
 # Checkpoints of a pipelined run hold every stage's groups where an unpipelined run keeps them
-# (engine/checkpoint.h): 4 steps at pipeline 2 (the optimizer state on NVMe, captured during the
+# (checkpoint/checkpoint.h): 4 steps at pipeline 2 (the optimizer state on NVMe, captured during the
 # step) resume for 4 more at pipeline 1, at pipeline 4 and, resliced, at tensor 2; a checkpoint of
 # one rank resumes at data 2 x tensor 2 x pipeline 2; all equal 8 steps straight. `ckpt export` of a
 # pipelined checkpoint is the --save-weights file.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end checkpoints of `strata train` in exact mode (engine/checkpoint.h): a run stopped and
+# End-to-end checkpoints of `strata train` in exact mode (checkpoint/checkpoint.h): a run stopped and
 # resumed writes weights byte-identical to the run that never stopped —
 #   world 1 and world 2: 5 steps with a checkpoint, then --resume to 10 steps;
 #   resharding: a world-2 checkpoint resumed by world 1, a world-1 checkpoint resumed by world 2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Soak of `strata train`: 300 steps of the tiny model with the optimizer state and the parameters on
 # NVMe and a checkpoint every 20 steps (keep 2). What a long run holds must not grow with the steps
-# and the checkpoints taken. From the per-step metrics lines (tools/trainer_report.cc: rss_bytes,
+# and the checkpoints taken. From the per-step metrics lines (train/trainer_report.cc: rss_bytes,
 # open_fds, swap_file_bytes), step 40 (after the first two checkpoints) against every later step
 # to 300:
 #   open file descriptors: between checkpoints, the fewest of every stretch of steps between two
@@ -9,7 +9,7 @@
 #     it); on the steps writing a checkpoint (which also hold the checkpoint's data file and I/O
 #     ring while the optimizer writes into it: engine/state_home_tiered_state.cc, Note [Checkpoint
 #     capture]), the fewest over all of them equals step 40's count. Any step may sample up to 2
-#     more while the background deletion of a retired checkpoint (engine/checkpoint_retention.cc,
+#     more while the background deletion of a retired checkpoint (checkpoint/checkpoint_retention.cc,
 #     Note [Pruning in the background]) holds directory streams open; more than that fails too;
 #   swap file bytes on disk: the same at every step, and > 0 (the files are preallocated);
 #   resident memory: grows less than two checkpoint data files between step 40 and step 300. A

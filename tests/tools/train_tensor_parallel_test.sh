@@ -168,7 +168,7 @@ compare kv8.ref.st kv8.resumed.st "checkpoint at tensor 8 (replicated KV heads),
 "$strata" ckpt export kvck kv8.exported.st > /dev/null
 compare kv8.resumed.st kv8.exported.st "ckpt export of a checkpoint with replicated KV heads = --save-weights"
 
-# Checkpoints of a tensor-parallel run (engine/checkpoint.h): 4 steps at data 1 x tensor 2 with the
+# Checkpoints of a tensor-parallel run (checkpoint/checkpoint.h): 4 steps at data 1 x tensor 2 with the
 # optimizer state on NVMe (the step captures each chunk into the checkpoint), resumed for 4 more at
 # data 2 x tensor 2, stage 2: the weights of the 8-step run, bit for bit; `ckpt export` of the last
 # checkpoint is the --save-weights file; and resumes at other tensor ranks.
@@ -184,7 +184,7 @@ compare ck.ref.st ck.resumed.st "checkpoint at data 1 x tensor 2 (NVMe), resumed
 "$strata" ckpt export ck ck.exported.st > /dev/null
 compare ck.resumed.st ck.exported.st "ckpt export of a tensor-parallel checkpoint = --save-weights"
 # Across a change of tensor ranks the state is resliced through whole tensors
-# (tools/checkpoint_tensors.h): tensor 2 -> 1 and 2 -> 4, and a checkpoint of one rank -> tensor 2.
+# (train/checkpoint_tensors.h): tensor 2 -> 1 and 2 -> 4, and a checkpoint of one rank -> tensor 2.
 run 2 2 4 0 ck2.first.st --steps 4 --set strata.checkpoint.dir='"ck2"'
 cp -r ck2 ck2b
 run 2 1 2 1 ck2.to1.st --steps 8 --set strata.checkpoint.dir='"ck2"' --resume ck2

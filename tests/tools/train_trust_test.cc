@@ -27,8 +27,8 @@
 #include "models/safetensors.h"
 #include "models/token_data.h"
 #include "models/weights_io.h"
-#include "tools/commands.h"
-#include "tools/trainer.h"
+#include "cli/commands.h"
+#include "train/trainer.h"
 
 namespace strata::tools {
 namespace {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Validation during training (Note [Validation during training], tools/trainer_validation.h): the
+# Validation during training (Note [Validation during training], train/trainer_validation.h): the
 # tiny model trains 6 steps on the fortunes corpus with strata.data.validation "fortunes" every 3
 # steps over its first 40 held-out windows, at world 1 (stage 0, in memory) and world 2 (stage 3,
 # parameters and optimizer on NVMe). Checks: the metrics hold a validation line at steps 3 and 6;

@@ -1,0 +1,395 @@
+// `strata bench io`: NVMe bandwidth, IOPS and latency of Strata's I/O engine, beside fio, and the
+// drive's behaviour under sustained, mixed and verified load.
+//
+// For every row of the matrix rw x bs x qd it keeps qd requests of bs bytes in flight per path
+// through the engine (bench/bench_io_workload.h), either for one pass over each path's test file
+// of --size (sequential or a random permutation of the blocks) or, with --time, for that long over
+// the same working set, with a line per --interval and an optional stop at steady state. It prints
+// GB/s (1e9 bytes/s), IOPS, latency percentiles of one request (submit to completion) and the
+// process's CPU seconds per GB. randrw draws reads and writes per request (--mix: read percent);
+// "read+write" runs readers and writers at once on the two halves of each file, each with its own
+// queue depth, as the offload pipeline reads ahead and writes behind, and reports them apart.
+// --precondition fills the file sequentially and overwrites it randomly before a write row, so a
+// drive is measured out of its fresh state; --verify stamps every block and checks every read
+// (Note [Bench verify] in bench/bench_io_verify.h), then reads the whole file back.
+//
+// With --vs-fio it runs fio on the same file with the same parameters (direct=1,
+// ioengine=io_uring, one job per path and group) alternately with Strata (A B A B, at least 3
+// pairs, because this kind of disk drifts between runs: docs/MEASUREMENTS.md) and prints the
+// medians, the median of the per-pair ratios and fio's latency, CPU and buffers beside Strata's. The engine defaults are the ones Strata uses for swapping;
+// --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers expose the
+// choices of Note [Request size and merging] (offload/uring_engine.cc) so their effect can be
+// measured, and --file-state the state of the blocks under the file (Note [Bench file state] in
+// bench/bench_io_files.h), given to Strata and fio alike. Strata's buffers are 2 MiB huge pages
+// (Note [Bench buffers], there) and fio's are its default malloc'd memory, which on a disk like
+// the one of that Note is most of the difference; --fio-option passes extra options to every fio
+// job (e.g. --mem=shmhuge, with hugetlb pages reserved in /proc/sys/vm/nr_hugepages) to measure
+// fio with huge pages too.
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "core/units.h"
+#include "offload/io_engine.h"
+#include "bench/bench_io_files.h"
+#include "bench/bench_io_plan.h"
+#include "bench/bench_io_replay.h"
+#include "bench/bench_io_tune.h"
+#include "bench/bench_io_report.h"
+#include "bench/bench_io_runs.h"
+#include "bench/bench_io_verify.h"
+#include "bench/bench_io_workload.h"
+#include "bench/bench_commands.h"
+
+namespace strata::tools {
+namespace bench_io {
+namespace {
+
+// What the bench measures the rows with, set up once.
+struct BenchSetup {
+  const BenchIoArgs& args;
+  const BenchPlan& plan;
+  std::vector<TestFile>& files;
+  BenchBuffers& buffers;
+  std::FILE* interval_log = nullptr;
+};
+
+double seconds_of(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+// One untimed pass of `groups` over every file (a fill, an overwrite or the final read-back).
+WorkloadResult pass(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row,
+                    std::vector<Group> groups, std::vector<VerifyMap>* maps) {
+  WorkloadSpec spec;
+  spec.groups = std::move(groups);
+  spec.bs_bytes = row.bs_bytes;
+  spec.verify = maps;
+  spec.verify_seed = s.plan.seed;
+  spec.order_seed = s.plan.seed + 1;
+  return run_workload(engine, s.files, buf, spec);
+}
+
+// Before the timed runs: --verify and --precondition write every block sequentially (stamped
+// with --verify), --precondition then overwrites them in random order; otherwise the files are
+// filled once when the row needs written data (Note [Bench file state]).
+void prepare(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row, unsigned total_qd,
+             std::vector<VerifyMap>* maps, bool& written, RowReport& report) {
+  const BenchPlan& p = s.plan;
+  const std::uint64_t blocks = p.file_bytes / row.bs_bytes;
+  if (p.verify || (p.precondition && row_writes(row))) {
+    const auto fill = pass(engine, s, buf, row, {Group{0, Pattern::Sequential, total_qd, 0, blocks}}, maps);
+    double seconds = fill.seconds;
+    if (p.precondition && row_writes(row)) {
+      seconds += pass(engine, s, buf, row, {Group{0, Pattern::Random, total_qd, 0, blocks}}, maps).seconds;
+      report.extra["precondition_s"] = seconds;
+      spdlog::info("precondition: sequential fill and random overwrite of {} per path in {:.1f} s",
+                   format_bytes(p.file_bytes), seconds);
+    }
+    written = true;
+  } else if (!written && (!row_writes(row) || p.file_state == FileState::Written)) {
+    prefill(engine, s.files, buf, p.file_bytes);
+    written = true;
+  }
+}
+
+// --verify after the timed runs: the test hook's damage, if any, then every block read back.
+void verify_at_end(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row,
+                   unsigned total_qd, std::vector<VerifyMap>& maps, RowReport& report) {
+  const BenchPlan& p = s.plan;
+  const std::uint64_t blocks = p.file_bytes / row.bs_bytes;
+  if (!p.fault_kind.empty()) {
+    const std::uint64_t block = p.fault_block == ~std::uint64_t{0} ? blocks / 2 : p.fault_block;
+    inject_fault(s.files[0].fd.get(), s.files[0].path, p.fault_kind, block, row.bs_bytes, maps[0], p.seed);
+  }
+  const auto back = pass(engine, s, buf, row, {Group{100, Pattern::Sequential, total_qd, 0, blocks}}, &maps);
+  report.extra["verified_at_end"] = back.verified_blocks;
+}
+
+// With --vs-fio: the memory each side moved the data through, since the page size of fio's
+// buffers is most of the difference on a disk like that of Note [Bench buffers]. Both hold one
+// buffer of bs per request in flight; fio's come from malloc unless --fio-option sets --mem.
+void describe_buffers(const BenchIoArgs& a, const Row& row, unsigned total_qd, RowReport& report) {
+  std::string fio_mem = "malloc";
+  for (const auto& o : a.fio_options) {
+    if (o.rfind("--mem=", 0) == 0 || o.rfind("--iomem=", 0) == 0) fio_mem = o.substr(o.find('=') + 1);
+  }
+  report.extra["buffer_bytes"] = std::size_t{total_qd} * row.bs_bytes * report.paths;
+  report.extra["buffer_pages"] = report.huge ? "2 MiB (THP)" : "4 KiB";
+  report.extra["fio_mem"] = fio_mem;
+}
+
+// fio's jobs for the row: one per group, on the same blocks with the same queue depth.
+FioJob fio_job(const BenchIoArgs& a, const BenchPlan& p, const Row& row, const std::vector<Group>& groups) {
+  FioJob job{{}, p.mix, seconds_of(p.time), a.fio_options};
+  std::vector<std::string> kinds = {row.rw};
+  if (groups.size() == 2) kinds = {row.rw.substr(0, row.rw.find('+')), row.rw.substr(row.rw.find('+') + 1)};
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    const Group& g = groups[k];
+    job.parts.push_back(FioPart{kinds[k], g.qd, g.first_block * row.bs_bytes, g.blocks * row.bs_bytes});
+  }
+  return job;
+}
+
+// Runs one row on a fresh engine. `written`: every test file holds written data (Note [Bench
+// file state]); the row prefills the files when it needs that and clears it when a timed write
+// pass may have left them partial.
+RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
+  const BenchIoArgs& a = s.args;
+  const BenchPlan& p = s.plan;
+  std::vector<TestFile>& files = s.files;
+  const std::vector<Group> groups = row_groups(p, a, row);
+  unsigned total_qd = 0;
+  for (const Group& g : groups) total_qd += g.qd;
+  offload::IoEngineOptions o = p.engine_options;
+  o.queue_depth = total_qd * static_cast<unsigned>(files.size());
+  auto engine = offload::make_io_engine(o);
+  for (auto& f : files) f.id = engine->register_file(f.fd.get(), f.path);
+  RowReport report;
+  report.row = row;
+  report.paths = files.size();
+  report.histogram = a.histogram;
+  report.huge = s.buffers.huge_for(row);
+  const std::span<std::byte> buf = s.buffers.get(report.huge);
+  const std::span<std::byte> spans[] = {buf};
+  engine->register_buffers(spans);
+  const auto info = engine->info();
+  spdlog::info("engine {} [{}], kernel requests up to {} (reads), {} (writes), buffers on {} pages", info.name,
+               info.features, format_bytes(info.max_request_bytes), format_bytes(info.max_write_request_bytes),
+               report.huge ? "2 MiB" : "4 KiB");
+  report.engine_name = info.name;
+
+  std::vector<VerifyMap> maps;
+  if (p.verify) maps.assign(files.size(), VerifyMap(p.file_bytes / row.bs_bytes));
+  std::vector<VerifyMap>* verify = p.verify ? &maps : nullptr;
+  prepare(*engine, s, buf, row, total_qd, verify, written, report);
+
+  report.extra["file_state"] = a.file_state;
+  if (row.rw == "randrw") report.extra["mix"] = p.mix;
+  if (groups.size() == 2) {
+    report.extra["read_qd"] = groups[0].qd;
+    report.extra["write_qd"] = groups[1].qd;
+  }
+  if (p.time.count() > 0) report.extra["time_s"] = seconds_of(p.time);
+  const nlohmann::json row_keys = {{"rw", row.rw}, {"bs", row.bs_bytes}, {"qd", row.qd}};
+  IntervalPrinter printer(a.json, s.interval_log, row_keys);
+
+  const int runs = a.vs_fio ? a.pairs : 1;
+  const bool reallocate_each = row_writes(row) && p.file_state == FileState::Fallocated;
+  for (int i = 0; i < runs; ++i) {
+    if (reallocate_each) reallocate(files, p.file_bytes);
+    WorkloadSpec spec;
+    spec.groups = groups;
+    spec.bs_bytes = row.bs_bytes;
+    spec.time = p.time;
+    spec.ramp = p.ramp;
+    spec.interval = p.interval;
+    spec.steady = p.steady;
+    spec.verify = verify;
+    spec.verify_seed = p.seed;
+    spec.order_seed = p.seed + 1000u * static_cast<std::uint64_t>(i + 1);
+    if (p.interval.count() > 0) spec.on_interval = [&printer](const IntervalReport& rep) { printer.print(rep); };
+    report.runs.push_back(run_workload(*engine, files, buf, spec));
+    printer.finish();
+    const WorkloadResult& rr = report.runs.back();
+    if (p.steady) {
+      report.extra["steady"] = {{"reached", rr.steady},
+                                {"at_s", rr.steady_at_s},
+                                {"bound", p.steady->bound_fraction},
+                                {"window_s", seconds_of(p.steady_window)}};
+    }
+    if (a.vs_fio) {
+      if (reallocate_each) reallocate(files, p.file_bytes);
+      report.fio.push_back(run_fio(files, row, fio_job(a, p, row, groups)));
+      spdlog::debug("{} bs={} qd={} pair {}: strata {:.3f} GB/s, fio {:.3f} GB/s", row.rw, row.bs_bytes, row.qd, i,
+                    rr.gbps(), report.fio.back().gbps);
+    }
+  }
+  if (a.vs_fio) describe_buffers(a, row, total_qd, report);
+  if (p.verify) verify_at_end(*engine, s, buf, row, total_qd, maps, report);
+  for (auto& f : files) engine->unregister_file(f.id);
+  engine.reset();
+  if (reallocate_each) written = false;  // a timed write pass may have been partial
+  return report;
+}
+
+// Removes the test files however the run ends, unless --keep-file.
+struct TestFilesCleanup {
+  std::vector<TestFile>& files;
+  bool keep;
+  ~TestFilesCleanup() {
+    if (keep) return;
+    for (auto& f : files) {
+      f.fd.reset();
+      ::unlink(f.path.c_str());
+    }
+  }
+};
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+// Runs every row of the flags' matrix; `each` sees each row's report as it is done.
+void for_each_row(const BenchIoArgs& a, const std::function<void(const RowReport&)>& each) {
+  const BenchPlan plan = make_plan(a);
+  std::unique_ptr<std::FILE, FileCloser> interval_log;
+  if (!a.interval_log.empty()) {
+    interval_log.reset(std::fopen(a.interval_log.c_str(), "w"));
+    if (!interval_log) {
+      throw ConfigError(fmt::format("--interval-log {}: cannot create it ({}); choose a writable path", a.interval_log,
+                                    errno_text(errno)));
+    }
+  }
+  std::vector<TestFile> files = open_test_files(plan.dirs, plan.file_bytes);
+  TestFilesCleanup cleanup{files, a.keep_file};
+  BenchBuffers buffers(plan.buffer_bytes, plan.huge_always);
+  BenchSetup setup{a, plan, files, buffers, interval_log.get()};
+
+  bool written = false;  // every test file holds written data (Note [Bench file state])
+  for (const Row& row : plan.rows) each(run_row(setup, row, written));
+}
+
+}  // namespace
+
+std::vector<RowReport> measure_rows(const BenchIoArgs& a) {
+  std::vector<RowReport> out;
+  for_each_row(a, [&](const RowReport& r) { out.push_back(r); });
+  return out;
+}
+
+namespace {
+int run_bench_io(const BenchIoArgs& a) {
+  bool header = false;
+  for_each_row(a, [&](const RowReport& r) {
+    if (!a.json && !header) print_table_header(a.vs_fio);
+    header = true;
+    print_row(r, a.json);
+  });
+  return 0;
+}
+}  // namespace
+}  // namespace bench_io
+
+void register_bench_io(CLI::App& bench, CommandTable& table) {
+  auto args = std::make_shared<bench_io::BenchIoArgs>();
+  auto replay = std::make_shared<bench_io::ReplayArgs>();
+  auto* cmd = bench.add_subcommand("io", "NVMe bandwidth/IOPS/latency of Strata's I/O engine (optionally beside fio)");
+  cmd->add_option("--dir", args->dir, "directory for the test file (on the drive to measure)");
+  cmd->add_option("--paths", args->paths, "comma-separated directories, one test file and stream each (one per drive)");
+  cmd->add_option("--size", args->size, "bytes per run (with --time: the working set), split over the paths (e.g. 1G, 4G)")->capture_default_str();
+  cmd->add_option("--bs", args->bs, "block size per request; a comma list makes a matrix (4K,64K,1M)")->capture_default_str();
+  cmd->add_option("--qd", args->qd, "requests in flight per path; comma list (1,8,32)")->capture_default_str();
+  cmd->add_option("--rw", args->rw, "read, write, randread, randwrite, randrw, read+write (readers and writers at once); comma list")->capture_default_str();
+  cmd->add_flag("--vs-fio", args->vs_fio, "alternate with fio on the same file and print the median ratio");
+  cmd->add_option("--pairs", args->pairs, "Strata/fio pairs per row with --vs-fio (>= 3)")->capture_default_str();
+  cmd->add_flag("--json", args->json, "one JSON object per row");
+  cmd->add_option("--engine", args->engine, "auto, uring or threads")->capture_default_str();
+  cmd->add_option("--request-size", args->request_size,
+                  fmt::format("largest kernel read (auto: the engine default, {})",
+                              format_bytes(offload::kDefaultMaxReadRequestBytes)))
+      ->capture_default_str();
+  cmd->add_option("--write-request-size", args->write_request_size,
+                  fmt::format("largest kernel write (auto: the engine default, {} or --request-size if smaller)",
+                              format_bytes(offload::kDefaultMaxWriteRequestBytes)))
+      ->capture_default_str();
+  cmd->add_option("--coalesce", args->coalesce, "merge adjacent requests into one kernel request (on|off)")
+      ->capture_default_str();
+  cmd->add_option("--huge-pages", args->huge_pages,
+                  "back the I/O buffers with 2 MiB huge pages (on|off|auto: on except for random writes of blocks "
+                  "<= 16 KiB)")
+      ->capture_default_str();
+  cmd->add_option("--fixed-buffers", args->fixed_buffers, "register the buffers with io_uring (on|off)")
+      ->capture_default_str();
+  cmd->add_option("--batch", args->batch, "most requests per io_uring_enter (0: the queue depth)")->capture_default_str();
+  cmd->add_option("--file-state", args->file_state,
+                  "blocks under the test file at each timed write run, for Strata and fio alike: written (filled once "
+                  "before the first row) or fallocated (fresh preallocated blocks before every write run)")
+      ->capture_default_str();
+  cmd->add_flag("--sqpoll", args->sqpoll, "use a kernel submission-polling thread");
+  cmd->add_option("--fio-option", args->fio_options,
+                  "extra option for every fio job with --vs-fio, e.g. --fio-option=--mem=shmhuge (repeatable)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_flag("--keep-file", args->keep_file, "keep the test file(s) afterwards");
+  cmd->add_option("--time", args->time,
+                  "run each row this long (30s, 10m, 1h) over --size as the working set, blocks drawn uniformly");
+  cmd->add_option("--ramp", args->ramp, "with --time: run this long first without counting it (e.g. 5s)");
+  cmd->add_option("--interval", args->interval,
+                  "report every interval (JSON lines with --json, else a live line; default 1s with --time)");
+  cmd->add_option("--interval-log", args->interval_log, "also write the interval JSON lines to this file");
+  cmd->add_option("--steady-state", args->steady_state,
+                  "with --time: stop once range and drift of the bandwidth over --steady-window are within this "
+                  "bound of its mean (e.g. 5%)");
+  cmd->add_option("--steady-window", args->steady_window, "the window of --steady-state")->capture_default_str();
+  cmd->add_flag("--precondition", args->precondition,
+                "before each write row, fill the file sequentially then overwrite it in random order");
+  cmd->add_option("--mix", args->mix, "read percent of --rw randrw (default 50)");
+  cmd->add_option("--read-qd", args->read_qd, "queue depth of the readers of a read+write row (default: --qd)");
+  cmd->add_option("--write-qd", args->write_qd, "queue depth of the writers of a read+write row (default: --qd)");
+  cmd->add_flag("--verify", args->verify,
+                "stamp every block (offset, generation, seed, XXH3), check every read and read the file back at "
+                "the end; a wrong block fails the run");
+  cmd->add_option("--seed", args->seed, "seed of the random order and of --verify's headers (default: the clock)");
+  cmd->add_flag("--histogram", args->histogram, "add the latency histogram to each JSON row");
+  // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify]).
+  cmd->add_option("--inject-fault", args->inject_fault)->group("");
+  auto* replay_opt = cmd->add_option(
+      "--replay", replay->config,
+      "replay the NVMe I/O of one ZeRO-Infinity step of this training config (or 'demo') through the engine's swap "
+      "store on its nvme_path, beside the step's simulated compute");
+  auto* set_opt = cmd->add_option("--set", replay->overrides, "with --replay or --tune: override a config key (repeatable)");
+  auto* machine_opt = cmd->add_option("--machine", replay->machine,
+                                      "with --replay: the compute side, a machine file or 'measure' (this host as "
+                                      "the sim device)")
+                          ->capture_default_str();
+  auto* steps_opt = cmd->add_option("--replay-steps", replay->steps, "with --replay: steps measured after one untimed")
+                        ->capture_default_str();
+  auto* tbw_opt = cmd->add_option("--drive-tbw", replay->drive_tbw,
+                                  "with --replay: rated TB written of one drive, for the days to its endurance");
+  auto tune = std::make_shared<bench_io::TuneArgs>();
+  auto* tune_opt = cmd->add_flag("--tune", tune->enabled,
+                                 "sweep kernel request size x queue depth (reads and writes) on the drive of the "
+                                 "config's nvme_path (or --dir/--paths) and print the best aio settings");
+  auto* out_opt = cmd->add_option("--out", tune->out, "with --tune: write the winning settings as a config fragment "
+                                                       "(`strata train --config-fragment FILE` reads it)");
+  auto* config_opt = cmd->add_option("--config", tune->config, "with --tune: the training config whose nvme_path is "
+                                                               "tuned (default: the built-in demo)");
+  auto* sizes_opt = cmd->add_option("--tune-request-sizes", tune->request_sizes,
+                                    "with --tune: kernel request sizes swept")->capture_default_str();
+  auto* qds_opt = cmd->add_option("--tune-qd", tune->qds, "with --tune: queue depths swept")->capture_default_str();
+  auto* size_opt = cmd->get_option("--size");
+  table[cmd] = [args, replay, tune, replay_opt, set_opt, machine_opt, steps_opt, tbw_opt, tune_opt, out_opt, config_opt,
+                sizes_opt, qds_opt, size_opt]() -> int {
+    if (tune_opt->count() > 0) {
+      if (replay_opt->count() > 0) throw ConfigError("--tune and --replay: run one at a time");
+      tune->overrides = replay->overrides;
+      tune->size_given = size_opt->count() > 0;
+      return bench_io::run_tune(*tune, *args);
+    }
+    for (const CLI::Option* o : {out_opt, config_opt, sizes_opt, qds_opt}) {
+      if (o->count() > 0) throw ConfigError(fmt::format("{} is an option of --tune: add --tune", o->get_name()));
+    }
+    if (replay_opt->count() == 0) {
+      for (const CLI::Option* o : {set_opt, machine_opt, steps_opt, tbw_opt}) {
+        if (o->count() > 0) {
+          throw ConfigError(fmt::format("{} is an option of --replay{}: add --replay CONFIG", o->get_name(),
+                                        o == set_opt ? " and --tune" : ""));
+        }
+      }
+      return bench_io::run_bench_io(*args);
+    }
+    replay->json = args->json;
+    return bench_io::run_replay(*replay);
+  };
+}
+
+}  // namespace strata::tools

@@ -1,0 +1,117 @@
+// The ranks of a job agree before the first step (see train/rank_agreement.h, Note [Ranks agree]).
+#include "train/rank_agreement.h"
+
+#include <elf.h>
+#include <link.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "core/error.h"
+
+namespace strata::tools {
+namespace {
+
+// Every leaf of `j` by its key path ("strata.data.seq_len"), as JSON text.
+void flatten(const nlohmann::json& j, const std::string& path, std::map<std::string, std::string>* out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [key, value] : j.items()) flatten(value, path.empty() ? key : path + "." + key, out);
+    return;
+  }
+  (*out)[path] = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Whether `value` is the same on every rank (the all-reduce has Max only: min is -max(-x)).
+bool same_everywhere(Communicator& world, double value) {
+  return world.all_reduce_host(value, ReduceOp::Max) == -world.all_reduce_host(-value, ReduceOp::Max);
+}
+
+}  // namespace
+
+std::string program_build_id() {
+  std::string id;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) -> int {
+        auto* out = static_cast<std::string*>(data);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_NOTE) continue;
+          const char* p = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+          const char* end = p + ph.p_memsz;
+          while (p + sizeof(ElfW(Nhdr)) <= end) {
+            const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(p);
+            const char* name = p + sizeof(ElfW(Nhdr));
+            const char* desc = name + ((note->n_namesz + 3) & ~3u);
+            if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+              for (std::uint32_t b = 0; b < note->n_descsz; ++b) {
+                *out += fmt::format("{:02x}", static_cast<unsigned char>(desc[b]));
+              }
+              return 1;
+            }
+            p = desc + ((note->n_descsz + 3) & ~3u);
+          }
+        }
+        return 1;  // the first object is the program itself
+      },
+      &id);
+  return id.empty() ? "unknown" : id;
+}
+
+nlohmann::json rank_identity(const TrainOptions& options, const TrainConfig& cfg) {
+  nlohmann::json config = cfg.raw;
+  if (config.is_object()) config["strata"]["steps"] = cfg.strata.steps;  // --steps
+  return {{"config", config},
+          {"resolved", {{"train_micro_batch_size_per_gpu", cfg.micro_batch_size},
+                        {"gradient_accumulation_steps", cfg.gradient_accumulation_steps}}},
+          {"resume", options.resume},
+          {"allow_new_data", options.allow_new_data},
+          {"strata_build", program_build_id()}};
+}
+
+void check_ranks_agree(Communicator& world, const nlohmann::json& identity) {
+  if (world.world_size() == 1) return;
+  const std::string text = identity.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::uint64_t h = XXH64(text.data(), text.size(), 0);
+  const bool high = same_everywhere(world, static_cast<double>(h >> 32));
+  const bool low = same_everywhere(world, static_cast<double>(h & 0xffffffffu));
+  if (high && low) return;
+
+  // Rank 0's identity to every rank, then each names its own differences.
+  std::uint64_t size = text.size();
+  world.broadcast_host_bytes(&size, sizeof size, 0);
+  std::string root(size, '\0');
+  if (world.rank() == 0) root = text;
+  world.broadcast_host_bytes(root.data(), root.size(), 0);
+  std::map<std::string, std::string> mine, theirs;
+  flatten(identity, "", &mine);
+  flatten(nlohmann::json::parse(root, nullptr, /*allow_exceptions=*/false), "", &theirs);
+  std::vector<std::string> differ;
+  for (const auto& [key, value] : mine) {
+    const auto it = theirs.find(key);
+    const std::string other = it == theirs.end() ? "(absent)" : it->second;
+    if (other != value) differ.push_back(fmt::format("{} ({} here, {} on rank 0)", key, value, other));
+  }
+  for (const auto& [key, value] : theirs) {
+    if (!mine.contains(key)) differ.push_back(fmt::format("{} ((absent) here, {} on rank 0)", key, value));
+  }
+  const int differing = static_cast<int>(world.all_reduce_host(differ.empty() ? 0.0 : 1.0, ReduceOp::Sum));
+  if (!differ.empty()) {
+    std::string keys;
+    for (std::size_t i = 0; i < differ.size() && i < 6; ++i) keys += (i == 0 ? "" : "; ") + differ[i];
+    if (differ.size() > 6) keys += fmt::format("; and {} more", differ.size() - 6);
+    throw ConfigError(fmt::format("rank {} of {} does not run what rank 0 runs: {}. Every rank of a job must run the "
+                                  "same config, --steps, --resume and Strata build: launch them alike",
+                                  world.rank(), world.world_size(), keys));
+  }
+  throw ConfigError(fmt::format("{} of the {} ranks of this job do not run what rank {} runs (their messages name "
+                                "the keys); every rank of a job must run the same config, --steps, --resume and "
+                                "Strata build: launch them alike",
+                                differing, world.world_size(), world.rank()));
+}
+
+}  // namespace strata::tools
