@@ -19,6 +19,9 @@ Fails (exit 1), naming the note and the files, on:
   - a reference to a path that does not exist, or to a file that does not hold the note's head.
 
 Usage: notes_check.py [ROOT]        check the tree at ROOT (default: the repository holding this file)
+       notes_check.py --fix-paths [ROOT]
+                                    first rewrite each reference's path to the file holding the note's
+                                    head (after files moved), then check
        notes_check.py --self-test   run the checker on small fake trees, one per defect
 Python 3 standard library only.
 """
@@ -33,6 +36,7 @@ NOTE_WORD = "Note" + " "
 CODE_EXTS = (".h", ".cc", ".cu", ".cuh", ".cpp", ".hpp", ".c")
 HASH_EXTS = (".sh", ".py", ".txt", ".cmake")
 DOC_EXTS = (".md",)
+SELF = "tests/notes_check.py"
 PATH_EXTS = CODE_EXTS + HASH_EXTS + DOC_EXTS + (".json", ".toml")
 
 NAME = re.compile(re.escape(NOTE_WORD) + r"\[([^\]\n]+)\]")
@@ -55,8 +59,11 @@ def scanned_files(root):
         dirs[:] = sorted(d for d in dirs if not skipped_dir(d))
         for name in sorted(files):
             path = os.path.join(directory, name)
-            if name.endswith(CODE_EXTS + HASH_EXTS + DOC_EXTS) and os.path.realpath(path) != this_file:
-                yield os.path.relpath(path, root).replace(os.sep, "/"), path
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            if rel == SELF or os.path.realpath(path) == this_file:
+                continue
+            if name.endswith(CODE_EXTS + HASH_EXTS + DOC_EXTS):
+                yield rel, path
 
 
 def head_pattern(rel):
@@ -68,7 +75,7 @@ def head_pattern(rel):
 
 
 def referenced_path(line, end):
-    """The path a mention ending at `end` names, or None when it names none."""
+    """(path, column) of the path a mention ending at `end` names, or None when it names none."""
     m = WHERE.match(line, end)
     if not m:
         return None
@@ -76,14 +83,14 @@ def referenced_path(line, end):
     in_form = m.group("how") == " in "
     looks_like_file = path.endswith(PATH_EXTS)
     if "/" in path and (looks_like_file or path.endswith("/")):
-        return path
+        return path, m.start("path")
     if in_form and looks_like_file:
-        return path  # a bare file name: not relative to the root, reported as missing
+        return path, m.start("path")  # a bare file name: not relative to the root, reported as missing
     return None
 
 
 def scan(root):
-    """(heads, mentions): title -> [(file, line)], title -> [(file, line, path or None)]."""
+    """(heads, mentions): title -> [(file, line)], title -> [(file, line, path or None, column)]."""
     heads, mentions = {}, {}
     for rel, path in scanned_files(root):
         pattern = head_pattern(rel)
@@ -95,8 +102,9 @@ def scan(root):
                     if head and head.start(1) == m.start(1):
                         heads.setdefault(title, []).append((rel, number))
                     else:
-                        where = referenced_path(line, m.end())
-                        mentions.setdefault(title, []).append((rel, number, where))
+                        found = referenced_path(line, m.end())
+                        where, column = found if found else (None, None)
+                        mentions.setdefault(title, []).append((rel, number, where, column))
     return heads, mentions
 
 
@@ -119,7 +127,7 @@ def check(root):
             problems.append(f"{NOTE_WORD}[{title}] has {len(own)} heads: {places(own)}. Keep one (the "
                             f"full text), and make the others read 'see {NOTE_WORD}[{title}] in "
                             f"{own[0][0]}'.")
-        for rel, number, where in mentions.get(title, []):
+        for rel, number, where, _ in mentions.get(title, []):
             if where is None:
                 continue
             if not os.path.isfile(os.path.join(root, where)):
@@ -132,6 +140,29 @@ def check(root):
     return problems, len(set(heads) | set(mentions)), sum(len(v) for v in mentions.values())
 
 
+def fix_paths(root):
+    """Rewrites every reference whose path is missing or wrong to the path of the note's head (after
+    files moved); notes with no head or several are left for a person. Returns the count."""
+    heads, mentions = scan(root)
+    edits = {}
+    for title, items in mentions.items():
+        own = heads.get(title, [])
+        for rel, number, where, column in items:
+            if where is not None and len(own) == 1 and own[0][0] != where:
+                edits.setdefault(rel, []).append((number, column, where, own[0][0]))
+    for rel, items in edits.items():
+        path = os.path.join(root, rel)
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        for number, column, old, new in sorted(items, reverse=True):
+            line = lines[number - 1]
+            lines[number - 1] = line[:column] + new + line[column + len(old):]
+            print(f"{rel}:{number}: {old} -> {new}")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines))
+    return sum(len(v) for v in edits.values())
+
+
 def main_check(root):
     problems, notes, mention_count = check(root)
     for p in problems:
@@ -140,6 +171,11 @@ def main_check(root):
         print(f"notes_check: {len(problems)} problem(s) in {root} ({notes} notes).")
         return 1
     print(f"notes_check: {notes} notes, {mention_count} mentions: one head each, every path exists.")
+    heads, mentions = scan(root)
+    pathless = sum(1 for t, items in mentions.items() for rel, _, where, _ in items
+                   if where is None and heads.get(t) and rel != heads[t][0][0])
+    print(f"notes_check: {pathless} mentions outside their note's file give no path (allowed; "
+          f"'see {NOTE_WORD}[X] in PATH' is the form to prefer).")
     return 0
 
 
@@ -186,22 +222,37 @@ def self_test():
             missing = [e for e in expected if e not in text]
             if not problems or missing:
                 failures.append(f"defect '{name}': expected a problem naming {missing or expected}, got: {problems}")
+    with tempfile.TemporaryDirectory() as tmp:  # a head moved to another folder: --fix-paths follows it
+        write_tree(tmp, {k: v for k, v in clean.items() if k != "lib/a.h"})
+        write_tree(tmp, {"core/a.h": clean["lib/a.h"]})
+        before = len(check(tmp)[0])
+        fixed = fix_paths(tmp)
+        after = check(tmp)[0]
+        if before != 3 or fixed != 3 or after:
+            failures.append(f"--fix-paths: expected 3 stale references fixed, got {before} problems, "
+                            f"{fixed} fixed, then {after}")
     for f in failures:
         print("self-test FAILED:", f)
-    print(f"notes_check --self-test: {1 + len(defects) - len(failures)} of {1 + len(defects)} cases pass.")
+    cases = 2 + len(defects)
+    print(f"notes_check --self-test: {cases - len(failures)} of {cases} cases pass.")
     return 1 if failures else 0
 
 
 def main(argv):
-    if argv[1:] == ["--self-test"]:
+    args = argv[1:]
+    if args == ["--self-test"]:
         return self_test()
-    if len(argv) > 2 or (len(argv) == 2 and argv[1].startswith("-")):
-        print(__doc__.strip().splitlines()[-3], file=sys.stderr)
+    fix = args[:1] == ["--fix-paths"]
+    args = args[1:] if fix else args
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print("usage: notes_check.py [--fix-paths] [ROOT] | --self-test", file=sys.stderr)
         return 2
-    root = argv[1] if len(argv) == 2 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = args[0] if args else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.isdir(root):
         print(f"notes_check: {root}: not a directory; give the repository root.", file=sys.stderr)
         return 2
+    if fix:
+        print(f"notes_check: {fix_paths(root)} reference(s) rewritten to their note's head.")
     return main_check(root)
 
 
