@@ -32,7 +32,8 @@ class CheckpointRetention {
   // warnings; a failed directory listing throws std::filesystem::filesystem_error.
   void retire_old(const std::string& parent, int keep, const std::string& keep_name);
 
-  // Note [Recycled data files]: moves the spare of data file `name` in `parent` to `path`; false
+  // See Note [Recycled data files] in checkpoint/checkpoint_retention.cc.
+  // Moves the spare of data file `name` in `parent` to `path`; false
   // when there is none.
   bool take_spare(const std::string& parent, const std::string& name, const std::string& path) const;
 

@@ -23,7 +23,7 @@
 namespace strata {
 
 // "auto" (a Strata extension): the fastest tier that holds the state, spilled chunk by chunk to the
-// next (Note [Spill across tiers], plan/tier_plan.h).
+// next (Note [Spill across tiers] in plan/run_plan.cc).
 enum class OffloadDevice { None, Cpu, Nvme, Auto };
 enum class DeviceChoice { Auto, Sim, Cuda };
 // The transport of a multi-rank run (strata.parallel.communicator): auto is NCCL on cuda and MPI on

@@ -24,7 +24,7 @@
 // payload of a NaN may differ (a GPU writes the canonical NaN).
 //
 // Compiled in CI with nvcc (warnings as errors); tests/engine/device_ops_cuda_test.cc (label gpu)
-// runs the CUDA paths where a GPU is usable (all passed on an H200, README).
+// runs the CUDA paths where a GPU is usable (README, "How the CUDA path is verified").
 #pragma once
 
 #include <cstddef>

@@ -106,7 +106,8 @@ void GradReducer::reduce(std::size_t g) {
   const DType dtype = ctx_.working();
   Stream& comm = ctx_.comm;
   if (G.in_place != nullptr || (G.micro_grad.empty() && in_place_target(g) != nullptr)) {
-    // Note [Gradients in place]: nothing to reduce.
+    // See Note [Gradients in place] in engine/grad_reducer.cc.
+    // Nothing to reduce.
     if (G.in_place != nullptr) {
       comm.wait(*G.grad_event);  // the backward's writes
     } else {

@@ -49,7 +49,8 @@ class GradReducer {
   };
   void reduce(std::size_t g);
   void* in_place_target(std::size_t g);
-  // Note [Reductions in flight]: before a micro-batch buffer is allocated, waits until fewer than
+  // See Note [Reductions in flight] in engine/grad_reducer.cc.
+  // Before a micro-batch buffer is allocated, waits until fewer than
   // kReductionsInFlight (plan/run_plan.h) reductions are still queued on the communication stream.
   void bound_in_flight();
 

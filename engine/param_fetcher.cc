@@ -136,7 +136,8 @@ DeviceMemory ParamFetcher::allocate(std::size_t bytes, std::string_view tag, std
     Stream* used = H.last_use_stream;
     if (used != nullptr && std::find(streams.begin(), streams.end(), used) == streams.end()) streams.push_back(used);
   }
-  // Note [Deterministic prefetch]: whether the first try failed depends on which queued frees had
+  // See Note [Deterministic prefetch] in engine/param_fetcher.cc.
+  // Whether the first try failed depends on which queued frees had
   // run; once they all ran the memory state is the same on every rank, so the decisions below (a
   // prefetch gives up, a demand fetch evicts gathered copies that must be gathered again later,
   // which is a collective) are the same on every rank. The home's host work frees reduced

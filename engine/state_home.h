@@ -99,7 +99,7 @@ class StateHome {
   virtual void import_state(const StateSource& source) = 0;
   // This rank's fp32 master of g's state range, on the host.
   virtual std::vector<float> master_range(std::size_t g) = 0;
-  // Note [Checkpoint capture] (engine/state_home_tiered.cc): only where state lives on a tier.
+  // Only where state lives on a tier; see Note [Checkpoint capture] in engine/state_home_tiered_state.cc.
   virtual bool arm_capture(StateCaptureSink sink) = 0;
   virtual void disarm_capture() = 0;
   virtual std::size_t captured_pieces() const = 0;

@@ -24,13 +24,13 @@ class DeviceStateHome final : public StateHome {
 
   // Note [Gradient buffers kept across steps]: the step's gradient (one unit: the reduction itself,
   // Note [One unit's gradient as it is]; fast mode: the fp32 accumulator) has the same size every
-  // step, so it is allocated once, beside the state, and reused. Allocated and freed per step, those
-  // buffers interleaved with the micro-batch's transient ones and fragmented the device: GPT-2 124M
-  // on a sim device 12 % larger than its plan failed with 400 MiB free in pieces of at most 56 MiB.
-  // The comm stream writes them (the reduction, the widening) and reads them (norm, update) in
-  // order, so reuse needs no other synchronization. Exact mode's binary-counter levels are a pool of
-  // grad_partials buffers (the most a step holds at once, with the one being formed), taken and
-  // given back on the comm stream: a level allocated per unit failed on a device capped at the plan.
+  // step, so it is allocated once, beside the state, and reused: allocated and freed per step, those
+  // buffers would interleave with the micro-batch's transient ones and fragment the device
+  // (docs/MEASUREMENTS.md, "Device memory: buffers kept across steps"). The comm stream writes them
+  // (the reduction, the widening) and reads them (norm, update) in order, so reuse needs no other
+  // synchronization. Exact mode's binary-counter levels are a pool of grad_partials buffers (the
+  // most a step holds at once, with the one being formed), taken and given back on the comm stream,
+  // since a level allocated per unit fragments a device capped at the plan.
   void init_group(std::size_t g, const float* master_full, const void* /*working_full*/) override {
     Group& G = groups_[g];
     const GroupPlan& P = ctx_.group(g);
@@ -62,10 +62,11 @@ class DeviceStateHome final : public StateHome {
   bool take_overlap(double /*lr*/) override { return false; }
 
   // One micro-batch's reduced gradient joins the step's fp32 sum on the device, through the device
-  // front layer on the communication stream. Note [One unit's gradient as it is]: with one
-  // micro-batch per step the sum is that gradient widened, and widening is exact, so the norm and
-  // the optimizer read the reduced gradient in the working dtype directly (optim::GradRef carries
-  // the dtype): the same bits, without an fp32 copy (4 bytes per parameter at the step's peak).
+  // front layer on the communication stream.
+  // Note [One unit's gradient as it is]: with one micro-batch per step the sum is that gradient
+  // widened, and widening is exact, so the norm and the optimizer read the reduced gradient in the
+  // working dtype directly (optim::GradRef carries the dtype): the same bits, without an fp32 copy
+  // (4 bytes per parameter at the step's peak).
   void add_unit(std::size_t g, DeviceMemory reduced, int unit) override {
     Group& G = groups_[g];
     const std::size_t elems = ctx_.group(g).grad_elems;
@@ -241,12 +242,12 @@ class DeviceStateHome final : public StateHome {
   // Note [One wait for the norm]: step() needs every group's part of the norm on the host (exact
   // mode: its exact sum, otherwise its block partials) to decide the clip. Enqueued one group at a
   // time, each waited for by itself, the host and the communication stream woke each other once per
-  // group (on the sim device some 40 us a wait: tiny's step() spent about 380 us from the last loss
-  // to the next step's first copy, about 200 us after this change; on a GPU, a stream
-  // synchronization per group). So every group's norm op is enqueued into one pinned host buffer
-  // (a slice per group; the copies into it stay asynchronous on cuda) and finish_grads waits once
+  // group (on the sim device some 40 us a wait, docs/MEASUREMENTS.md, "Device memory: buffers kept
+  // across steps"; on a GPU, a stream synchronization per group). So every group's norm op is
+  // enqueued into one pinned host buffer (a slice per group; the copies into it stay asynchronous
+  // on cuda) and finish_grads waits once
   // for all of them. The buffer is page-locked with the state home, before any step's work is queued:
-  // at the first step, streams were running and on cuda the pin may wait for all of them (Note
+  // once a step runs, streams are running and on cuda the pin may wait for all of them (Note
   // [Pinning while streams run] in core/device/sim_device.cc).
   void allocate_norms() {
     const bool exact = ctx_.exact();

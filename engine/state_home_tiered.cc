@@ -127,7 +127,8 @@ void TieredStateHome::init_group(std::size_t g, const float* master_full, const 
 // result is the same expression on the same numbers as the waiting path, so exact mode gives the
 // same bits. The waiting path would skip a step whose gradient norm is not finite; an overlapped
 // update cannot undo the chunks it already wrote, so a non-finite chunk gradient fails the step
-// with an error that says so. With clipping or fp16 the engine waits (the README says why).
+// with an error that says so. With clipping or fp16 the engine waits (docs/GUIDE.md, "Offload:
+// host memory and NVMe", says why).
 bool TieredStateHome::prepare_step(double lr) {
   overlap_step_ = ctx_.config.strata.offload.overlap_optimizer && !(ctx_.config.gradient_clipping > 0) &&
                   ctx_.config.precision != Precision::Fp16;

@@ -112,7 +112,8 @@ class TieredStateHome final : public StateHome {
   std::atomic<std::uint64_t> overlapped_chunks_{0};
   std::atomic<std::uint64_t> chunk_updates_{0};
   std::atomic<std::uint64_t> copy_bytes_{0};
-  // Note [Checkpoint capture]: armed for one step by arm_capture.
+  // See Note [Checkpoint capture] in engine/state_home_tiered_state.cc.
+  // Armed for one step by arm_capture.
   StateCaptureSink capture_;
   std::vector<std::size_t> capture_first_;  // piece index of each group's first chunk
   std::atomic<std::size_t> captured_{0};

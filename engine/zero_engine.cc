@@ -38,9 +38,8 @@ std::unique_ptr<optim::LossScaler> make_scaler(const TrainConfig& config) {
   return std::make_unique<optim::LossScaler>(sc, "fp16");
 }
 
-// Offload has not yet run right on a GPU: the designs in which streams waited for host functions
-// failed there (docs/MEASUREMENTS.md, "On the GPU"), and the host-driven one that replaced them
-// (Note [Host-driven offload] in docs/DESIGN.md) has not run on one. Until it does, a cuda run
+// Offload has not yet run right on a GPU (docs/GPU_LOG.md): its host-driven design (see Note
+// [Host-driven offload] in docs/DESIGN.md) has not run on one. Until it does, a cuda run
 // whose plan puts the optimizer state (or the parameters) on the host or NVMe is refused before
 // any step, saying how to train it instead; STRATA_CUDA_OFFLOAD=1 runs it anyway, for the tests
 // that exercise it on a GPU (tests/tools/train_cuda_test.sh, tools/gpu-verify.sh).

@@ -46,7 +46,8 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
   const std::size_t e = dtype_bytes(dt);
   const std::size_t n = static_cast<std::size_t>(ws->batch * ws->seq);
   const auto T = static_cast<std::size_t>(tp.size);
-  // Note [Sequence parallelism]: the residual stream, its gradient and the norms' inputs, outputs
+  // See Note [Sequence parallelism] in models/tensor_parallel.h.
+  // The residual stream, its gradient and the norms' inputs, outputs
   // and statistics hold this rank's rows only.
   const std::size_t mine = tp.split_rows() ? n / T : n;
   // A tensor rank's activations are those of its heads, MLP columns and vocabulary rows.
@@ -88,7 +89,8 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
     return acts;
   };
   ws->acts = carve_acts(keep_all_blocks ? l1 - l0 : 1);
-  // Note [Stage activations]: set 0 is the workspace's own; each other set has its own block inputs
+  // See Note [Stage activations] in models/pipeline.h.
+  // Set 0 is the workspace's own; each other set has its own block inputs
   // (and, without checkpointing, activations), and on the last stage its blocks' output; the stage's
   // input (after the first stage) and output (before the last) stay per call.
   ws->set_x.clear();
@@ -113,7 +115,8 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
     ws->lnf_out = cv.take(n * C * e);
     ws->lnf_mean = static_cast<float*>(cv.take(mine * 4));
     ws->lnf_rstd = static_cast<float*>(cv.take(mine * 4));
-    // Note [Head one sequence at a time]: one sequence's logits, except for the sliced head.
+    // See Note [Head one sequence at a time] in models/decoder.h.
+    // One sequence's logits, except for the sliced head.
     ws->logits = cv.take((tp.sliced() ? n : static_cast<std::size_t>(ws->seq)) * V * e);
     ws->losses = static_cast<float*>(cv.take(n * 4));
   }
@@ -274,7 +277,8 @@ void ModelPass::forward_blocks() const {
     const GroupViews w = provider.acquire_params(emb, ParamPhase::Forward, stream);
     const void* wpe = c.arch == Architecture::Gpt2 ? w[embedding_group::kWpe] : nullptr;
     if (tp.size > 1) {  // each token's row from the rank that holds it, zeros from the others
-      // Note [Sequence parallelism]: every row looked up, this rank's rows of the sum kept.
+      // See Note [Sequence parallelism] in models/tensor_parallel.h.
+      // Every row looked up, this rank's rows of the sum kept.
       void* all = tp.split_rows() ? ws.tmp : ws.x[0];
       embedding_forward_vocab_slice(ctx, dt, ws.tokens, w[embedding_group::kWte], vocab.begin, vocab.end, wpe, all,
                                     batch, seq, C);
@@ -367,12 +371,13 @@ void ModelPass::backward_blocks() const {
     pass.logits(wte, sliced_head());
     pass.cross_entropy(sliced_head(), true, tied_grad_scale);
   }
-  // Note [Sequence parallelism]: the lookup's gradient reads every row of the residual gradient.
+  // See Note [Sequence parallelism] in models/tensor_parallel.h.
+  // The lookup's gradient reads every row of the residual gradient.
   const void* dres = pass.gather_rows(ws.dres, ws.tmp);
   // Note [Tied embedding gradient order]: a tied wte gets two contributions per sequence, from
   // the head (dlogits^T lnf_out; the logits buffer still holds dlogits) and from the lookup. They
   // are added sequence by sequence, head then lookup, so that any split into micro-batches adds
-  // them in the same order (Note [Micro-batch invariance] in decoder.h).
+  // them in the same order (Note [Micro-batch invariance] in models/decoder.h).
   for (std::int64_t b = 0; b < batch; ++b) {
     if (tp.sliced()) {
       if (c.tied_embeddings) pass.tied_head_grad(b, g[embedding_group::kWte], sliced_head());
@@ -383,7 +388,8 @@ void ModelPass::backward_blocks() const {
         continue;
       }
     } else if (c.tied_embeddings) {
-      // Note [Head one sequence at a time]: the head left sequence 0's dlogits in the buffer (a
+      // See Note [Head one sequence at a time] in models/decoder.h.
+      // The head left sequence 0's dlogits in the buffer (a
       // pipeline's first stage has none); the others are recomputed, by the same calls on the same
       // values, so with the same bits.
       if (recompute_tied_head || b > 0) head_logits(wte, b, true, tied_grad_scale);

@@ -52,7 +52,8 @@ struct Decoder::Workspace {
   // Note [Replicated KV heads] (training, kv_pieces): the S/T slices' [rows, 2 head_dim] dK|dV
   // partials, and the tensor group's subtrees gathered (T > K).
   void *kv_parts = nullptr, *kv_all = nullptr;
-  // Note [Sequence parallelism]: this rank's rows of one activation (SlicedPass::own); the whole
+  // See Note [Sequence parallelism] in models/tensor_parallel.h.
+  // This rank's rows of one activation (SlicedPass::own); the whole
   // one it gathers into or scatters from is tmp.
   void* own_rows = nullptr;
   float *ce_max = nullptr, *ce_target = nullptr;

@@ -80,7 +80,8 @@ void Decoder::stage_forward(const DecoderRuntime& rt, ParamProvider& provider, c
   if (!ps.last()) borrowed.lend(ws.x.back(), y_out);  // the last stage's stays in its set for the head
   const BlockPass pass{{c, rt.ctx, batch, seq, layout_.tiling.chunks, options_.tensor, ws.parts, ws.own_rows}};
   ProviderChain chain(provider, layout_, stage_local_, true, tensor_layout_.get());
-  // Note [Stage activations]: the set keeps what the backward reads; re-materialized, one set of
+  // See Note [Stage activations] in models/pipeline.h.
+  // The set keeps what the backward reads; re-materialized, one set of
   // block activations suffices (the backward recomputes them).
   const bool keep_all = !ws.set_x.empty() && options_.checkpointing == Checkpointing::Off;
   const ModelPass m{c, layout_, rt.ctx, *chain.top, ws, pass, batch, seq, true, keep_all, ps};
@@ -119,7 +120,8 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
     m.recompute_tied_head = ps.first();
     m.tied_grad_scale = grad_scale;
   }
-  // Note [Stage activations]: the micro-batch's forward kept its set (on the last stage also its
+  // See Note [Stage activations] in models/pipeline.h.
+  // The micro-batch's forward kept its set (on the last stage also its
   // blocks' output, the head's input); re-materialized, the forward runs again from x_in (on the
   // last stage, for the first time).
   if (ws.set_x.empty()) m.forward_blocks();

@@ -22,7 +22,7 @@
 // output), its backward the head, the loss and their backward, then the blocks'. The input of each
 // micro-batch in flight is the runner's stash (the first stage's is the tokens).
 //
-// Note [Stage re-materialization] (strata.parallel.stage_recompute): a stage keeps only its input
+// Note [Stage re-materialization]: with strata.parallel.stage_recompute a stage keeps only its input
 // of each micro-batch in flight, and the backward of a micro-batch recomputes the stage's forward
 // from it, as GPipe does: one more forward per micro-batch on every stage but the last, for
 // activation memory of one micro-batch. Recompute is deterministic, so both ways give the bits of
@@ -81,7 +81,8 @@ struct PipelineStage {
   std::int64_t first_layer = 0;
   std::int64_t end_layer = -1;   // one past the stage's last block; -1: every block (P = 1)
   Communicator* comm = nullptr;  // the pipeline group; null when P = 1
-  // Note [Stage activations]: sets of block activations the decoder keeps, one per micro-batch in
+  // See Note [Stage activations] in models/pipeline.h.
+  // Sets of block activations the decoder keeps, one per micro-batch in
   // flight (pipeline_activation_sets); 0: Note [Stage re-materialization].
   int activation_sets = 0;
 
@@ -101,7 +102,8 @@ std::vector<std::int64_t> pipeline_boundaries(const ModelConfig& model, int stag
 std::vector<std::int64_t> pipeline_stage_params(const ModelConfig& model, std::span<const std::int64_t> boundaries);
 // Stage `rank` of `boundaries`.
 PipelineStage pipeline_stage(std::span<const std::int64_t> boundaries, int rank, Communicator* comm);
-// Note [Stage activations]: the activation sets `stage` keeps under `schedule` with `micro_batches`
+// See Note [Stage activations] in models/pipeline.h.
+// The activation sets `stage` keeps under `schedule` with `micro_batches`
 // per step: its micro-batches in flight, or 0 with `recompute` (strata.parallel.stage_recompute)
 // and without stages.
 int pipeline_activation_sets(const PipelineStage& stage, PipelineSchedule schedule, int micro_batches, bool recompute);

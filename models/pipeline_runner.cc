@@ -213,7 +213,8 @@ void PipelineRunner::hold_send(RingSlot& slot, int peer, std::size_t elems) {
 
 void PipelineRunner::exchange(const std::vector<PeerOp>& receives) {
   if (held_.empty() && receives.empty()) return;
-  // Note [Grouped transfers]: with receives, on the compute stream (which needs them); alone, on
+  // See Note [Grouped transfers] in models/pipeline_runner.h.
+  // With receives, on the compute stream (which needs them); alone, on
   // the send stream after the compute stream's work so far (which wrote the buffers).
   Stream& compute = *rt_.ctx.stream;
   Stream* stream = &compute;
@@ -265,7 +266,8 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
     begin(op.micro);
     losses[static_cast<std::size_t>(op.micro)] = backward(provider, op.micro, grad_scale);
     end(op.micro);
-    // Note [Grouped transfers]: the next op's exchange, and with it this backward's sends, goes out
+    // See Note [Grouped transfers] in models/pipeline_runner.h.
+    // The next op's exchange, and with it this backward's sends, goes out
     // before the host waits.
     if (op_ + 1 < ops_.size()) post(op_ + 1);
     // As a whole-model micro-batch does: the host does not run ahead of the stage's compute.
@@ -273,7 +275,8 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
   }
   exchange({});  // the last sends
   sends_->synchronize();
-  // Note [Measured bubble]: the events have all completed (the compute stream synchronized last).
+  // See Note [Measured bubble] in models/pipeline_runner.h.
+  // The events have all completed (the compute stream synchronized last).
   Event* last = nullptr;
   for (std::size_t i = 0; i < ops_.size(); ++i) {
     if (!timed_[i]) continue;

@@ -87,13 +87,15 @@ class PipelineRunner {
  private:
   struct Ring;
   struct RingSlot;
-  // Note [Grouped transfers]: op i's receive buffers taken (a stash slot, a gradient buffer) and
+  // See Note [Grouped transfers] in models/pipeline_runner.h.
+  // Op i's receive buffers taken (a stash slot, a gradient buffer) and
   // its receives issued with the held sends; once per op, possibly ahead of the op.
   void post(std::size_t i);
   void forward(ParamProvider& provider, int a);
   LossSum backward(ParamProvider& provider, int a, float grad_scale);
 
-  // Note [Grouped transfers]: `receives` with the held-back sends as one exchange (on the compute
+  // See Note [Grouped transfers] in models/pipeline_runner.h.
+  // `receives` with the held-back sends as one exchange (on the compute
   // stream, or alone on the send stream); each sent slot's `sent` is recorded after it.
   void exchange(const std::vector<PeerOp>& receives);
   void hold_send(RingSlot& slot, int peer, std::size_t elems);

@@ -134,7 +134,8 @@ void SlicedPass::norm_backward(const void* dout, const void* x, const void* w, c
     kernel();
     return;
   }
-  // Note [Sequence parallelism]: the weight's gradient runs through the ranks' rows in rank order,
+  // See Note [Sequence parallelism] in models/tensor_parallel.h.
+  // The weight's gradient runs through the ranks' rows in rank order,
   // or in fast mode is the all-reduce of each rank's part (the first rank's on the sum so far).
   std::vector<void*> sums{dw};
   if (gpt2) sums.push_back(db);

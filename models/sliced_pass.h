@@ -40,7 +40,8 @@ struct SlicedPass {
   std::int64_t batch, seq, chunks;
   const TensorParallel& tp;
   const std::vector<void*>& parts;  // partial sums 1..L-1 of one [rows, d_model] sum
-  // Note [Sequence parallelism]: the rank's rows of one [rows, d_model] activation (the final
+  // See Note [Sequence parallelism] in models/tensor_parallel.h.
+  // The rank's rows of one [rows, d_model] activation (the final
   // norm's output before its all-gather, a sum reduce-scattered). Unused when the rows are not split.
   void* own = nullptr;
 
@@ -52,7 +53,8 @@ struct SlicedPass {
   std::int64_t heads() const { return c.n_heads / tp.size; }
   std::int64_t kv_heads() const { return std::max<std::int64_t>(1, c.n_kv_heads / tp.size); }
   std::int64_t ffn() const { return c.ffn_hidden / tp.size; }
-  // Note [Replicated KV heads]: the attention backward runs per slice with its own dK|dV partial.
+  // See Note [Replicated KV heads] in models/tensor_parallel.h.
+  // The attention backward runs per slice with its own dK|dV partial.
   bool kv_pieces() const { return tp.sliced() && models::kv_pieces(c, tp.slices); }
 
   // A column-parallel linear of a stage: the whole linear has `out` rows of `in`; this rank holds
@@ -98,7 +100,8 @@ struct SlicedPass {
   // all ([rows, count / rows]) summed over the tensor group: in place, or this rank's rows of the
   // sum into `mine` when the rows are split (returned).
   void* sum_over_ranks(void* all, void* mine, std::int64_t count) const;
-  // Note [Sequence parallelism]: every rank's rows of `mine` ([own_rows, d_model]) gathered into
+  // See Note [Sequence parallelism] in models/tensor_parallel.h.
+  // Every rank's rows of `mine` ([own_rows, d_model]) gathered into
   // `all`, returned; `mine` itself when the rows are not split.
   void* gather_rows(void* mine, void* all) const;
   // The architecture's norm (GPT-2: layer norm with bias; LLaMA: RMS norm, no bias, no mean) of
@@ -118,7 +121,8 @@ struct SlicedPass {
   // Returns where the summed input gradient is (reduce_partials).
   void* column_backward(const GroupViews& w, const GroupViews& gw, BlockStage stage, const void* x, std::int64_t ldx,
                         StageIo dy, void* dx, const KvGrads* kv = nullptr) const;
-  // Note [Replicated KV heads]: the attention backward of this rank's heads (`shape`), slice by
+  // See Note [Replicated KV heads] in models/tensor_parallel.h.
+  // The attention backward of this rank's heads (`shape`), slice by
   // slice: dq into dq, the KV heads' dK|dV summed on the tree into the returned places (kv_parts,
   // kv_all: the workspace's).
   KvGrads attention_backward_pieces(const AttentionShape& shape, const void* q, const void* k, const void* v,

@@ -124,7 +124,8 @@ void check_tensor_parallel(const ModelConfig& m, int size, int slices, std::int6
     const bool ok = size <= m.n_kv_heads || kv_pieces(m, s);
     if (chunks % s == 0 && ok) valid += fmt::format("{}{}", valid.empty() ? "" : ", ", s);
   }
-  // Note [Replicated KV heads]: with KV heads on several ranks, a slice is whole query heads of one KV head.
+  // See Note [Replicated KV heads] in models/tensor_parallel.h.
+  // With KV heads on several ranks, a slice is whole query heads of one KV head.
   const bool heads_ok = size <= m.n_kv_heads || kv_pieces(m, slices);
   if (!power_of_two(slices) || slices % size != 0 || chunks % slices != 0 || slices > smallest || !heads_ok) {
     throw ConfigError(fmt::format(

@@ -58,7 +58,7 @@
 // Checkpoints hold every tensor rank's physical groups (checkpoint/checkpoint.h); a resume with other
 // tensor ranks and `strata ckpt export` put the slices back together (train/checkpoint_tensors.h).
 //
-// Note [Sequence parallelism] (strata.parallel.sequence, Megatron's sequence parallelism): the
+// Note [Sequence parallelism]: with strata.parallel.sequence (Megatron's sequence parallelism) the
 // stretches between a row-parallel linear and the next column-parallel one (residual adds, norms,
 // the embedding's sum) run on each rank's rows only: rows [r n / T, (r + 1) n / T) of the n =
 // batch x seq rows. Where plain tensor parallelism all-reduces a row-parallel output (and the
@@ -112,7 +112,8 @@ struct TensorParallel {
   int slices = 1;  // S (Note [Tensor slices])
   Communicator* comm = nullptr;  // the tensor group; null when T = 1
   bool sequence = false;         // Note [Sequence parallelism] (no effect at T = 1)
-  // Note [Sequence parallelism]: the norms' weight gradients through the ranks' rows in rank order
+  // See Note [Sequence parallelism] in models/tensor_parallel.h.
+  // The norms' weight gradients through the ranks' rows in rank order
   // (exact mode: one pass's bits); false: each rank's rows' part, all-reduced (fast mode).
   bool ordered_norm_grads = true;
 
@@ -129,7 +130,8 @@ struct TensorParallel {
 void check_tensor_parallel(const ModelConfig& model, int size, int slices, std::int64_t chunks,
                            const std::string& source);
 
-// Note [Replicated KV heads]: the tensor ranks holding each KV head (1 when T <= K), and whether S
+// See Note [Replicated KV heads] in models/tensor_parallel.h.
+// The tensor ranks holding each KV head (1 when T <= K), and whether S
 // slices split the KV heads' gradient sums (S > K with grouped-query heads, S a multiple of K
 // dividing the heads).
 int kv_replicas(const ModelConfig& model, int size);

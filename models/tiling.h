@@ -26,7 +26,7 @@
 // stage's weights, so that every tile holds at least one row of every weight.
 //
 // Note [Tile-invariant linear layers]: tiled and untiled runs give the same bits in fp32 (on sim
-// at any precision; on cuda in exact mode: Note [Linear chunks by default] in tiling_plan.h). Splitting
+// at any precision; on cuda in exact mode: Note [Linear chunks by default] in models/tiling_plan.h). Splitting
 // W [out, in] by output rows keeps the forward (y = x W^T sums over `in`) and the weight gradient
 // (dW = dy^T x sums over tokens) whole per element, but splits dx = dy W, a sum over `out`. So every
 // block linear, tiled or not, is computed in `chunks` fixed row chunks (chunk c = rows

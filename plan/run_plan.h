@@ -43,7 +43,7 @@ enum class WeightsForm : std::uint8_t {
 
 // A piece of a group's state range (Note [Chunk pipeline], engine/offload_tier.h), and where its
 // arrays live: each chunk has its own tier, so state that does not fit the host budget spills to
-// NVMe chunk by chunk (Note [Spill across tiers], plan/tier_plan.h).
+// NVMe chunk by chunk (Note [Spill across tiers] in plan/run_plan.cc).
 struct StateChunk {
   std::size_t begin = 0;  // elements from the start of this rank's state range
   std::size_t elems = 0;

@@ -262,7 +262,8 @@ void EngineSim::reduce(std::size_t g, int unit) {
     end = collective("all_reduce " + gname(g), p_.topo.world_size, full_bytes, 2, ready);
   }
   end = add_unit(g, unit, end);
-  // Note [Reductions in flight]: unless the gradients are in place, the next group's micro-batch
+  // See Note [Reductions in flight] in engine/grad_reducer.cc.
+  // Unless the gradients are in place, the next group's micro-batch
   // buffer waits until fewer than kReductionsInFlight reductions are queued (the host blocks, as the
   // engine's does).
   if (p_.gradients_in_place()) return;

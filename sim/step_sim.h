@@ -91,7 +91,8 @@ struct SimMachine {
   // The sim device: the "GPU" is the host's cores, so model ops, the device's state math and the
   // CPU work of offloaded state share one queue.
   bool device_is_host = false;
-  // Note [Wake-ups]: what a stream or the trainer's thread takes to resume after waiting for other
+  // See Note [Wake-ups] in sim/step_sim.h.
+  // What a stream or the trainer's thread takes to resume after waiting for other
   // work. Measured on the sim device (`--machine measure`); not in machine files, and 0 for a GPU,
   // where it has not been measured.
   double wake_seconds = 0;

@@ -201,7 +201,8 @@ class PipelineSim {
     const auto add = [&](StageStep::Kind kind, Channel* c, int micro) {
       out.push_back(StageStep{kind, StageStep::None, micro, c, {}, {}, false});
     };
-    // Note [Grouped transfers]: the held sends and `receives` as one exchange.
+    // See Note [Grouped transfers] in models/pipeline_runner.h.
+    // The held sends and `receives` as one exchange.
     std::vector<MessageRef> held;
     const auto exchange = [&](const std::vector<MessageRef>& receives) {
       if (held.empty() && receives.empty()) return;

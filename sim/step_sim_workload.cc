@@ -135,7 +135,8 @@ class ProgramBuilder {
       compute("head logits for the tied gradient", vocab_matmul(), ComputeClass::Head);
       if (T_ > 1) loss_statistics();
     } else if (tied() && slices_ == 1 && tokens_ > seq_) {
-      // Note [Head one sequence at a time]: sequences 1.. recomputed.
+      // See Note [Head one sequence at a time] in models/decoder.h.
+      // Sequences 1.. recomputed.
       compute("head logits for the tied gradient", vocab_matmul() * (tokens_ - seq_) / tokens_, ComputeClass::Head);
     }
     compute("embedding backward", tied() ? vocab_matmul() : 0, ComputeClass::Head);

@@ -2,8 +2,8 @@
 # The GPU machine's checks, in one command (README "How the CUDA path is verified"): run after
 # `bash .gpu/remote.sh` built Strata with CUDA into BUILD (../shared/gpu/README.md).
 #   0. the host-driven stream patterns the offload pipeline uses (core_cuda_test: seconds);
-#   1. offload on cuda (refused unless STRATA_CUDA_OFFLOAD=1, engine/zero_engine.cc; host-driven since
-#      2026-11-28, Note [Host-driven offload]): tiny with the optimizer on the CPU, tiny in exact mode
+#   1. offload on cuda (refused unless STRATA_CUDA_OFFLOAD=1, engine/zero_engine.cc; host-driven, see
+#      Note [Host-driven offload] in docs/DESIGN.md): tiny with the optimizer on the CPU, tiny in exact mode
 #      with the optimizer on NVMe and the parameters on the CPU against the same run on sim (same
 #      bits?), then the demo (configs/demo.json), each with per-step seconds in a metrics file and, if
 #      it is still running at its limit, every thread's stack (gdb, else eu-stack, else /proc) before

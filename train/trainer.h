@@ -114,7 +114,8 @@ struct TrainSummary {
     std::int64_t first_layer = 0, end_layer = 0, parameters = 0;
     int peak_in_flight = 0, stash_slots = 0;
     std::uint64_t buffer_bytes = 0, peak_device_bytes = 0;
-    // Note [Stage activations]: the activation sets the stage keeps (one per micro-batch in flight;
+    // See Note [Stage activations] in models/pipeline.h.
+    // The activation sets the stage keeps (one per micro-batch in flight;
     // 0 on the last stage and with strata.parallel.stage_recompute) and its activation workspace.
     int activation_sets = 0;
     std::uint64_t activation_bytes = 0;

@@ -192,7 +192,7 @@ void SimAllocator::release(void* ptr) noexcept {
   scrub_freed(freed_offset, freed_bytes, it->first, it->second.bytes);
 }
 
-// Note [Freed pages] in sim_allocator.h.
+// See Note [Freed pages] in core/device/sim_allocator.h.
 void SimAllocator::scrub_freed(std::size_t freed_offset, std::size_t freed_bytes, std::size_t merged_offset,
                                std::size_t merged_bytes) {
 #if defined(STRATA_DEBUG_POISON)

@@ -479,7 +479,8 @@ class SimStream final : public Stream, public SimKernelQueue {
     if (error_ticket_ <= ticket) rethrow_if_failed_locked();
   }
 
-  // Note [Pageable copies]: queues a copy between the device and `host`; when [host, host + bytes)
+  // See Note [Pageable copies] in core/device/sim_device.cc.
+  // Queues a copy between the device and `host`; when [host, host + bytes)
   // is not inside one pinned buffer, counts it and blocks until it has run. Inside a sim kernel such
   // a copy would make the device wait (Note [Sim kernels]): refused.
   void enqueue_host_copy(SimDeviceState& state, std::string_view what, std::string_view role, const void* host,

@@ -107,15 +107,15 @@ void tc_backward(cudaStream_t stream, DType dtype, const AttentionShape& s, cons
                  float scale);
 
 // Note [Two tensor-core kernels]: tc_forward/tc_backward run flash-attention 2's kernels
-// (cuda_attention_tc.cuh, .cu and _backward.cu: mma.sync, ldmatrix, cp.async). They passed the
-// attention op tests on an H100 (2026-11-26) and ran 3-4x the first, WMMA kernels' TFLOP/s there
-// (README), so they are the default; STRATA_ATTENTION_TC=wmma (read once) takes the WMMA kernels
+// (cuda_attention_tc.cuh, .cu and _backward.cu: mma.sync, ldmatrix, cp.async). They pass the
+// attention op tests on a GPU and run 3-4x the WMMA kernels' TFLOP/s (docs/MEASUREMENTS.md, "On the
+// GPU"), so they are the default; STRATA_ATTENTION_TC=wmma (read once) takes the WMMA kernels
 // (cuda_attention_tc_wmma.cu), which compute-sanitizer has checked, until fa2 has run clean under
 // memcheck and racecheck too; then the WMMA kernels go. Both take the same calls and keep the same
 // numerics contract (tests/models/ops_attention_cuda_test.cc runs either, tools/gpu-verify.sh both).
 // STRATA_ATTENTION_TC=fa2w takes fa2's kernels with two 16-row tiles per warp (Note [Wide warps],
-// cuda_attention_tc.cu): the forward, and the backward at head dim 64 (fa2's at 128). Written
-// without a GPU, opt-in until it has passed the op tests and been timed beside fa2 on one.
+// cuda_attention_tc.cu): the forward, and the backward at head dim 64 (fa2's at 128). Opt-in
+// until it has passed the op tests and been timed beside fa2 on a GPU (docs/GPU_LOG.md).
 enum class TcVariant { Wmma, Fa2, Fa2Wide };
 TcVariant tc_variant();
 void tc_forward_wmma(cudaStream_t stream, DType dtype, const AttentionShape& s, const void* q, const void* k,

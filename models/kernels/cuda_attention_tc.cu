@@ -33,8 +33,8 @@ namespace {
 // probabilities differ from fa2's by fp32 rounding (the products s * scale * log2(e) round
 // differently: tens of ulps where |m * scale| is large), far below the rounding of P to the element
 // type for P V.
-// Written without a GPU (2026-11-27): opt-in until it has passed the attention op tests and been
-// timed beside fa2 on one (tools/gpu-verify.sh and tools/gpu-bench.sh run it).
+// Opt-in until it has passed the attention op tests and been timed beside fa2 on a GPU
+// (tools/gpu-verify.sh and tools/gpu-bench.sh run it).
 // fa2 and fa2w are one kernel: MT row tiles per warp and BN keys a step; kFastExp picks the exp2
 // probabilities (fa2w) or the shared op_math ones (fa2: math::shifted_exp, online_softmax_rescale,
 // online_softmax_lse). The backward kernels (cuda_attention_tc_backward.cu) take MT the same way.

@@ -1,15 +1,15 @@
 // The flash-attention 2 tensor-core kernels' shared pieces (cuda_attention_tc.cu: forward;
 // cuda_attention_tc_backward.cu: dQ and dK/dV): tile sizes, the inline-PTX wrappers (mma.sync,
 // ldmatrix, cp.async), the swizzled tile loads and the warp products. The default tensor-core
-// attention since they passed the op tests on an H100 (Note [Two tensor-core kernels],
-// cuda_attention.cuh); STRATA_ATTENTION_TC=wmma takes cuda_attention_tc_wmma.cu's kernels instead.
+// attention (see Note [Two tensor-core kernels] in models/kernels/cuda_attention.cuh);
+// STRATA_ATTENTION_TC=wmma takes cuda_attention_tc_wmma.cu's kernels instead.
 // CUDA causal attention on tensor cores (bf16/fp16 operands, fp32 accumulation): the path
 // cuda_attention.cu and cuda_attention_backward.cu take for bf16 and fp16 at head_dim 64 or 128
 // with 16-byte aligned rows (attention::tc_supported); fp32 (exact mode) and other shapes keep the
 // scalar kernels. Flash-attention 2's kernels written with mma.sync.m16n8k16, ldmatrix and
 // cp.async (inline PTX; the fragment, ldmatrix and swizzle maps are attention_tc_layout.h's, where
 // the PTX ISA's layouts are quoted, checked on the host by tests/models/attention_tc_layout_test.cc):
-//  * every block has 8 warps (fa2w: 4 of 32 rows, Note [Wide warps] in cuda_attention_tc.cu); a
+//  * every block has 8 warps (fa2w: 4 of 32 rows, Note [Wide warps] in models/kernels/cuda_attention_tc.cu); a
 //    warp owns 16 rows (query rows, or in dK/dV key rows) and keeps its
 //    products in registers: a score tile's fp32 C fragments are masked, exponentiated and rounded
 //    into the A fragments of the next product, never through shared memory. Shared tiles are rows
@@ -63,7 +63,7 @@ constexpr int kBN = 64;           // keys per forward / dQ step
 template <int D>
 constexpr int kBQ = D == 64 ? 64 : 32;  // query rows per dK/dV step (fewer at 128: registers)
 // Warps and threads of a block of kBM rows whose warps own MT row tiles of 16 (fa2: 1, fa2w: 2;
-// Note [Wide warps] in cuda_attention_tc.cu).
+// Note [Wide warps] in models/kernels/cuda_attention_tc.cu).
 template <int MT>
 constexpr int kWarpsFor = kBM / (16 * MT);
 template <int MT>
@@ -220,7 +220,7 @@ __device__ __forceinline__ void load_kv_tile_async(const Layout& lay, const T* k
 // acc[mt][n] is the C fragment of columns 8n..8n+7 of row tile mt. A by ldmatrix
 // (tc::ldsm_a_addr), B by ldmatrix without .trans from its [n][k] rows (tc::ldsm_b_addr): registers
 // 0, 1 are block 2np, registers 2, 3 block 2np + 1. Each B fragment loaded feeds MT products (Note
-// [Wide warps] in cuda_attention_tc.cu).
+// [Wide warps] in models/kernels/cuda_attention_tc.cu).
 template <typename T, int D, int N, int MT>
 __device__ __forceinline__ void mma_rows_rows_t(const T* a_tile, int a_row0, const T* b_tile, int lane,
                                                 float (&acc)[MT][N / 8][4]) {

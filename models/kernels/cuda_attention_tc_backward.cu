@@ -1,6 +1,6 @@
 // Flash-attention 2's backward on tensor cores (the design: cuda_attention_tc.cuh): a dK/dV kernel
 // and a dQ kernel, so every output element is written by one warp (no atomics), for fa2 and fa2w
-// (Note [Wide warps] in cuda_attention_tc.cu), and tc_backward.
+// (Note [Wide warps] in models/kernels/cuda_attention_tc.cu), and tc_backward.
 #include "models/kernels/cuda_attention_tc.cuh"
 
 namespace strata::models::cuda {
@@ -15,7 +15,7 @@ constexpr std::size_t dkdv_tc_shared_bytes() {
   return std::size_t{2 * kBM + 6 * BQ} * D * 2 + std::size_t{4 * BQ} * sizeof(float);
 }
 
-// Warps of MT row tiles of 16 keys (Note [Wide warps] in cuda_attention_tc.cu), BQ query rows a step.
+// Warps of MT row tiles of 16 keys (Note [Wide warps] in models/kernels/cuda_attention_tc.cu), BQ query rows a step.
 template <typename T, int D, int MT, int BQ>
 __global__ void __launch_bounds__(kThreadsFor<MT>)
     attention_dkdv_tc_kernel(Layout lay, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,

@@ -248,7 +248,8 @@ TEST(SimAllocator, ContainsChecksArenaBounds) {
   EXPECT_FALSE(a.contains(&local, sizeof(local)));
 }
 
-// Note [Sim arena]: the reservation is address space only.
+// See Note [Sim arena] in core/device/sim_allocator.h.
+// The reservation is address space only.
 TEST(SimAllocator, LargeCapacityIsReservedLazily) {
   SimAllocator a(options_with(16 * GiB));
   void* p = a.allocate(8 * GiB, "huge");
@@ -263,7 +264,8 @@ TEST(SimAllocator, LargeCapacityIsReservedLazily) {
   EXPECT_EQ(std::count_if(resident.begin(), resident.end(), [](unsigned char c) { return (c & 1) != 0; }), 0);
 }
 
-// Note [Freed pages]: release builds hand freed pages back; Debug builds poison them.
+// See Note [Freed pages] in core/device/sim_allocator.h.
+// Release builds hand freed pages back; Debug builds poison them.
 TEST(SimAllocator, FreedLargeBlocksAreReleasedOrPoisoned) {
   SimAllocator a(options_with(16 * MiB));
   const std::size_t bytes = 4 * MiB;

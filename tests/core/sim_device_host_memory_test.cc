@@ -63,7 +63,8 @@ void wait_until_pageable_copies(Device& device, std::uint64_t n) {
   }
 }
 
-// Note [Pageable copies]: a copy to or from host memory that is not pinned returns only once it
+// See Note [Pageable copies] in core/device/sim_device.cc.
+// A copy to or from host memory that is not pinned returns only once it
 // has run (as CUDA's), so it waits for the stream's earlier work; a pinned one (or any range inside
 // a pinned buffer) is queued and returns at once.
 TEST(SimDevice, PageableCopiesBlockTheCallerPinnedOnesDoNot) {
@@ -206,8 +207,8 @@ TEST(SimDevice, PinningInsideASimKernelIsRefused) {
 }
 
 // See Note [Sim kernels] in core/device/sim_kernel.h: the device never waits for the host. A
-// kernel that waits on an event or a stream is refused (a GPU kernel cannot; streams that waited
-// for host threads hung GPUs), so engine code that made a stream wait for host work fails on CI.
+// kernel that waits on an event or a stream is refused (a GPU kernel cannot; a stream waiting for a
+// host thread can hang the GPU), so engine code that makes a stream wait for host work fails on CI.
 TEST(SimDevice, ASimKernelMayNotWaitOnEventsOrStreams) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("kernel");

@@ -124,7 +124,8 @@ TEST_F(Checkpoint, AFailedSaveLeavesThePreviousCheckpointLoadable) {
 }
 
 TEST_F(Checkpoint, NvmeStateIsCopiedChunkByChunkIntoAlignedRanges) {
-  // Note [Checkpoint copy]: one 4 KiB-aligned range per offload chunk, read ahead through the
+  // See Note [Checkpoint copy] in engine/zero_engine_state.cc.
+  // One 4 KiB-aligned range per offload chunk, read ahead through the
   // pinned pool (more chunks than slots, so slots are reused while writes are in flight).
   if (!nvme_ok()) GTEST_SKIP() << "O_DIRECT unavailable in " << dir_.path();
   const TierSetup setup{3, OffloadDevice::Nvme, OffloadDevice::Nvme};
@@ -152,7 +153,8 @@ TEST_F(Checkpoint, NvmeStateIsCopiedChunkByChunkIntoAlignedRanges) {
 }
 
 TEST_F(Checkpoint, ACapturedCheckpointEqualsTheCopiedOne) {
-  // Note [Checkpoint capture]: the step writes each chunk's new state into the checkpoint as the
+  // See Note [Checkpoint capture] in engine/state_home_tiered_state.cc.
+  // The step writes each chunk's new state into the checkpoint as the
   // optimizer produces it (waiting and overlapped updates, host and NVMe tiers); the files are the
   // bytes a copy after the step writes.
   const bool nvme = nvme_ok();
@@ -226,7 +228,8 @@ TEST_F(Checkpoint, AFailedCaptureLetsTheStepFinishAndFailsOnlyTheSave) {
 }
 
 TEST_F(Checkpoint, ASpareDataFileIsOverwrittenWhateverItHolds) {
-  // Note [Recycled data files]: the next checkpoint renames the spare in and rewrites every byte;
+  // See Note [Recycled data files] in checkpoint/checkpoint_retention.cc.
+  // The next checkpoint renames the spare in and rewrites every byte;
   // a spare larger or smaller than needed and full of garbage gives the same checkpoint, and a
   // spare that is a symlink is not followed.
   const ToyRun reference = uninterrupted(config(2));

@@ -170,7 +170,8 @@ void check_send_recv(Collectives& c) {
   c.checks.expect(bad == 0, "send/recv along a chain delivers the sender's values (" + std::to_string(bad) + " wrong)");
 }
 
-// Note [Issue order]: one exchange in which every rank first sends to both neighbours and then
+// See Note [Issue order] in comm/communicator.h.
+// One exchange in which every rank first sends to both neighbours and then
 // receives from both. Issued as four calls in that order it would deadlock (each send waits for a
 // receive queued behind the peer's sends; the messages are past MPI's eager limit); in one exchange
 // the transfers progress together. At world 2 both neighbours are one peer: its two transfers pair

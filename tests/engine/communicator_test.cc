@@ -98,7 +98,8 @@ TEST(LocalCommunicator, CollectivesAreCopiesOnTheStream) {
   EXPECT_EQ(sub->world_size(), 1);
 }
 
-// Note [Issue order]: the ordered communicator runs a call issued on one stream after the call
+// See Note [Issue order] in comm/communicator.h.
+// The ordered communicator runs a call issued on one stream after the call
 // issued before it on another. Stream `first` is held by a gate while it copies a to b; the call
 // issued next, on `second`, copies b to c. In issue order c gets a's values. Unordered, `second`
 // would copy b's old values while `first` waits at the gate.

@@ -30,7 +30,8 @@ struct Golden {
   std::uint64_t hash;
 };
 
-// Taken on 2026-11-25 from the engine of commit c411ae4 (before the split), x86-64, Debian.
+// Taken from the engine of commit c411ae4 (before the engine split: docs/MEASUREMENTS.md, "Engine
+// split: before and after"), x86-64, Debian.
 constexpr Golden kGolden[] = {
     {1, true, 0x51f417c11a3056f9ull},
     {4, true, 0xba06570f251fd0ebull},

@@ -211,7 +211,8 @@ TEST_F(EngineOffload, BadOffloadConfigsAreRefusedWithTheNumbers) {
 }
 
 TEST_F(EngineOffload, TwoEnginesOnOneSwapFileAreRefusedNamingTheHolder) {
-  // Note [Run locks]: the second would truncate the first one's swap file under it.
+  // See Note [Run locks] in core/run_lock.h.
+  // The second would truncate the first one's swap file under it.
   auto device = make_sim_device(SimDeviceOptions{});
   auto comm = make_local_communicator();
   auto groups = testing_toy::toy_groups(wide_toy(), DType::F32);

@@ -1,7 +1,7 @@
 // Causal attention (models/kernels/ops.h) on a cuda device against its CPU kernel, forward and
 // backward, fp32/bf16/fp16, grouped-query heads, odd sequence lengths and head dims, the
 // tensor-core path (cuda_attention_tc.cu) included; and the decoder's per-KV-group calls giving
-// the whole call's bits. Fixture and Note [CUDA op tolerances]: ops_cuda_test_util.h. Labelled
+// the whole call's bits. Fixture and Note [CUDA op tolerances] in tests/models/ops_cuda_test_util.h. Labelled
 // `gpu`: without a usable cuda device every test skips and says why.
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 // The CUDA kernels' documented answer to bad ids (NaN rows, cuda_kernels.h) is checked; the
 // vocabulary-parallel ops (tensor parallelism) are in ops_vocab_parallel_cuda_test.cc. Every
 // comparison prints its margins ("[ margin ]" lines: max abs/rel error, worst error/bound).
-// Tolerances: Note [CUDA op tolerances] (ops_cuda_test_util.h). Attention: ops_attention_cuda_test.cc.
+// Tolerances: see Note [CUDA op tolerances] in tests/models/ops_cuda_test_util.h. Attention: ops_attention_cuda_test.cc.
 // Labelled `gpu` (tests/models/CMakeLists.txt): without a usable cuda device every test skips and
 // says why.
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 // run's device copy) and each op run on both sides. Labelled `gpu`: without a usable cuda device
 // every test skips and says why.
 //
-// Note [CUDA op tolerances]. Both paths widen the same stored inputs to fp32 exactly and compute in
+// Note [CUDA op tolerances]: both paths widen the same stored inputs to fp32 exactly and compute in
 // fp32, so each bound is an fp32 bound on |cuda - cpu| per element, built in double from the
 // magnitudes of the terms that element is made of (eps = FLT_EPSILON = 2^-23, u = eps/2):
 //  * exact ops (the same additions in the same order, one rounding each: bias_grad and layer-norm

@@ -482,7 +482,8 @@ TEST(OpDeterminism, BackwardKernelsGiveTheSameBitsForAnyThreadCount) {
 }
 
 TEST(OpDeterminism, AttentionBackwardOverSomeHeadsIsTheWholeCallBitForBit) {
-  // Note [Replicated KV heads]: the decoder runs the backward once per slice of query heads (one KV
+  // See Note [Replicated KV heads] in models/tensor_parallel.h.
+  // The decoder runs the backward once per slice of query heads (one KV
   // head's), with the whole lse (lse_heads) and dK|dV in a buffer of their own (dkv_row_stride).
   const AttnCase c{2, 40, 4, 2, 8};
   const std::int64_t hd = c.head_dim, stride = (c.q_heads + 2 * c.kv_heads) * hd, rows = c.batch * c.seq;
@@ -523,7 +524,8 @@ TEST(OpDeterminism, AttentionBackwardOverSomeHeadsIsTheWholeCallBitForBit) {
 }
 
 TEST(OpModeledCompute, MatmulAndAttentionTakeTheirFlopsAtTheRateAndKeepTheirBits) {
-  // Note [Modeled compute]: on a sim stream, each op lasts at least its FLOPs at the modeled rate;
+  // See Note [Modeled compute] in models/kernels/ops.h.
+  // On a sim stream, each op lasts at least its FLOPs at the modeled rate;
   // the results are the inline run's, bit for bit.
   const std::int64_t m = 48, n = 40, k = 32;
   const Vec a = random_vec(m * k, 51), b = random_vec(k * n, 52);

@@ -129,7 +129,8 @@ TEST(Pipeline, EachGroupBelongsToTheStageOfItsBlocks) {
 }
 
 TEST(Pipeline, ATiedEmbeddingStaysWithTheFirstStage) {
-  // Note [Tied embedding across stages]: the first stage holds the embedding (and the head's
+  // See Note [Tied embedding across stages] in models/pipeline.h.
+  // The first stage holds the embedding (and the head's
   // buffers, to recompute the logits), the last stage the final norm only.
   const ModelConfig gpt = model_config_by_name("tiny");  // 2 layers, vocabulary 256, d_model 32
   const std::vector<std::int64_t> bounds{0, 1, 2};

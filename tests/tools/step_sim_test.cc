@@ -87,7 +87,8 @@ TEST(Pipeline, MoreSlotsOverlapUpToTheDrive) {
   }
 }
 
-// Note [Wake-ups]: each copy of a job costs its bytes and two wake-ups (the transfer stream's
+// See Note [Wake-ups] in sim/step_sim.h.
+// Each copy of a job costs its bytes and two wake-ups (the transfer stream's
 // worker, then the thread waiting for it); the CPU work between them none.
 TEST(Pipeline, EachCopyWakesTheStreamAndTheThread) {
   Timeline t({SimQueue::Compute, SimQueue::H2D, SimQueue::D2H, SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu},
@@ -147,7 +148,8 @@ TEST(StepSim, RanksShareTheDrives) {
   EXPECT_NEAR(r.step_seconds, expected, 1e-9);
 }
 
-// Note [Wake-ups]: a lane idle when its operation becomes ready starts it a wake-up late; a lane
+// See Note [Wake-ups] in sim/step_sim.h.
+// A lane idle when its operation becomes ready starts it a wake-up late; a lane
 // still busy, or the I/O lane (no thread of its own), does not.
 TEST(Timeline, AnIdleLaneStartsAWakeUpLate) {
   Timeline t({SimQueue::Compute, SimQueue::H2D, SimQueue::D2H, SimQueue::Collective, SimQueue::Nvme, SimQueue::Cpu},
@@ -187,7 +189,8 @@ TEST(StepSim, EveryWaitCostsAWakeUp) {
   EXPECT_EQ(norms(simulate_step(offloaded, m)), 0);
 }
 
-// Note [Reductions in flight]: with instant compute and a slow GPU link, the host would enqueue the
+// See Note [Reductions in flight] in engine/grad_reducer.cc.
+// With instant compute and a slow GPU link, the host would enqueue the
 // whole backward at time 0; the engine lets at most two reductions stay queued, so the last group's
 // backward starts only after the third-to-last reduction ended.
 TEST(StepSim, AtMostTwoReductionsStayQueued) {

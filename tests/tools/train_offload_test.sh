@@ -31,7 +31,8 @@ offload() {  # optimizer device, param device
     --set zero_optimization.offload_param.device="\"$2\"" --set zero_optimization.offload_param.nvme_path="\"nvme\""
 }
 
-# Note [Pinning while streams run]: on cuda a page-lock may wait for every stream, so the engine
+# See Note [Pinning while streams run] in core/device/sim_device.cc.
+# On cuda a page-lock may wait for every stream, so the engine
 # pins its host buffers before the first step's work; no step pins.
 check_pins() {  # summary json, description
   local pins
@@ -63,7 +64,8 @@ for clip in 1.0 0; do
       else
         [ "$overlapped" = 0 ] && ok "clipping on: the update waits for the norm" || bad "clipping on: $overlapped overlapped updates"
       fi
-      # Note [Pageable copies]: per micro-batch the tokens and targets go up and the losses come back
+      # See Note [Pageable copies] in core/device/sim_device.cc.
+      # Per micro-batch the tokens and targets go up and the losses come back
       # from pageable host memory (each a host synchronization on cuda the design names); the
       # engine's step, offload included, copies only pinned memory.
       pageable=$(python3 -c "import json, sys; print(sorted(set(json.load(open(sys.argv[1]))['pageable_copies_per_step'])))" \

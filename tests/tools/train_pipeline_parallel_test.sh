@@ -49,7 +49,8 @@ run 4 1 4 8 2 p4.st --summary-json p4.json
 compare ref.st p4.st "pipeline 4 (1F1B), stage 2 = one rank"
 run 4 1 4 8 2 p4g.st "${gpipe[@]}" --summary-json p4g.json
 compare ref.st p4g.st "pipeline 4 (GPipe), stage 2 = one rank"
-# Note [Stage re-materialization]: each stage keeps only its inputs and recomputes its forward.
+# See Note [Stage re-materialization] in models/pipeline.h.
+# Each stage keeps only its inputs and recomputes its forward.
 remat=(--set strata.parallel.stage_recompute=true)
 run 4 1 4 8 2 p4r.st "${remat[@]}" --summary-json p4r.json
 compare ref.st p4r.st "pipeline 4 (1F1B), stages re-materialized, stage 2 = one rank"
@@ -267,7 +268,8 @@ compare ck.ref.st ck.p4r.st "checkpointed LLaMA, 2-sequence micro-batches: pipel
 if python3 - p4.json p4g.json g4p4.json p4r.json <<'EOF'
 import json, sys
 ok = True
-# Note [Stage activations]: every stage keeps one activation set per micro-batch in flight (1F1B:
+# See Note [Stage activations] in models/pipeline.h.
+# Every stage keeps one activation set per micro-batch in flight (1F1B:
 # P - stage, GPipe: all 8), so a stage's activations under GPipe exceed 1F1B's by (8 - (P - stage))
 # sets, a set being the same size on the middle stages (2 blocks each, input and output passed in)
 # and larger on the first (its embedding output) and the last (its blocks' output, for the head);
