@@ -180,6 +180,77 @@ double measure_adam(std::uint64_t elems) {
   return median(times);
 }
 
+struct Queue {
+  const char* name;
+  double seconds;
+};
+
+// What one `bench step` measured: the training run's figures after warm-up and each queue alone.
+struct StepBench {
+  const TrainConfig& cfg;
+  const TrainSummary& s;
+  double step = 0;
+  std::uint64_t nvme_read = 0, nvme_written = 0, copies = 0;
+  std::size_t drives = 0;
+  std::vector<Queue> queues;
+  const Queue* slowest = nullptr;
+  double ratio = 0, flops_per_token = 0, tokens_per_s = 0, params_per_byte = 0;
+  SsdWear wear;
+};
+
+void print_step_json(const BenchStepOptions& o, const StepBench& r) {
+  const TrainSummary& s = r.s;
+  nlohmann::json j = {{"config", r.cfg.source},
+                      {"steps", o.steps},
+                      {"step_seconds", r.step},
+                      {"slowest_queue", r.slowest->name},
+                      {"ratio_to_slowest", r.ratio},
+                      {"parameters", s.parameters},
+                      {"device", s.device_name},
+                      {"tokens_per_step", s.tokens_per_step},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"train_flops_per_token", r.flops_per_token},
+                      {"model_tflops", r.tokens_per_s * r.flops_per_token / 1e12},
+                      {"peak_device_bytes", s.peak_device_bytes},
+                      {"device_capacity_bytes", s.device_capacity_bytes},
+                      {"params_per_device_byte", r.params_per_byte},
+                      {"model_state_bytes", s.model_state_bytes},
+                      {"nvme_read_bytes_per_step", r.nvme_read},
+                      {"nvme_written_bytes_per_step", r.nvme_written},
+                      {"nvme_tb_written_per_day", r.wear.tb_per_day},
+                      {"days_to_rated_endurance", r.wear.days_to_rated},
+                      {"copy_bytes_per_step", r.copies},
+                      {"overlapped_chunk_updates", s.overlapped_chunk_updates},
+                      {"optimizer_chunk_updates", s.optimizer_chunk_updates}};
+  for (const auto& q : r.queues) j["queue_seconds"][q.name] = q.seconds;
+  std::printf("%s\n", j.dump().c_str());
+}
+
+void print_step_text(const BenchStepOptions& o, const StepBench& r) {
+  const TrainSummary& s = r.s;
+  std::printf("config %s: %.2fM parameters, model state %s on a device of %s (%.1fx)\n", r.cfg.source.c_str(),
+              static_cast<double>(s.parameters) / 1e6, format_bytes(s.model_state_bytes).c_str(),
+              format_bytes(s.device_capacity_bytes).c_str(),
+              static_cast<double>(s.model_state_bytes) / static_cast<double>(s.device_capacity_bytes));
+  std::printf("on %s: %.1f tokens/s, %.2f model TFLOP/s (%.3g training FLOP/token), peak device memory %s\n",
+              s.device_name.c_str(), r.tokens_per_s, r.tokens_per_s * r.flops_per_token / 1e12, r.flops_per_token,
+              format_bytes(s.peak_device_bytes).c_str());
+  std::printf("per step: nvme read %s, written %s; host<->device %s; %llu of %llu optimizer chunks overlapped backward\n",
+              format_bytes(r.nvme_read).c_str(), format_bytes(r.nvme_written).c_str(), format_bytes(r.copies).c_str(),
+              static_cast<unsigned long long>(s.overlapped_chunk_updates),
+              static_cast<unsigned long long>(s.optimizer_chunk_updates));
+  if (r.nvme_written > 0) {
+    std::printf("ssd wear: %.3g TB written per day over %zu drive(s)", r.wear.tb_per_day, r.drives);
+    if (r.wear.days_to_rated > 0) std::printf(", %.0f days to the rated %.0f TBW per drive", r.wear.days_to_rated, o.drive_tbw);
+    std::printf("\n");
+  }
+  std::printf("%-18s %10s\n", "queue (alone)", "seconds");
+  for (const auto& q : r.queues) std::printf("%-18s %10.4f\n", q.name, q.seconds);
+  std::printf("%-18s %10.4f  (median of %d steps after %d warm-up)\n", "training step", r.step, o.steps, o.warmup);
+  std::printf("step / slowest queue (%s) = %.2f   (target <= 1.10)\n", r.slowest->name, r.ratio);
+  std::printf("capacity: %.3f parameters per byte of device memory\n", r.params_per_byte);
+}
+
 int run_bench_step(const BenchStepOptions& o) {
   if (o.steps < 1 || o.warmup < 0) throw ConfigError("--steps must be >= 1 and --warmup >= 0");
   const TrainConfig cfg = load_train_config_or_demo(o.config, o.overrides);
@@ -193,87 +264,43 @@ int run_bench_step(const BenchStepOptions& o) {
   t.steps = o.warmup + o.steps;
   t.quiet = true;
   const TrainSummary s = run_training(t);
+  StepBench r{.cfg = cfg, .s = s};
   const auto first = static_cast<std::ptrdiff_t>(o.warmup);
-  const double step = median(std::vector<double>(s.step_seconds.begin() + first, s.step_seconds.end()));
+  r.step = median(std::vector<double>(s.step_seconds.begin() + first, s.step_seconds.end()));
   auto mean_after_warmup = [&](const std::vector<std::uint64_t>& v) {
     std::uint64_t sum = 0;
     for (std::size_t i = static_cast<std::size_t>(o.warmup); i < v.size(); ++i) sum += v[i];
     return sum / static_cast<std::uint64_t>(o.steps);
   };
-  const std::uint64_t nvme_read = mean_after_warmup(s.step_nvme_read);
-  const std::uint64_t nvme_written = mean_after_warmup(s.step_nvme_written);
-  const std::uint64_t copies = mean_after_warmup(s.step_copy_bytes);
+  r.nvme_read = mean_after_warmup(s.step_nvme_read);
+  r.nvme_written = mean_after_warmup(s.step_nvme_written);
+  r.copies = mean_after_warmup(s.step_copy_bytes);
 
   const std::vector<std::string> nvme_dirs = nvme_dirs_of(cfg);  // where the run swaps (plan/run_plan.h)
   const std::string nvme_dir = nvme_dirs.empty() ? "." : nvme_dirs.front();
-  struct Queue {
-    const char* name;
-    double seconds;
-  };
-  std::vector<Queue> queues = {
+  r.drives = nvme_dirs.size();
+  r.queues = {
       {"compute", measure_compute(cfg, 3)},
-      {"copies", measure_copies(cfg, copies)},
-      {"nvme read+write", measure_nvme(cfg, nvme_dir, nvme_read, nvme_written)},
+      {"copies", measure_copies(cfg, r.copies)},
+      {"nvme read+write", measure_nvme(cfg, nvme_dir, r.nvme_read, r.nvme_written)},
   };
   // The CPU runs the optimizer only where its state is offloaded; otherwise the update is device
   // work inside the step, and a CPU Adam yardstick would name a queue the step never used.
-  if (s.optimizer_offloaded) queues.push_back({"cpu adam", measure_adam(s.parameters)});
-  const Queue& slowest = *std::max_element(queues.begin(), queues.end(), [](const Queue& a, const Queue& b) { return a.seconds < b.seconds; });
-  const double ratio = slowest.seconds > 0 ? step / slowest.seconds : 0;
+  if (s.optimizer_offloaded) r.queues.push_back({"cpu adam", measure_adam(s.parameters)});
+  r.slowest = &*std::max_element(r.queues.begin(), r.queues.end(),
+                                 [](const Queue& a, const Queue& b) { return a.seconds < b.seconds; });
+  r.ratio = r.slowest->seconds > 0 ? r.step / r.slowest->seconds : 0;
   bool checkpointing = false;
-  const double flops_per_token = models::train_flops_per_token(training_model_config(cfg, &checkpointing), cfg.strata.data.seq_len);
-  const double tokens_per_s = step > 0 ? static_cast<double>(s.tokens_per_step) / step : 0;
-  const double params_per_byte = static_cast<double>(s.parameters) / static_cast<double>(s.device_capacity_bytes);
+  r.flops_per_token = models::train_flops_per_token(training_model_config(cfg, &checkpointing), cfg.strata.data.seq_len);
+  r.tokens_per_s = r.step > 0 ? static_cast<double>(s.tokens_per_step) / r.step : 0;
+  r.params_per_byte = static_cast<double>(s.parameters) / static_cast<double>(s.device_capacity_bytes);
   // SSD wear at the measured step time: one drive per NVMe directory (plan/machine.h, ssd_wear).
-  const SsdWear wear = ssd_wear(static_cast<double>(nvme_written), step, static_cast<int>(nvme_dirs.size()), o.drive_tbw);
+  r.wear = ssd_wear(static_cast<double>(r.nvme_written), r.step, static_cast<int>(r.drives), o.drive_tbw);
   if (o.json) {
-    nlohmann::json j = {{"config", cfg.source},
-                        {"steps", o.steps},
-                        {"step_seconds", step},
-                        {"slowest_queue", slowest.name},
-                        {"ratio_to_slowest", ratio},
-                        {"parameters", s.parameters},
-                        {"device", s.device_name},
-                        {"tokens_per_step", s.tokens_per_step},
-                        {"tokens_per_s", tokens_per_s},
-                        {"train_flops_per_token", flops_per_token},
-                        {"model_tflops", tokens_per_s * flops_per_token / 1e12},
-                        {"peak_device_bytes", s.peak_device_bytes},
-                        {"device_capacity_bytes", s.device_capacity_bytes},
-                        {"params_per_device_byte", params_per_byte},
-                        {"model_state_bytes", s.model_state_bytes},
-                        {"nvme_read_bytes_per_step", nvme_read},
-                        {"nvme_written_bytes_per_step", nvme_written},
-                        {"nvme_tb_written_per_day", wear.tb_per_day},
-                        {"days_to_rated_endurance", wear.days_to_rated},
-                        {"copy_bytes_per_step", copies},
-                        {"overlapped_chunk_updates", s.overlapped_chunk_updates},
-                        {"optimizer_chunk_updates", s.optimizer_chunk_updates}};
-    for (const auto& q : queues) j["queue_seconds"][q.name] = q.seconds;
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
+    print_step_json(o, r);
+  } else {
+    print_step_text(o, r);
   }
-  std::printf("config %s: %.2fM parameters, model state %s on a device of %s (%.1fx)\n", cfg.source.c_str(),
-              static_cast<double>(s.parameters) / 1e6, format_bytes(s.model_state_bytes).c_str(),
-              format_bytes(s.device_capacity_bytes).c_str(),
-              static_cast<double>(s.model_state_bytes) / static_cast<double>(s.device_capacity_bytes));
-  std::printf("on %s: %.1f tokens/s, %.2f model TFLOP/s (%.3g training FLOP/token), peak device memory %s\n",
-              s.device_name.c_str(), tokens_per_s, tokens_per_s * flops_per_token / 1e12, flops_per_token,
-              format_bytes(s.peak_device_bytes).c_str());
-  std::printf("per step: nvme read %s, written %s; host<->device %s; %llu of %llu optimizer chunks overlapped backward\n",
-              format_bytes(nvme_read).c_str(), format_bytes(nvme_written).c_str(), format_bytes(copies).c_str(),
-              static_cast<unsigned long long>(s.overlapped_chunk_updates),
-              static_cast<unsigned long long>(s.optimizer_chunk_updates));
-  if (nvme_written > 0) {
-    std::printf("ssd wear: %.3g TB written per day over %zu drive(s)", wear.tb_per_day, nvme_dirs.size());
-    if (wear.days_to_rated > 0) std::printf(", %.0f days to the rated %.0f TBW per drive", wear.days_to_rated, o.drive_tbw);
-    std::printf("\n");
-  }
-  std::printf("%-18s %10s\n", "queue (alone)", "seconds");
-  for (const auto& q : queues) std::printf("%-18s %10.4f\n", q.name, q.seconds);
-  std::printf("%-18s %10.4f  (median of %d steps after %d warm-up)\n", "training step", step, o.steps, o.warmup);
-  std::printf("step / slowest queue (%s) = %.2f   (target <= 1.10)\n", slowest.name, ratio);
-  std::printf("capacity: %.3f parameters per byte of device memory\n", params_per_byte);
   return 0;
 }
 

@@ -50,40 +50,17 @@ std::uint64_t physical_memory_bytes() {
   return pages > 0 && page_bytes > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page_bytes) : 0;
 }
 
-int run_eval(EvalOptions o) {
-  using namespace strata::models;
-  // A Hugging Face model folder gives the model and, unless --weights says otherwise, the weights.
-  const ModelSource source = resolve_model_source(o.model, o.weights, "strata eval");
-  const ModelConfig& config = source.config;
-  o.weights = source.weights;
-  const DeviceChoice choice = parse_device_flag(o.device);
-  if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
-  if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
-    throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, config.max_seq_len, config.name));
-  }
-  if (o.batch_size < 1) throw ConfigError("--batch-size must be at least 1");
-  if (o.batches < 0) throw ConfigError("--batches must be positive (or 0 for all windows)");
-  const TokenFile data = TokenFile::open(o.data, o.flat_u32 ? FlatTokenWidth::U32 : FlatTokenWidth::U16);
-  check_data_tokenizer(data, o.data, source.folder);
-  data.check_vocab(config.vocab_size);
-  const ConsecutiveWindows windows(data, o.seq_len);
-  if (windows.count() == 0) {
-    throw ConfigError(fmt::format("--data '{}' has {} tokens, fewer than one window of --seq-len + 1 = {}", o.data,
-                                  data.size(), o.seq_len + 1));
-  }
-  std::int64_t todo = windows.count();
-  if (o.batches > 0 && o.batches < (todo + o.batch_size - 1) / o.batch_size) todo = o.batches * o.batch_size;
-  // No forward pass holds more windows than there are to evaluate.
-  const std::int64_t batch_windows = std::min(o.batch_size, todo);
-
-  Decoder decoder(config, {});
-  const auto groups = decoder.param_groups();
+// The device the model and one batch's activations live on, sized to them; a batch too large for
+// this machine (sim) or the GPU (cuda) is refused naming the flag to lower.
+std::unique_ptr<Device> open_eval_device(const EvalOptions& o, const models::ModelConfig& config,
+                                         const models::Decoder& decoder, std::int64_t batch_windows) {
   std::size_t param_bytes = 0;
-  for (const auto& g : groups) param_bytes += g.bytes() + 256 * g.tensors.size();
+  for (const auto& g : decoder.param_groups()) param_bytes += g.bytes() + 256 * g.tensors.size();
   SimDeviceOptions dev_opts;
   const std::uint64_t activation_bytes = decoder.activation_bytes(batch_windows, o.seq_len, false);
   dev_opts.capacity_bytes = 2 * param_bytes + activation_bytes + (64u << 20);
   dev_opts.capacity_knob = "strata eval --batch-size and --seq-len";
+  const DeviceChoice choice = parse_device_flag(o.device);
   const std::uint64_t host_bytes = physical_memory_bytes();
   const DeviceKind kind = resolve_device_kind(choice, {"strata eval", "--device"});  // open_compute_device's
   if (kind == DeviceKind::Sim && host_bytes > 0 && dev_opts.capacity_bytes > host_bytes) {
@@ -105,8 +82,62 @@ int run_eval(EvalOptions o) {
                                   format_bytes(activation_bytes), format_bytes(device->capacity_bytes()),
                                   device->name()));
   }
+  return device;
+}
+
+void print_eval(const EvalOptions& o, const models::ModelConfig& config, models::WeightNaming naming,
+                const models::TokenFile& data, std::int64_t windows, const models::LossSum& total) {
+  const double loss = total.mean();
+  // A loss mask (Note [Loss mask] in models/token_data.h) leaves the prompts' targets out of the mean.
+  const std::int64_t masked = windows * o.seq_len - total.tokens;
+  const bool strata_names = naming == models::WeightNaming::Strata;
+  if (o.json) {
+    nlohmann::json j = {{"model", config.name},   {"weights", o.weights},     {"data", o.data},
+                        {"seq_len", o.seq_len},   {"windows", windows},        {"tokens", total.tokens},
+                        {"masked_targets", masked},
+                        {"loss", loss},           {"perplexity", std::exp(loss)},
+                        {"weight_names", strata_names ? "strata" : "huggingface"}};
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("model %s, weights %s (%s names), data %s\n", config.name.c_str(), o.weights.c_str(),
+              strata_names ? "Strata" : "Hugging Face", o.data.c_str());
+  const std::string masked_note =
+      data.has_loss_mask() ? fmt::format(", {} masked by the loss mask not counted", masked) : std::string();
+  std::printf("%lld windows of %lld tokens (%lld tokens%s): loss %.6f nats/token, perplexity %.4f\n",
+              static_cast<long long>(windows), static_cast<long long>(o.seq_len), static_cast<long long>(total.tokens),
+              masked_note.c_str(), loss, std::exp(loss));
+}
+
+int run_eval(EvalOptions o) {
+  using namespace strata::models;
+  // A Hugging Face model folder gives the model and, unless --weights says otherwise, the weights.
+  const ModelSource source = resolve_model_source(o.model, o.weights, "strata eval");
+  const ModelConfig& config = source.config;
+  o.weights = source.weights;
+  if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
+  if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
+    throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, config.max_seq_len, config.name));
+  }
+  if (o.batch_size < 1) throw ConfigError("--batch-size must be at least 1");
+  if (o.batches < 0) throw ConfigError("--batches must be positive (or 0 for all windows)");
+  const TokenFile data = TokenFile::open(o.data, o.flat_u32 ? FlatTokenWidth::U32 : FlatTokenWidth::U16);
+  check_data_tokenizer(data, o.data, source.folder);
+  data.check_vocab(config.vocab_size);
+  const ConsecutiveWindows windows(data, o.seq_len);
+  if (windows.count() == 0) {
+    throw ConfigError(fmt::format("--data '{}' has {} tokens, fewer than one window of --seq-len + 1 = {}", o.data,
+                                  data.size(), o.seq_len + 1));
+  }
+  std::int64_t todo = windows.count();
+  if (o.batches > 0 && o.batches < (todo + o.batch_size - 1) / o.batch_size) todo = o.batches * o.batch_size;
+  // No forward pass holds more windows than there are to evaluate.
+  const std::int64_t batch_windows = std::min(o.batch_size, todo);
+
+  Decoder decoder(config, {});
+  auto device = open_eval_device(o, config, decoder, batch_windows);
   ComputeStream cs(*device, "compute");
-  ResidentParamProvider params(groups, device.get());
+  ResidentParamProvider params(decoder.param_groups(), device.get());
   const WeightNaming naming = load_weights(o.weights, config, params, &cs.stream());
   const DecoderRuntime rt{cs.context(), device.get()};
 
@@ -119,31 +150,13 @@ int run_eval(EvalOptions o) {
     total.sum += s.sum;
     total.tokens += s.tokens;
   }
-  // A loss mask (Note [Loss mask] in models/token_data.h) leaves the prompts' targets out of the mean.
-  const std::int64_t masked = todo * o.seq_len - total.tokens;
   if (total.tokens == 0) {
     throw FormatError(fmt::format("--data '{}': every target of the {} windows evaluated is masked by the file's loss "
                                   "mask, so there is no loss to average; evaluate more windows (--batches) or data with "
                                   "completions",
                                   o.data, todo));
   }
-  const double loss = total.mean();
-  if (o.json) {
-    nlohmann::json j = {{"model", config.name},   {"weights", o.weights},     {"data", o.data},
-                        {"seq_len", o.seq_len},   {"windows", todo},           {"tokens", total.tokens},
-                        {"masked_targets", masked},
-                        {"loss", loss},           {"perplexity", std::exp(loss)},
-                        {"weight_names", naming == WeightNaming::Strata ? "strata" : "huggingface"}};
-    std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("model %s, weights %s (%s names), data %s\n", config.name.c_str(), o.weights.c_str(),
-                naming == WeightNaming::Strata ? "Strata" : "Hugging Face", o.data.c_str());
-    const std::string masked_note =
-        data.has_loss_mask() ? fmt::format(", {} masked by the loss mask not counted", masked) : std::string();
-    std::printf("%lld windows of %lld tokens (%lld tokens%s): loss %.6f nats/token, perplexity %.4f\n",
-                static_cast<long long>(todo), static_cast<long long>(o.seq_len), static_cast<long long>(total.tokens),
-                masked_note.c_str(), loss, std::exp(loss));
-  }
+  print_eval(o, config, naming, data, todo, total);
   return 0;
 }
 

@@ -135,17 +135,10 @@ void check_flags(const GenerateFlags& f) {
   }
 }
 
-int run_generate(const GenerateFlags& f) {
-  using namespace strata::models;
-  check_flags(f);
-  const ModelSource source = resolve_model_source(f.model, f.weights, "strata generate");
-  const ModelConfig& config = source.config;
-  // source.notes are about training (dropout not applied) or already in config.max_seq_len (a
-  // sliding window that caps it): nothing generate needs to say.
-
-  // The prompt as ids.
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (folder_has_tokenizer(source.folder)) tokenizer = load_tokenizer(source.folder);
+// The prompt as ids: --prompt through the folder's tokenizer, or --prompt-ids; each id checked
+// against the model's vocabulary.
+std::vector<std::int32_t> prompt_ids(const GenerateFlags& f, const models::ModelConfig& config,
+                                     const ModelSource& source, const models::Tokenizer* tokenizer) {
   std::vector<std::int32_t> prompt;
   if (f.has_prompt) {
     if (!tokenizer) {
@@ -167,6 +160,55 @@ int run_generate(const GenerateFlags& f) {
                                     prompt[i], i, config.name, config.vocab_size, config.vocab_size - 1));
     }
   }
+  return prompt;
+}
+
+void print_generated(const GenerateFlags& f, const models::ModelConfig& config, const ModelSource& source,
+                     const Device& device, const std::vector<std::int32_t>& prompt,
+                     const models::GenerateResult& r, const models::Tokenizer* tokenizer) {
+  const auto prompt_len = static_cast<std::int64_t>(prompt.size());
+  const auto decode_steps = static_cast<double>(r.tokens.size()) - 1;
+  const double decode_tps = decode_steps > 0 && r.decode_seconds > 0 ? decode_steps / r.decode_seconds : 0;
+  std::vector<std::uint32_t> new_ids(r.tokens.begin(), r.tokens.end());
+  const std::string text = tokenizer ? tokenizer->decode(new_ids) : std::string();
+  if (f.json) {
+    nlohmann::json j = {{"model", config.name},
+                        {"weights", source.weights},
+                        {"device", device.name()},
+                        {"prompt_ids", prompt},
+                        {"ids", r.tokens},
+                        {"logprobs", r.logprobs},
+                        {"stop", r.stopped_at_eos ? "eos" : "max_tokens"},
+                        {"prefill_seconds", r.prefill_seconds},
+                        {"decode_seconds", r.decode_seconds},
+                        {"decode_tokens_per_s", decode_tps}};
+    if (tokenizer) j["text"] = text;
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  if (tokenizer) {
+    std::printf("%s\n", text.c_str());
+  } else {
+    std::string ids;
+    for (std::size_t i = 0; i < r.tokens.size(); ++i) ids += fmt::format("{}{}", i == 0 ? "" : ",", r.tokens[i]);
+    std::printf("%s\n", ids.c_str());
+  }
+  std::fprintf(stderr, "%zu tokens (%s) after a %lld-token prompt on %s: prefill and first token %.3f s, then %.1f tokens/s\n",
+               r.tokens.size(), r.stopped_at_eos ? "stopped at end of sequence" : "--max-tokens reached",
+               static_cast<long long>(prompt_len), device.name().c_str(), r.prefill_seconds, decode_tps);
+}
+
+int run_generate(const GenerateFlags& f) {
+  using namespace strata::models;
+  check_flags(f);
+  const ModelSource source = resolve_model_source(f.model, f.weights, "strata generate");
+  const ModelConfig& config = source.config;
+  // source.notes are about training (dropout not applied) or already in config.max_seq_len (a
+  // sliding window that caps it): nothing generate needs to say.
+
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (folder_has_tokenizer(source.folder)) tokenizer = load_tokenizer(source.folder);
+  const std::vector<std::int32_t> prompt = prompt_ids(f, config, source, tokenizer.get());
   const auto prompt_len = static_cast<std::int64_t>(prompt.size());
   if (prompt_len + f.max_tokens > config.max_seq_len) {
     throw ConfigError(fmt::format("a prompt of {} tokens and --max-tokens {} exceed model '{}' max_seq_len of {}; "
@@ -202,35 +244,7 @@ int run_generate(const GenerateFlags& f) {
   go.sampling = {static_cast<float>(f.temperature), f.top_k, static_cast<float>(f.top_p), f.seed};
   const GenerateResult r = generate(decoder, params, prompt, go);
 
-  const auto decode_steps = static_cast<double>(r.tokens.size()) - 1;
-  const double decode_tps = decode_steps > 0 && r.decode_seconds > 0 ? decode_steps / r.decode_seconds : 0;
-  std::vector<std::uint32_t> new_ids(r.tokens.begin(), r.tokens.end());
-  const std::string text = tokenizer ? tokenizer->decode(new_ids) : std::string();
-  if (f.json) {
-    nlohmann::json j = {{"model", config.name},
-                        {"weights", source.weights},
-                        {"device", device->name()},
-                        {"prompt_ids", prompt},
-                        {"ids", r.tokens},
-                        {"logprobs", r.logprobs},
-                        {"stop", r.stopped_at_eos ? "eos" : "max_tokens"},
-                        {"prefill_seconds", r.prefill_seconds},
-                        {"decode_seconds", r.decode_seconds},
-                        {"decode_tokens_per_s", decode_tps}};
-    if (tokenizer) j["text"] = text;
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
-  if (tokenizer) {
-    std::printf("%s\n", text.c_str());
-  } else {
-    std::string ids;
-    for (std::size_t i = 0; i < r.tokens.size(); ++i) ids += fmt::format("{}{}", i == 0 ? "" : ",", r.tokens[i]);
-    std::printf("%s\n", ids.c_str());
-  }
-  std::fprintf(stderr, "%zu tokens (%s) after a %lld-token prompt on %s: prefill and first token %.3f s, then %.1f tokens/s\n",
-               r.tokens.size(), r.stopped_at_eos ? "stopped at end of sequence" : "--max-tokens reached",
-               static_cast<long long>(prompt_len), device->name().c_str(), r.prefill_seconds, decode_tps);
+  print_generated(f, config, source, *device, prompt, r, tokenizer.get());
   return 0;
 }
 

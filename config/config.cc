@@ -111,33 +111,9 @@ void translate_cpu_offload(ConfigReader& r) {
   }
 }
 
-ZeroConfig parse_zero(ConfigReader r) {
-  ZeroConfig z;
-  // DeepSpeed's other names (zero/config.py: field names beside the stage3_ aliases; old forms).
-  r.alias("max_live_parameters", "stage3_max_live_parameters");
-  r.alias("prefetch_bucket_size", "stage3_prefetch_bucket_size");
-  r.alias("param_persistence_threshold", "stage3_param_persistence_threshold");
-  r.alias("max_reuse_distance", "stage3_max_reuse_distance");
-  r.alias("gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save");
-  r.alias("stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save");
-  translate_cpu_offload(r);
-  r.get_int("stage", &z.stage, 0, 3);
-  resolve_auto_default(r, "stage3_max_live_parameters", std::to_string(z.max_live_parameters_elems));
-  resolve_auto_default(r, "stage3_prefetch_bucket_size", std::to_string(z.prefetch_bucket_size_elems));
-  resolve_auto_default(r, "stage3_param_persistence_threshold", std::to_string(z.param_persistence_threshold_elems));
-  z.offload_param = parse_offload(r.section("offload_param"), /*is_param=*/true);
-  z.offload_optimizer = parse_offload(r.section("offload_optimizer"), /*is_param=*/false);
-  // 0: the smallest chunks (one optimizer block; DeepSpeed: a sub-group per parameter).
-  r.get_count("sub_group_size", &z.sub_group_size_elems, 0, kMaxCount);
-  r.get_count("stage3_max_live_parameters", &z.max_live_parameters_elems, 0, kMaxCount);
-  r.get_count("stage3_prefetch_bucket_size", &z.prefetch_bucket_size_elems, 0, kMaxCount);
-  r.get_count("stage3_param_persistence_threshold", &z.param_persistence_threshold_elems, 0, kMaxCount);
-  // DeepSpeed's -1 (its default) is no hybrid sharding, as 0 here.
-  {
-    std::int64_t mics = z.sharding_factor;
-    r.get_int("mics_shard_size", &mics, -1, 1 << 20);
-    z.sharding_factor = mics < 0 ? 0 : static_cast<int>(mics);
-  }
+// The zero_optimization keys Strata reads and has no use for (each says why, at its DeepSpeed
+// default silently) and those it refuses (each says what to use instead).
+void read_zero_keys_without_effect(ConfigReader& r) {
   ignored_count(r, "stage3_max_reuse_distance", 0,
                 "a released group stays gathered when its next use falls inside the prefetch window "
                 "(stage3_prefetch_bucket_size, stage3_max_live_parameters); there is no separate reuse distance",
@@ -185,6 +161,36 @@ ZeroConfig parse_zero(ConfigReader r) {
   r.unsupported("zeropp_loco_param", "quantized communication is not implemented");
   r.unsupported("mics_hierarchical_params_gather", "hierarchical gathers are not implemented");
   r.unsupported("offload_param_ratio", "partial parameter offload is not implemented", 1.0);
+}
+
+ZeroConfig parse_zero(ConfigReader r) {
+  ZeroConfig z;
+  // DeepSpeed's other names (zero/config.py: field names beside the stage3_ aliases; old forms).
+  r.alias("max_live_parameters", "stage3_max_live_parameters");
+  r.alias("prefetch_bucket_size", "stage3_prefetch_bucket_size");
+  r.alias("param_persistence_threshold", "stage3_param_persistence_threshold");
+  r.alias("max_reuse_distance", "stage3_max_reuse_distance");
+  r.alias("gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save");
+  r.alias("stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save");
+  translate_cpu_offload(r);
+  r.get_int("stage", &z.stage, 0, 3);
+  resolve_auto_default(r, "stage3_max_live_parameters", std::to_string(z.max_live_parameters_elems));
+  resolve_auto_default(r, "stage3_prefetch_bucket_size", std::to_string(z.prefetch_bucket_size_elems));
+  resolve_auto_default(r, "stage3_param_persistence_threshold", std::to_string(z.param_persistence_threshold_elems));
+  z.offload_param = parse_offload(r.section("offload_param"), /*is_param=*/true);
+  z.offload_optimizer = parse_offload(r.section("offload_optimizer"), /*is_param=*/false);
+  // 0: the smallest chunks (one optimizer block; DeepSpeed: a sub-group per parameter).
+  r.get_count("sub_group_size", &z.sub_group_size_elems, 0, kMaxCount);
+  r.get_count("stage3_max_live_parameters", &z.max_live_parameters_elems, 0, kMaxCount);
+  r.get_count("stage3_prefetch_bucket_size", &z.prefetch_bucket_size_elems, 0, kMaxCount);
+  r.get_count("stage3_param_persistence_threshold", &z.param_persistence_threshold_elems, 0, kMaxCount);
+  // DeepSpeed's -1 (its default) is no hybrid sharding, as 0 here.
+  {
+    std::int64_t mics = z.sharding_factor;
+    r.get_int("mics_shard_size", &mics, -1, 1 << 20);
+    z.sharding_factor = mics < 0 ? 0 : static_cast<int>(mics);
+  }
+  read_zero_keys_without_effect(r);
   if (r.has("aio")) r.fail("aio", "\"aio\" is a top-level section of the config, beside zero_optimization; move it there");
   r.finish();
   if (z.offload_param.device != OffloadDevice::None && z.stage != 3) {

@@ -137,6 +137,72 @@ class HostBudget {
       c.source, section, format_bytes(budget), format_bytes(used), spilled, chunks, section));
 }
 
+// The pinned pools alone never spill: past the budget they are refused before anything is pinned,
+// "auto" budget or not (pinning more than the host can spare stalls the machine for minutes).
+void check_pinned_fit(const TrainConfig& c, const OffloadPlan& o, std::uint64_t pinned, std::uint64_t cpu_arrays) {
+  const std::uint64_t fixed = pinned + cpu_arrays;
+  if (o.host_budget > 0 && (pinned > o.host_budget || (fixed > o.host_budget && !c.strata.offload.host_budget_auto))) {
+    const std::string arrays =
+        cpu_arrays == 0 ? "" : fmt::format(" and the arrays offloaded to \"cpu\" {}", format_bytes(cpu_arrays));
+    const std::string devices =
+        cpu_arrays == 0 ? "" : ", or set the offload device to \"auto\" (spills to nvme_path) or \"nvme\"";
+    const std::string budget = c.strata.offload.host_budget_auto ? fmt::format("\"auto\" ({})", format_bytes(o.host_budget))
+                                                                 : format_bytes(o.host_budget);
+    throw ConfigError(fmt::format("{}: strata.offload.host_budget = {} but the pinned staging pools take {}{}; raise the "
+                                  "budget, lower strata.offload.pinned_buffer or the offload buffer_count{}",
+                                  c.source, budget, format_bytes(pinned), arrays, devices));
+  }
+}
+
+// "auto" parameters: the shards the budget holds stay on the host, the rest spill to NVMe (the
+// budget pays the NVMe fetch slots first).
+void spill_params(const TrainConfig& c, RunPlan& p, HostBudget& budget) {
+  OffloadPlan& o = p.offload;
+  std::uint64_t all = 0;
+  for (GroupPlan& G : p.groups) {
+    for (StateChunk& ch : G.chunks) all += G.weights == WeightsForm::ShardOnTier ? p.host_param_bytes(ch) : 0;
+  }
+  // Spilling any shard needs the NVMe fetch slots: the budget pays them first.
+  const std::uint64_t slots = o.param_slot_count * offload::BufferPool::rounded_slot_bytes(o.param_slot_bytes);
+  if (!budget.take(all) && o.param_slot_count > 0) {
+    if (!budget.take(slots) && !c.strata.offload.host_budget_auto) {
+      throw ConfigError(fmt::format(
+          "{}: strata.offload.host_budget = {} cannot hold the parameter shards ({}), so they spill to NVMe, but "
+          "then it cannot pay their {} pinned fetch slots either ({} in use before them); raise the budget, or "
+          "lower zero_optimization.offload_param.buffer_count",
+          c.source, format_bytes(o.host_budget), format_bytes(all), format_bytes(slots), format_bytes(budget.used())));
+    }
+    for (GroupPlan& G : p.groups) {
+      if (G.weights != WeightsForm::ShardOnTier) continue;
+      for (StateChunk& ch : G.chunks) {
+        if (budget.take(p.host_param_bytes(ch))) continue;
+        ch.params = Home::Nvme;
+        ++o.spilled_param_chunks;
+      }
+    }
+  }
+}
+
+// "auto" optimizer state: gradient sums first, then the state, on the host while the budget
+// holds them, the rest on NVMe.
+void spill_state(RunPlan& p, HostBudget& budget) {
+  OffloadPlan& o = p.offload;
+  for (GroupPlan& G : p.groups) {
+    for (StateChunk& ch : G.chunks) {
+      if (budget.take(p.host_gradient_bytes(ch))) continue;
+      ch.grads = Home::Nvme;
+      ++o.spilled_grad_chunks;
+    }
+  }
+  for (GroupPlan& G : p.groups) {
+    for (StateChunk& ch : G.chunks) {
+      if (budget.take(p.host_state_bytes(ch))) continue;
+      ch.state = Home::Nvme;
+      ++o.spilled_state_chunks;
+    }
+  }
+}
+
 void place_chunks(const TrainConfig& c, RunPlan& p) {
   OffloadPlan& o = p.offload;
   const OffloadDevice opt = c.zero.offload_optimizer.device;
@@ -160,62 +226,10 @@ void place_chunks(const TrainConfig& c, RunPlan& p) {
       if (tier_params) ++o.param_chunks;
     }
   }
-  const std::uint64_t fixed = pinned + cpu_arrays;
-  // The pinned pools alone never spill: past the budget they are refused before anything is pinned,
-  // "auto" budget or not (pinning more than the host can spare stalls the machine for minutes).
-  if (o.host_budget > 0 && (pinned > o.host_budget || (fixed > o.host_budget && !c.strata.offload.host_budget_auto))) {
-    const std::string arrays =
-        cpu_arrays == 0 ? "" : fmt::format(" and the arrays offloaded to \"cpu\" {}", format_bytes(cpu_arrays));
-    const std::string devices =
-        cpu_arrays == 0 ? "" : ", or set the offload device to \"auto\" (spills to nvme_path) or \"nvme\"";
-    const std::string budget = c.strata.offload.host_budget_auto ? fmt::format("\"auto\" ({})", format_bytes(o.host_budget))
-                                                                 : format_bytes(o.host_budget);
-    throw ConfigError(fmt::format("{}: strata.offload.host_budget = {} but the pinned staging pools take {}{}; raise the "
-                                  "budget, lower strata.offload.pinned_buffer or the offload buffer_count{}",
-                                  c.source, budget, format_bytes(pinned), arrays, devices));
-  }
-  HostBudget budget(o.host_budget, fixed);
-  if (par == OffloadDevice::Auto) {
-    std::uint64_t all = 0;
-    for (GroupPlan& G : p.groups) {
-      for (StateChunk& ch : G.chunks) all += G.weights == WeightsForm::ShardOnTier ? p.host_param_bytes(ch) : 0;
-    }
-    // Spilling any shard needs the NVMe fetch slots: the budget pays them first.
-    const std::uint64_t slots = o.param_slot_count * offload::BufferPool::rounded_slot_bytes(o.param_slot_bytes);
-    if (!budget.take(all) && o.param_slot_count > 0) {
-      if (!budget.take(slots) && !c.strata.offload.host_budget_auto) {
-        throw ConfigError(fmt::format(
-            "{}: strata.offload.host_budget = {} cannot hold the parameter shards ({}), so they spill to NVMe, but "
-            "then it cannot pay their {} pinned fetch slots either ({} in use before them); raise the budget, or "
-            "lower zero_optimization.offload_param.buffer_count",
-            c.source, format_bytes(o.host_budget), format_bytes(all), format_bytes(slots), format_bytes(budget.used())));
-      }
-      for (GroupPlan& G : p.groups) {
-        if (G.weights != WeightsForm::ShardOnTier) continue;
-        for (StateChunk& ch : G.chunks) {
-          if (budget.take(p.host_param_bytes(ch))) continue;
-          ch.params = Home::Nvme;
-          ++o.spilled_param_chunks;
-        }
-      }
-    }
-  }
-  if (opt == OffloadDevice::Auto) {
-    for (GroupPlan& G : p.groups) {
-      for (StateChunk& ch : G.chunks) {
-        if (budget.take(p.host_gradient_bytes(ch))) continue;
-        ch.grads = Home::Nvme;
-        ++o.spilled_grad_chunks;
-      }
-    }
-    for (GroupPlan& G : p.groups) {
-      for (StateChunk& ch : G.chunks) {
-        if (budget.take(p.host_state_bytes(ch))) continue;
-        ch.state = Home::Nvme;
-        ++o.spilled_state_chunks;
-      }
-    }
-  }
+  check_pinned_fit(c, o, pinned, cpu_arrays);
+  HostBudget budget(o.host_budget, pinned + cpu_arrays);
+  if (par == OffloadDevice::Auto) spill_params(c, p, budget);
+  if (opt == OffloadDevice::Auto) spill_state(p, budget);
   if (par != OffloadDevice::Nvme && o.spilled_param_chunks == 0) {
     o.param_slot_count = 0;
     o.param_slot_bytes = 0;
