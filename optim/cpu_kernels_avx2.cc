@@ -1,6 +1,6 @@
 // The AVX2 (+FMA, F16C) per-block kernels, 8 floats per vector: the vector traits for the one body
-// of optim/cpu_kernels_simd.h (see Note [One SIMD body] there), compiled for this instruction set
-// with a GCC target pragma, so the rest of the binary stays baseline x86-64.
+// of the SIMD kernels (see Note [One SIMD body] in optim/cpu_kernels_simd.h), compiled for this
+// instruction set with a GCC target pragma, so the rest of the binary stays baseline x86-64.
 #include <cstddef>
 
 #include "core/dtype_simd.h"

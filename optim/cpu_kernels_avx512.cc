@@ -1,7 +1,7 @@
 // The AVX-512 (F+BW+VL) per-block kernels, 16 floats per vector: the vector traits for the one
-// body of optim/cpu_kernels_simd.h (see Note [One SIMD body] there), compiled for this instruction
-// set with a GCC target pragma, so the rest of the binary stays baseline x86-64. The bf16 rounding
-// is core/dtype_simd.h's, bit-identical to the scalar path.
+// body of the SIMD kernels (see Note [One SIMD body] in optim/cpu_kernels_simd.h), compiled for
+// this instruction set with a GCC target pragma, so the rest of the binary stays baseline x86-64.
+// The bf16 rounding is core/dtype_simd.h's, bit-identical to the scalar path.
 // GCC 12 warns about the deliberately undefined pass-through operand inside its own
 // _mm512_sqrt_ps / _mm512_cvtps_ph (GCC bug 105593); the warning is about the header, not us.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

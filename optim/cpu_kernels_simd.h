@@ -1,7 +1,7 @@
 // Internal: the one body of the SIMD per-block kernels of optim/cpu_kernels.h, written once over a
 // vector traits struct V and compiled once per instruction set: optim/cpu_kernels_avx2.cc and
 // optim/cpu_kernels_avx512.cc each include this header after their `#pragma GCC target(...)` and
-// instantiate kernel_set<V>() with their own traits. See Note [One SIMD body].
+// instantiate kernel_set<V>() with their own traits.
 //
 // Note [One SIMD body]: a traits struct V gives one instruction set's vector of floats and the few
 // operations the kernels use:
@@ -12,10 +12,11 @@
 //   Flags, no_flags, add_nonfinite, any_flag   "some lane had an all-ones exponent", accumulated
 //   Squares, no_squares, add_squares, store_squares   kSumLanes double accumulators: add_squares
 //                                     adds the squares of g[0..kSumLanes) to lanes 0..kSumLanes-1
-// Every operation is one instruction (or the integer rounding of core/dtype.h), and the bodies
-// below call them in the order optim/optim_math.h writes the element math (see Note [Explicit fma]
-// there), so every path gives the scalar path's bits. The traits' members are always_inline: a
-// body instantiated outside its target pragma then fails to compile instead of running slowly.
+// Every operation is one instruction (or the integer rounding of core/dtype_simd.h), and the
+// bodies below call them in the order optim/optim_math.h writes the element math (see
+// Note [Explicit fma] in optim/optim_math.h), so every path gives the scalar path's bits. The
+// traits' members are always_inline: a body instantiated outside its target pragma then fails to
+// compile instead of running slowly.
 //
 // Each traits struct lives in its file's anonymous namespace, so every instantiation here has
 // internal linkage: no AVX-512 copy of a template can stand in for the AVX2 one at link time. The

@@ -43,8 +43,8 @@ void for_dtypes_and_poison(Check check) {
 }  // namespace strata::device_ops::testing
 
 #define STRATA_DEVICE_OPS_REFERENCE_SUITES(Fixture, Suite, prefix, OptimizerTest)                                  \
-  class Suite##Convert : public Fixture, public ::testing::WithParamInterface<::strata::device_ops::testing::DTypePair> { \
-  };                                                                                                             \
+  class Suite##Convert : public Fixture,                                                                         \
+                         public ::testing::WithParamInterface<::strata::device_ops::testing::DTypePair> {};     \
   TEST_P(Suite##Convert, MatchesReferenceBitForBit) {                                                            \
     const auto [from, to] = GetParam();                                                                          \
     ::strata::device_ops::testing::Rig r = rig();                                                                \
@@ -69,13 +69,13 @@ void for_dtypes_and_poison(Check check) {
   }                                                                                                              \
   TEST_P(Suite##Sized, BlockSumSquaresMatchesGradStatsPerBlock) {                                                \
     ::strata::device_ops::testing::Rig r = rig();                                                                \
-    ::strata::device_ops::testing::for_dtypes_and_poison([&](::strata::DType dtype, ::strata::device_ops::testing::Poison poison) {               \
+    ::strata::device_ops::testing::for_dtypes_and_poison([&](::strata::DType dtype, auto poison) {               \
       ::strata::device_ops::testing::check_block_sum_squares(r, GetParam(), poison, dtype);                      \
     });                                                                                                          \
   }                                                                                                              \
   TEST_P(Suite##Sized, ExactSumSquaresMatchesOneAccumulator) {                                                   \
     ::strata::device_ops::testing::Rig r = rig();                                                                \
-    ::strata::device_ops::testing::for_dtypes_and_poison([&](::strata::DType dtype, ::strata::device_ops::testing::Poison poison) {               \
+    ::strata::device_ops::testing::for_dtypes_and_poison([&](::strata::DType dtype, auto poison) {               \
       ::strata::device_ops::testing::check_exact_sum_squares(r, GetParam(), poison, dtype);                      \
     });                                                                                                          \
   }                                                                                                              \
