@@ -3,9 +3,7 @@
 // Each conversion has three bodies — scalar (the core/dtype.h functions in a loop), AVX2+F16C and
 // AVX-512 F+BW+VL — compiled with GCC target attributes and picked at run time. The SIMD bodies
 // reproduce the scalar bits exactly:
-//  * fp32 -> bf16 uses the reference's integer rounding (add 0x7FFF + lsb, NaN -> quiet with sign).
-//    AVX512_BF16's vcvtneps2bf16 is not used: it flushes fp32 denormals to zero, the reference
-//    rounds them.
+//  * fp32 -> bf16 uses the reference's integer rounding (core/dtype_simd.h).
 //  * fp32 -> fp16 uses vcvtps2ph with round-to-nearest-even. Its NaN result (quiet bit set, top 10
 //    payload bits kept, sign kept) already equals the reference's, as do overflow and subnormals.
 //  * fp16 -> fp32 uses vcvtph2ps, which sets the quiet bit of a signaling NaN; the reference keeps
@@ -15,13 +13,8 @@
 // Tails use masked loads/stores on AVX-512 and the scalar function on AVX2.
 #include "core/dtype_bulk.h"
 
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_*() idiom once
-// inlined (GCC bug 105593, fixed in 12.3/13); the warning's location is inside the header, so
-// silencing it around the include covers exactly those lines and nothing of ours.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+// Before anything that includes <immintrin.h> (oneTBB does): see GCC bug 105593 in dtype_simd.h.
+#include "core/dtype_simd.h"
 
 #include <algorithm>
 #include <cstring>
@@ -34,6 +27,11 @@
 
 namespace strata {
 namespace {
+
+using dtype_simd::bf16_round_avx2;
+using dtype_simd::bf16_round_avx512;
+using dtype_simd::bf16_widen_avx2;
+using dtype_simd::bf16_widen_avx512;
 
 // ---------------------------------------------------------------- scalar (the reference in a loop)
 
@@ -52,19 +50,6 @@ void f16_to_f32_scalar(const fp16* src, float* dst, std::size_t n) {
 
 // ---------------------------------------------------------------- AVX2 + F16C
 
-#define STRATA_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-
-// 8 fp32 bit patterns -> 8 bf16 patterns in the low 16 bits of each 32-bit lane.
-STRATA_TARGET_AVX2 inline __m256i bf16_round_avx2(__m256i u) {
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
-  // |u| > Inf as signed compare: |u| <= 0x7FFFFFFF, so no lane is negative.
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
-                                            _mm256_set1_epi32(0x7F800000));
-  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-}
-
 STRATA_TARGET_AVX2 void f32_to_bf16_avx2(const float* src, bf16* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -80,8 +65,7 @@ STRATA_TARGET_AVX2 void f32_to_bf16_avx2(const float* src, bf16* dst, std::size_
 STRATA_TARGET_AVX2 void bf16_to_f32_avx2(const bf16* src, float* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(h, 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_widen_avx2(src + i));
   }
   bf16_to_f32_scalar(src + i, dst + i, n - i);
 }
@@ -115,19 +99,8 @@ STRATA_TARGET_AVX2 void f16_to_f32_avx2(const fp16* src, float* dst, std::size_t
 
 // ---------------------------------------------------------------- AVX-512 F + BW + VL
 
-#define STRATA_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-
 STRATA_TARGET_AVX512 inline __mmask16 tail_mask16(std::size_t count) {
   return static_cast<__mmask16>((1u << count) - 1u);  // count < 16
-}
-
-STRATA_TARGET_AVX512 inline __m512i bf16_round_avx512(__m512i u) {
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                    _mm512_set1_epi32(0x7F800000));
-  return _mm512_mask_blend_epi32(is_nan, rounded, quiet_nan);
 }
 
 STRATA_TARGET_AVX512 void f32_to_bf16_avx512(const float* src, bf16* dst, std::size_t n) {
@@ -146,8 +119,7 @@ STRATA_TARGET_AVX512 void f32_to_bf16_avx512(const float* src, bf16* dst, std::s
 STRATA_TARGET_AVX512 void bf16_to_f32_avx512(const bf16* src, float* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(h, 16));
+    _mm512_storeu_si512(dst + i, bf16_widen_avx512(src + i));
   }
   if (i < n) {
     const __mmask16 m = tail_mask16(n - i);

@@ -1,6 +1,6 @@
 // Internal: the per-block CPU kernels of optim/, one set per instruction set (scalar, AVX2,
-// AVX-512), each in its own file compiled with GCC target attributes (never -march), chosen at run
-// time by kernels_for(SimdLevel). A block is at most kCpuBlockElems elements of one shard; the
+// AVX-512), chosen at run time by kernels_for(SimdLevel). The AVX2 and AVX-512 sets are one body
+// (optim/cpu_kernels_simd.h) compiled in two files, each with a GCC target pragma (never -march). A block is at most kCpuBlockElems elements of one shard; the
 // parallel drivers (adam_cpu.cc, grad_stats.cc, memory_pass.cc, unfused_passes.cc) cut the work
 // into blocks and call these.
 #pragma once

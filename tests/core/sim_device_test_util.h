@@ -1,6 +1,7 @@
-// What the sim device tests (sim_device_test.cc, sim_device_link_stress_test.cc) share: a small
-// sim device's options, a byte pattern that shows a shifted or partial copy, a gate a host
-// function can block on, and a watchdog that turns a hang into a failure naming it.
+// What the tests on a sim device (tests/core/sim_device*_test.cc, and engine tests such as
+// device_ops_test.cc) share: a small sim device's options, a byte pattern that shows a shifted or
+// partial copy, the one gate a host function or sim kernel can block on, and a watchdog that turns
+// a hang into a failure naming it.
 #pragma once
 
 #include <chrono>

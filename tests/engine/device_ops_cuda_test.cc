@@ -8,12 +8,12 @@
 
 #include <memory>
 #include <string>
-#include <tuple>
 
 #include "core/device/device.h"
 #include "engine/device_ops.h"
 #include "tests/core/cuda_test_util.h"
 #include "tests/engine/device_ops_checks.h"
+#include "tests/engine/device_ops_suites.h"
 
 namespace strata::device_ops {
 namespace {
@@ -34,67 +34,8 @@ class CudaDeviceOps : public strata::testing::CudaDeviceTest {
   std::unique_ptr<Stream> stream_;
 };
 
-using DTypePair = std::tuple<DType, DType>;
-
-class DeviceOpsCudaConvert : public CudaDeviceOps, public ::testing::WithParamInterface<DTypePair> {};
-
-TEST_P(DeviceOpsCudaConvert, MatchesReferenceBitForBit) {
-  const auto [from, to] = GetParam();
-  Rig r = rig();
-  for (std::size_t n : testing::op_sizes()) testing::check_convert(r, from, to, n);
-}
-
-INSTANTIATE_TEST_SUITE_P(device_ops_cuda, DeviceOpsCudaConvert,
-                         ::testing::Combine(::testing::ValuesIn(testing::all_dtypes()),
-                                            ::testing::ValuesIn(testing::all_dtypes())),
-                         [](const ::testing::TestParamInfo<DTypePair>& info) {
-                           return std::string(dtype_name(std::get<0>(info.param))) + "_to_" +
-                                  std::string(dtype_name(std::get<1>(info.param)));
-                         });
-
-class DeviceOpsCudaSized : public CudaDeviceOps, public ::testing::WithParamInterface<std::size_t> {};
-
-TEST_P(DeviceOpsCudaSized, AddLeftMatchesReference) {
-  Rig r = rig();
-  testing::check_add_left(r, GetParam());
-}
-
-TEST_P(DeviceOpsCudaSized, ConvertAddLeftMatchesReferenceAndTheTwoOpForm) {
-  Rig r = rig();
-  for (DType dtype : testing::all_dtypes()) testing::check_convert_add_left(r, dtype, GetParam());
-}
-
-TEST_P(DeviceOpsCudaSized, BlockSumSquaresMatchesGradStatsPerBlock) {
-  Rig r = rig();
-  for (DType dtype : testing::all_dtypes()) {
-    testing::check_block_sum_squares(r, GetParam(), testing::Poison::No, dtype);
-    testing::check_block_sum_squares(r, GetParam(), testing::Poison::Yes, dtype);
-  }
-}
-
-TEST_P(DeviceOpsCudaSized, ExactSumSquaresMatchesOneAccumulator) {
-  Rig r = rig();
-  for (DType dtype : testing::all_dtypes()) {
-    testing::check_exact_sum_squares(r, GetParam(), testing::Poison::No, dtype);
-    testing::check_exact_sum_squares(r, GetParam(), testing::Poison::Yes, dtype);
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(device_ops_cuda, DeviceOpsCudaSized, ::testing::ValuesIn(testing::op_sizes()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           return "n" + std::to_string(info.param);
-                         });
-
-class DeviceOpsCudaOptimizer : public CudaDeviceOps, public ::testing::WithParamInterface<testing::OptimCase> {};
-
 // AdamW/Adam against ParamGroup::apply; SGD and Lion: "not wired for cuda yet".
-TEST_P(DeviceOpsCudaOptimizer, UpdateMatchesParamGroupApplyOrSaysNotWired) {
-  Rig r = rig();
-  testing::check_optimizer_update(r, GetParam());
-}
-
-INSTANTIATE_TEST_SUITE_P(device_ops_cuda, DeviceOpsCudaOptimizer, ::testing::ValuesIn(testing::optim_cases()),
-                         [](const ::testing::TestParamInfo<testing::OptimCase>& info) { return info.param.name; });
+STRATA_DEVICE_OPS_REFERENCE_SUITES(CudaDeviceOps, DeviceOpsCuda, device_ops_cuda, UpdateMatchesParamGroupApplyOrSaysNotWired);
 
 }  // namespace
 }  // namespace strata::device_ops

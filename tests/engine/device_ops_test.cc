@@ -7,14 +7,11 @@
 // naming the op on this GPU-less machine, "not wired for cuda yet" for SGD and Lion).
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <ostream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "core/device/device.h"
@@ -22,7 +19,9 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "engine/device_ops.h"
+#include "tests/core/sim_device_test_util.h"
 #include "tests/engine/device_ops_checks.h"
+#include "tests/engine/device_ops_suites.h"
 
 namespace strata::device_ops {
 namespace {
@@ -30,6 +29,7 @@ namespace {
 using testing::Bytes;
 using testing::NanBits;
 using testing::Rig;
+using testing_sim::Gate;
 
 class SimDeviceOps : public ::testing::Test {
  protected:
@@ -48,89 +48,9 @@ class SimDeviceOps : public ::testing::Test {
 
 // ---- Each op against its reference -------------------------------------------------------------
 
-using DTypePair = std::tuple<DType, DType>;
-
-class DeviceOpsConvert : public SimDeviceOps, public ::testing::WithParamInterface<DTypePair> {};
-
-TEST_P(DeviceOpsConvert, MatchesReferenceBitForBit) {
-  const auto [from, to] = GetParam();
-  Rig r = rig();
-  for (std::size_t n : testing::op_sizes()) testing::check_convert(r, from, to, n);
-}
-
-INSTANTIATE_TEST_SUITE_P(device_ops, DeviceOpsConvert,
-                         ::testing::Combine(::testing::ValuesIn(testing::all_dtypes()),
-                                            ::testing::ValuesIn(testing::all_dtypes())),
-                         [](const ::testing::TestParamInfo<DTypePair>& info) {
-                           return std::string(dtype_name(std::get<0>(info.param))) + "_to_" +
-                                  std::string(dtype_name(std::get<1>(info.param)));
-                         });
-
-class DeviceOpsSized : public SimDeviceOps, public ::testing::WithParamInterface<std::size_t> {};
-
-TEST_P(DeviceOpsSized, AddLeftMatchesReference) {
-  Rig r = rig();
-  testing::check_add_left(r, GetParam());
-}
-
-TEST_P(DeviceOpsSized, ConvertAddLeftMatchesReferenceAndTheTwoOpForm) {
-  Rig r = rig();
-  for (DType dtype : testing::all_dtypes()) testing::check_convert_add_left(r, dtype, GetParam());
-}
-
-TEST_P(DeviceOpsSized, BlockSumSquaresMatchesGradStatsPerBlock) {
-  Rig r = rig();
-  for (DType dtype : testing::all_dtypes()) {
-    testing::check_block_sum_squares(r, GetParam(), testing::Poison::No, dtype);
-    testing::check_block_sum_squares(r, GetParam(), testing::Poison::Yes, dtype);
-  }
-}
-
-TEST_P(DeviceOpsSized, ExactSumSquaresMatchesOneAccumulator) {
-  Rig r = rig();
-  for (DType dtype : testing::all_dtypes()) {
-    testing::check_exact_sum_squares(r, GetParam(), testing::Poison::No, dtype);
-    testing::check_exact_sum_squares(r, GetParam(), testing::Poison::Yes, dtype);
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(device_ops, DeviceOpsSized, ::testing::ValuesIn(testing::op_sizes()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           return "n" + std::to_string(info.param);
-                         });
-
-class DeviceOpsOptimizer : public SimDeviceOps, public ::testing::WithParamInterface<testing::OptimCase> {};
-
-TEST_P(DeviceOpsOptimizer, UpdateMatchesParamGroupApply) {
-  Rig r = rig();
-  testing::check_optimizer_update(r, GetParam());
-}
-
-INSTANTIATE_TEST_SUITE_P(device_ops, DeviceOpsOptimizer, ::testing::ValuesIn(testing::optim_cases()),
-                         [](const ::testing::TestParamInfo<testing::OptimCase>& info) { return info.param.name; });
+STRATA_DEVICE_OPS_REFERENCE_SUITES(SimDeviceOps, DeviceOps, device_ops, UpdateMatchesParamGroupApply);
 
 // ---- Stream order ------------------------------------------------------------------------------
-
-// A one-shot gate a sim kernel can block a stream on until the test opens it.
-class Gate {
- public:
-  void open() {
-    {
-      std::lock_guard lock(mutex_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  void wait() {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return open_; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 enum class Op { Convert, AddLeft, ConvertAddLeft, BlockSumSquares, ExactSumSquares, OptimizerUpdate };
 

@@ -1,13 +1,11 @@
 # Sourced by the `strata bench io` tests (bench_io_test.sh, bench_io_stress_test.sh) after they set
-# $strata and $work: a fresh work directory, ok/bad with $fail, a skip (exit 77) where the
+# $strata and $work: tests/tools/lib.sh, a fresh work directory, a skip (exit 77) where the
 # directory refuses O_DIRECT, and refuse, which expects exit 1 and one line naming the flag.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 rm -rf "$work"; mkdir -p "$work"
-fail=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAILED: $1"; fail=1; }
 doctor=$("$strata" doctor --dir "$work" || true)  # exits 1 when any check fails
 if grep -q '^FAIL *o_direct' <<<"$doctor"; then
-  echo "skipped: $work does not support O_DIRECT"; exit 77
+  skip "$work does not support O_DIRECT"
 fi
 
 refuse() {  # description, expected text, args...

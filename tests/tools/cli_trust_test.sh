@@ -9,9 +9,8 @@
 # Usage: cli_trust_test.sh STRATA_BINARY CONFIG WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; work="$3"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-fail=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
 expect_error() {  # name, expected text (fixed string), command...
   local name="$1" text="$2"; shift 2
   local out rc=0

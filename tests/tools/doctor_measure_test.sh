@@ -6,9 +6,8 @@
 # one line naming the flag. Usage: doctor_measure_test.sh STRATA_BINARY WORKDIR
 set -euo pipefail
 strata="$1"; work="$2"
+source "$(dirname "$0")/lib.sh"
 rm -rf "$work"; mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
 "$strata" doctor --json --measure --dir "$work" --out "$work/machine.json" > "$work/report.json" && rc=0 || rc=$?
 check "--measure on a usable directory: exit 0" "[ $rc -eq 0 ]"

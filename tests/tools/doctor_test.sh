@@ -4,9 +4,8 @@
 # cannot meet; --json is valid JSON. Usage: doctor_test.sh STRATA_BINARY WORKDIR
 set -euo pipefail
 strata="$1"; work="$2"
+source "$(dirname "$0")/lib.sh"
 mkdir -p "$work"
-fail=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
 out=$("$strata" doctor --dir "$work") && rc=0 || rc=$?
 echo "$out"

@@ -9,9 +9,8 @@
 # Usage: ds_configs_test.sh STRATA_BINARY CONFIG_DIR WORKDIR
 set -euo pipefail
 strata="$1"; configs="$2"; work="$3"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-fail=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
 common=(--steps 2 --set strata.model='"tiny"' --set strata.device.kind='"sim"' --set strata.device.memory='"256MiB"'
         --set strata.data.train='"fortunes"' --set strata.data.seq_len=32 --set strata.metrics='""')
 trained=0

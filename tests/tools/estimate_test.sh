@@ -13,10 +13,8 @@
 # Usage: estimate_test.sh STRATA_BINARY REPO_ROOT WORKDIR
 set -euo pipefail
 strata="$1"; repo="$2"; work="$3"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-fail=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAILED: $1"; fail=1; }
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
 json_field() {  # file, key -> first value of "key": number|true|false
   sed -n "s/.*\"$2\": *\([0-9a-z.eE+-]*\).*/\1/p" "$1" | head -1
 }

@@ -6,9 +6,9 @@
 # Usage: rank_agreement_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
 mpi=(timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
-fail=0
 train=("$strata" --log-level warn train --config "$config")
 two() {  # name, expected text (fixed), rank 0's extra arguments, --, rank 1's extra arguments
   local name="$1" text="$2"; shift 2
@@ -18,15 +18,15 @@ two() {  # name, expected text (fixed), rank 0's extra arguments, --, rank 1's e
   local out rc=0
   out=$("${mpi[@]}" -np 1 "${train[@]}" "${a[@]}" : -np 1 "${train[@]}" "${b[@]}" 2>&1) || rc=$?
   if [ -z "$text" ]; then
-    if [ $rc -eq 0 ]; then echo "ok: $name"; else echo "FAILED: $name (exit $rc)"; echo "$out" | tail -5; fail=1; fi
+    if [ $rc -eq 0 ]; then ok "$name"; else bad "$name (exit $rc)"; echo "$out" | tail -5; fi
     return
   fi
   # Both ranks say why: rank 1 names the key, rank 0 that rank 1 differs.
   if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF -- "$text" <<<"$out" &&
      grep -qF "1 of the 2 ranks of this job do not run what rank 0 runs" <<<"$out"; then
-    echo "ok: $name (exit $rc)"
+    ok "$name (exit $rc)"
   else
-    echo "FAILED: $name (exit $rc)"; echo "$out" | tail -5; fail=1
+    bad "$name (exit $rc)"; echo "$out" | tail -5
   fi
 }
 two "--steps 3 on one rank, 6 on the other: refused, not hung" "strata.steps (6 here, 3 on rank 0)" \

@@ -8,10 +8,9 @@
 set -euo pipefail
 strata="$1"; configs="$2"; work="$3"
 here="$(cd "$(dirname "$0")" && pwd)"
+source "$(dirname "$0")/lib.sh"
 mkdir -p "$work"
 cd "$work"
-fail=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
 for m in h100x1-4drives h100x8-node rtx4090-2drives; do
   out=$("$strata" simulate --config "$configs/demo.json" --machine "$configs/machines/$m.json") && rc=0 || rc=$?

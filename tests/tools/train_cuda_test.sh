@@ -32,16 +32,13 @@
 set -uo pipefail
 strata="$1"; config="$2"; work="$3"; mpiexec="${4:-}"
 kind="${STRATA_CUDA_TEST_KIND:-cuda}"
-rm -rf "$work"; mkdir -p "$work"; cd "$work" || exit 1
-fail=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAILED: $1"; fail=1; }
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work" || exit 1
 
 # Is a cuda device usable? strata's own answer (no GPU, no driver, a build without CUDA: skip).
 if ! probe=$(timeout 120 "$strata" --log-level warn train --config "$config" --steps 1 --set strata.device.kind="\"$kind\"" 2>&1); then
   if grep -q -e "no cuda device is usable" -e "has no CUDA backend" <<<"$probe"; then
-    echo "skipped: no usable cuda device: $(grep -o -e 'no cuda device is usable.*' -e 'has no CUDA backend.*' <<<"$probe" | head -1)"
-    exit 77
+    skip "no usable cuda device: $(grep -o -e 'no cuda device is usable.*' -e 'has no CUDA backend.*' <<<"$probe" | head -1)"
   fi
   echo "$probe" | tail -20; bad "a one-step cuda run failed"; exit 1
 fi

@@ -7,10 +7,9 @@
 # Usage: train_eval_test.sh STRATA_BINARY CONFIG WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; work="$3"
+source "$(dirname "$0")/lib.sh"
 mkdir -p "$work"; cd "$work"
 rm -f metrics.jsonl  # strata.metrics appends; start from an empty file on re-runs
-fail=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
 "$strata" --log-level warn train --config "$config" --steps 0 --save-weights init.safetensors > init.log 2>&1 ||
   { cat init.log; exit 1; }

@@ -11,20 +11,15 @@
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
 here="$(cd "$(dirname "$0")" && pwd)"
+source "$(dirname "$0")/lib.sh"
 mkdir -p "$work"; cd "$work"
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
-fail=0
+mpi_launcher "$mpiexec"
 python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
-compare() {  # reference, candidate, description
-  if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
-}
 for model in tiny tiny-llama; do
   common=(--log-level warn train --config "$config" --steps 20 --set strata.model="\"$model\"" --set train_micro_batch_size_per_gpu=1)
   run() {  # ranks, accumulation, stage, output, extra...
     local np="$1" acc="$2" stage="$3" out="$4"; shift 4
-    local launcher=()
-    [ "$np" -gt 1 ] && launcher=("${mpi[@]}" -np "$np")
-    "${launcher[@]}" "$strata" "${common[@]}" --set gradient_accumulation_steps="$acc" --set zero_optimization.stage="$stage" \
+    ranks "$np" "$strata" "${common[@]}" --set gradient_accumulation_steps="$acc" --set zero_optimization.stage="$stage" \
       --save-weights "$out" "$@"
   }
   run 1 8 0 "$model.u8.ref.safetensors"

@@ -15,14 +15,9 @@
 # quarantine and shadow memory make resident memory grow with every allocation.)
 set -euo pipefail
 strata="$1"; tiny="$2"; demo="$3"; mpiexec="$4"; work="$5"; sanitizers="${6:-}"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
-fail=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAILED: $1"; fail=1; }
-compare() {  # reference, candidate, description
-  if cmp -s "$1" "$2"; then ok "$3"; else bad "$3: weights differ from $1"; fi
-}
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
+mpi_launcher "$mpiexec"
 json_field() {  # file, key -> number
   sed -n "s/.*\"$2\": *\([0-9.eE+-]*\).*/\1/p" "$1" | head -1
 }

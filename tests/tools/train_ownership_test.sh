@@ -8,9 +8,8 @@
 # chain. Usage: train_ownership_test.sh STRATA_BINARY CONFIG WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; work="$3"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-fail=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
 train() { "$strata" --log-level warn train --config "$config" "$@"; }
 run_rc() { out=$("$@" 2>&1) && rc=0 || rc=$?; }
 nvme=(--set zero_optimization.offload_optimizer.device=nvme)

@@ -17,18 +17,13 @@
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
-fail=0
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
+mpi_launcher "$mpiexec"
 python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
-compare() {  # reference, candidate, description
-  if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
-}
 run() {  # ranks, tensor ranks, pipeline stages, accumulation, ZeRO stage, output, extra...
   local np="$1" t="$2" p="$3" acc="$4" stage="$5" out="$6"; shift 6
-  local launcher=()
-  [ "$np" -gt 1 ] && launcher=("${mpi[@]}" -np "$np")
-  "${launcher[@]}" "$strata" "${common[@]}" --set strata.parallel.tensor="$t" --set strata.parallel.pipeline="$p" \
+  ranks "$np" "$strata" "${common[@]}" --set strata.parallel.tensor="$t" --set strata.parallel.pipeline="$p" \
     --set gradient_accumulation_steps="$acc" --set zero_optimization.stage="$stage" --save-weights "$out" "$@"
 }
 gpipe=(--set strata.parallel.schedule='"gpipe"')

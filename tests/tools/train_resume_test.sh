@@ -14,17 +14,12 @@
 # Usage: train_resume_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR [SANITIZERS]
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"; sanitizers="${5:-}"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
-fail=0
-compare() {  # reference, candidate, description
-  if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
-}
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
+mpi_launcher "$mpiexec"
 train() {  # ranks, args...
   local np="$1"; shift
-  local launcher=()
-  if [ "$np" -gt 1 ]; then launcher=("${mpi[@]}" -np "$np"); fi
-  "${launcher[@]}" "$strata" --log-level warn train --config "$config" "$@"
+  ranks "$np" "$strata" --log-level warn train --config "$config" "$@"
 }
 ckdir() { echo "--set" "strata.checkpoint.dir=\"$1\""; }
 w2=(--set gradient_accumulation_steps=1)  # world 2 x 1 micro-batch: the same 2 units per step as world 1 x 2

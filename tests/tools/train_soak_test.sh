@@ -22,11 +22,9 @@
 # Usage: train_soak_test.sh STRATA_BINARY TINY_CONFIG WORKDIR [SANITIZERS]
 set -euo pipefail
 strata="$1"; tiny="$2"; work="$3"; sanitizers="${4:-}"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
 steps=300; interval=20; keep=2; early=40
-fail=0
-ok() { echo "ok: $1"; }
-bad() { echo "FAILED: $1"; fail=1; }
 metric() {  # step, key -> the key's number in that step's metrics line
   sed -n "/\"step\":$1[,}]/s/.*\"$2\":\([-0-9.eE+]*\).*/\1/p" metrics.jsonl
 }

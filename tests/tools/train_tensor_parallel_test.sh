@@ -17,13 +17,10 @@
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
 here="$(cd "$(dirname "$0")" && pwd)"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
-fail=0
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
+mpi_launcher "$mpiexec"
 python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
-compare() {  # reference, candidate, description
-  if cmp -s "$1" "$2"; then echo "ok: $3"; else echo "FAILED: $3: weights differ from $1"; fail=1; fi
-}
 same_norms() {  # reference metrics, candidate metrics, description: every step's grad_norm, all 17 digits
   if python3 -c '
 import json, sys
@@ -33,9 +30,7 @@ sys.exit(0 if norms[0] == norms[1] and len(norms[0]) > 0 else 1)' "$1" "$2"; the
 }
 run() {  # ranks, tensor ranks, accumulation, stage, output, extra...
   local np="$1" t="$2" acc="$3" stage="$4" out="$5"; shift 5
-  local launcher=()
-  [ "$np" -gt 1 ] && launcher=("${mpi[@]}" -np "$np")
-  "${launcher[@]}" "$strata" "${common[@]}" --set strata.parallel.tensor="$t" --set gradient_accumulation_steps="$acc" \
+  ranks "$np" "$strata" "${common[@]}" --set strata.parallel.tensor="$t" --set gradient_accumulation_steps="$acc" \
     --set zero_optimization.stage="$stage" --save-weights "$out" "$@"
 }
 

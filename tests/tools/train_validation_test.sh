@@ -10,9 +10,9 @@
 # Usage: train_validation_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
-rm -rf "$work"; mkdir -p "$work"; cd "$work"
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none)
-fail=0
+source "$(dirname "$0")/lib.sh"
+fresh_workdir "$work"
+mpi_launcher "$mpiexec"
 check() {  # description, command...
   local what="$1"; shift
   if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; fail=1; fi
