@@ -16,15 +16,14 @@
 // With --vs-fio it runs fio on the same file with the same parameters (direct=1,
 // ioengine=io_uring, one job per path and group) alternately with Strata (A B A B, at least 3
 // pairs, because this kind of disk drifts between runs: docs/MEASUREMENTS.md) and prints the
-// medians, the median of the per-pair ratios and fio's latency, CPU and buffers beside Strata's. The engine defaults are the ones Strata uses for swapping;
-// --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers expose the
-// choices of Note [Request size and merging] (offload/uring_engine.cc) so their effect can be
-// measured, and --file-state the state of the blocks under the file (Note [Bench file state] in
-// bench/bench_io_files.h), given to Strata and fio alike. Strata's buffers are 2 MiB huge pages
-// (Note [Bench buffers], there) and fio's are its default malloc'd memory, which on a disk like
-// the one of that Note is most of the difference; --fio-option passes extra options to every fio
-// job (e.g. --mem=shmhuge, with hugetlb pages reserved in /proc/sys/vm/nr_hugepages) to measure
-// fio with huge pages too.
+// medians, the median of the per-pair ratios and fio's latency, CPU and buffers beside Strata's.
+// fio gets the row's jobs, CPUs, polling and the same page size of buffer memory (Note [Bench
+// equal memory] in bench/bench_io_runs.h). The engine defaults are the ones Strata uses for
+// swapping; --request-size, --write-request-size, --coalesce, --huge-pages and --fixed-buffers
+// expose the choices of Note [Request size and merging] (offload/uring_engine.cc) so their effect
+// can be measured, and --file-state the state of the blocks under the file (Note [Bench file
+// state] in bench/bench_io_files.h), given to Strata and fio alike. --jobs, --pin, --iopoll and
+// --device scale the run out (bench/bench_io_jobs.h).
 #include <unistd.h>
 
 #include <chrono>
@@ -42,6 +41,7 @@
 #include "core/units.h"
 #include "offload/io_engine.h"
 #include "bench/bench_io_files.h"
+#include "bench/bench_io_jobs.h"
 #include "bench/bench_io_plan.h"
 #include "bench/bench_io_replay.h"
 #include "bench/bench_io_tune.h"
@@ -62,12 +62,13 @@ struct BenchSetup {
   std::vector<TestFile>& files;
   BenchBuffers& buffers;
   std::FILE* interval_log = nullptr;
+  Placement placement;  // --pin: each job's CPU; empty cpus: unpinned
 };
 
 double seconds_of(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
 
 // One untimed pass of `groups` over every file (a fill, an overwrite or the final read-back).
-WorkloadResult pass(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row,
+WorkloadResult pass(JobEngines& engines, BenchSetup& s, std::span<std::byte> buf, const Row& row,
                     std::vector<Group> groups, std::vector<VerifyMap>* maps) {
   WorkloadSpec spec;
   spec.groups = std::move(groups);
@@ -75,34 +76,34 @@ WorkloadResult pass(offload::IoEngine& engine, BenchSetup& s, std::span<std::byt
   spec.verify = maps;
   spec.verify_seed = s.plan.seed;
   spec.order_seed = s.plan.seed + 1;
-  return run_workload(engine, s.files, buf, spec);
+  return run_workload(engines.jobs(), s.files, buf, spec);
 }
 
 // Before the timed runs: --verify and --precondition write every block sequentially (stamped
 // with --verify), --precondition then overwrites them in random order; otherwise the files are
 // filled once when the row needs written data (Note [Bench file state]).
-void prepare(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row, unsigned total_qd,
+void prepare(JobEngines& engines, BenchSetup& s, std::span<std::byte> buf, const Row& row, unsigned total_qd,
              std::vector<VerifyMap>* maps, bool& written, RowReport& report) {
   const BenchPlan& p = s.plan;
   const std::uint64_t blocks = p.file_bytes / row.bs_bytes;
   if (p.verify || (p.precondition && row_writes(row))) {
-    const auto fill = pass(engine, s, buf, row, {Group{0, Pattern::Sequential, total_qd, 0, blocks}}, maps);
+    const auto fill = pass(engines, s, buf, row, {Group{0, Pattern::Sequential, total_qd, 0, blocks}}, maps);
     double seconds = fill.seconds;
     if (p.precondition && row_writes(row)) {
-      seconds += pass(engine, s, buf, row, {Group{0, Pattern::Random, total_qd, 0, blocks}}, maps).seconds;
+      seconds += pass(engines, s, buf, row, {Group{0, Pattern::Random, total_qd, 0, blocks}}, maps).seconds;
       report.extra["precondition_s"] = seconds;
       spdlog::info("precondition: sequential fill and random overwrite of {} per path in {:.1f} s",
                    format_bytes(p.file_bytes), seconds);
     }
     written = true;
   } else if (!written && (!row_writes(row) || p.file_state == FileState::Written)) {
-    prefill(engine, s.files, buf, p.file_bytes);
+    prefill(engines.first(), s.files, buf, p.file_bytes);
     written = true;
   }
 }
 
 // --verify after the timed runs: the test hook's damage, if any, then every block read back.
-void verify_at_end(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte> buf, const Row& row,
+void verify_at_end(JobEngines& engines, BenchSetup& s, std::span<std::byte> buf, const Row& row,
                    unsigned total_qd, std::vector<VerifyMap>& maps, RowReport& report) {
   const BenchPlan& p = s.plan;
   const std::uint64_t blocks = p.file_bytes / row.bs_bytes;
@@ -110,32 +111,65 @@ void verify_at_end(offload::IoEngine& engine, BenchSetup& s, std::span<std::byte
     const std::uint64_t block = p.fault_block == ~std::uint64_t{0} ? blocks / 2 : p.fault_block;
     inject_fault(s.files[0].fd.get(), s.files[0].path, p.fault_kind, block, row.bs_bytes, maps[0], p.seed);
   }
-  const auto back = pass(engine, s, buf, row, {Group{100, Pattern::Sequential, total_qd, 0, blocks}}, &maps);
+  const auto back = pass(engines, s, buf, row, {Group{100, Pattern::Sequential, total_qd, 0, blocks}}, &maps);
   report.extra["verified_at_end"] = back.verified_blocks;
 }
 
-// With --vs-fio: the memory each side moved the data through, since the page size of fio's
-// buffers is most of the difference on a disk like that of Note [Bench buffers]. Both hold one
-// buffer of bs per request in flight; fio's come from malloc unless --fio-option sets --mem.
-void describe_buffers(const BenchIoArgs& a, const Row& row, unsigned total_qd, RowReport& report) {
-  std::string fio_mem = "malloc";
+// --fio-mem, or the --mem of a --fio-option (which fio reads last, so it wins).
+std::string fio_mem_mode(const BenchIoArgs& a) {
+  std::string mode = a.fio_mem;
   for (const auto& o : a.fio_options) {
-    if (o.rfind("--mem=", 0) == 0 || o.rfind("--iomem=", 0) == 0) fio_mem = o.substr(o.find('=') + 1);
+    if (o.rfind("--mem=", 0) == 0 || o.rfind("--iomem=", 0) == 0) mode = o.substr(o.find('=') + 1);
   }
-  report.extra["buffer_bytes"] = std::size_t{total_qd} * row.bs_bytes * report.paths;
-  report.extra["buffer_pages"] = report.huge ? "2 MiB (THP)" : "4 KiB";
-  report.extra["fio_mem"] = fio_mem;
+  return mode;
 }
 
-// fio's jobs for the row: one per group, on the same blocks with the same queue depth.
-FioJob fio_job(const BenchIoArgs& a, const BenchPlan& p, const Row& row, const std::vector<Group>& groups) {
-  FioJob job{{}, p.mix, seconds_of(p.time), a.fio_options};
+// With --vs-fio: the memory each side moves the data through (Note [Bench equal memory] in
+// bench/bench_io_runs.h). Both hold one buffer of bs per request in flight.
+FioMemory choose_memory(const BenchIoArgs& a, const Row& row, const std::vector<Group>& groups, unsigned jobs,
+                        RowReport& report) {
+  std::size_t hugetlb_bytes = 0;  // fio: one buffer of qd x bs per job, rounded up to 2 MiB pages
+  for (const Group& g : groups) hugetlb_bytes += (g.qd * row.bs_bytes + 4 * MiB - 1) / (2 * MiB) * (2 * MiB);
+  hugetlb_bytes *= std::size_t{jobs} * report.paths;
+  FioMemory mem = choose_fio_memory(fio_mem_mode(a), report.huge, hugetlb_bytes);
+  if (!mem.note.empty()) spdlog::warn("--vs-fio {} bs={}: {}", row.rw, format_bytes(row.bs_bytes), mem.note);
+  report.huge = mem.strata_huge;
+  std::size_t slots = 0;
+  for (const Group& g : groups) slots += g.qd;
+  report.extra["buffer_bytes"] = slots * row.bs_bytes * jobs * report.paths;
+  report.extra["buffer_pages"] = report.huge ? "2 MiB (THP)" : "4 KiB";
+  report.extra["fio_mem"] = mem.fio_mem;
+  const bool fio_huge = mem.fio_mem == "shmhuge" || mem.fio_mem.rfind("mmaphuge", 0) == 0;
+  report.extra["fio_pages"] = fio_huge ? "2 MiB (hugetlb)" : "4 KiB";
+  report.extra["equal_memory"] = fio_huge == report.huge;
+  if (!mem.note.empty()) report.extra["memory_note"] = mem.note;
+  return mem;
+}
+
+// fio's jobs for the row: one per group, on the same blocks with the same queue depth, jobs,
+// CPUs and memory kind.
+FioJob fio_job(const BenchSetup& s, const Row& row, const std::vector<Group>& groups, const FioMemory& mem) {
+  const BenchIoArgs& a = s.args;
+  const BenchPlan& p = s.plan;
+  FioJob job;
+  job.read_percent = p.mix;
+  job.time_s = seconds_of(p.time);
+  job.extra_options = a.fio_options;
   std::vector<std::string> kinds = {row.rw};
   if (groups.size() == 2) kinds = {row.rw.substr(0, row.rw.find('+')), row.rw.substr(row.rw.find('+') + 1)};
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const Group& g = groups[k];
     job.parts.push_back(FioPart{kinds[k], g.qd, g.first_block * row.bs_bytes, g.blocks * row.bs_bytes});
   }
+  job.jobs = p.jobs;
+  const std::vector<int>& cpus = s.placement.cpus;
+  for (std::size_t f = 0; f < s.files.size() && !cpus.empty(); ++f) {
+    job.cpus.emplace_back(cpus.begin() + static_cast<std::ptrdiff_t>(f * p.jobs),
+                          cpus.begin() + static_cast<std::ptrdiff_t>((f + 1) * p.jobs));
+  }
+  job.iopoll = a.iopoll;
+  job.readonly = p.devices && !a.destructive;
+  job.mem = mem.fio_mem;
   return job;
 }
 
@@ -150,27 +184,29 @@ RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
   unsigned total_qd = 0;
   for (const Group& g : groups) total_qd += g.qd;
   offload::IoEngineOptions o = p.engine_options;
-  o.queue_depth = total_qd * static_cast<unsigned>(files.size());
-  auto engine = offload::make_io_engine(o);
-  for (auto& f : files) f.id = engine->register_file(f.fd.get(), f.path);
+  o.queue_depth = total_qd;  // per job: one file's groups
   RowReport report;
   report.row = row;
   report.paths = files.size();
   report.histogram = a.histogram;
   report.huge = s.buffers.huge_for(row);
+  const FioMemory memory = a.vs_fio ? choose_memory(a, row, groups, p.jobs, report) : FioMemory{};
   const std::span<std::byte> buf = s.buffers.get(report.huge);
-  const std::span<std::byte> spans[] = {buf};
-  engine->register_buffers(spans);
-  const auto info = engine->info();
+  JobEngines job_engines(o, files, p.jobs, s.placement.cpus, buf);
+  const auto info = job_engines.first().info();
   spdlog::info("engine {} [{}], kernel requests up to {} (reads), {} (writes), buffers on {} pages", info.name,
                info.features, format_bytes(info.max_request_bytes), format_bytes(info.max_write_request_bytes),
                report.huge ? "2 MiB" : "4 KiB");
   report.engine_name = info.name;
+  report.extra["engine_features"] = info.features;
+  if (p.jobs > 1) report.extra["jobs"] = p.jobs;
+  if (!s.placement.cpus.empty()) report.extra["pinned"] = s.placement.report;
+  if (p.devices) report.extra["device"] = true;
 
   std::vector<VerifyMap> maps;
   if (p.verify) maps.assign(files.size(), VerifyMap(p.file_bytes / row.bs_bytes));
   std::vector<VerifyMap>* verify = p.verify ? &maps : nullptr;
-  prepare(*engine, s, buf, row, total_qd, verify, written, report);
+  prepare(job_engines, s, buf, row, total_qd, verify, written, report);
 
   report.extra["file_state"] = a.file_state;
   if (row.rw == "randrw") report.extra["mix"] = p.mix;
@@ -197,7 +233,7 @@ RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
     spec.verify_seed = p.seed;
     spec.order_seed = p.seed + 1000u * static_cast<std::uint64_t>(i + 1);
     if (p.interval.count() > 0) spec.on_interval = [&printer](const IntervalReport& rep) { printer.print(rep); };
-    report.runs.push_back(run_workload(*engine, files, buf, spec));
+    report.runs.push_back(run_workload(job_engines.jobs(), files, buf, spec));
     printer.finish();
     const WorkloadResult& rr = report.runs.back();
     if (p.steady) {
@@ -208,15 +244,12 @@ RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
     }
     if (a.vs_fio) {
       if (reallocate_each) reallocate(files, p.file_bytes);
-      report.fio.push_back(run_fio(files, row, fio_job(a, p, row, groups)));
+      report.fio.push_back(run_fio(files, row, fio_job(s, row, groups, memory)));
       spdlog::debug("{} bs={} qd={} pair {}: strata {:.3f} GB/s, fio {:.3f} GB/s", row.rw, row.bs_bytes, row.qd, i,
                     rr.gbps(), report.fio.back().gbps);
     }
   }
-  if (a.vs_fio) describe_buffers(a, row, total_qd, report);
-  if (p.verify) verify_at_end(*engine, s, buf, row, total_qd, maps, report);
-  for (auto& f : files) engine->unregister_file(f.id);
-  engine.reset();
+  if (p.verify) verify_at_end(job_engines, s, buf, row, total_qd, maps, report);
   if (reallocate_each) written = false;  // a timed write pass may have been partial
   return report;
 }
@@ -229,7 +262,7 @@ struct TestFilesCleanup {
     if (keep) return;
     for (auto& f : files) {
       f.fd.reset();
-      ::unlink(f.path.c_str());
+      if (!f.device) ::unlink(f.path.c_str());
     }
   }
 };
@@ -249,12 +282,24 @@ void for_each_row(const BenchIoArgs& a, const std::function<void(const RowReport
                                     errno_text(errno)));
     }
   }
-  std::vector<TestFile> files = open_test_files(plan.dirs, plan.file_bytes);
+  std::vector<TestFile> files =
+      plan.devices ? open_test_devices(plan.dirs, plan.file_bytes,
+                                       a.destructive ? DeviceAccess::Destructive : DeviceAccess::ReadOnly)
+                   : open_test_files(plan.dirs, plan.file_bytes);
   TestFilesCleanup cleanup{files, a.keep_file};
   BenchBuffers buffers(plan.buffer_bytes, plan.huge_always);
-  BenchSetup setup{a, plan, files, buffers, interval_log.get()};
+  BenchSetup setup{a, plan, files, buffers, interval_log.get(), {}};
+  if (plan.pin) {
+    setup.placement = place_jobs(files, plan.jobs);
+    for (const auto& job : setup.placement.report) {
+      spdlog::info("job {} of {}: CPU {} (core {}), drive near {}{}", job["job"].get<unsigned>(),
+                   job["path"].get<std::string>(), job["cpu"].get<int>(), job["core"].get<unsigned>(),
+                   job["near"].get<std::string>(), job["shared_core"].get<bool>() ? ", core shared: more jobs than cores" : "");
+    }
+  }
 
-  bool written = false;  // every test file holds written data (Note [Bench file state])
+  // Every test file holds written data (Note [Bench file state]); a device holds what it holds.
+  bool written = plan.devices;
   for (const Row& row : plan.rows) each(run_row(setup, row, written));
 }
 
@@ -319,6 +364,21 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
                   "extra option for every fio job with --vs-fio, e.g. --fio-option=--mem=shmhuge (repeatable)")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--jobs", args->jobs, "workers per path, each with its own io_uring ring and thread and --qd "
+                                       "requests in flight, on its own slice of the file (as fio's numjobs)")
+      ->capture_default_str();
+  cmd->add_flag("--pin", args->pin, "pin each job's engine thread to its own core, cores near the drive's NUMA node "
+                                    "first (hwloc); the placement is logged and in the JSON rows");
+  cmd->add_flag("--iopoll", args->iopoll, "poll completions (IORING_SETUP_IOPOLL); refused unless the drive has poll "
+                                          "queues (/sys/block/DEV/queue/io_poll = 1)");
+  cmd->add_option("--device", args->device, "measure raw block devices (comma list, e.g. /dev/nvme0n1) instead of a "
+                                            "file; read-only unless --destructive");
+  cmd->add_flag("--destructive", args->destructive, "with --device: allow write rows, overwriting the device's first "
+                                                    "--size bytes (refused while it is mounted)");
+  cmd->add_option("--fio-mem", args->fio_mem,
+                  "fio's buffer memory with --vs-fio: same (the page size Strata uses: hugetlb shmhuge for huge "
+                  "pages when reserved, else both on 4 KiB pages) or a fio --mem kind (malloc, shmhuge, ...)")
+      ->capture_default_str();
   cmd->add_flag("--keep-file", args->keep_file, "keep the test file(s) afterwards");
   cmd->add_option("--time", args->time,
                   "run each row this long (30s, 10m, 1h) over --size as the working set, blocks drawn uniformly");

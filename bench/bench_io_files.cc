@@ -3,6 +3,9 @@
 
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +39,9 @@ void prefill(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<
 
 void reallocate(const std::vector<TestFile>& files, std::uint64_t file_bytes) {
   for (const auto& f : files) {
+    if (f.device) {
+      throw ConfigError(fmt::format("--file-state fallocated: {} is a block device; use --file-state written", f.path));
+    }
     const auto len = static_cast<off_t>(file_bytes);
     if (::fallocate(f.fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, len) != 0) {
       throw IoError(fmt::format("--file-state fallocated: cannot punch a hole in {}: {}; use --file-state written",
@@ -63,6 +69,46 @@ std::vector<TestFile> open_test_files(const std::vector<std::string>& dirs, std:
     f.path = offload::path_inside(f.dir, "strata-bench-io.dat");
     f.fd = offload::open_inside(f.dir, "strata-bench-io.dat", offload::Direct::On, offload::Truncate::Keep);
     offload::preallocate(f.fd.get(), f.path, file_bytes);
+    files.push_back(std::move(f));
+  }
+  return files;
+}
+
+std::vector<TestFile> open_test_devices(const std::vector<std::string>& devices, std::uint64_t file_bytes,
+                                        DeviceAccess access) {
+  std::vector<TestFile> files;
+  const bool write = access == DeviceAccess::Destructive;
+  for (const auto& d : devices) {
+    struct stat st {};
+    if (::stat(d.c_str(), &st) != 0) {
+      throw ConfigError(fmt::format("--device {}: {}; give a block device such as /dev/nvme0n1", d, errno_text(errno)));
+    }
+    if (!S_ISBLK(st.st_mode)) {
+      throw ConfigError(fmt::format("--device {}: not a block device ({}); give one such as /dev/nvme0n1, or measure a "
+                                    "directory on the drive with --dir",
+                                    d, S_ISDIR(st.st_mode) ? "a directory" : "a file"));
+    }
+    // O_EXCL on a block device claims it: a mounted device (or one with a mounted partition) is busy.
+    const int flags = O_DIRECT | O_CLOEXEC | (write ? O_RDWR | O_EXCL : O_RDONLY);
+    TestFile f;
+    f.fd = UniqueFd(::open(d.c_str(), flags));
+    if (!f.fd.valid()) {
+      const int e = errno;
+      throw ConfigError(fmt::format("--device {}: cannot open it {}: {}{}", d, write ? "for writing" : "read-only",
+                                    errno_text(e),
+                                    e == EBUSY ? " (mounted or in use; --destructive needs a device nothing holds)"
+                                               : ""));
+    }
+    std::uint64_t bytes = 0;
+    if (::ioctl(f.fd.get(), BLKGETSIZE64, &bytes) != 0) {
+      throw IoError(fmt::format("--device {}: cannot read its size: {}", d, errno_text(errno)), errno);
+    }
+    if (bytes < file_bytes) {
+      throw ConfigError(fmt::format("--device {} holds {}, less than the {} per path --size asks for; lower --size", d,
+                                    format_bytes(bytes), format_bytes(file_bytes)));
+    }
+    f.dir = f.path = d;
+    f.device = true;
     files.push_back(std::move(f));
   }
   return files;

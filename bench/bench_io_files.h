@@ -47,6 +47,14 @@ void reallocate(const std::vector<TestFile>& files, std::uint64_t file_bytes);
 // directory supports O_DIRECT and has the room.
 std::vector<TestFile> open_test_files(const std::vector<std::string>& dirs, std::uint64_t file_bytes);
 
+enum class DeviceAccess : std::uint8_t { ReadOnly, Destructive };
+
+// Raw block devices (--device), each used over its first file_bytes: opened O_DIRECT, read-only
+// unless Destructive, which opens them exclusively (a mounted or otherwise claimed device is
+// refused). Anything but a block device is refused with the fix.
+std::vector<TestFile> open_test_devices(const std::vector<std::string>& devices, std::uint64_t file_bytes,
+                                        DeviceAccess access);
+
 // Note [Bench buffers]: the I/O buffers are one region on 2 MiB huge pages, as BufferPool's
 // (Note [Request size and merging] in offload/uring_engine.cc: a request over a huge page is one
 // segment), except for random writes of blocks of 16 KiB or less under --huge-pages auto, which

@@ -112,6 +112,7 @@ offload::IoEngineOptions engine_options(const BenchIoArgs& a) {
   eo.fixed_buffers =
       parse_on_off(a.fixed_buffers, "--fixed-buffers") ? offload::FixedBuffers::On : offload::FixedBuffers::Off;
   eo.sqpoll = a.sqpoll ? offload::SqPoll::On : offload::SqPoll::Off;
+  eo.iopoll = a.iopoll ? offload::IoPoll::On : offload::IoPoll::Off;
   eo.submit_batch = a.batch;
   // "auto": the engine's defaults (Note [Request size and merging]), as Strata swaps with them.
   eo.max_request_bytes = a.request_size == "auto" ? 0 : parse_bytes_or_throw(a.request_size, "--request-size");
@@ -168,12 +169,13 @@ void check_combinations(const BenchIoArgs& a, const BenchPlan& p) {
   // Timed groups draw blocks while others are in flight and skip busy ones, so each needs more
   // blocks than requests in flight.
   for (const Row& r : timed ? p.rows : std::vector<Row>{}) {
-    for (const Group& g : row_groups(p, a, r)) {
+    for (const Group& whole : row_groups(p, a, r)) {
+      const Group g = job_share(whole, 0, p.jobs);  // the smallest share
       if (g.blocks <= g.qd) {
         throw ConfigError(fmt::format("--size: a timed {} row of --bs {} has {} blocks per file{}, not more than its "
-                                      "queue depth {}; raise --size or lower the queue depth",
+                                      "queue depth {}; raise --size or lower the queue depth{}",
                                       r.rw, format_bytes(r.bs_bytes), g.blocks,
-                                      is_concurrent(r.rw) ? " half" : "", g.qd));
+                                      is_concurrent(r.rw) ? " half" : "", g.qd, p.jobs > 1 ? " or --jobs" : ""));
       }
     }
   }
@@ -185,6 +187,33 @@ void check_combinations(const BenchIoArgs& a, const BenchPlan& p) {
   }
 }
 
+// --jobs, --pin, --iopoll and --device: the values, and what the drive and the rows allow.
+void check_scale(const BenchIoArgs& a, BenchPlan& p) {
+  if (a.jobs < 1 || a.jobs > 64) throw ConfigError(fmt::format("--jobs {}: use 1..64 workers per path", a.jobs));
+  p.jobs = a.jobs;
+  p.pin = a.pin;
+  if (p.devices && !a.destructive) {
+    for (const Row& r : p.rows) {
+      if (row_writes(r)) {
+        throw ConfigError(fmt::format("--rw {} would overwrite {}: a --device is measured read-only; add "
+                                      "--destructive to allow writing over its contents (they are lost)",
+                                      r.rw, a.device));
+      }
+    }
+  }
+  if (p.devices && (a.precondition || a.verify || p.file_state == FileState::Fallocated) && !a.destructive) {
+    throw ConfigError("--precondition, --verify and --file-state fallocated write the --device; add --destructive");
+  }
+  if (a.iopoll) {
+    if (a.engine == "threads") throw ConfigError("--iopoll is an io_uring mode; drop --engine threads");
+    for (const std::string& d : p.dirs) {
+      if (const std::string why = offload::polled_io_refusal(d); !why.empty()) {
+        throw ConfigError(fmt::format("--iopoll: {}; or drop --iopoll", why));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool row_writes(const Row& row) { return row.rw.find("write") != std::string::npos || row.rw == "randrw"; }
@@ -192,10 +221,16 @@ bool row_writes(const Row& row) { return row.rw.find("write") != std::string::np
 BenchPlan make_plan(const BenchIoArgs& a) {
   BenchPlan p;
   p.dirs = split_list(a.paths);
+  if (!a.device.empty()) {
+    if (!p.dirs.empty() || !a.dir.empty()) throw ConfigError("--device measures block devices; drop --dir/--paths");
+    p.dirs = split_list(a.device);
+    p.devices = true;
+  }
   if (p.dirs.empty()) {
-    if (a.dir.empty()) throw ConfigError("strata bench io: give --dir DIR (or --paths D1,D2)");
+    if (a.dir.empty()) throw ConfigError("strata bench io: give --dir DIR (or --paths D1,D2, or --device /dev/X)");
     p.dirs.push_back(a.dir);
   }
+  if (a.destructive && !p.devices) throw ConfigError("--destructive allows writes to a --device; give --device or drop it");
   const std::uint64_t total_bytes = parse_bytes_or_throw(a.size, "--size");
   p.file_bytes = total_bytes / p.dirs.size() / (4 * MiB) * (4 * MiB);
   if (p.file_bytes == 0) {
@@ -242,12 +277,13 @@ BenchPlan make_plan(const BenchIoArgs& a) {
   if (!a.inject_fault.empty()) parse_fault(a, p);
   p.seed = a.seed != 0 ? a.seed
                        : static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  check_scale(a, p);
   check_combinations(a, p);
   for (const Row& r : p.rows) {
     WorkloadSpec spec;
     spec.groups = row_groups(p, a, r);
     spec.bs_bytes = r.bs_bytes;
-    p.buffer_bytes = std::max(p.buffer_bytes, workload_buffer_bytes(spec, p.dirs.size()));
+    p.buffer_bytes = std::max(p.buffer_bytes, workload_buffer_bytes(spec, p.dirs.size() * p.jobs));
   }
   p.buffer_bytes = std::max<std::size_t>(p.buffer_bytes, 64 * MiB);
   return p;

@@ -34,6 +34,7 @@ struct BenchIoArgs {
   std::string fixed_buffers = "on";
   std::string file_state = "written";
   std::vector<std::string> fio_options;
+  std::string fio_mem = "same";
   unsigned batch = 1;
   bool sqpoll = false;
   bool vs_fio = false;
@@ -55,10 +56,17 @@ struct BenchIoArgs {
   std::string inject_fault;
   std::uint64_t seed = 0;
   bool histogram = false;
+  // Scale: workers per path, their placement, polled completions, raw block devices.
+  unsigned jobs = 1;
+  bool pin = false;
+  bool iopoll = false;
+  std::string device;
+  bool destructive = false;
 };
 
 struct BenchPlan {
-  std::vector<std::string> dirs;
+  std::vector<std::string> dirs;  // or, with --device, the block devices
+  bool devices = false;
   std::uint64_t file_bytes = 0;
   std::vector<Row> rows;
   std::size_t buffer_bytes = 0;  // the largest row's slots (Note [Bench buffers])
@@ -74,6 +82,8 @@ struct BenchPlan {
   std::string fault_kind;        // --inject-fault (tests); empty: none
   std::uint64_t fault_block = 0;
   std::uint64_t seed = 0;
+  unsigned jobs = 1;
+  bool pin = false;
 };
 
 BenchPlan make_plan(const BenchIoArgs& a);

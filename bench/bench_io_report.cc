@@ -115,9 +115,12 @@ void print_row(const RowReport& r, bool json) {
       if (j.contains(op)) line(fmt::format("- {}", op), j.at(op), -1, "");
     }
     if (r.extra.contains("fio_mem")) {
-      fmt::print("{:>16} Strata {} on {} pages, fio the same bytes from its --mem={}; fio's CPU {:.3f} s/GB\n",
+      fmt::print("{:>16} Strata {} on {} pages, fio the same bytes from its --mem={} on {} pages ({}); fio's CPU "
+                 "{:.3f} s/GB\n",
                  "buffers", format_bytes(r.extra.at("buffer_bytes").get<std::size_t>()),
                  r.extra.at("buffer_pages").get<std::string>(), r.extra.at("fio_mem").get<std::string>(),
+                 r.extra.at("fio_pages").get<std::string>(),
+                 r.extra.at("equal_memory").get<bool>() ? "equal memory" : "NOT equal memory: the ratio includes it",
                  median(fio_cpu));
     }
     if (!r.fio.empty()) {

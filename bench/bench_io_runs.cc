@@ -6,12 +6,45 @@
 
 #include <cerrno>
 
+#include <fstream>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/units.h"
 
 namespace strata::tools::bench_io {
+namespace {
+
+// Free hugetlb memory of the default huge page size (/proc/meminfo).
+std::size_t free_hugetlb_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::size_t value = 0, free_pages = 0, page_kib = 0;
+  while (in >> key >> value) {
+    if (key == "HugePages_Free:") free_pages = value;
+    if (key == "Hugepagesize:") page_kib = value;
+    in.ignore(256, '\n');
+  }
+  return free_pages * page_kib * 1024;
+}
+
+}  // namespace
+
+FioMemory choose_fio_memory(const std::string& mode, bool huge, std::size_t hugetlb_bytes) {
+  if (mode != "same") return FioMemory{mode, huge, (mode == "shmhuge" || mode.rfind("mmaphuge", 0) == 0) == huge, ""};
+  if (!huge) return FioMemory{"malloc", false, true, ""};
+  const std::size_t have = free_hugetlb_bytes();
+  if (have >= hugetlb_bytes) return FioMemory{"shmhuge", true, true, ""};
+  return FioMemory{"malloc", false, true,
+                   fmt::format("fio needs {} of hugetlb pages for huge-page buffers and {} are free, so both sides use "
+                               "4 KiB pages; reserve them (echo {} > /proc/sys/vm/nr_hugepages) to compare on huge "
+                               "pages",
+                               format_bytes(hugetlb_bytes), format_bytes(have), hugetlb_bytes / (2 * MiB) + 8)};
+}
+
 FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJob& job) {
   const auto& extra_options = job.extra_options;
   std::vector<std::string> args = {"fio", "--output-format=json", "--group_reporting"};
@@ -20,8 +53,22 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
       const FioPart& part = job.parts[k];
       args.push_back(fmt::format("--name=strata{}.{}", i, k));
       args.push_back("--filename=" + files[i].path);
+      // numjobs on consecutive slices of the part, as Strata's jobs (job_share); the last job of
+      // an uneven split may be a few blocks short of Strata's.
+      const std::uint64_t slice = part.bytes / job.jobs / row.bs_bytes * row.bs_bytes;
       args.push_back(fmt::format("--offset={}", part.offset_bytes));
-      args.push_back(fmt::format("--size={}", part.bytes));
+      args.push_back(fmt::format("--size={}", job.jobs > 1 ? slice : part.bytes));
+      if (job.jobs > 1) {
+        args.push_back(fmt::format("--numjobs={}", job.jobs));
+        args.push_back(fmt::format("--offset_increment={}", slice));
+      }
+      if (i < job.cpus.size() && !job.cpus[i].empty()) {
+        args.push_back(fmt::format("--cpus_allowed={}", fmt::join(job.cpus[i], ",")));
+        args.push_back("--cpus_allowed_policy=split");
+      }
+      if (job.iopoll) args.push_back("--hipri");
+      if (job.readonly) args.push_back("--readonly");
+      args.push_back("--mem=" + job.mem);
       args.push_back(fmt::format("--bs={}", row.bs_bytes));
       args.push_back(fmt::format("--iodepth={}", part.qd));
       args.push_back("--rw=" + part.rw);

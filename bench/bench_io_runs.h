@@ -25,6 +25,7 @@ struct TestFile {
   std::string path;
   offload::UniqueFd fd;
   offload::FileId id = -1;
+  bool device = false;  // a raw block device (--device): never removed, never reallocated
 };
 
 // One fio job per file and part: a whole row is one part over the whole file; readers+writers
@@ -37,13 +38,41 @@ struct FioPart {
 };
 
 // What fio runs: the parts, the read share of randrw (--rwmixread), a time (0: one pass of each
-// part) and extra options from --fio-option.
+// part), extra options from --fio-option, and Strata's scale: jobs per file (numjobs, each on its
+// slice of the part as Strata's), their CPUs (cpus[file], split one per job), polled completions
+// (hipri), read-only access to a device, and the buffer memory (fio's --mem).
 struct FioJob {
   std::vector<FioPart> parts;
   unsigned read_percent = 100;
   double time_s = 0;
   std::vector<std::string> extra_options;
+  unsigned jobs = 1;
+  std::vector<std::vector<int>> cpus;
+  bool iopoll = false;
+  bool readonly = false;
+  std::string mem = "malloc";
 };
+
+// Note [Bench equal memory]
+// The pages under the I/O buffers are most of the difference between Strata and fio on a disk
+// like that of Note [Request size and merging] (offload/uring_engine.cc): Strata's buffers are on
+// 2 MiB pages (THP, Note [Bench buffers] in bench/bench_io_files.h), fio's malloc'd ones on 4 KiB
+// pages. fio cannot ask for THP; its huge-page kind is hugetlb (--mem=shmhuge), which needs pages
+// reserved in /proc/sys/vm/nr_hugepages. So --fio-mem same (the default) gives fio shmhuge when
+// Strata's row is on huge pages and enough hugetlb pages are free, and otherwise moves Strata's row
+// to 4 KiB pages, as fio's: either way both sides use the same page size and the ratio compares
+// engines. --fio-mem malloc (or any fio --mem kind) sets fio's memory and leaves Strata's as it is;
+// the row then says the memory differs.
+struct FioMemory {
+  std::string fio_mem;     // fio's --mem
+  bool strata_huge = true;  // Strata's buffers on huge pages
+  bool equal = true;        // both sides on the same page size
+  std::string note;         // why Strata moved to 4 KiB pages, if it did
+};
+
+// The memory of both sides for a row (Note [Bench equal memory]). mode: "same" or a fio --mem
+// kind; huge: Strata's choice for the row; hugetlb_bytes: what fio's buffers need on huge pages.
+FioMemory choose_fio_memory(const std::string& mode, bool huge, std::size_t hugetlb_bytes);
 
 struct FioResult {
   double gbps = 0;         // reads + writes, 1e9 bytes/s

@@ -58,7 +58,9 @@ nlohmann::json LatencyHistogram::buckets_json() const {
 
 nlohmann::json OpStats::json(double seconds) const {
   const double s = seconds > 0 ? seconds : 1;
-  return {{"gbps", static_cast<double>(bytes) / s / 1e9},
+  return {{"ios", ios},
+          {"bytes", bytes},
+          {"gbps", static_cast<double>(bytes) / s / 1e9},
           {"iops", static_cast<double>(ios) / s},
           {"p50_us", latency.percentile_us(50)},
           {"p90_us", latency.percentile_us(90)},

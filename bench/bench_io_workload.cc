@@ -24,28 +24,29 @@ double seconds_of(std::chrono::nanoseconds d) { return std::chrono::duration<dou
 
 class Workload {
  public:
-  Workload(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer,
+  Workload(std::span<const Job> jobs, std::vector<TestFile>& files, std::span<std::byte> buffer,
            const WorkloadSpec& spec)
-      : engine_(engine), files_(files), spec_(spec), timed_(spec.time.count() > 0) {
-    STRATA_CHECK(buffer.size() >= workload_buffer_bytes(spec, files.size()), "bench buffer too small");
+      : jobs_(jobs), files_(files), spec_(spec), timed_(spec.time.count() > 0) {
+    STRATA_CHECK(buffer.size() >= workload_buffer_bytes(spec, jobs.size()), "bench buffer too small");
     std::uint64_t seed = spec.order_seed;
-    for (std::size_t f = 0; f < files.size(); ++f) {
-      for (const Group& g : spec.groups) {
-        STRATA_CHECK(g.blocks > g.qd || !timed_, "a timed group needs more blocks than its queue depth");
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      for (const Group& whole : spec.groups) {
         Stream s;
-        s.group = &g;
-        s.file = f;
+        s.range = job_share(whole, jobs[j].share, jobs[j].shares);
+        STRATA_CHECK(s.range.blocks > s.range.qd || !timed_, "a timed group needs more blocks than its queue depth");
+        s.job = j;
+        s.file = jobs[j].file;
         s.rng.seed(seed++);
-        if (!timed_ && g.pattern == Pattern::Random) {
-          s.order.resize(g.blocks);
-          std::iota(s.order.begin(), s.order.end(), g.first_block);
+        if (!timed_ && s.range.pattern == Pattern::Random) {
+          s.order.resize(s.range.blocks);
+          std::iota(s.order.begin(), s.order.end(), s.range.first_block);
           std::shuffle(s.order.begin(), s.order.end(), s.rng);
         }
         streams_.push_back(std::move(s));
       }
     }
     for (std::size_t si = 0; si < streams_.size(); ++si) {
-      for (unsigned q = 0; q < streams_[si].group->qd; ++q) {
+      for (unsigned q = 0; q < streams_[si].range.qd; ++q) {
         Slot slot;
         slot.stream = si;
         slot.buffer = buffer.data() + slots_.size() * spec.bs_bytes;
@@ -117,7 +118,8 @@ class Workload {
 
  private:
   struct Stream {
-    const Group* group = nullptr;
+    Group range;  // the job's share of its group
+    std::size_t job = 0;
     std::size_t file = 0;
     std::vector<std::uint64_t> order;  // one random pass: the permutation
     std::uint64_t next = 0;            // requests taken (one pass) or the sequential cursor
@@ -136,7 +138,7 @@ class Workload {
   // The next block of the slot's stream (mutex_ held); false when the stream is done.
   bool take_next_locked(Slot& slot) {
     Stream& s = streams_[slot.stream];
-    const Group& g = *s.group;
+    const Group& g = s.range;
     if (stop_ || error_ || (!timed_ && s.next == g.blocks)) return false;
     std::uint64_t block = 0;
     VerifyMap* map = spec_.verify != nullptr ? &(*spec_.verify)[s.file] : nullptr;
@@ -155,8 +157,8 @@ class Workload {
     }
     const bool read = g.read_percent == 100 || (g.read_percent > 0 && s.rng() % 100 < g.read_percent);
     slot.block = block;
-    slot.request = offload::IoRequest{read ? IoOp::Read : IoOp::Write, files_[s.file].id, block * spec_.bs_bytes,
-                                      slot.buffer, spec_.bs_bytes};
+    slot.request = offload::IoRequest{read ? IoOp::Read : IoOp::Write, jobs_[s.job].file_ids[s.file],
+                                      block * spec_.bs_bytes, slot.buffer, spec_.bs_bytes};
     if (map != nullptr) {
       map->busy[block] = 1;
       slot.generation = read ? map->generation[block] : map->generation[block] + 1;
@@ -183,7 +185,7 @@ class Workload {
       stamp_block({slot.buffer, spec_.bs_bytes}, slot.request.offset_bytes, slot.generation, spec_.verify_seed);
     }
     slot.start = Clock::now();
-    engine_.submit(std::span(&slot.request, 1), [this, &slot, &s, write](std::exception_ptr& err) {
+    jobs_[s.job].engine->submit(std::span(&slot.request, 1), [this, &slot, &s, write](std::exception_ptr& err) {
       const auto done = Clock::now();
       bool checked = false;
       if (!err && !write && spec_.verify != nullptr && slot.generation > 0) {
@@ -220,7 +222,7 @@ class Workload {
     });
   }
 
-  offload::IoEngine& engine_;
+  std::span<const Job> jobs_;
   std::vector<TestFile>& files_;
   const WorkloadSpec& spec_;
   const bool timed_;
@@ -240,16 +242,32 @@ class Workload {
 
 }  // namespace
 
-std::size_t workload_buffer_bytes(const WorkloadSpec& spec, std::size_t files) {
+std::size_t workload_buffer_bytes(const WorkloadSpec& spec, std::size_t jobs) {
   std::size_t slots = 0;
   for (const Group& g : spec.groups) slots += g.qd;
-  return slots * files * spec.bs_bytes;
+  return slots * jobs * spec.bs_bytes;
+}
+
+Group job_share(const Group& g, unsigned share, unsigned shares) {
+  Group out = g;
+  out.first_block = g.first_block + g.blocks * share / shares;
+  out.blocks = g.blocks * (share + 1) / shares - g.blocks * share / shares;
+  return out;
+}
+
+WorkloadResult run_workload(std::span<const Job> jobs, std::vector<TestFile>& files, std::span<std::byte> buffer,
+                            const WorkloadSpec& spec) {
+  Workload w(jobs, files, buffer, spec);
+  return w.run();
 }
 
 WorkloadResult run_workload(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer,
                             const WorkloadSpec& spec) {
-  Workload w(engine, files, buffer, spec);
-  return w.run();
+  std::vector<offload::FileId> ids;
+  for (const TestFile& f : files) ids.push_back(f.id);
+  std::vector<Job> jobs;
+  for (std::size_t f = 0; f < files.size(); ++f) jobs.push_back(Job{&engine, f, ids, 0, 1});
+  return run_workload(jobs, files, buffer, spec);
 }
 
 }  // namespace strata::tools::bench_io

@@ -43,6 +43,16 @@ struct IntervalReport {
   const OpStats& write;
 };
 
+// One worker of --jobs: its own engine (one ring and its thread) serving one test file, on its
+// share of every group's blocks of that file; file_ids are every test file's id in that engine.
+struct Job {
+  offload::IoEngine* engine = nullptr;
+  std::size_t file = 0;
+  std::vector<offload::FileId> file_ids;
+  unsigned share = 0;   // this job's index among the jobs of its file
+  unsigned shares = 1;  // jobs per file
+};
+
 struct SteadySpec {
   double bound_fraction = 0;
   std::size_t window_intervals = 0;
@@ -80,10 +90,20 @@ struct WorkloadResult {
   double cpu_s_per_gb() const { return all_bytes > 0 ? cpu_s / (static_cast<double>(all_bytes) / 1e9) : 0; }
 };
 
-// The buffer holds one slot of bs_bytes per request in flight: files x (sum of the groups' qd).
-std::size_t workload_buffer_bytes(const WorkloadSpec& spec, std::size_t files);
+// The buffer holds one slot of bs_bytes per request in flight: jobs x (sum of the groups' qd),
+// where `jobs` counts every file's jobs.
+std::size_t workload_buffer_bytes(const WorkloadSpec& spec, std::size_t jobs);
 
-// Runs the workload; rethrows the first I/O or VerifyError after every request has finished.
+// Job `share` of `shares`'s part of a group's blocks: a contiguous slice, so jobs never touch the
+// same block (as fio's numjobs with offset_increment).
+Group job_share(const Group& g, unsigned share, unsigned shares);
+
+// Runs the workload, every job's share of every group at once; rethrows the first I/O or
+// VerifyError after every request has finished.
+WorkloadResult run_workload(std::span<const Job> jobs, std::vector<TestFile>& files, std::span<std::byte> buffer,
+                            const WorkloadSpec& spec);
+
+// The same with one engine serving every file (files[i].id registered in it), one job per file.
 WorkloadResult run_workload(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer,
                             const WorkloadSpec& spec);
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -276,6 +277,9 @@ std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options) {
     throw ConfigError(
         fmt::format("I/O write block size {} is not a multiple of 4 KiB", options.max_write_request_bytes));
   }
+  if (options.iopoll == IoPoll::On && options.kind == EngineKind::Threads) {
+    throw ConfigError("polled I/O (IOPOLL) is an io_uring mode; use the uring engine for it");
+  }
   switch (options.kind) {
     case EngineKind::Threads: return detail::make_thread_engine(options);
     case EngineKind::Uring: return detail::make_uring_engine(options);
@@ -284,6 +288,7 @@ std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options) {
   try {
     return detail::make_uring_engine(options);
   } catch (const IoError& e) {
+    if (options.iopoll == IoPoll::On) throw;  // no polled fallback
     spdlog::warn("io_uring is unavailable ({}); using the pread/pwrite thread pool instead", e.what());
     return detail::make_thread_engine(options);
   }
@@ -300,6 +305,34 @@ std::optional<std::size_t> disk_max_request_bytes(const std::string& dir) {
     if (in >> kb && kb > 0) return kb * KiB;
   }
   return std::nullopt;
+}
+
+std::optional<std::string> block_device_name(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  const dev_t dev = S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev;
+  std::error_code ec;
+  // /sys/dev/block/MAJ:MIN links to .../block/DISK or .../block/DISK/PARTITION.
+  auto dir = std::filesystem::canonical(fmt::format("/sys/dev/block/{}:{}", major(dev), minor(dev)), ec);
+  if (ec) return std::nullopt;
+  if (std::filesystem::exists(dir / "partition", ec)) dir = dir.parent_path();
+  return dir.filename().string();
+}
+
+std::string polled_io_refusal(const std::string& path) {
+  const auto name = block_device_name(path);
+  if (!name) {
+    return fmt::format("{} is on no block device that sysfs names (a tmpfs, overlay or network file system?); polled "
+                       "I/O needs a drive with poll queues",
+                       path);
+  }
+  std::ifstream in("/sys/block/" + *name + "/queue/io_poll");
+  int poll = 0;
+  if (in >> poll && poll == 1) return {};
+  return fmt::format("/dev/{} (holding {}) has no poll queues (/sys/block/{}/queue/io_poll is not 1); for NVMe load "
+                     "the driver with some (modprobe nvme poll_queues=4, or nvme.poll_queues=4 on the kernel command "
+                     "line)",
+                     *name, path, *name);
 }
 
 }  // namespace strata::offload

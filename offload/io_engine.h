@@ -43,6 +43,10 @@ const char* engine_kind_name(EngineKind kind);
 enum class Coalesce : std::uint8_t { Off, On };
 enum class SqPoll : std::uint8_t { Off, On };
 enum class FixedBuffers : std::uint8_t { Off, On };
+// IORING_SETUP_IOPOLL: completions are polled from the device's poll queues by the engine thread
+// (busy while I/O is in flight) instead of interrupts. io_uring only; the device needs poll
+// queues (see polled_io_refusal).
+enum class IoPoll : std::uint8_t { Off, On };
 
 // The default largest kernel read and write (IoEngineOptions::max_request_bytes,
 // max_write_request_bytes; Note [Request size and merging] in offload/uring_engine.cc).
@@ -60,6 +64,8 @@ struct IoEngineOptions {
   Coalesce coalesce = Coalesce::On;
   SqPoll sqpoll = SqPoll::Off;
   FixedBuffers fixed_buffers = FixedBuffers::On;  // used for buffers given to register_buffers
+  IoPoll iopoll = IoPoll::Off;
+  int cpu = -1;                           // pin the engine's thread(s) to this logical CPU; -1: no pinning
   unsigned threads = 0;                   // thread engine workers; 0: min(queue_depth, 16)
   unsigned max_retries = 1000;            // consecutive EAGAIN/EINTR per request before it fails
   FaultInjector* faults = nullptr;        // tests: fault injection at the completion boundary
@@ -157,5 +163,13 @@ std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options);
 // unsplit), in bytes; nothing when sysfs does not say. `strata doctor` shows it; the engine's
 // defaults are the constants above.
 std::optional<std::size_t> disk_max_request_bytes(const std::string& dir);
+
+// The block device holding `path` (a file or directory on it, or the device node itself), as
+// its sysfs name ("vda", "nvme0n1"; the whole disk for a partition); nothing when sysfs does not say.
+std::optional<std::string> block_device_name(const std::string& path);
+
+// Why polled I/O (IoPoll::On) cannot work for `path`: empty when the device behind it has poll
+// queues (/sys/block/DEV/queue/io_poll = 1), else one sentence naming the device and the fix.
+std::string polled_io_refusal(const std::string& path);
 
 }  // namespace strata::offload

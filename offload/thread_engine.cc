@@ -4,6 +4,8 @@
 // the oracle the io_uring engine is tested against: the same pieces, the same retry and
 // short-transfer loop (detail::transfer_piece), the same error wording. Workers sleep on a
 // condition variable when idle.
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +17,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
 
 #include "offload/fault.h"
 #include "offload/io_engine_impl.h"
@@ -29,6 +34,7 @@ class ThreadEngine final : public IoEngine {
     const unsigned n = options.threads != 0 ? options.threads : std::clamp(options.queue_depth, 1u, 16u);
     workers_.reserve(n);
     for (unsigned i = 0; i < n; ++i) workers_.emplace_back([this] { work(); });
+    if (options.cpu >= 0) pin_workers(options.cpu);
   }
 
   ~ThreadEngine() override {
@@ -60,6 +66,18 @@ class ThreadEngine final : public IoEngine {
   }
 
  private:
+  // Pins every worker to `cpu` (IoEngineOptions::cpu); a refusal only costs the placement.
+  void pin_workers(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    for (auto& t : workers_) {
+      if (const int r = pthread_setaffinity_np(t.native_handle(), sizeof set, &set); r != 0) {
+        spdlog::warn("thread engine: pinning a worker to CPU {} failed: {}", cpu, errno_text(r));
+      }
+    }
+  }
+
   void work() {
     for (;;) {
       IoPiece piece;

@@ -32,6 +32,8 @@
 // noise; random 4 KiB I/O is bound by the per-request cost whatever the engine. The state of the
 // blocks written matters too: see Note [Bench file state] in bench/bench_io_files.h.
 #include <liburing.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -230,6 +232,7 @@ class UringEngine final : public IoEngine {
   // ---- the engine thread ----
   void thread_main(std::promise<std::exception_ptr>& started) {
     try {
+      pin_thread(options_.cpu);
       setup_ring();
     } catch (...) {
       started.set_value(std::current_exception());
@@ -271,6 +274,7 @@ class UringEngine final : public IoEngine {
     for (;;) {
       io_uring_params p{};
       for (const FlagName& f : flags) p.flags |= f.flag;
+      if (options_.iopoll == IoPoll::On) p.flags |= IORING_SETUP_IOPOLL;
       if (options_.sqpoll == SqPoll::On) {
         p.flags |= IORING_SETUP_SQPOLL;
         p.sq_thread_idle = 50;  // ms before the kernel poller sleeps
@@ -293,13 +297,14 @@ class UringEngine final : public IoEngine {
     }
     for (const FlagName& f : flags) flags_text_ += (flags_text_.empty() ? "" : "|") + std::string(f.name);
     if (options_.sqpoll == SqPoll::On) flags_text_ += flags_text_.empty() ? "SQPOLL" : "|SQPOLL";
+    if (options_.iopoll == IoPoll::On) flags_text_ += flags_text_.empty() ? "IOPOLL" : "|IOPOLL";
     if (flags_text_.empty()) flags_text_ = "no-flags";
     int r = io_uring_register_files_sparse(&ring_, kSparseFiles);
     fixed_files_ = r >= 0;
     if (r < 0) spdlog::debug("io_uring: no registered files ({})", errno_text(-r));
     slots_.resize(options_.queue_depth);
     for (unsigned i = 0; i < options_.queue_depth; ++i) free_slots_.push_back(options_.queue_depth - 1 - i);
-    arm_wake();
+    if (options_.iopoll == IoPoll::Off) arm_wake();  // an IOPOLL ring takes only O_DIRECT reads/writes
   }
 
   void arm_wake() {
@@ -468,6 +473,10 @@ class UringEngine final : public IoEngine {
       for (auto& c : control) c();
       if (stop_ && pending_.empty() && inflight_ == 0 && resubmit_.empty()) break;
       fill_slots();
+      if (options_.iopoll == IoPoll::On) {
+        poll_once(cqes);
+        continue;
+      }
       // Sleep in the kernel until a completion (I/O or the wake eventfd) arrives.
       idle_.store(true);
       if (has_incoming()) {
@@ -479,6 +488,35 @@ class UringEngine final : public IoEngine {
       submit_pending_sqes(1);
       idle_.store(false);
       reap(cqes);
+    }
+  }
+
+  // IOPOLL: the eventfd cannot be read through the ring, so the thread sleeps on it outside the
+  // ring when nothing is in flight, and otherwise polls the device in io_uring_enter until one
+  // request completes (a caller's new requests wait at most that long).
+  void poll_once(std::vector<io_uring_cqe*>& cqes) {
+    if (inflight_ == 0 && resubmit_.empty()) {
+      idle_.store(true);
+      if (!has_incoming()) {
+        std::uint64_t value = 0;
+        while (::read(wake_fd_, &value, sizeof value) < 0 && errno == EINTR) {
+        }
+      }
+      idle_.store(false);
+      return;
+    }
+    submit_pending_sqes(1);
+    reap(cqes);
+  }
+
+  // Pins the calling (engine) thread to `cpu`; -1 leaves it where the scheduler puts it.
+  static void pin_thread(int cpu) {
+    if (cpu < 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (const int r = pthread_setaffinity_np(pthread_self(), sizeof set, &set); r != 0) {
+      throw IoError(fmt::format("pinning the io_uring engine thread to CPU {} failed: {}", cpu, errno_text(r)), r);
     }
   }
 

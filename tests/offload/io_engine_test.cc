@@ -1,7 +1,10 @@
 // Tests of the I/O engines: round trips of odd sizes and offsets, thousands of concurrent
 // requests, identical files from io_uring and the thread-pool oracle, and the fault-injection
-// matrix (EIO, ENOSPC, short read/write, EAGAIN, EINTR on the Nth operation) over both engines.
+// matrix (EIO, ENOSPC, short read/write, EAGAIN, EINTR on the Nth operation) over both engines;
+// the engine thread pinned to a CPU (IoEngineOptions::cpu) and a polled (IOPOLL) ring where the
+// kernel takes one, with the thread engine refusing polled I/O.
 #include <fcntl.h>
+#include <sched.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -387,6 +390,74 @@ TEST(EngineFactory, ReportsWhatItRuns) {
   o.queue_depth = 0;
   EXPECT_THROW(make_io_engine(o), ConfigError);
   EXPECT_THROW(parse_engine_kind("libaio", "--engine"), ConfigError);
+}
+
+// Where a callback ran: the engine's threads, pinned to `cpu`.
+TEST(EnginePlacement, EngineThreadsRunOnThePinnedCpu) {
+  TempDir dir;
+  STRATA_SKIP_WITHOUT_DIRECT_IO(dir.path());
+  const std::string canon = check_directory(dir.path(), "test dir");
+  UniqueFd fd = open_inside(canon, "pin.bin", Direct::On, Truncate::Truncate);
+  HostBuffer buf = testing::aligned_buffer(4096);
+  for (const EngineKind kind : {EngineKind::Uring, EngineKind::Threads}) {
+    IoEngineOptions o;
+    o.kind = kind;
+    o.queue_depth = 4;
+    o.cpu = 0;
+    auto engine = make_engine_or_skip(o);
+    if (!engine) continue;
+    const FileId f = engine->register_file(fd.get(), canon + "/pin.bin");
+    int ran_on = -1;
+    const IoRequest wr{IoOp::Write, f, 0, buf.data(), 4096};
+    engine->submit(std::span(&wr, 1), [&](std::exception_ptr&) { ran_on = sched_getcpu(); }).wait();
+    EXPECT_EQ(ran_on, 0) << engine_kind_name(kind);
+    engine->unregister_file(f);
+  }
+}
+
+TEST(EnginePolling, APolledRingRoundTripsWhereTheKernelTakesIt) {
+  TempDir dir;
+  STRATA_SKIP_WITHOUT_DIRECT_IO(dir.path());
+  const std::string canon = check_directory(dir.path(), "test dir");
+  UniqueFd fd = open_inside(canon, "poll.bin", Direct::On, Truncate::Truncate);
+  IoEngineOptions o;
+  o.kind = EngineKind::Uring;
+  o.iopoll = IoPoll::On;
+  o.queue_depth = 8;
+  auto engine = make_engine_or_skip(o);
+  if (!engine) GTEST_SKIP() << "no io_uring IOPOLL ring here";
+  EXPECT_NE(engine->info().features.find("IOPOLL"), std::string::npos) << engine->info().features;
+  const FileId f = engine->register_file(fd.get(), canon + "/poll.bin");
+  constexpr std::size_t kBytes = 1 << 20;
+  HostBuffer w = testing::aligned_buffer(kBytes);
+  HostBuffer r = testing::aligned_buffer(kBytes);
+  testing::fill_pattern(static_cast<std::byte*>(w.data()), kBytes, 5);
+  // Many small requests, so the ring polls with several in flight and sleeps between batches.
+  for (int round = 0; round < 3; ++round) {
+    std::vector<IoRequest> writes, reads;
+    for (std::size_t off = 0; off < kBytes; off += 64 * 1024) {
+      writes.push_back({IoOp::Write, f, off, static_cast<std::byte*>(w.data()) + off, 64 * 1024});
+      reads.push_back({IoOp::Read, f, off, static_cast<std::byte*>(r.data()) + off, 64 * 1024});
+    }
+    std::memset(r.data(), 0, kBytes);
+    try {
+      engine->run(writes);
+      engine->run(reads);
+    } catch (const IoError& e) {
+      // A device without poll queues (this VM's virtio disk) fails polled requests so.
+      if (e.errno_value() == EOPNOTSUPP) GTEST_SKIP() << "the kernel refuses polled I/O on this file: " << e.what();
+      throw;
+    }
+    EXPECT_EQ(testing::first_mismatch(static_cast<std::byte*>(r.data()), kBytes, 5), -1) << "round " << round;
+  }
+  engine->unregister_file(f);
+}
+
+TEST(EnginePolling, TheThreadEngineRefusesPolledIo) {
+  IoEngineOptions o;
+  o.kind = EngineKind::Threads;
+  o.iopoll = IoPoll::On;
+  EXPECT_THROW(make_io_engine(o), ConfigError);
 }
 
 }  // namespace

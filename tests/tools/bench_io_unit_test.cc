@@ -1,7 +1,8 @@
 // The arithmetic of `strata bench io` without a disk: latency percentiles from the log-bucket
 // histogram against the exact ones, the steady-state test on series with known answers, and the
 // block headers of --verify (Note [Bench verify] in bench/bench_io_verify.h) against each kind of
-// damage, including a torn write the header alone would not show.
+// damage, including a torn write the header alone would not show; --jobs' slices of a group and
+// the buffer memory --vs-fio gives each side when told (Note [Bench equal memory]).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_io_runs.h"
 #include "bench/bench_io_stats.h"
 #include "bench/bench_io_verify.h"
+#include "bench/bench_io_workload.h"
 
 namespace strata::tools::bench_io {
 namespace {
@@ -114,6 +117,53 @@ TEST_F(BenchIoVerify, StaleMisdirectedForeignAndUnwrittenBlocksAreToldApart) {
   const std::string m = check(0, 1);
   EXPECT_NE(m.find("no block header"), std::string::npos);
   EXPECT_NE(m.find("expected {offset 0, generation 1, seed 0x2a}"), std::string::npos) << m;
+}
+
+TEST(BenchIoJobs, SharesCoverTheGroupOnceInContiguousSlices) {
+  for (const std::uint64_t blocks : {1ull, 7ull, 64ull, 1001ull}) {
+    for (const unsigned shares : {1u, 2u, 3u, 8u}) {
+      const Group g{70, Pattern::Random, 4, 10, blocks};
+      std::uint64_t next = g.first_block;
+      for (unsigned j = 0; j < shares; ++j) {
+        const Group s = job_share(g, j, shares);
+        EXPECT_EQ(s.first_block, next) << blocks << " blocks, share " << j << " of " << shares;
+        EXPECT_EQ(s.qd, g.qd);
+        EXPECT_EQ(s.read_percent, g.read_percent);
+        EXPECT_LE(s.blocks, blocks / shares + 1);
+        next += s.blocks;
+      }
+      EXPECT_EQ(next, g.first_block + blocks) << blocks << " blocks in " << shares << " shares";
+    }
+  }
+}
+
+TEST(BenchIoJobs, BufferHoldsOneSlotPerRequestOfEveryJob) {
+  WorkloadSpec spec;
+  spec.groups = {Group{100, Pattern::Sequential, 4, 0, 10}, Group{0, Pattern::Sequential, 2, 10, 10}};
+  spec.bs_bytes = 4096;
+  EXPECT_EQ(workload_buffer_bytes(spec, 1), 6u * 4096);
+  EXPECT_EQ(workload_buffer_bytes(spec, 2 * 3), 36u * 4096);  // 2 paths x 3 jobs
+}
+
+TEST(BenchIoFioMemory, AGivenKindIsFiosAndSaysWhetherThePagesMatch) {
+  const FioMemory malloc_huge = choose_fio_memory("malloc", true, 0);
+  EXPECT_EQ(malloc_huge.fio_mem, "malloc");
+  EXPECT_TRUE(malloc_huge.strata_huge);
+  EXPECT_FALSE(malloc_huge.equal);
+  const FioMemory shm_huge = choose_fio_memory("shmhuge", true, 0);
+  EXPECT_TRUE(shm_huge.equal);
+  const FioMemory malloc_small = choose_fio_memory("malloc", false, 0);
+  EXPECT_TRUE(malloc_small.equal);
+  // "same" on 4 KiB pages needs no huge pages from anyone.
+  const FioMemory same_small = choose_fio_memory("same", false, std::size_t{1} << 40);
+  EXPECT_EQ(same_small.fio_mem, "malloc");
+  EXPECT_TRUE(same_small.equal);
+  // "same" on huge pages with more hugetlb memory asked than any machine has: both on 4 KiB pages.
+  const FioMemory same_huge = choose_fio_memory("same", true, std::size_t{1} << 60);
+  EXPECT_EQ(same_huge.fio_mem, "malloc");
+  EXPECT_FALSE(same_huge.strata_huge);
+  EXPECT_TRUE(same_huge.equal);
+  EXPECT_NE(same_huge.note.find("nr_hugepages"), std::string::npos) << same_huge.note;
 }
 
 }  // namespace
