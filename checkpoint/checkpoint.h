@@ -15,7 +15,7 @@
 //                   chunk is copied with one O_DIRECT write. Since format version 2 every range
 //                   starts at a multiple of 4 KiB and the file's size is one too (zeros between;
 //                   version 1, still read, had ranges back to back). Only ranks holding the first
-//                   copy of their shard write (ZeroEngine::holds_primary_state), so the files of
+//                   copy of their shard write (EngineCheckpoint::holds_primary_state), so the files of
 //                   one checkpoint cover each group's flat buffer exactly once.
 // Since format version 3 the manifest is sealed: its last member "manifest_xxh64" covers its bytes
 // (Note [Sealed manifest] in checkpoint/checkpoint_format.cc).

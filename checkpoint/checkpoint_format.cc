@@ -71,7 +71,7 @@ nlohmann::json groups_json(ZeroEngine& engine, const std::string& prefix) {
                          {"offset_elems", layout.slots()[t].offset_elems}});
     }
     groups.push_back(
-        {{"name", prefix + specs[g].name}, {"total_elems", engine.state_range(g).total_elems}, {"tensors", tensors}});
+        {{"name", prefix + specs[g].name}, {"total_elems", engine.checkpoint().state_range(g).total_elems}, {"tensors", tensors}});
   }
   return groups;
 }
@@ -79,7 +79,7 @@ nlohmann::json groups_json(ZeroEngine& engine, const std::string& prefix) {
 nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
                              const std::string& model_name, std::int64_t step, const nlohmann::json& files,
                              const nlohmann::json& groups, const CheckpointTensorParallel& tensor) {
-  const EngineCounters counters = engine.counters();
+  const EngineCounters counters = engine.checkpoint().counters();
   nlohmann::json scaler = nullptr;
   if (counters.loss_scaler) {
     scaler = {{"scale", counters.loss_scaler->scale},
@@ -88,7 +88,7 @@ nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const Trai
               {"last_overflow_iter", counters.loss_scaler->last_overflow_iter}};
   }
   nlohmann::json arrays = nlohmann::json::array();
-  for (int a = 0; a < engine.state_arrays(); ++a) arrays.push_back(kArrayNames[a]);
+  for (int a = 0; a < engine.checkpoint().state_arrays(); ++a) arrays.push_back(kArrayNames[a]);
   nlohmann::json m = {{"format", "strata-checkpoint"},
           {"format_version", kCheckpointFormatVersion},
           {"model", model_name},
@@ -97,7 +97,7 @@ nlohmann::json manifest_json(ZeroEngine& engine, Communicator& world, const Trai
           {"loss_scaler", scaler},
           {"seed", config.strata.seed},
           {"world_size", world.world_size()},
-          {"sharding_factor", engine.topology().sharding_factor},
+          {"sharding_factor", engine.plan().topo.sharding_factor},
           {"stage", config.zero.stage},
           {"precision", std::string(precision_name(config.precision))},
           {"optimizer", config.optimizer.type},

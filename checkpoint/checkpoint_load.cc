@@ -7,6 +7,9 @@
 #include <exception>
 #include <memory>
 #include <set>
+#include <span>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -22,65 +25,57 @@ using checkpoint_internal::ManifestFields;
 
 namespace {
 
-// groups == false: the saved groups are cut otherwise and the reslicer checks them.
-// `report`: this rank logs the note about config changes (rank 0 of the world).
-void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const TrainConfig& config,
-                      const std::string& model_name, const CheckpointTensorParallel& tensor, bool report,
-                      bool groups = true) {
-  const ManifestFields f(m.path);
-  const auto mismatch = [&](const std::string& field, const std::string& saved, const std::string& ours) {
-    return f.error(field, fmt::format("is {}, but this run has {}; resume with the config the checkpoint was written "
-                                      "with, or start the run afresh",
-                                      saved, ours));
-  };
-  if (m.model != model_name) throw mismatch("model", m.model, model_name);
-  if (groups && m.tensor_size != tensor.size) {
+// The checkpoint's field differs from this run's: a FormatError naming it.
+FormatError mismatch(const ManifestFields& f, const std::string& field, const std::string& saved,
+                     const std::string& ours) {
+  return f.error(field, fmt::format("is {}, but this run has {}; resume with the config the checkpoint was written "
+                                    "with, or start the run afresh",
+                                    saved, ours));
+}
+
+// The saved groups are this rank's groups: names, tensors, shapes and offsets.
+void check_groups(const CheckpointManifest& m, const ManifestFields& f, std::span<const ParamGroupSpec> specs,
+                  const CheckpointTensorParallel& tensor) {
+  if (m.tensor_size != tensor.size) {
     throw f.error("tensor_parallel.size",
                   fmt::format("is {}, but this run has strata.parallel.tensor = {}; resume with {} tensor ranks (any "
                               "number of data ranks): resharding across tensor ranks is not built yet",
                               m.tensor_size, tensor.size, m.tensor_size));
   }
-  const auto specs = engine.groups();
   const std::size_t all = tensor.groups_per_rank(specs.size()) * static_cast<std::size_t>(tensor.size);
-  if (groups && m.groups.size() != all) {
-    throw mismatch("groups", fmt::format("{} param groups", m.groups.size()), fmt::format("{}", all));
+  if (m.groups.size() != all) {
+    throw mismatch(f, "groups", fmt::format("{} param groups", m.groups.size()), fmt::format("{}", all));
   }
   const std::string prefix = tensor.size > 1 ? fmt::format("tensor{}/", tensor.rank) : std::string();
-  for (std::size_t g = 0; groups && g < specs.size(); ++g) {
+  for (std::size_t g = 0; g < specs.size(); ++g) {
     const std::size_t i = tensor.index(g, specs.size());  // checkpoint/checkpoint.h
     const CheckpointGroup& G = m.groups[i];
     const std::string where = fmt::format("groups[{}]", i);
-    if (G.name != prefix + specs[g].name) throw mismatch(where + ".name", G.name, prefix + specs[g].name);
+    if (G.name != prefix + specs[g].name) throw mismatch(f, where + ".name", G.name, prefix + specs[g].name);
     if (G.tensors.size() != specs[g].tensors.size()) {
-      throw mismatch(where + ".tensors", fmt::format("{} tensors", G.tensors.size()),
+      throw mismatch(f, where + ".tensors", fmt::format("{} tensors", G.tensors.size()),
                      fmt::format("{}", specs[g].tensors.size()));
     }
     const GroupLayout layout(specs[g], 1);
     for (std::size_t t = 0; t < G.tensors.size(); ++t) {
       const std::string tw = fmt::format("{}.tensors[{}]", where, t);
       const ParamTensorSpec& s = specs[g].tensors[t];
-      if (G.tensors[t].name != s.name) throw mismatch(tw + ".name", G.tensors[t].name, s.name);
+      if (G.tensors[t].name != s.name) throw mismatch(f, tw + ".name", G.tensors[t].name, s.name);
       if (G.tensors[t].shape != s.shape) {
-        throw mismatch(tw + ".shape", nlohmann::json(G.tensors[t].shape).dump(), nlohmann::json(s.shape).dump());
+        throw mismatch(f, tw + ".shape", nlohmann::json(G.tensors[t].shape).dump(), nlohmann::json(s.shape).dump());
       }
       if (G.tensors[t].offset_elems != layout.slots()[t].offset_elems) {
-        throw mismatch(tw + ".offset_elems", std::to_string(G.tensors[t].offset_elems),
+        throw mismatch(f, tw + ".offset_elems", std::to_string(G.tensors[t].offset_elems),
                        std::to_string(layout.slots()[t].offset_elems));
       }
     }
   }
-  if (m.state_arrays != engine.state_arrays() || m.optimizer != config.optimizer.type) {
-    throw mismatch("optimizer", m.optimizer, config.optimizer.type);
-  }
-  if (m.precision != precision_name(config.precision)) {
-    throw mismatch("precision", m.precision, std::string(precision_name(config.precision)));
-  }
-  if (m.counters.loss_scaler.has_value() != engine.counters().loss_scaler.has_value()) {
-    throw mismatch("loss_scaler", m.counters.loss_scaler ? "set" : "null",
-                   engine.counters().loss_scaler ? "a loss scaler" : "none");
-  }
-  if (m.seed != config.strata.seed) throw mismatch("seed", std::to_string(m.seed), std::to_string(config.strata.seed));
-  // The data must be the same to continue the same run; other settings may change (with a note).
+}
+
+// The data must be the same to continue the same run; other settings may change (with a note,
+// logged where `report`).
+void check_config_changes(const CheckpointManifest& m, const ManifestFields& f, const TrainConfig& config,
+                          bool report) {
   const nlohmann::json saved_data =
       m.config.is_object() && m.config.contains("strata") && m.config["strata"].is_object()
           ? m.config["strata"].value("data", nlohmann::json())
@@ -89,7 +84,7 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
       config.raw.is_object() && config.raw.contains("strata") && config.raw["strata"].is_object()
           ? config.raw["strata"].value("data", nlohmann::json())
           : nlohmann::json();
-  if (saved_data != our_data) throw mismatch("config.strata.data", saved_data.dump(), our_data.dump());
+  if (saved_data != our_data) throw mismatch(f, "config.strata.data", saved_data.dump(), our_data.dump());
   std::vector<std::string> changed;
   for (const auto& op : nlohmann::json::diff(m.config, config.raw)) {
     const std::string path = op.value("path", "");
@@ -107,6 +102,31 @@ void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const Tra
         "math alone (same units per step: engine/zero_engine.h, Note [Exact gradient sums])",
         m.dir, fmt::join(changed, ", "));
   }
+}
+
+// groups == false: the saved groups are cut otherwise and the reslicer checks them.
+// `report`: this rank logs the note about config changes (rank 0 of the world).
+void check_compatible(const CheckpointManifest& m, ZeroEngine& engine, const TrainConfig& config,
+                      const std::string& model_name, const CheckpointTensorParallel& tensor, bool report,
+                      bool groups = true) {
+  const ManifestFields f(m.path);
+  if (m.model != model_name) throw mismatch(f, "model", m.model, model_name);
+  if (groups) check_groups(m, f, engine.groups(), tensor);
+  const EngineCheckpoint& state = engine.checkpoint();
+  if (m.state_arrays != state.state_arrays() || m.optimizer != config.optimizer.type) {
+    throw mismatch(f, "optimizer", m.optimizer, config.optimizer.type);
+  }
+  if (m.precision != precision_name(config.precision)) {
+    throw mismatch(f, "precision", m.precision, std::string(precision_name(config.precision)));
+  }
+  if (m.counters.loss_scaler.has_value() != state.counters().loss_scaler.has_value()) {
+    throw mismatch(f, "loss_scaler", m.counters.loss_scaler ? "set" : "null",
+                   state.counters().loss_scaler ? "a loss scaler" : "none");
+  }
+  if (m.seed != config.strata.seed) {
+    throw mismatch(f, "seed", std::to_string(m.seed), std::to_string(config.strata.seed));
+  }
+  check_config_changes(m, f, config, report);
 }
 
 }  // namespace
@@ -137,7 +157,7 @@ CheckpointManifest load(ZeroEngine& engine, Communicator& world, const TrainConf
     } else {
       std::set<std::string> verified;
       for (std::size_t g = 0; g < engine.groups().size(); ++g) {
-        const StateRange r = engine.state_range(g);
+        const StateRange r = engine.checkpoint().state_range(g);
         for (const CheckpointFile* f : reader->files_covering(index(g), r.offset_elems, r.elems)) {
           if (verified.insert(f->name).second) reader->verify_file(*f);
         }
@@ -150,16 +170,16 @@ CheckpointManifest load(ZeroEngine& engine, Communicator& world, const TrainConf
     throw FormatError(fmt::format("loading checkpoint {} failed on another rank (its message says why)", dir));
   }
   std::vector<StateRange> ranges;
-  for (std::size_t g = 0; g < engine.groups().size(); ++g) ranges.push_back(engine.state_range(g));
+  for (std::size_t g = 0; g < engine.groups().size(); ++g) ranges.push_back(engine.checkpoint().state_range(g));
   // A reslicer checked the manifest when it was made, on every rank alike, before these collectives.
-  engine.import_state([&](std::size_t g, int a, std::size_t begin, std::span<float> out) {
+  engine.checkpoint().import_state([&](std::size_t g, int a, std::size_t begin, std::span<float> out) {
     if (reslice != nullptr) {
       (*reslice)(*reader, g, a, ranges[g].offset_elems + begin, out);
     } else {
       reader->read(index(g), a, ranges[g].offset_elems + begin, out);
     }
   });
-  engine.restore_counters(m.counters);
+  engine.checkpoint().restore_counters(m.counters);
   return m;
 }
 

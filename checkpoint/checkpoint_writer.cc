@@ -67,19 +67,19 @@ void agree(Communicator& world, const std::exception_ptr& error, const std::stri
 // in engine/state_home_tiered_state.cc).
 class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
  public:
-  RankFileWriter(ZeroEngine& engine, const TrainConfig& config, const std::string& parent, const std::string& tmp_dir,
+  RankFileWriter(const EngineCheckpoint& state, const TrainConfig& config, const std::string& parent, const std::string& tmp_dir,
                  int rank, const CheckpointSaveOptions& options, const CheckpointRetention& retention)
       : rank_(rank),
         name_(fmt::format("rank-{:05}.bin", rank)),
         path_(tmp_dir + "/" + name_),
-        arrays_(static_cast<std::size_t>(engine.state_arrays())),
-        chunks_(engine.state_chunks()),
+        arrays_(static_cast<std::size_t>(state.state_arrays())),
+        chunks_(state.state_chunks()),
         options_(options) {
     std::uint64_t cursor = 0;
     for (const auto& c : chunks_) {
       offsets_.push_back(cursor);
       cursor += align_to_range(arrays_ * c.elems * sizeof(float));
-      range_offsets_.push_back(engine.state_range(c.group).offset_elems + c.begin_elems);
+      range_offsets_.push_back(state.state_range(c.group).offset_elems + c.begin_elems);
     }
     bytes_ = cursor;
     digests_.assign(chunks_.size() * arrays_, 0);
@@ -116,13 +116,13 @@ class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
   }
 
   // Every piece, copied from the engine's tiers after the step.
-  void copy(ZeroEngine& engine) {
-    engine.export_state([&](std::size_t i, std::span<const std::byte> padded) { return write(i, padded, {}); });
+  void copy(EngineCheckpoint& state) {
+    state.export_state([&](std::size_t i, std::span<const std::byte> padded) { return write(i, padded, {}); });
   }
 
-  // For ZeroEngine::capture_next_step: never throws; an error is kept for finish() and the step
+  // For EngineCheckpoint::capture_next_step: never throws; an error is kept for finish() and the step
   // goes on. The sink keeps the writer alive for as long as the engine holds it.
-  ZeroEngine::StateCaptureSink capture_sink() {
+  StateCaptureSink capture_sink() {
     return [self = shared_from_this()](std::size_t i, std::span<const std::byte> padded,
                                        offload::IoCallback done) -> offload::IoHandle {
       try {
@@ -183,7 +183,7 @@ class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
   int rank_;
   std::string name_, path_;
   std::size_t arrays_;
-  std::vector<ZeroEngine::StateChunkInfo> chunks_;
+  std::vector<StateChunkInfo> chunks_;
   std::vector<std::uint64_t> offsets_, range_offsets_, digests_;
   std::uint64_t bytes_ = 0;
   CheckpointSaveOptions options_;
@@ -339,10 +339,11 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(ZeroEngine& engine, Communic
   state->engine = &engine;
   state->step = step;
   make_tmp_dir(world, options, retention, step, &state->dirs);
-  if (engine.holds_primary_state() && engine.optimizer_offloaded()) {
-    state->writer = std::make_shared<RankFileWriter>(engine, config, state->dirs.parent, state->dirs.tmp_dir,
+  EngineCheckpoint& engine_state = engine.checkpoint();
+  if (engine_state.holds_primary_state() && engine.optimizer_offloaded()) {
+    state->writer = std::make_shared<RankFileWriter>(engine_state, config, state->dirs.parent, state->dirs.tmp_dir,
                                                      world.rank(), options, retention);
-    engine.capture_next_step(state->writer->capture_sink());
+    engine_state.capture_next_step(state->writer->capture_sink());
   }
   return std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint(std::move(state)));
 }
@@ -375,15 +376,16 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
   std::exception_ptr error;
   std::string record;
   try {
-    if (engine.holds_primary_state()) {
+    EngineCheckpoint& state = engine.checkpoint();
+    if (state.holds_primary_state()) {
       std::shared_ptr<RankFileWriter> writer;
       if (pending != nullptr) writer = std::move(pending->state_->writer);
-      const bool captured = writer != nullptr && engine.captured_pieces() == writer->pieces();
-      engine.capture_next_step(nullptr);  // disarmed by the step already, unless none ran
+      const bool captured = writer != nullptr && state.captured_pieces() == writer->pieces();
+      state.capture_next_step(nullptr);  // disarmed by the step already, unless none ran
       if (writer == nullptr) {
-        writer = std::make_shared<RankFileWriter>(engine, config, dirs.parent, dirs.tmp_dir, rank, options, retention);
+        writer = std::make_shared<RankFileWriter>(state, config, dirs.parent, dirs.tmp_dir, rank, options, retention);
       }
-      if (!captured) writer->copy(engine);
+      if (!captured) writer->copy(state);
       CheckpointFile file = writer->finish();
       // With tensor or pipeline parallelism, the checkpoint's index of each group (checkpoint/checkpoint.h).
       for (CheckpointRange& r : file.ranges) r.group = options.tensor.index(r.group, engine.groups().size());

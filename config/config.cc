@@ -111,9 +111,8 @@ void translate_cpu_offload(ConfigReader& r) {
   }
 }
 
-// The zero_optimization keys Strata reads and has no use for (each says why, at its DeepSpeed
-// default silently) and those it refuses (each says what to use instead).
-void read_zero_keys_without_effect(ConfigReader& r) {
+// zero_optimization's DeepSpeed fields that Strata reads and ignores (saying why) or refuses.
+void ignore_zero_fields(ConfigReader& r) {
   ignored_count(r, "stage3_max_reuse_distance", 0,
                 "a released group stays gathered when its next use falls inside the prefetch window "
                 "(stage3_prefetch_bucket_size, stage3_max_live_parameters); there is no separate reuse distance",
@@ -163,6 +162,22 @@ void read_zero_keys_without_effect(ConfigReader& r) {
   r.unsupported("offload_param_ratio", "partial parameter offload is not implemented", 1.0);
 }
 
+// Which offload each stage allows.
+void check_zero_offload(ConfigReader& r, const ZeroConfig& z) {
+  if (z.offload_param.device != OffloadDevice::None && z.stage != 3) {
+    r.fail("offload_param", fmt::format("parameter offload needs stage 3 (stage is {}); set zero_optimization.stage=3",
+                                        z.stage));
+  }
+  if (z.offload_param.device != OffloadDevice::None && z.offload_optimizer.device == OffloadDevice::None) {
+    r.fail("offload_param", "parameter offload needs the optimizer state offloaded too (its updates write the "
+                            "offloaded weights); set zero_optimization.offload_optimizer.device to \"cpu\", \"nvme\" or "
+                            "\"auto\"");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::None && z.stage == 0) {
+    r.fail("offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3; set zero_optimization.stage");
+  }
+}
+
 ZeroConfig parse_zero(ConfigReader r) {
   ZeroConfig z;
   // DeepSpeed's other names (zero/config.py: field names beside the stage3_ aliases; old forms).
@@ -190,21 +205,10 @@ ZeroConfig parse_zero(ConfigReader r) {
     r.get_int("mics_shard_size", &mics, -1, 1 << 20);
     z.sharding_factor = mics < 0 ? 0 : static_cast<int>(mics);
   }
-  read_zero_keys_without_effect(r);
+  ignore_zero_fields(r);
   if (r.has("aio")) r.fail("aio", "\"aio\" is a top-level section of the config, beside zero_optimization; move it there");
   r.finish();
-  if (z.offload_param.device != OffloadDevice::None && z.stage != 3) {
-    r.fail("offload_param", fmt::format("parameter offload needs stage 3 (stage is {}); set zero_optimization.stage=3",
-                                        z.stage));
-  }
-  if (z.offload_param.device != OffloadDevice::None && z.offload_optimizer.device == OffloadDevice::None) {
-    r.fail("offload_param", "parameter offload needs the optimizer state offloaded too (its updates write the "
-                            "offloaded weights); set zero_optimization.offload_optimizer.device to \"cpu\", \"nvme\" or "
-                            "\"auto\"");
-  }
-  if (z.offload_optimizer.device != OffloadDevice::None && z.stage == 0) {
-    r.fail("offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3; set zero_optimization.stage");
-  }
+  check_zero_offload(r, z);
   return z;
 }
 
@@ -356,6 +360,121 @@ SchedulerConfig parse_scheduler(ConfigReader r) {
   return s;
 }
 
+// The bf16 section: enabled (or "auto", resolved once strata.exact is known).
+void parse_bf16(ConfigReader& r, bool* bf16, bool* bf16_auto) {
+  ConfigReader b = r.section("bf16");
+  *bf16_auto = b.is_auto("enabled");
+  if (!*bf16_auto) b.get_bool("enabled", bf16);
+  b.ignored("immediate_grad_update", "gradients are always reduced and accumulated per param group as soon as the "
+                                     "group's backward is done");
+  b.ignored("check_grad_overflow", "every step checks its gradient norm for non-finite values", true);
+  b.unsupported("bf16_master_weights_and_grads", "the master weights are always fp32");
+  b.unsupported("bf16_optimizer_states", "the optimizer states are always fp32");
+  for (const char* scaling : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                              "consecutive_hysteresis", "min_loss_scale"}) {
+    if (b.has(scaling)) {
+      b.fail(scaling, "bf16 has no loss scaling (its range is fp32's); this key belongs in the fp16 section");
+    }
+  }
+  b.finish();
+}
+
+// The fp16 section: enabled (or "auto") and the loss scaler's settings.
+void parse_fp16(ConfigReader& r, TrainConfig& c, bool* fp16, bool* fp16_auto) {
+  ConfigReader f = r.section("fp16");
+  *fp16_auto = f.is_auto("enabled");
+  if (!*fp16_auto) f.get_bool("enabled", fp16);
+  f.get_double("loss_scale", &c.fp16.loss_scale, 0.0, 1e38);
+  f.get_int("initial_scale_power", &c.fp16.initial_scale_power, 0, 127);
+  f.get_int("loss_scale_window", &c.fp16.loss_scale_window, 1, 1 << 30);
+  f.get_int("hysteresis", &c.fp16.hysteresis, 1, 1 << 20);
+  f.get_bool("consecutive_hysteresis", &c.fp16.consecutive_hysteresis);
+  f.get_double("min_loss_scale", &c.fp16.min_loss_scale, 0.0, 1e38);
+  f.ignored("auto_cast", "the models take token ids and compute in the working dtype throughout; there is no "
+                         "input to cast", false);
+  f.unsupported("fp16_master_weights_and_grads", "the master weights are always fp32");
+  f.finish();
+}
+
+void resolve_precision(TrainConfig& c, bool bf16, bool fp16, bool bf16_auto, bool fp16_auto) {
+  // Precision (see Note [Auto values] above). Exact mode is fp32; otherwise bf16 (Strata's mixed precision on
+  // the sim device and on every GPU it builds for, sm_80 and up), unless fp16 was asked for.
+  if (bf16_auto) {
+    bf16 = !c.strata.exact && !fp16;
+    c.resolved_auto.push_back({"bf16.enabled", bf16 ? "true" : "false",
+                               c.strata.exact ? "strata.exact is fp32 everywhere"
+                               : fp16         ? "fp16.enabled is true"
+                                              : "bf16 with fp32 master weights, Strata's mixed precision"});
+  }
+  if (fp16_auto) {
+    c.resolved_auto.push_back({"fp16.enabled", "false",
+                               c.strata.exact ? "strata.exact is fp32 everywhere"
+                               : bf16         ? "bf16 is enabled"
+                                              : "fp16 only when asked for, as the Hugging Face Trainer (--fp16)"});
+  }
+  c.precision = bf16 ? Precision::Bf16 : fp16 ? Precision::Fp16 : Precision::Fp32;
+}
+
+void resolve_learning_rate(TrainConfig& c) {
+  // The learning rate and the schedule's peak, each from the other where one is "auto".
+  if (c.optimizer.lr_auto) {
+    const bool from_schedule = !c.scheduler.type.empty() && !c.scheduler.warmup_max_lr_auto &&
+                               c.scheduler.type != "WarmupCosineLR";
+    c.optimizer.lr = from_schedule ? c.scheduler.warmup_max_lr : 5e-5;
+    c.resolved_auto.push_back({"optimizer.params.lr", fmt::format("{}", c.optimizer.lr),
+                               from_schedule ? "scheduler.params.warmup_max_lr"
+                                             : "the Hugging Face Trainer's learning_rate"});
+  }
+  if (c.scheduler.warmup_max_lr_auto) {
+    c.scheduler.warmup_max_lr = c.optimizer.lr;
+    c.resolved_auto.push_back({"scheduler.params.warmup_max_lr", fmt::format("{}", c.optimizer.lr),
+                               "optimizer.params.lr"});
+  }
+}
+
+// The top-level DeepSpeed fields that Strata reads and ignores (saying why) or refuses.
+void ignore_top_level_fields(ConfigReader& r) {
+  r.ignored("wall_clock_breakdown", "set strata.trace for a timeline of every stream; the summary prints tokens/s",
+            false);
+  r.ignored("zero_allow_untested_optimizer",
+            "the optimizer always comes from the \"optimizer\" section; there is no client optimizer to allow");
+  r.ignored("zero_force_ds_cpu_optimizer", "an offloaded optimizer always runs Strata's own SIMD CPU kernels", true);
+  r.ignored("memory_breakdown", "the tier plan before the first step and the summary print the bytes per tier", false);
+  r.ignored("dump_state", "the tier plan and the model line at startup show the configuration in effect", false);
+  r.ignored("activation_checkpointing",
+            "it configures deepspeed.checkpointing, which Strata's models do not call; Strata recomputes blocks in "
+            "backward with strata.model.checkpoint_activations");
+  // Monitors: switched on, they have no effect (nothing is lost: strata.metrics has the figures).
+  const char* monitor = "Strata writes its metrics as JSON lines to strata.metrics, and strata.trace a timeline";
+  for (const char* key : {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger"}) {
+    r.ignored_section(key, monitor);
+  }
+  {
+    ConfigReader d = r.section("data_types");
+    std::string accum = "fp32";
+    d.get_choice("grad_accum_dtype", &accum, {"fp32", "fp16", "bf16"});
+    d.ignored("grad_accum_dtype",
+              "gradients are summed across micro-batches in fp32 (the optimizer's side keeps fp32 sums)", "fp32");
+    d.finish();
+  }
+  r.ignored("communication_data_type",
+            "collectives carry the working dtype (fp32 in exact mode); the gradient sums across micro-batches are "
+            "fp32 on the optimizer's side");
+  const char* not_here = "it is not part of Strata";
+  r.unsupported("amp", "use bf16 or fp16 (Strata has no apex/amp mode)");
+  r.unsupported("pipeline", "set strata.parallel.pipeline (1F1B or GPipe pipeline parallelism) instead");
+  r.unsupported("tensor_parallel", "set strata.parallel.tensor (Megatron 1D tensor parallelism) instead");
+  r.unsupported("compression_training", not_here);
+  r.unsupported("sparse_attention", not_here);
+  r.unsupported("elasticity", not_here);
+  r.unsupported("data_efficiency", not_here);
+  r.unsupported("curriculum_learning", not_here);
+  r.unsupported("autotuning", not_here);
+  r.unsupported("prescale_gradients", "gradients are averaged after reduction");
+  r.unsupported("gradient_predivide_factor", "gradients are averaged after reduction", 1.0);
+  r.unsupported("sparse_gradients", not_here);
+}
+
 }  // namespace
 
 std::string_view offload_device_name(OffloadDevice d) {
@@ -403,38 +522,8 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   bool fp16 = false;
   bool bf16_auto = false, fp16_auto = false;  // resolved once strata.exact is known
   r.alias("bfloat16", "bf16");  // DeepSpeed's legacy name
-  {
-    ConfigReader b = r.section("bf16");
-    bf16_auto = b.is_auto("enabled");
-    if (!bf16_auto) b.get_bool("enabled", &bf16);
-    b.ignored("immediate_grad_update", "gradients are always reduced and accumulated per param group as soon as the "
-                                       "group's backward is done");
-    b.ignored("check_grad_overflow", "every step checks its gradient norm for non-finite values", true);
-    b.unsupported("bf16_master_weights_and_grads", "the master weights are always fp32");
-    b.unsupported("bf16_optimizer_states", "the optimizer states are always fp32");
-    for (const char* scaling : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-                                "consecutive_hysteresis", "min_loss_scale"}) {
-      if (b.has(scaling)) {
-        b.fail(scaling, "bf16 has no loss scaling (its range is fp32's); this key belongs in the fp16 section");
-      }
-    }
-    b.finish();
-  }
-  {
-    ConfigReader f = r.section("fp16");
-    fp16_auto = f.is_auto("enabled");
-    if (!fp16_auto) f.get_bool("enabled", &fp16);
-    f.get_double("loss_scale", &c.fp16.loss_scale, 0.0, 1e38);
-    f.get_int("initial_scale_power", &c.fp16.initial_scale_power, 0, 127);
-    f.get_int("loss_scale_window", &c.fp16.loss_scale_window, 1, 1 << 30);
-    f.get_int("hysteresis", &c.fp16.hysteresis, 1, 1 << 20);
-    f.get_bool("consecutive_hysteresis", &c.fp16.consecutive_hysteresis);
-    f.get_double("min_loss_scale", &c.fp16.min_loss_scale, 0.0, 1e38);
-    f.ignored("auto_cast", "the models take token ids and compute in the working dtype throughout; there is no "
-                           "input to cast", false);
-    f.unsupported("fp16_master_weights_and_grads", "the master weights are always fp32");
-    f.finish();
-  }
+  parse_bf16(r, &bf16, &bf16_auto);
+  parse_fp16(r, c, &fp16, &fp16_auto);
   if (bf16 && fp16) r.fail("fp16", "fp16.enabled and bf16.enabled are both true; enable at most one");
 
   c.zero = parse_zero(r.section("zero_optimization"));
@@ -443,76 +532,10 @@ TrainConfig parse_train_config(const nlohmann::json& root, const std::string& so
   c.scheduler = parse_scheduler(r.section("scheduler"));
   c.strata = parse_strata(r.section("strata"));
 
-  // Precision (see Note [Auto values] above). Exact mode is fp32; otherwise bf16 (Strata's mixed precision on
-  // the sim device and on every GPU it builds for, sm_80 and up), unless fp16 was asked for.
-  if (bf16_auto) {
-    bf16 = !c.strata.exact && !fp16;
-    c.resolved_auto.push_back({"bf16.enabled", bf16 ? "true" : "false",
-                               c.strata.exact ? "strata.exact is fp32 everywhere"
-                               : fp16         ? "fp16.enabled is true"
-                                              : "bf16 with fp32 master weights, Strata's mixed precision"});
-  }
-  if (fp16_auto) {
-    c.resolved_auto.push_back({"fp16.enabled", "false",
-                               c.strata.exact ? "strata.exact is fp32 everywhere"
-                               : bf16         ? "bf16 is enabled"
-                                              : "fp16 only when asked for, as the Hugging Face Trainer (--fp16)"});
-  }
-  c.precision = bf16 ? Precision::Bf16 : fp16 ? Precision::Fp16 : Precision::Fp32;
-  // The learning rate and the schedule's peak, each from the other where one is "auto".
-  if (c.optimizer.lr_auto) {
-    const bool from_schedule = !c.scheduler.type.empty() && !c.scheduler.warmup_max_lr_auto &&
-                               c.scheduler.type != "WarmupCosineLR";
-    c.optimizer.lr = from_schedule ? c.scheduler.warmup_max_lr : 5e-5;
-    c.resolved_auto.push_back({"optimizer.params.lr", fmt::format("{}", c.optimizer.lr),
-                               from_schedule ? "scheduler.params.warmup_max_lr"
-                                             : "the Hugging Face Trainer's learning_rate"});
-  }
-  if (c.scheduler.warmup_max_lr_auto) {
-    c.scheduler.warmup_max_lr = c.optimizer.lr;
-    c.resolved_auto.push_back({"scheduler.params.warmup_max_lr", fmt::format("{}", c.optimizer.lr),
-                               "optimizer.params.lr"});
-  }
+  resolve_precision(c, bf16, fp16, bf16_auto, fp16_auto);
+  resolve_learning_rate(c);
 
-  r.ignored("wall_clock_breakdown", "set strata.trace for a timeline of every stream; the summary prints tokens/s",
-            false);
-  r.ignored("zero_allow_untested_optimizer",
-            "the optimizer always comes from the \"optimizer\" section; there is no client optimizer to allow");
-  r.ignored("zero_force_ds_cpu_optimizer", "an offloaded optimizer always runs Strata's own SIMD CPU kernels", true);
-  r.ignored("memory_breakdown", "the tier plan before the first step and the summary print the bytes per tier", false);
-  r.ignored("dump_state", "the tier plan and the model line at startup show the configuration in effect", false);
-  r.ignored("activation_checkpointing",
-            "it configures deepspeed.checkpointing, which Strata's models do not call; Strata recomputes blocks in "
-            "backward with strata.model.checkpoint_activations");
-  // Monitors: switched on, they have no effect (nothing is lost: strata.metrics has the figures).
-  const char* monitor = "Strata writes its metrics as JSON lines to strata.metrics, and strata.trace a timeline";
-  for (const char* key : {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger"}) {
-    r.ignored_section(key, monitor);
-  }
-  {
-    ConfigReader d = r.section("data_types");
-    std::string accum = "fp32";
-    d.get_choice("grad_accum_dtype", &accum, {"fp32", "fp16", "bf16"});
-    d.ignored("grad_accum_dtype",
-              "gradients are summed across micro-batches in fp32 (the optimizer's side keeps fp32 sums)", "fp32");
-    d.finish();
-  }
-  r.ignored("communication_data_type",
-            "collectives carry the working dtype (fp32 in exact mode); the gradient sums across micro-batches are "
-            "fp32 on the optimizer's side");
-  const char* not_here = "it is not part of Strata";
-  r.unsupported("amp", "use bf16 or fp16 (Strata has no apex/amp mode)");
-  r.unsupported("pipeline", "set strata.parallel.pipeline (1F1B or GPipe pipeline parallelism) instead");
-  r.unsupported("tensor_parallel", "set strata.parallel.tensor (Megatron 1D tensor parallelism) instead");
-  r.unsupported("compression_training", not_here);
-  r.unsupported("sparse_attention", not_here);
-  r.unsupported("elasticity", not_here);
-  r.unsupported("data_efficiency", not_here);
-  r.unsupported("curriculum_learning", not_here);
-  r.unsupported("autotuning", not_here);
-  r.unsupported("prescale_gradients", "gradients are averaged after reduction");
-  r.unsupported("gradient_predivide_factor", "gradients are averaged after reduction", 1.0);
-  r.unsupported("sparse_gradients", not_here);
+  ignore_top_level_fields(r);
   r.finish();
 
   if (c.strata.max_skipped_steps == 0) {  // "auto"

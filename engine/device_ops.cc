@@ -1,12 +1,8 @@
-// The engine's device-op front layer (engine/device_ops.h): checks the arguments once, then routes
-// each op by the stream's device kind, in one place (launch below, as in models/kernels/ops.cc):
-// on sim to its CPU kernel (the `cpu` namespace here, or the optim/ function it promises the bits
-// of), enqueued as a sim kernel (core/device/sim_kernel.h) with its arguments captured by value; on cuda to its
+// The engine's device-op front layer (engine/device_ops.h): checks the arguments once, then hands
+// each op to the backend dispatch shared with models/kernels/ops.cc (core/device/op_dispatch.h,
+// Note [Op backends]): on sim its CPU kernel (the `cpu` namespace here, or the optim/ function it
+// promises the bits of), enqueued as a sim kernel with its arguments captured by value; on cuda its
 // launcher in engine/device_ops_cuda.h, enqueued on the stream's cudaStream_t.
-//
-// The CUDA lambdas are generic (`auto` parameter) so that in builds without the CUDA backend they
-// are never instantiated and nothing refers to the launchers; such a build answers a cuda stream
-// with a DeviceError that says so.
 #include "engine/device_ops.h"
 
 #include <algorithm>
@@ -22,7 +18,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
-#include "core/device/sim_kernel.h"
+#include "core/device/op_dispatch.h"
 #include "core/dtype_bulk.h"
 #include "core/error.h"
 #include "core/tsan.h"
@@ -118,35 +114,11 @@ void block_sum_squares(const void* grad, DType dtype, std::size_t n, double* out
 
 // ---- Dispatch ----------------------------------------------------------------------------------
 
-#if defined(STRATA_HAVE_CUDA)
-// The cudaStream_t of a cuda stream, after the check the sim path does not need.
-void* cuda_stream(Stream& stream, const char* op) {
-  void* native = stream.native_handle();
-  if (native == nullptr) {
-    throw DeviceError(fmt::format("device op '{}': stream '{}' of device {} (kind cuda) has no CUDA stream; create "
-                                  "the stream on the cuda device",
-                                  op, stream.name(), stream.device().name()));
-  }
-  return native;
-}
-#endif
-
+// Every op goes through here: its backend is picked in core/device/op_dispatch.h (Note [Op backends]).
 template <typename HostFn, typename CudaFn>
-void launch(Stream& stream, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device) {
-  switch (stream.device().kind()) {
-    case DeviceKind::Sim: launch_sim_kernel(stream, std::function<void()>(std::forward<HostFn>(host))); return;
-    case DeviceKind::Cuda:
-#if defined(STRATA_HAVE_CUDA)
-      device(cuda_stream(stream, op));
-      return;
-#else
-      throw DeviceError(fmt::format("device op '{}' on stream '{}' of {} needs the CUDA backend, but this build of "
-                                    "Strata has none (configure with -DSTRATA_CUDA=ON where nvcc is installed); use "
-                                    "--device sim",
-                                    op, stream.name(), stream.device().name()));
-#endif
-  }
-  STRATA_CHECK(false, "unknown device kind for device op {}", op);
+void launch(Stream& stream, const char* op, HostFn&& host, CudaFn&& device) {
+  run_on_backend(OpSite{stream.device().kind(), &stream, "device op", op}, std::forward<HostFn>(host),
+                 std::forward<CudaFn>(device));
 }
 
 void check_pointers(const char* op, std::size_t n, std::initializer_list<const void*> pointers) {

@@ -7,8 +7,9 @@
 // Every op is enqueued on a Stream and returns at once; it runs when the stream reaches it, in
 // stream order with the stream's other work. Pointers are device memory of the stream's device
 // unless an argument says otherwise, and must stay valid until the stream has passed the op (an
-// event, Stream::synchronize, Stream::release_after). Zero elements enqueue nothing. The op is
-// chosen by stream.device().kind() (engine/device_ops.cc, modelled on models/kernels/ops.cc):
+// event, Stream::synchronize, Stream::release_after). Zero elements enqueue nothing. The backend is
+// chosen by stream.device().kind() (core/device/op_dispatch.h, Note [Op backends], shared with
+// models/kernels/ops.cc):
 //  * sim: the CPU kernel, enqueued as a sim kernel (core/device/sim_kernel.h: it runs on the
 //    stream's worker; its arguments are captured by value). An exception it throws becomes the
 //    stream's sticky error.

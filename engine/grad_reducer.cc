@@ -10,8 +10,8 @@
 namespace strata {
 
 GradReducer::GradReducer(EngineContext& ctx, std::span<const ParamGroupSpec> specs, ParamFetcher& memory,
-                         StateHome& home)
-    : ctx_(ctx), memory_(memory), home_(home), groups_(ctx.group_count()) {
+                         GradientSink& sink)
+    : ctx_(ctx), memory_(memory), sink_(sink), groups_(ctx.group_count()) {
   for (Group& G : groups_) G.grad_event = ctx_.device.create_event();
   step_done_ = ctx_.device.create_event();
   ready_per_micro_.assign(specs.size(), 0);
@@ -59,13 +59,13 @@ void GradReducer::bound_in_flight() {
 // Note [Gradients in place]: with one micro-batch per step and a reduction that changes nothing (one
 // rank holds the whole group), and the step's gradient on the device (RunPlan::gradients_in_place),
 // the model's backward writes the group's gradient straight into the state home's buffer for the
-// step's gradient (StateHome::reduction_target; the device home keeps it across steps, Note
+// step's gradient (GradientSink::reduction_target; the device home keeps it across steps, Note
 // [Gradient buffers kept across steps]) and the reduction is a no-op: no per-micro-batch buffer and
 // no copy. Otherwise each group's backward gets a micro-batch buffer (Note [Reductions in flight]).
 void* GradReducer::in_place_target(std::size_t g) {
   const GroupPlan& P = ctx_.group(g);
   if (!ctx_.plan.gradients_in_place() || P.grad_elems != P.layout.total_elems()) return nullptr;
-  return home_.reduction_target(g);
+  return sink_.reduction_target(g);
 }
 
 GroupViews GradReducer::acquire(std::size_t g, Stream* stream) {
@@ -116,7 +116,7 @@ void GradReducer::reduce(std::size_t g) {
       comm.memset(in_place_target(g), 0, L.total_elems() * wbytes);
     }
     G.in_place = nullptr;
-    home_.add_unit(g, DeviceMemory(), G.units);
+    sink_.add_unit(g, DeviceMemory(), G.units);
     ++G.units;
     G.reduced_this_micro = true;
     return;
@@ -131,7 +131,7 @@ void GradReducer::reduce(std::size_t g) {
     comm.wait(*G.grad_event);
   }
   DeviceMemory reduced;
-  void* target = home_.reduction_target(g);
+  void* target = sink_.reduction_target(g);
   if (target == nullptr) {
     reduced = memory_.allocate(P.grad_elems * wbytes, "grad.reduced", g);
     target = reduced.data();
@@ -149,7 +149,7 @@ void GradReducer::reduce(std::size_t g) {
     ctx_.world.all_reduce(G.micro_grad.data(), target, P.grad_elems, dtype, ReduceOp::Sum, comm);
   }
   comm.release_after(std::move(G.micro_grad));
-  home_.add_unit(g, std::move(reduced), G.units);
+  sink_.add_unit(g, std::move(reduced), G.units);
   std::unique_ptr<Event> done;
   if (spare_events_.empty()) {
     done = ctx_.device.create_event();

@@ -17,12 +17,12 @@
 namespace strata {
 
 class ParamFetcher;
-class StateHome;
+class GradientSink;
 
 class GradReducer {
  public:
   // `memory` allocates the gradient buffers (it may give back gathered weights to make room).
-  GradReducer(EngineContext& ctx, std::span<const ParamGroupSpec> specs, ParamFetcher& memory, StateHome& home);
+  GradReducer(EngineContext& ctx, std::span<const ParamGroupSpec> specs, ParamFetcher& memory, GradientSink& sink);
 
   void begin_micro_batch();
   void end_micro_batch();
@@ -65,7 +65,7 @@ class GradReducer {
   std::uint64_t in_flight_waits_ = 0;
   EngineContext& ctx_;
   ParamFetcher& memory_;
-  StateHome& home_;
+  GradientSink& sink_;
   std::vector<Group> groups_;
   int micro_index_ = -1;
   bool first_micro_batch_ever_ = true;

@@ -2,6 +2,7 @@
 #include "engine/param_fetcher.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -11,8 +12,13 @@
 
 namespace strata {
 
-ParamFetcher::ParamFetcher(EngineContext& ctx, WorkingWeights& weights, StateHome& home)
-    : ctx_(ctx), weights_(weights), home_(home), groups_(ctx.group_count()) {
+ParamFetcher::ParamFetcher(EngineContext& ctx, WorkingWeights& weights, ParamTier* tier,
+                           std::function<void()> drain_host_work)
+    : ctx_(ctx),
+      weights_(weights),
+      tier_(tier),
+      drain_host_work_(std::move(drain_host_work)),
+      groups_(ctx.group_count()) {
   for (Group& G : groups_) G.gathered_event = ctx_.device.create_event();
 }
 
@@ -90,7 +96,7 @@ void ParamFetcher::start_gather(std::size_t g, bool prefetch) {
   const std::size_t total = P.layout.total_elems();
   const std::size_t wbytes = ctx_.wbytes();
   DeviceMemory gathered;
-  if (home_.params_offloaded()) {
+  if (tier_ != nullptr) {
     gather_from_tier(g, gathered, prefetch);
   } else {
     gathered = allocate(total * wbytes, "param.gathered", g, prefetch);
@@ -111,7 +117,7 @@ void ParamFetcher::start_gather(std::size_t g, bool prefetch) {
 void ParamFetcher::gather_from_tier(std::size_t g, DeviceMemory& gathered, bool prefetch) {
   const GroupPlan& P = ctx_.group(g);
   const std::size_t wbytes = ctx_.wbytes();
-  std::shared_ptr<offload::BufferLease> slot = home_.reserve_param_slot(g);
+  std::shared_ptr<offload::BufferLease> slot = tier_->reserve_param_slot(g);
   gathered = allocate(P.layout.total_elems() * wbytes, "param.gathered", g, prefetch);
   DeviceMemory shard;
   void* dst = gathered.data();
@@ -119,7 +125,7 @@ void ParamFetcher::gather_from_tier(std::size_t g, DeviceMemory& gathered, bool 
     shard = allocate(P.layout.shard_elems() * wbytes, "param.shard", g, prefetch);
     dst = shard.data();
   }
-  home_.upload_params(g, dst, std::move(slot));
+  tier_->upload_params(g, dst, std::move(slot));
   if (!shard.empty()) {
     ctx_.shard_comm.all_gather(dst, gathered.data(), P.layout.shard_elems(), ctx_.working(), ctx_.comm);
     ctx_.comm.release_after(std::move(shard));
@@ -142,7 +148,7 @@ DeviceMemory ParamFetcher::allocate(std::size_t bytes, std::string_view tag, std
   // prefetch gives up, a demand fetch evicts gathered copies that must be gathered again later,
   // which is a collective) are the same on every rank. The home's host work frees reduced
   // gradients as it goes: it is drained first.
-  home_.synchronize();
+  drain_host_work_();
   for (Stream* s : streams) s->synchronize();
   if (prefetch) return ctx_.device.allocate(bytes, tag);  // evict nothing
   try {
@@ -154,7 +160,7 @@ DeviceMemory ParamFetcher::allocate(std::size_t bytes, std::string_view tag, std
     if (h == keep_group || H.live > 0 || H.gathered.empty()) continue;
     free_gathered(h, H.last_use_stream != nullptr ? H.last_use_stream : &ctx_.comm);
   }
-  home_.synchronize();
+  drain_host_work_();
   for (Stream* s : streams) s->synchronize();
   return ctx_.device.allocate(bytes, tag);
 }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -15,12 +16,15 @@
 
 namespace strata {
 
-class StateHome;
+class ParamTier;
 class WorkingWeights;
 
 class ParamFetcher {
  public:
-  ParamFetcher(EngineContext& ctx, WorkingWeights& weights, StateHome& home);
+  // `tier`: where the sharded W lives on the parameter tier (engine/state_home.h), else null.
+  // `drain_host_work` waits for the state home's queued host work, which frees device memory as it
+  // goes (allocate runs it before it gives up).
+  ParamFetcher(EngineContext& ctx, WorkingWeights& weights, ParamTier* tier, std::function<void()> drain_host_work);
 
   // ParamProvider::acquire_params / release_params.
   GroupViews acquire(std::size_t g, ParamPhase phase, Stream* stream);
@@ -70,7 +74,8 @@ class ParamFetcher {
 
   EngineContext& ctx_;
   WorkingWeights& weights_;
-  StateHome& home_;
+  ParamTier* tier_;
+  std::function<void()> drain_host_work_;
   std::vector<Group> groups_;
 
   std::vector<TraceEntry> trace_;

@@ -1,5 +1,5 @@
 // Where the optimizer state lives: this rank's fp32 master weights and moments of every param
-// group, and the step's fp32 gradient sum they consume. Two homes behind one interface:
+// group, and the step's fp32 gradient sum they consume. Two homes behind the interfaces below:
 //   - on the device (engine/state_home_device.cc): the sums and the update are device ops
 //     (engine/device_ops.h) on the engine's communication stream;
 //   - on host memory or NVMe (engine/state_home_tiered.h, Note [Offload] in engine/zero_engine.h):
@@ -46,26 +46,20 @@ struct StatePiece {
   offload::IoHandle read;
 };
 
-class StateHome {
+// Note [State home interfaces]: a home does four jobs (the step, checkpoint pieces, the parameter
+// tier, stats), each behind an interface of its own, and each part of the engine holds only the one
+// it uses (the step's is two: the gradients coming in, and the step's decisions over them):
+//   GradientSink     the reduced gradients of each unit (engine/grad_reducer.h);
+//   StateStepper     the step: the final gradients, their norm's parts, the update (ZeroEngine::step);
+//   StateCheckpoint  the state piece by piece, out and in (engine/zero_engine_state.cc);
+//   ParamTier        the working weights on the parameter tier (engine/param_fetcher.h), only
+//                    where the plan puts them there (StateHome::param_tier);
+//   StateStats       what the homes count (ZeroEngine::offload_stats).
+// StateHome is the owner's view (ZeroEngine): the set-up and all of the above.
+
+// Where the gradient reducer hands each unit's gradient, reduced across ranks.
+class GradientSink {
  public:
-  virtual ~StateHome() = default;
-
-  // ---- set-up
-  // Group g's initial values: the fp32 master of the whole group and W in the working dtype (host).
-  virtual void init_group(std::size_t g, const float* master_full, const void* working_full) = 0;
-  // The device-resident fp32 master of g's state range (W may alias it), or null.
-  virtual float* device_master(std::size_t g) const = 0;
-  // Waits for the home's own queued host work (which frees device memory as it goes: the device
-  // allocator drains it before it gives up).
-  virtual void synchronize() {}
-
-  // ---- one step
-  // The learning rate of the step about to start; true when the update will run during backward
-  // (Note [Overlapped update], engine/state_home_tiered.cc).
-  virtual bool prepare_step(double lr) = 0;
-  // At step(lr): whether prepare_step promised an overlapped update for this step (which then
-  // already ran); clears the promise. InternalError when `lr` is not the announced one.
-  virtual bool take_overlap(double lr) = 0;
   // Where the reduction of group g's unit should land (grad_elems elements in the working dtype,
   // device memory the home keeps across steps), or null: the reducer allocates it and hands it over.
   virtual void* reduction_target(std::size_t /*g*/) { return nullptr; }
@@ -73,6 +67,20 @@ class StateHome {
   // grad_elems elements in the working dtype on the device, ready on the communication stream
   // (empty when it landed in reduction_target(g)).
   virtual void add_unit(std::size_t g, DeviceMemory reduced, int unit) = 0;
+
+ protected:
+  ~GradientSink() = default;
+};
+
+// One step of the optimizer over the state, wherever it lives.
+class StateStepper {
+ public:
+  // The learning rate of the step about to start; true when the update will run during backward
+  // (Note [Overlapped update], engine/state_home_tiered.cc).
+  virtual bool prepare_step(double lr) = 0;
+  // At step(lr): whether prepare_step promised an overlapped update for this step (which then
+  // already ran); clears the promise. InternalError when `lr` is not the announced one.
+  virtual bool take_overlap(double lr) = 0;
   // After the last unit: forms the final gradients and waits until their block partials are ready.
   virtual void finish_grads() = 0;
   // Sums of squares of this rank's final gradient of g, one per optimizer block, in order.
@@ -90,7 +98,13 @@ class StateHome {
   // Ready for the next step's sums.
   virtual void end_step() = 0;
 
-  // ---- checkpoints (between steps)
+ protected:
+  ~StateStepper() = default;
+};
+
+// The state piece by piece, for checkpoints (between steps).
+class StateCheckpoint {
+ public:
   virtual std::vector<StateChunkInfo> pieces() const = 0;
   // How many pieces may be in flight at once, and one of them fetched (its read started).
   virtual std::size_t export_depth() const = 0;
@@ -99,20 +113,49 @@ class StateHome {
   virtual void import_state(const StateSource& source) = 0;
   // This rank's fp32 master of g's state range, on the host.
   virtual std::vector<float> master_range(std::size_t g) = 0;
-  // Only where state lives on a tier; see Note [Checkpoint capture] in engine/state_home_tiered_state.cc.
+  // Note [Checkpoint capture] (engine/state_home_tiered_state.cc): only where state lives on a tier.
   virtual bool arm_capture(StateCaptureSink sink) = 0;
   virtual void disarm_capture() = 0;
   virtual std::size_t captured_pieces() const = 0;
 
-  // ---- working weights on the parameter tier (stage 3, offload_param)
-  virtual bool params_offloaded() const { return false; }
+ protected:
+  ~StateCheckpoint() = default;
+};
+
+// The working weights on the parameter tier (stage 3, offload_param).
+class ParamTier {
+ public:
   // For a fetch of group g's shard from the parameter tier: a pinned slot where the shard lives on
   // NVMe (waited for, Note [Deterministic prefetch]), else null. Taken before the device memory.
-  virtual std::shared_ptr<offload::BufferLease> reserve_param_slot(std::size_t /*g*/) { return nullptr; }
+  virtual std::shared_ptr<offload::BufferLease> reserve_param_slot(std::size_t g) = 0;
   // Enqueues on the communication stream the copy of g's shard from the tier to `dst` (device).
-  virtual void upload_params(std::size_t /*g*/, void* /*dst*/, std::shared_ptr<offload::BufferLease> /*slot*/) {}
+  virtual void upload_params(std::size_t g, void* dst, std::shared_ptr<offload::BufferLease> slot) = 0;
 
-  virtual StateHomeStats stats() const { return {}; }
+ protected:
+  ~ParamTier() = default;
+};
+
+class StateStats {
+ public:
+  virtual StateHomeStats stats() const = 0;
+
+ protected:
+  ~StateStats() = default;
+};
+
+class StateHome : public GradientSink, public StateStepper, public StateCheckpoint, public StateStats {
+ public:
+  virtual ~StateHome() = default;
+
+  // Group g's initial values: the fp32 master of the whole group and W in the working dtype (host).
+  virtual void init_group(std::size_t g, const float* master_full, const void* working_full) = 0;
+  // The device-resident fp32 master of g's state range (W may alias it), or null.
+  virtual float* device_master(std::size_t g) const = 0;
+  // Waits for the home's own queued host work (which frees device memory as it goes: the device
+  // allocator drains it before it gives up).
+  virtual void synchronize() {}
+  // The parameter tier where the plan puts the sharded working weights there, else null.
+  virtual ParamTier* param_tier() { return nullptr; }
 };
 
 // W of a run of new master values, for an import: the values themselves in fp32, else their

@@ -226,6 +226,8 @@ class DeviceStateHome final : public StateHome {
   void disarm_capture() override {}
   std::size_t captured_pieces() const override { return 0; }
 
+  StateHomeStats stats() const override { return {}; }
+
  private:
   struct Group {
     DeviceMemory master;

@@ -111,7 +111,7 @@ void TieredStateHome::init_group(std::size_t g, const float* master_full, const 
     if (params_ && P.sharded_params) {
       const std::size_t pbytes = wbytes * c.elems;
       const std::string pkey = param_key(g, k);
-      const Tier ptier = param_tier(g, k);
+      const Tier ptier = weights_tier(g, k);
       std::byte* pdst = ptier == Tier::Host ? store_->host(pkey, pbytes, /*device_copies=*/true).data() : stage;
       std::memcpy(pdst, static_cast<const std::byte*>(working_full) + (P.state_offset + c.begin) * wbytes, pbytes);
       if (ptier == Tier::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
@@ -346,7 +346,7 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
     std::vector<offload::IoHandle> reads;
     for (std::size_t k = 0; k < P.chunks.size(); ++k) {
       const StateChunk& c = P.chunks[k];
-      if (param_tier(g, k) != Tier::Nvme) continue;
+      if (weights_tier(g, k) != Tier::Nvme) continue;
       reads.push_back(store_->swap().read(param_key(g, k), slot->span().subspan(c.begin * wbytes, c.elems * wbytes)));
       store_->count_read(c.elems * wbytes);
     }
@@ -356,11 +356,11 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
   for (std::size_t k = 0; k < P.chunks.size();) {
     const std::size_t begin = P.chunks[k].begin * wbytes;
     std::size_t bytes = P.chunks[k].elems * wbytes;
-    if (param_tier(g, k) == Tier::Host) {
+    if (weights_tier(g, k) == Tier::Host) {
       comm.copy_h2d(out + begin, store_->host(param_key(g, k), bytes, /*device_copies=*/true).data(), bytes);
       ++k;
     } else {  // a run of NVMe chunks is contiguous in the slot: one copy
-      while (++k < P.chunks.size() && param_tier(g, k) == Tier::Nvme) bytes += P.chunks[k].elems * wbytes;
+      while (++k < P.chunks.size() && weights_tier(g, k) == Tier::Nvme) bytes += P.chunks[k].elems * wbytes;
       comm.copy_h2d(out + begin, slot->data() + begin, bytes);
     }
     copy_bytes_.fetch_add(bytes);

@@ -30,7 +30,7 @@
 
 namespace strata {
 
-class TieredStateHome final : public StateHome {
+class TieredStateHome final : public StateHome, public ParamTier {
  public:
   TieredStateHome(EngineContext& ctx, WorkingWeights& weights);
   ~TieredStateHome() override;
@@ -59,7 +59,7 @@ class TieredStateHome final : public StateHome {
   void disarm_capture() override { capture_ = nullptr; }
   std::size_t captured_pieces() const override { return captured_.load(); }
 
-  bool params_offloaded() const override { return params_; }
+  ParamTier* param_tier() override { return params_ ? this : nullptr; }
   std::shared_ptr<offload::BufferLease> reserve_param_slot(std::size_t g) override;
   void upload_params(std::size_t g, void* dst, std::shared_ptr<offload::BufferLease> slot) override;
 
@@ -81,7 +81,7 @@ class TieredStateHome final : public StateHome {
   // (Note [Spill across tiers], plan/run_plan.cc).
   Tier state_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].state); }
   Tier grad_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].grads); }
-  Tier param_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].params); }
+  Tier weights_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].params); }
   static Tier tier_of(Home home) { return home == Home::Nvme ? Tier::Nvme : Tier::Host; }
 
   bool params_ = false;  // stage-3 sharded working weights live on the parameter tier

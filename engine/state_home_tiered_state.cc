@@ -135,7 +135,7 @@ void TieredStateHome::import_state(const StateSource& source) {
       const std::size_t pbytes = wbytes * c.elems;
       if (params_ && P.sharded_params) {
         const std::string pkey = param_key(g, k);
-        if (param_tier(g, k) == Tier::Host) {
+        if (weights_tier(g, k) == Tier::Host) {
           std::memcpy(store_->host(pkey, pbytes, /*device_copies=*/true).data(), wvalues, pbytes);
         } else {
           std::memcpy(param_staging.data(), wvalues, pbytes);

@@ -2,7 +2,6 @@
 #include "engine/working_weights.h"
 
 #include "core/error.h"
-#include "engine/state_home.h"
 
 namespace strata {
 
@@ -53,14 +52,14 @@ void* WorkingWeights::state_range(std::size_t g) const {
   return G.full.as<char>() + P.state_offset * ctx_.wbytes();
 }
 
-void WorkingWeights::publish(const StateHome& home, bool from_master) {
+void WorkingWeights::publish(bool from_master) {
   const std::size_t wbytes = ctx_.wbytes();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const GroupPlan& P = ctx_.group(g);
     Group& G = groups_[g];
     if (P.sharded_params || ctx_.plan.stage == 0 || G.full.empty()) continue;
-    const void* mine = from_master && ctx_.working() == DType::F32 && home.device_master(g) != nullptr
-                           ? static_cast<const void*>(home.device_master(g))
+    const void* mine = from_master && ctx_.working() == DType::F32 && G.master != nullptr
+                           ? static_cast<const void*>(G.master)
                            : state_range(g);
     if (P.layout.shard_count() == 1) {
       if (mine != G.full.data()) ctx_.comm.copy_d2d(G.full.data(), mine, P.state_elems * wbytes);

@@ -12,8 +12,6 @@
 
 namespace strata {
 
-class StateHome;
-
 class WorkingWeights {
  public:
   explicit WorkingWeights(EngineContext& ctx);
@@ -35,7 +33,7 @@ class WorkingWeights {
   // W gather every shard's new values into it on the communication stream (`from_master`: fp32
   // values still in a device-resident master; else in state_range), and later acquisitions wait
   // for that (wait_published).
-  void publish(const StateHome& home, bool from_master);
+  void publish(bool from_master);
   void wait_published(Stream& stream) const;
 
  private:

@@ -112,7 +112,8 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
                                                        *comm_stream_, optimizer_, optim::default_cpu_exec()});
   weights_ = std::make_unique<WorkingWeights>(*ctx_);
   home_ = make_state_home(*ctx_, *weights_);
-  fetcher_ = std::make_unique<ParamFetcher>(*ctx_, *weights_, *home_);
+  fetcher_ = std::make_unique<ParamFetcher>(*ctx_, *weights_, home_->param_tier(),
+                                            [home = home_.get()] { home->synchronize(); });
   reducer_ = std::make_unique<GradReducer>(*ctx_, specs_, *fetcher_, *home_);
   for (std::size_t g = 0; g < specs_.size(); ++g) init_group(g, init);
   spdlog::debug("zero engine: stage {}, {} groups, world {}, sharding factor {}, working dtype {}", plan_.stage,
@@ -206,7 +207,7 @@ StepResult ZeroEngine::step(double lr) {
     const std::int64_t step = optimizer_.step_count() + 1;
     if (!overlapped) home_->update(lr, phase.grad_scale, step);
     optimizer_.set_step_count(step);
-    weights_->publish(*home_, /*from_master=*/true);
+    weights_->publish(/*from_master=*/true);
   }
   home_->disarm_capture();  // armed for this step only (Note [Checkpoint capture])
   // Ready for the next step: sums dropped, gathered copies (now stale) freed, the trace kept or
@@ -341,7 +342,6 @@ double ZeroEngine::loss_scale() const { return scaler_ ? scaler_->scale() : 1.0;
 std::uint64_t ZeroEngine::prefetched_gathers() const { return fetcher_->prefetched(); }
 std::uint64_t ZeroEngine::gathers() const { return fetcher_->gathers(); }
 bool ZeroEngine::optimizer_offloaded() const { return plan_.optimizer_offloaded(); }
-bool ZeroEngine::params_offloaded() const { return home_->params_offloaded(); }
 TierIoStats ZeroEngine::tier_stats() const { return home_->stats().tiers; }
 std::uint64_t ZeroEngine::chunk_updates() const { return home_->stats().chunk_updates; }
 std::uint64_t ZeroEngine::overlapped_chunk_updates() const { return home_->stats().overlapped_updates; }

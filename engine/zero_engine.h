@@ -99,7 +99,7 @@ struct StepResult {
   double lr = 0.0;
 };
 
-class ZeroEngine final : public ParamProvider {
+class ZeroEngine final : public ParamProvider, private EngineCheckpoint {
  public:
   // Fills `out` (the tensor's elements, fp32) with the initial value of tensor `tensor` of group
   // `group`. Must give the same values on every rank.
@@ -155,15 +155,11 @@ class ZeroEngine final : public ParamProvider {
   // Null: no pipeline.
   void set_pipeline_group(Communicator* group) { pipeline_group_ = group; }
 
-  // The working dtype of W and of the gradients the model writes.
-  DType working_dtype() const { return working_dtype_; }
   // The factor the model must multiply its loss gradient by in the next micro-batches: the fp16
   // loss scale (1 in bf16 and fp32). step() divides it out again (optim::decide_phase).
   double loss_scale() const;
   // Where everything lives (plan/run_plan.h).
   const RunPlan& plan() const { return plan_; }
-  int micro_batches_per_step() const { return accumulation_; }
-  const ShardTopology& topology() const { return topo_; }
   // Full fp32 master weights of one tensor, gathered (every rank must call it; all get the values).
   std::vector<float> gather_master(std::size_t group, std::size_t tensor);
   // Device bytes held for model state (resident weights, master, moments, gradients; not the
@@ -177,7 +173,6 @@ class ZeroEngine final : public ParamProvider {
   // Offload: whether state lives on host/NVMe, the tiers' byte counts, and how many state chunks
   // were updated in all / during backward.
   bool optimizer_offloaded() const;
-  bool params_offloaded() const;
   TierIoStats tier_stats() const;
   std::uint64_t chunk_updates() const;
   std::uint64_t overlapped_chunk_updates() const;
@@ -186,47 +181,23 @@ class ZeroEngine final : public ParamProvider {
   // Host bytes of the fixed pinned staging pools.
   std::size_t pinned_pool_bytes() const;
 
-  // Checkpoint state (engine/zero_engine_state.cc, Note [Checkpoint state]). Between steps only.
-  // fp32 arrays per element: master, moment1 and (Adam/AdamW) moment2.
-  int state_arrays() const;
-  StateRange state_range(std::size_t group) const;
-  // Whether this rank's state is the first copy of its shard (replica 0 of hybrid sharding; rank 0
-  // at stage 0): the ranks a checkpoint needs data from.
-  bool holds_primary_state() const { return topo_.shard_group() == 0; }
-  // One piece of this rank's state as a checkpoint copies it (engine/engine_state.h).
-  using StateChunkInfo = strata::StateChunkInfo;
-  // The pieces export_state hands out, in order: the offload chunks where the optimizer is
-  // offloaded, else pieces of at most kStatePieceElems; every group's state range is covered.
-  std::vector<StateChunkInfo> state_chunks() const;
-  static constexpr std::size_t kStatePieceElems = strata::kStatePieceElems;
-  // Hands piece i of state_chunks() to `sink` as bytes: 4 KiB-aligned, state_arrays() * 4 * elems
-  // meaningful bytes padded with zeros to a multiple of 4 KiB. The sink starts whatever it does
-  // with them (an O_DIRECT write) and returns its handle; the bytes stay valid and unchanged until
-  // the handle completes. NVMe-resident chunks are read ahead through the optimizer's pinned pool
-  // while earlier ones are handed out (Note [Checkpoint copy] in engine/zero_engine_state.cc). Returns when every handle
-  // completed; rethrows the first error (a read, the sink, a handle) after everything in flight
-  // finished.
-  using StateSink = strata::StateSink;
-  void export_state(const StateSink& sink);
-  // Arms the next step to hand each chunk's new state to `sink` the moment the optimizer wrote it
-  // (Note [Checkpoint capture] in engine/state_home_tiered_state.cc): piece `index` of state_chunks(),
-  // the bytes export_state would give after the step, and `done`, which the sink must pass as the
-  // I/O callback of the handle it returns (the chunk's pinned slot is held until then). The sink
-  // must not throw. Only where the optimizer is offloaded; returns false (nothing armed) otherwise
-  // and for an empty sink, which disarms.
-  // step() disarms it; captured_pieces() then says how many pieces were handed out: all of them,
-  // or none when the step was skipped (non-finite gradients).
-  using StateCaptureSink = strata::StateCaptureSink;
-  bool capture_next_step(StateCaptureSink sink);
-  std::size_t captured_pieces() const;
-  // The reverse: `source` fills each piece; then the working weights are derived from the new
-  // master (the optimizer's rounding) on whichever tier they live. Every rank must call it.
-  using StateSource = strata::StateSource;
-  void import_state(const StateSource& source);
-  EngineCounters counters() const;
-  void restore_counters(const EngineCounters& counters);
+  // The checkpoint state (engine/engine_state.h; engine/zero_engine_state.cc, Note [Checkpoint state]).
+  EngineCheckpoint& checkpoint() { return *this; }
+  const EngineCheckpoint& checkpoint() const { return *this; }
 
  private:
+  // EngineCheckpoint (engine/zero_engine_state.cc).
+  int state_arrays() const override;
+  StateRange state_range(std::size_t group) const override;
+  bool holds_primary_state() const override { return topo_.shard_group() == 0; }
+  std::vector<StateChunkInfo> state_chunks() const override;
+  void export_state(const StateSink& sink) override;
+  bool capture_next_step(StateCaptureSink sink) override;
+  std::size_t captured_pieces() const override;
+  void import_state(const StateSource& source) override;
+  EngineCounters counters() const override;
+  void restore_counters(const EngineCounters& counters) override;
+
   void init_group(std::size_t g, const InitFn& init);
   void check_between_steps(const char* what) const;
   double global_sum_squares();

@@ -70,21 +70,20 @@ std::size_t ZeroEngine::captured_pieces() const { return home_->captured_pieces(
 // Note [Checkpoint copy]: export_state moves the state at disk speed. A piece handed to the sink
 // is written (O_DIRECT, checkpoint/checkpoint_writer.cc) straight from where it already is: a host-tier
 // chunk from its host array, an NVMe chunk from the pinned slot its read landed in, device state
-// from a staging buffer filled by one copy per array (StateHome::fetch_piece). Up to the home's
+// from a staging buffer filled by one copy per array (StateCheckpoint::fetch_piece). Up to the home's
 // export_depth pieces are in flight: while the sink hashes and writes piece i, the reads of pieces
 // i+1.. are already queued (NVMe), so the disk reads and writes at once and no byte is copied on
 // the host.
-void ZeroEngine::export_state(const StateSink& sink) {
-  check_between_steps("export_state");
-  // The last step's publishing and any overlapped update must have landed.
-  comm_stream_->synchronize();
-  home_->synchronize();
-  const std::vector<StateChunkInfo> chunks = state_chunks();
+namespace {
+
+// The pieces of `home`, in order, handed to `sink` (Note [Checkpoint copy]).
+void export_pieces(StateCheckpoint& home, const StateSink& sink) {
+  const std::vector<StateChunkInfo> chunks = home.pieces();
   struct Handed {
     StatePiece piece;
     offload::IoHandle use;
   };
-  const std::size_t depth = home_->export_depth();
+  const std::size_t depth = home.export_depth();
   std::vector<HostBuffer> spare;  // device staging, reused
   std::deque<StatePiece> fetched;  // data on its way (reads in flight), not yet handed out
   std::deque<Handed> handed;       // handed to the sink, its handle pending
@@ -101,7 +100,7 @@ void ZeroEngine::export_state(const StateSink& sink) {
       // Reads of the next pieces go out before piece i is handed over (fetched holds [i, next)).
       for (; next < chunks.size() && next < i + depth; ++next) {
         while (fetched.size() + handed.size() >= depth) retire_front();
-        fetched.push_back(home_->fetch_piece(next, chunks[next], spare));
+        fetched.push_back(home.fetch_piece(next, chunks[next], spare));
       }
       Handed h{std::move(fetched.front()), {}};
       fetched.pop_front();
@@ -126,6 +125,16 @@ void ZeroEngine::export_state(const StateSink& sink) {
   if (error) std::rethrow_exception(error);
 }
 
+}  // namespace
+
+void ZeroEngine::export_state(const StateSink& sink) {
+  check_between_steps("export_state");
+  // The last step's publishing and any overlapped update must have landed.
+  comm_stream_->synchronize();
+  home_->synchronize();
+  export_pieces(*home_, sink);
+}
+
 void ZeroEngine::import_state(const StateSource& source) {
   check_between_steps("import_state");
   comm_stream_->synchronize();
@@ -133,7 +142,7 @@ void ZeroEngine::import_state(const StateSource& source) {
   fetcher_->drop_gathered();  // gathered copies hold the old weights
   home_->import_state(source);
   // Groups whose W is a full resident copy gather every shard's new values into it, as step() does.
-  weights_->publish(*home_, /*from_master=*/false);
+  weights_->publish(/*from_master=*/false);
   comm_stream_->synchronize();
 }
 

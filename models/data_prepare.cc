@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -44,40 +47,104 @@ struct Entry {
   std::uint32_t doc;
 };
 
+// A text file's documents: the whole file, its paragraphs or its lines.
+std::vector<SourceDocument> read_text_documents(const std::string& path, const std::string& contents,
+                                                TextDocuments text_documents) {
+  std::vector<SourceDocument> docs;
+  check_utf8(contents, fmt::format("text file '{}'", path));
+  if (text_documents == TextDocuments::File) {
+    docs.push_back({false, {}, contents, 1, {}});
+    return docs;
+  }
+  std::size_t begin = 0, line = 0, doc_begin = 0, doc_end = 0, doc_line = 0;
+  bool open = false;  // a document has begun and not been flushed
+  const auto flush = [&] {
+    if (open) docs.push_back({false, {}, contents.substr(doc_begin, doc_end - doc_begin), doc_line, {}});
+    open = false;
+  };
+  while (begin < contents.size()) {
+    std::size_t end = contents.find('\n', begin);
+    if (end == std::string::npos) end = contents.size();
+    ++line;
+    const bool blank = contents.find_first_not_of(" \t\r", begin) >= end;
+    if (blank || text_documents == TextDocuments::Lines) flush();
+    if (!blank) {
+      if (!open) doc_begin = begin, doc_line = line, open = true;
+      // A paragraph keeps the newlines inside it; a line document drops its own.
+      doc_end = text_documents == TextDocuments::Lines ? end : std::min(end + 1, contents.size());
+    }
+    begin = end + 1;
+  }
+  flush();
+  return docs;
+}
+
+using FailFn = std::function<void(const std::string&)>;  // throws the line's FormatError
+
+// Whether a chat's "messages" are well formed and hold an assistant message.
+bool chat_has_reply(const nlohmann::json& messages, const FailFn& fail) {
+  if (!messages.is_array() || messages.empty()) {
+    fail(fmt::format("\"messages\" is {}, not a non-empty array of messages", json_excerpt(messages)));
+  }
+  bool has_reply = false;
+  for (std::size_t m = 0; m < messages.size(); ++m) {
+    const auto& message = messages[m];
+    const auto field = [&](const char* key) -> const std::string& {
+      if (!message.is_object()) fail(fmt::format("message {} is {}, not an object with \"role\" and \"content\"", m + 1, json_excerpt(message)));
+      const auto f = message.find(key);
+      if (f == message.end()) fail(fmt::format("message {} has no \"{}\" (each message needs \"role\" and \"content\")", m + 1, key));
+      if (!f->is_string()) fail(fmt::format("message {}'s \"{}\" is {}, not a string", m + 1, key, json_excerpt(*f)));
+      return f->get_ref<const std::string&>();
+    };
+    has_reply = field("role") == "assistant" || has_reply;
+    field("content");
+  }
+  return has_reply;
+}
+
+// One JSONL line's document (a text, a prompt and completion, or a chat), or none: a chat without
+// a reply (counted in `chats_without_reply`).
+std::optional<SourceDocument> read_jsonl_row(std::string_view row, std::uint64_t line, const std::string& text_field,
+                                             const FailFn& fail, std::uint64_t* chats_without_reply) {
+  JsonInputError error;
+  const auto value = parse_json_input(row, JsonComments::Refuse, &error);
+  if (!value) fail(fmt::format("{} at {}; each line must be one JSON object", error.message, json_error_place(row, error)));
+  if (!value->is_object()) fail("not a JSON object; each line must be one JSON object");
+  const auto string_field = [&](const std::string& key) -> const std::string* {
+    const auto it = value->find(key);
+    if (it == value->end()) return nullptr;
+    if (!it->is_string()) fail(fmt::format("the \"{}\" field is {}, not a string", key, json_excerpt(*it)));
+    return it->get_ptr<const std::string*>();
+  };
+  if (const std::string* text = string_field(text_field)) return SourceDocument{false, {}, *text, line, {}};
+  const std::string* prompt = string_field("prompt");
+  const std::string* completion = string_field("completion");
+  if (prompt != nullptr && completion != nullptr) return SourceDocument{true, *prompt, *completion, line, {}};
+  if (const auto it = value->find("messages"); it != value->end()) {
+    if (!chat_has_reply(*it, fail)) {
+      if (chats_without_reply != nullptr) ++*chats_without_reply;
+      return std::nullopt;
+    }
+    SourceDocument doc;
+    doc.line = line;
+    doc.chat_messages = it->dump();
+    return doc;
+  }
+  std::vector<std::string> keys;
+  for (const auto& [key, v] : value->items()) keys.push_back(key);
+  fail(fmt::format("no \"{}\" field, no \"prompt\" + \"completion\" pair and no chat \"messages\" (it has: {}); "
+                   "give the text field with --field or fix the line",
+                   text_field, keys.empty() ? std::string("no fields") : fmt::format("{}", fmt::join(keys, ", "))));
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::vector<SourceDocument> read_documents(const std::string& path, const std::string& contents,
                                            const std::string& text_field, TextDocuments text_documents,
                                            std::uint64_t* chats_without_reply) {
+  if (!path.ends_with(".jsonl")) return read_text_documents(path, contents, text_documents);
   std::vector<SourceDocument> docs;
-  if (!path.ends_with(".jsonl")) {
-    check_utf8(contents, fmt::format("text file '{}'", path));
-    if (text_documents == TextDocuments::File) {
-      docs.push_back({false, {}, contents, 1, {}});
-      return docs;
-    }
-    std::size_t begin = 0, line = 0, doc_begin = 0, doc_end = 0, doc_line = 0;
-    bool open = false;  // a document has begun and not been flushed
-    const auto flush = [&] {
-      if (open) docs.push_back({false, {}, contents.substr(doc_begin, doc_end - doc_begin), doc_line, {}});
-      open = false;
-    };
-    while (begin < contents.size()) {
-      std::size_t end = contents.find('\n', begin);
-      if (end == std::string::npos) end = contents.size();
-      ++line;
-      const bool blank = contents.find_first_not_of(" \t\r", begin) >= end;
-      if (blank || text_documents == TextDocuments::Lines) flush();
-      if (!blank) {
-        if (!open) doc_begin = begin, doc_line = line, open = true;
-        // A paragraph keeps the newlines inside it; a line document drops its own.
-        doc_end = text_documents == TextDocuments::Lines ? end : std::min(end + 1, contents.size());
-      }
-      begin = end + 1;
-    }
-    flush();
-    return docs;
-  }
   std::size_t begin = 0, line = 0;
   while (begin < contents.size()) {
     std::size_t end = contents.find('\n', begin);
@@ -86,64 +153,24 @@ std::vector<SourceDocument> read_documents(const std::string& path, const std::s
     const std::string_view row(contents.data() + begin, end - begin);
     begin = end + 1;
     if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const auto fail = [&](const std::string& what) {
+    const FailFn fail = [&](const std::string& what) {
       throw FormatError(fmt::format("JSONL file '{}' line {}: {}", path, line, what));
     };
-    JsonInputError error;
-    const auto value = parse_json_input(row, JsonComments::Refuse, &error);
-    if (!value) fail(fmt::format("{} at {}; each line must be one JSON object", error.message, json_error_place(row, error)));
-    if (!value->is_object()) fail("not a JSON object; each line must be one JSON object");
-    const auto string_field = [&](const std::string& key) -> const std::string* {
-      const auto it = value->find(key);
-      if (it == value->end()) return nullptr;
-      if (!it->is_string()) fail(fmt::format("the \"{}\" field is {}, not a string", key, json_excerpt(*it)));
-      return it->get_ptr<const std::string*>();
-    };
-    if (const std::string* text = string_field(text_field)) {
-      docs.push_back({false, {}, *text, line, {}});
-      continue;
-    }
-    const std::string* prompt = string_field("prompt");
-    const std::string* completion = string_field("completion");
-    if (prompt != nullptr && completion != nullptr) {
-      docs.push_back({true, *prompt, *completion, line, {}});
-      continue;
-    }
-    if (const auto it = value->find("messages"); it != value->end()) {
-      if (!it->is_array() || it->empty()) fail(fmt::format("\"messages\" is {}, not a non-empty array of messages", json_excerpt(*it)));
-      bool has_reply = false;
-      for (std::size_t m = 0; m < it->size(); ++m) {
-        const auto& message = (*it)[m];
-        const auto field = [&](const char* key) -> const std::string& {
-          if (!message.is_object()) fail(fmt::format("message {} is {}, not an object with \"role\" and \"content\"", m + 1, json_excerpt(message)));
-          const auto f = message.find(key);
-          if (f == message.end()) fail(fmt::format("message {} has no \"{}\" (each message needs \"role\" and \"content\")", m + 1, key));
-          if (!f->is_string()) fail(fmt::format("message {}'s \"{}\" is {}, not a string", m + 1, key, json_excerpt(*f)));
-          return f->get_ref<const std::string&>();
-        };
-        has_reply = field("role") == "assistant" || has_reply;
-        field("content");
-      }
-      if (!has_reply) {
-        if (chats_without_reply != nullptr) ++*chats_without_reply;
-        continue;
-      }
-      SourceDocument doc;
-      doc.line = line;
-      doc.chat_messages = it->dump();
-      docs.push_back(std::move(doc));
-      continue;
-    }
-    std::vector<std::string> keys;
-    for (const auto& [key, v] : value->items()) keys.push_back(key);
-    fail(fmt::format("no \"{}\" field, no \"prompt\" + \"completion\" pair and no chat \"messages\" (it has: {}); "
-                     "give the text field with --field or fix the line",
-                     text_field, keys.empty() ? std::string("no fields") : fmt::format("{}", fmt::join(keys, ", "))));
+    if (auto doc = read_jsonl_row(row, line, text_field, fail, chats_without_reply)) docs.push_back(std::move(*doc));
   }
   return docs;
 }
 
-PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOptions& o, const PrepareProgress& progress) {
+namespace {
+
+// The token that ends each document, the one that may begin it, and whether it does.
+struct Separators {
+  std::uint32_t eos = 0;
+  std::optional<std::uint32_t> bos;
+  bool add_bos = false;
+};
+
+Separators check_options(const Tokenizer& tokenizer, const PrepareOptions& o) {
   if (o.sources.empty()) throw ConfigError("strata data prepare: give at least one --input file");
   for (const auto& s : o.sources) {
     if (!(s.weight > 0) || !std::isfinite(s.weight)) {
@@ -170,13 +197,13 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     throw ConfigError(fmt::format("--bos always: the tokenizer '{}' has no BOS token", tokenizer.identity().path));
   }
   const bool add_bos = o.bos == BosPolicy::Always || (o.bos == BosPolicy::Auto && bos_candidate && bos_candidate != eos);
+  return Separators{*eos, bos_candidate, add_bos};
+}
 
-  PrepareReport report;
+// The documents of every source, in source order; their bytes join the identity of the data.
+std::vector<std::vector<SourceDocument>> read_sources(const PrepareOptions& o, PrepareReport& report,
+                                                      std::vector<std::uint64_t>& identity) {
   std::vector<std::vector<SourceDocument>> docs(o.sources.size());
-  std::vector<std::uint64_t> identity = {tokenizer.identity().file_hash, o.seed,
-                                         static_cast<std::uint64_t>(o.val_fraction * 1e9), add_bos, *eos,
-                                         XXH64(o.text_field.data(), o.text_field.size(), 0),
-                                         static_cast<std::uint64_t>(o.text_documents)};
   for (std::size_t s = 0; s < o.sources.size(); ++s) {
     const std::string contents = read_text_file(o.sources[s].path, "data file");
     identity.push_back(XXH64(contents.data(), contents.size(), 0));
@@ -192,10 +219,15 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     report.source_documents += docs[s].size();
     report.source_bytes += contents.size();
   }
-  // Chats are rendered first, in one renderer for all sources; each chat's assistant spans are kept
-  // by its index among all documents.
-  std::vector<std::size_t> first(docs.size() + 1, 0);
-  for (std::size_t s = 0; s < docs.size(); ++s) first[s + 1] = first[s] + docs[s].size();
+  return docs;
+}
+
+// Chats are rendered in one renderer for all sources; each chat's assistant spans are kept by its
+// index among all documents (`first`: each source's first index).
+std::vector<std::vector<ByteSpan>> render_chats(const Tokenizer& tokenizer, const PrepareOptions& o,
+                                                std::vector<std::vector<SourceDocument>>& docs,
+                                                const std::vector<std::size_t>& first, PrepareReport& report,
+                                                std::vector<std::uint64_t>& identity) {
   std::vector<std::vector<ByteSpan>> assistant(report.source_documents);
   std::vector<std::string> conversations;
   for (const auto& d : docs) {
@@ -203,41 +235,42 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
       if (doc.is_chat()) conversations.push_back(doc.chat_messages);
     }
   }
-  if (!conversations.empty()) {
-    if (tokenizer.identity().kind != TokenizerKind::ByteLevelBpe) {
-      throw ConfigError(fmt::format("chat \"messages\" need a byte-level BPE tokenizer (tokenizer.json) in this build; "
-                                    "'{}' is {}, whose tokens do not map onto the rendered text byte for byte; give "
-                                    "the data as \"prompt\" and \"completion\" fields",
-                                    tokenizer.identity().path, tokenizer_kind_name(tokenizer.identity().kind)));
-    }
-    const auto render_start = std::chrono::steady_clock::now();
-    const ChatTemplate chat_template = load_chat_template(tokenizer.identity().path, tokenizer);
-    report.chat_template = chat_template.source;
-    const std::string variables = chat_template.variables.dump();
-    identity.push_back(XXH64(chat_template.text.data(), chat_template.text.size(), 0));
-    identity.push_back(XXH64(variables.data(), variables.size(), 0));
-    std::vector<RenderedChat> rendered = ChatRenderer(chat_template).render(conversations);
-    std::size_t c = 0;
-    for (std::size_t s = 0; s < docs.size(); ++s) {
-      for (std::size_t d = 0; d < docs[s].size(); ++d) {
-        SourceDocument& doc = docs[s][d];
-        if (!doc.is_chat()) continue;
-        RenderedChat& r = rendered[c++];
-        if (!r.error.empty()) {
-          throw FormatError(fmt::format("JSONL file '{}' line {}: {} ({})", o.sources[s].path, doc.line, r.error,
-                                        chat_template.source));
-        }
-        doc.text = std::move(r.text);
-        assistant[first[s] + d] = std::move(r.assistant);
-      }
-    }
-    report.chats = conversations.size();
-    report.render_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - render_start).count();
+  if (conversations.empty()) return assistant;
+  if (tokenizer.identity().kind != TokenizerKind::ByteLevelBpe) {
+    throw ConfigError(fmt::format("chat \"messages\" need a byte-level BPE tokenizer (tokenizer.json) in this build; "
+                                  "'{}' is {}, whose tokens do not map onto the rendered text byte for byte; give "
+                                  "the data as \"prompt\" and \"completion\" fields",
+                                  tokenizer.identity().path, tokenizer_kind_name(tokenizer.identity().kind)));
   }
-  report.source_hash = XXH64(identity.data(), identity.size() * sizeof(std::uint64_t), 0);
+  const auto render_start = std::chrono::steady_clock::now();
+  const ChatTemplate chat_template = load_chat_template(tokenizer.identity().path, tokenizer);
+  report.chat_template = chat_template.source;
+  const std::string variables = chat_template.variables.dump();
+  identity.push_back(XXH64(chat_template.text.data(), chat_template.text.size(), 0));
+  identity.push_back(XXH64(variables.data(), variables.size(), 0));
+  std::vector<RenderedChat> rendered = ChatRenderer(chat_template).render(conversations);
+  std::size_t c = 0;
+  for (std::size_t s = 0; s < docs.size(); ++s) {
+    for (std::size_t d = 0; d < docs[s].size(); ++d) {
+      SourceDocument& doc = docs[s][d];
+      if (!doc.is_chat()) continue;
+      RenderedChat& r = rendered[c++];
+      if (!r.error.empty()) {
+        throw FormatError(fmt::format("JSONL file '{}' line {}: {} ({})", o.sources[s].path, doc.line, r.error,
+                                      chat_template.source));
+      }
+      doc.text = std::move(r.text);
+      assistant[first[s] + d] = std::move(r.assistant);
+    }
+  }
+  report.chats = conversations.size();
+  report.render_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - render_start).count();
+  return assistant;
+}
 
-  // Which documents go where, decided before encoding so the order depends on the seed alone.
-  std::vector<Entry> train, validation;
+// Which documents go where, decided before encoding so the order depends on the seed alone.
+void split_documents(const PrepareOptions& o, const std::vector<std::vector<SourceDocument>>& docs,
+                     const PrepareReport& report, std::vector<Entry>& train, std::vector<Entry>& validation) {
   for (std::uint32_t s = 0; s < docs.size(); ++s) {
     const double w = o.sources[s].weight;
     const auto whole = static_cast<std::uint64_t>(std::floor(w));
@@ -265,10 +298,24 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     const auto j = static_cast<std::size_t>(mix(o.seed ^ mix(i)) % i);
     std::swap(train[i - 1], train[j]);
   }
+}
 
-  // Encode every document once, in parallel over documents.
-  std::vector<std::vector<std::uint32_t>> prompt_ids(report.source_documents), text_ids(report.source_documents);
-  std::vector<std::vector<std::uint8_t>> chat_masks(report.source_documents);
+// Every document's tokens, by its index among all documents.
+struct EncodedDocuments {
+  std::vector<std::vector<std::uint32_t>> prompt_ids, text_ids;
+  std::vector<std::vector<std::uint8_t>> chat_masks;
+};
+
+// Encodes every document once, in parallel over documents.
+EncodedDocuments encode_documents(const Tokenizer& tokenizer, const PrepareOptions& o,
+                                  const std::vector<std::vector<SourceDocument>>& docs,
+                                  const std::vector<std::size_t>& first,
+                                  const std::vector<std::vector<ByteSpan>>& assistant, PrepareReport& report,
+                                  const PrepareProgress& progress) {
+  EncodedDocuments out;
+  out.prompt_ids.resize(report.source_documents);
+  out.text_ids.resize(report.source_documents);
+  out.chat_masks.resize(report.source_documents);
   std::atomic<std::uint64_t> done_bytes{0};
   tbb::enumerable_thread_specific<std::unique_ptr<EncodeScratch>> scratch([&] { return tokenizer.new_scratch(); });
   const auto start = std::chrono::steady_clock::now();
@@ -282,11 +329,11 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
         const SourceDocument& doc = docs[s][k - first[s]];
         // Text files were checked whole (their message names the line); JSONL strings are valid
         // UTF-8 once parsed.
-        tokenizer.encode_into(doc.prompt, sc, prompt_ids[k]);
-        tokenizer.encode_into(doc.text, sc, text_ids[k]);
+        tokenizer.encode_into(doc.prompt, sc, out.prompt_ids[k]);
+        tokenizer.encode_into(doc.text, sc, out.text_ids[k]);
         if (doc.is_chat()) {
-          chat_masks[k] = assistant_token_mask(tokenizer, text_ids[k], doc.text, assistant[k],
-                                               fmt::format("JSONL file '{}' line {}", o.sources[s].path, doc.line));
+          out.chat_masks[k] = assistant_token_mask(tokenizer, out.text_ids[k], doc.text, assistant[k],
+                                                   fmt::format("JSONL file '{}' line {}", o.sources[s].path, doc.line));
         }
         bytes += doc.prompt.size() + doc.text.size();
       }
@@ -295,6 +342,27 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     });
   });
   report.encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace
+
+PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOptions& o, const PrepareProgress& progress) {
+  const Separators sep = check_options(tokenizer, o);
+  PrepareReport report;
+  std::vector<std::uint64_t> identity = {tokenizer.identity().file_hash, o.seed,
+                                         static_cast<std::uint64_t>(o.val_fraction * 1e9), sep.add_bos, sep.eos,
+                                         XXH64(o.text_field.data(), o.text_field.size(), 0),
+                                         static_cast<std::uint64_t>(o.text_documents)};
+  std::vector<std::vector<SourceDocument>> docs = read_sources(o, report, identity);
+  std::vector<std::size_t> first(docs.size() + 1, 0);
+  for (std::size_t s = 0; s < docs.size(); ++s) first[s + 1] = first[s] + docs[s].size();
+  const std::vector<std::vector<ByteSpan>> assistant = render_chats(tokenizer, o, docs, first, report, identity);
+  report.source_hash = XXH64(identity.data(), identity.size() * sizeof(std::uint64_t), 0);
+
+  std::vector<Entry> train, validation;
+  split_documents(o, docs, report, train, validation);
+  const EncodedDocuments encoded = encode_documents(tokenizer, o, docs, first, assistant, report, progress);
   for (const auto& d : docs) {
     for (const auto& doc : d) report.has_loss_mask = report.has_loss_mask || doc.has_prompt || doc.is_chat();
   }
@@ -305,18 +373,20 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     std::vector<std::uint8_t> mask;
     for (const Entry& e : entries) {
       const std::size_t k = first[e.source] + e.doc;
+      const std::vector<std::uint32_t>& text_ids = encoded.text_ids[k];
       if (docs[e.source][e.doc].is_chat()) {  // the template's tokens as they are: Note [Chat templates]
-        tokens.insert(tokens.end(), text_ids[k].begin(), text_ids[k].end());
-        mask.insert(mask.end(), chat_masks[k].begin(), chat_masks[k].end());
+        tokens.insert(tokens.end(), text_ids.begin(), text_ids.end());
+        mask.insert(mask.end(), encoded.chat_masks[k].begin(), encoded.chat_masks[k].end());
         continue;
       }
+      const std::vector<std::uint32_t>& prompt_ids = encoded.prompt_ids[k];
       const bool prompted = docs[e.source][e.doc].has_prompt;
-      if (add_bos) tokens.push_back(*bos_candidate), mask.push_back(prompted ? 0 : 1);
-      tokens.insert(tokens.end(), prompt_ids[k].begin(), prompt_ids[k].end());
-      mask.insert(mask.end(), prompt_ids[k].size(), 0);
-      tokens.insert(tokens.end(), text_ids[k].begin(), text_ids[k].end());
-      tokens.push_back(*eos);
-      mask.insert(mask.end(), text_ids[k].size() + 1, 1);
+      if (sep.add_bos) tokens.push_back(*sep.bos), mask.push_back(prompted ? 0 : 1);
+      tokens.insert(tokens.end(), prompt_ids.begin(), prompt_ids.end());
+      mask.insert(mask.end(), prompt_ids.size(), 0);
+      tokens.insert(tokens.end(), text_ids.begin(), text_ids.end());
+      tokens.push_back(sep.eos);
+      mask.insert(mask.end(), text_ids.size() + 1, 1);
     }
     split.documents = entries.size();
     split.tokens = tokens.size();

@@ -40,59 +40,72 @@ class Carver {
 
 }  // namespace
 
-static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, const PipelineStage& ps,
-                            Decoder::Workspace* ws, Carver& cv, bool keep_all_blocks, bool training) {
-  const DType dt = c.dtype;
-  const std::size_t e = dtype_bytes(dt);
-  const std::size_t n = static_cast<std::size_t>(ws->batch * ws->seq);
-  const auto T = static_cast<std::size_t>(tp.size);
-  // See Note [Sequence parallelism] in models/tensor_parallel.h.
-  // The residual stream, its gradient and the norms' inputs, outputs
+namespace {
+
+// The sizes carve_workspace cuts the workspace by (elements unless named bytes).
+struct CarveSizes {
+  std::size_t e = 0;     // bytes per element of the working dtype
+  std::size_t n = 0;     // rows of the micro-batch
+  std::size_t mine = 0;  // rows this rank holds of the residual stream
+  std::size_t T = 1, C = 0, H = 0, hd = 0, qkv_w = 0, att_w = 0, F = 0, ff_in_w = 0, V = 0;
+  std::int64_t l0 = 0, l1 = 0;  // the stage's blocks
+  bool head = false;            // the stage holds the head's buffers
+};
+
+CarveSizes carve_sizes(const ModelConfig& c, const TensorParallel& tp, const PipelineStage& ps,
+                       const Decoder::Workspace& ws) {
+  CarveSizes z;
+  z.e = dtype_bytes(c.dtype);
+  z.n = static_cast<std::size_t>(ws.batch * ws.seq);
+  z.T = static_cast<std::size_t>(tp.size);
+  // See Note [Sequence parallelism] in models/tensor_parallel.h: the residual stream, its gradient and the norms' inputs, outputs
   // and statistics hold this rank's rows only.
-  const std::size_t mine = tp.split_rows() ? n / T : n;
+  z.mine = tp.split_rows() ? z.n / z.T : z.n;
   // A tensor rank's activations are those of its heads, MLP columns and vocabulary rows.
-  const std::size_t C = static_cast<std::size_t>(c.d_model), H = static_cast<std::size_t>(c.n_heads) / T;
-  const std::size_t hd = static_cast<std::size_t>(c.head_dim());
-  const std::size_t kv_heads = std::max<std::size_t>(1, static_cast<std::size_t>(c.n_kv_heads) / T);
-  const std::size_t qkv_w = (H + 2 * kv_heads) * hd;
-  const std::size_t att_w = H * hd;
-  const std::size_t F = static_cast<std::size_t>(c.ffn_hidden) / T;
-  const std::size_t ff_in_w = c.arch == Architecture::Gpt2 ? F : 2 * F;
-  const std::size_t V = static_cast<std::size_t>(vocab_rows(c, tp.size, tp.rank).rows());
-  ws->tokens = static_cast<std::int32_t*>(cv.take(n * 4));
-  ws->targets = static_cast<std::int32_t*>(cv.take(n * 4));
+  z.C = static_cast<std::size_t>(c.d_model);
+  z.H = static_cast<std::size_t>(c.n_heads) / z.T;
+  z.hd = static_cast<std::size_t>(c.head_dim());
+  const std::size_t kv_heads = std::max<std::size_t>(1, static_cast<std::size_t>(c.n_kv_heads) / z.T);
+  z.qkv_w = (z.H + 2 * kv_heads) * z.hd;
+  z.att_w = z.H * z.hd;
+  z.F = static_cast<std::size_t>(c.ffn_hidden) / z.T;
+  z.ff_in_w = c.arch == Architecture::Gpt2 ? z.F : 2 * z.F;
+  z.V = static_cast<std::size_t>(vocab_rows(c, tp.size, tp.rank).rows());
   // A pipeline stage's blocks only; a later stage's input is the caller's buffer (set per call).
-  const std::int64_t l0 = ps.first_layer, l1 = ps.end_layer < 0 ? c.n_layers : ps.end_layer;
+  z.l0 = ps.first_layer;
+  z.l1 = ps.end_layer < 0 ? c.n_layers : ps.end_layer;
   // The head's buffers: on the last stage, and on the first when the embedding is tied across
   // stages (Note [Tied embedding across stages] in models/pipeline.h).
-  const bool head = ps.last() || (ps.split() && ps.first() && c.tied_embeddings);
-  ws->x.clear();
-  for (std::int64_t l = l0; l <= l1; ++l) ws->x.push_back(l == l0 && !ps.first() ? nullptr : cv.take(mine * C * e));
-  const auto carve_acts = [&](std::int64_t count) {
-    std::vector<Decoder::Workspace::BlockActs> acts;
-    for (std::int64_t l = 0; l < count; ++l) {
-      Decoder::Workspace::BlockActs a{};
-      a.norm1 = cv.take(mine * C * e);  // gathered into tmp for its readers (Note [Sequence parallelism])
-      a.qkv = cv.take(n * qkv_w * e);
-      a.att = cv.take(n * att_w * e);
-      a.x_mid = cv.take(mine * C * e);
-      a.norm2 = cv.take(mine * C * e);
-      a.ff_in = cv.take(n * ff_in_w * e);
-      a.ff_act = cv.take(n * F * e);
-      a.mean1 = static_cast<float*>(cv.take(mine * 4));
-      a.rstd1 = static_cast<float*>(cv.take(mine * 4));
-      a.mean2 = static_cast<float*>(cv.take(mine * 4));
-      a.rstd2 = static_cast<float*>(cv.take(mine * 4));
-      a.lse = static_cast<float*>(cv.take(n * H * 4));
-      acts.push_back(a);
-    }
-    return acts;
-  };
-  ws->acts = carve_acts(keep_all_blocks ? l1 - l0 : 1);
-  // See Note [Stage activations] in models/pipeline.h.
-  // Set 0 is the workspace's own; each other set has its own block inputs
-  // (and, without checkpointing, activations), and on the last stage its blocks' output; the stage's
-  // input (after the first stage) and output (before the last) stay per call.
+  z.head = ps.last() || (ps.split() && ps.first() && c.tied_embeddings);
+  return z;
+}
+
+std::vector<Decoder::Workspace::BlockActs> carve_acts(Carver& cv, const CarveSizes& z, std::int64_t count) {
+  std::vector<Decoder::Workspace::BlockActs> acts;
+  for (std::int64_t l = 0; l < count; ++l) {
+    Decoder::Workspace::BlockActs a{};
+    a.norm1 = cv.take(z.mine * z.C * z.e);  // gathered into tmp for its readers (Note [Sequence parallelism])
+    a.qkv = cv.take(z.n * z.qkv_w * z.e);
+    a.att = cv.take(z.n * z.att_w * z.e);
+    a.x_mid = cv.take(z.mine * z.C * z.e);
+    a.norm2 = cv.take(z.mine * z.C * z.e);
+    a.ff_in = cv.take(z.n * z.ff_in_w * z.e);
+    a.ff_act = cv.take(z.n * z.F * z.e);
+    a.mean1 = static_cast<float*>(cv.take(z.mine * 4));
+    a.rstd1 = static_cast<float*>(cv.take(z.mine * 4));
+    a.mean2 = static_cast<float*>(cv.take(z.mine * 4));
+    a.rstd2 = static_cast<float*>(cv.take(z.mine * 4));
+    a.lse = static_cast<float*>(cv.take(z.n * z.H * 4));
+    acts.push_back(a);
+  }
+  return acts;
+}
+
+// See Note [Stage activations] in models/pipeline.h: set 0 is the workspace's own; each other set has its own block inputs
+// (and, without checkpointing, activations), and on the last stage its blocks' output; the stage's
+// input (after the first stage) and output (before the last) stay per call.
+void carve_activation_sets(const PipelineStage& ps, Decoder::Workspace* ws, Carver& cv, const CarveSizes& z,
+                           bool keep_all_blocks, bool training) {
   ws->set_x.clear();
   ws->set_acts.clear();
   const int sets = training && ps.split() ? ps.activation_sets : 0;
@@ -103,48 +116,70 @@ static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, cons
       continue;
     }
     std::vector<void*> x = ws->x;
-    for (std::int64_t l = l0; l < l1; ++l) {
-      if (l > l0 || ps.first()) x[static_cast<std::size_t>(l - l0)] = cv.take(mine * C * e);
+    for (std::int64_t l = z.l0; l < z.l1; ++l) {
+      if (l > z.l0 || ps.first()) x[static_cast<std::size_t>(l - z.l0)] = cv.take(z.mine * z.C * z.e);
     }
-    if (ps.last()) x.back() = cv.take(mine * C * e);  // the head's input, read in the backward
+    if (ps.last()) x.back() = cv.take(z.mine * z.C * z.e);  // the head's input, read in the backward
     ws->set_x.push_back(std::move(x));
-    ws->set_acts.push_back(keep_all_blocks ? carve_acts(l1 - l0) : ws->acts);
+    ws->set_acts.push_back(keep_all_blocks ? carve_acts(cv, z, z.l1 - z.l0) : ws->acts);
   }
+}
+
+// Tensor parallelism's buffers: the sliced stages' parts, the replicated KV heads' pieces, and the
+// sliced head's cross-entropy sums.
+void carve_tensor_parallel(const ModelConfig& c, const TensorParallel& tp, Decoder::Workspace* ws, Carver& cv,
+                           const CarveSizes& z, bool training) {
+  const std::size_t n = z.n, C = z.C, e = z.e, hd = z.hd, T = z.T;
+  ws->parts.clear();
+  ws->kv_parts = ws->kv_all = nullptr;
+  ws->own_rows = tp.split_rows() ? cv.take(z.mine * C * e) : nullptr;
+  if (!tp.sliced()) return;
+  const auto L = static_cast<std::size_t>(tp.local_slices());
+  for (std::size_t l = 1; l < L; ++l) ws->parts.push_back(cv.take(n * C * e));
+  if (training && kv_pieces(c, tp.slices)) {  // Note [Replicated KV heads]
+    ws->kv_parts = cv.take(L * n * 2 * hd * e);
+    ws->kv_all = kv_replicas(c, tp.size) > 1 ? cv.take(T * n * 2 * hd * e) : nullptr;
+  }
+  if (!z.head) return;
+  ws->ce_max = static_cast<float*>(cv.take(n * 4));
+  ws->ce_target = static_cast<float*>(cv.take(n * 4));
+  ws->ce_sums = static_cast<double*>(cv.take(n * L * 8));
+  ws->ce_all = static_cast<double*>(cv.take(n * L * T * 8));
+}
+
+}  // namespace
+
+static void carve_workspace(const ModelConfig& c, const TensorParallel& tp, const PipelineStage& ps,
+                            Decoder::Workspace* ws, Carver& cv, bool keep_all_blocks, bool training) {
+  const CarveSizes z = carve_sizes(c, tp, ps, *ws);
+  const std::size_t n = z.n, mine = z.mine, C = z.C, e = z.e, F = z.F;
+  ws->tokens = static_cast<std::int32_t*>(cv.take(n * 4));
+  ws->targets = static_cast<std::int32_t*>(cv.take(n * 4));
+  ws->x.clear();
+  for (std::int64_t l = z.l0; l <= z.l1; ++l) {
+    ws->x.push_back(l == z.l0 && !ps.first() ? nullptr : cv.take(mine * C * e));
+  }
+  ws->acts = carve_acts(cv, z, keep_all_blocks ? z.l1 - z.l0 : 1);
+  carve_activation_sets(ps, ws, cv, z, keep_all_blocks, training);
   ws->tmp = cv.take(n * C * e);
-  if (head) {
+  if (z.head) {
     ws->lnf_out = cv.take(n * C * e);
     ws->lnf_mean = static_cast<float*>(cv.take(mine * 4));
     ws->lnf_rstd = static_cast<float*>(cv.take(mine * 4));
-    // See Note [Head one sequence at a time] in models/decoder.h.
-    // One sequence's logits, except for the sliced head.
-    ws->logits = cv.take((tp.sliced() ? n : static_cast<std::size_t>(ws->seq)) * V * e);
+    // See Note [Head one sequence at a time] in models/decoder.h: one sequence's logits, except for the sliced head.
+    ws->logits = cv.take((tp.sliced() ? n : static_cast<std::size_t>(ws->seq)) * z.V * e);
     ws->losses = static_cast<float*>(cv.take(n * 4));
   }
   if (training) {
     // A pipeline stage's residual gradient is the caller's buffer (Decoder::stage_backward).
     ws->dres = ps.split() ? nullptr : cv.take(mine * C * e);
     ws->dln = cv.take(n * C * e);
-    ws->datt = cv.take(n * att_w * e);
-    ws->dqkv = cv.take(n * qkv_w * e);
-    ws->dff_in = cv.take(n * ff_in_w * e);
+    ws->datt = cv.take(n * z.att_w * e);
+    ws->dqkv = cv.take(n * z.qkv_w * e);
+    ws->dff_in = cv.take(n * z.ff_in_w * e);
     ws->dff_act = cv.take(n * F * e);
   }
-  ws->parts.clear();
-  ws->kv_parts = ws->kv_all = nullptr;
-  ws->own_rows = tp.split_rows() ? cv.take(mine * C * e) : nullptr;
-  if (tp.sliced()) {
-    const auto L = static_cast<std::size_t>(tp.local_slices());
-    for (std::size_t l = 1; l < L; ++l) ws->parts.push_back(cv.take(n * C * e));
-    if (training && kv_pieces(c, tp.slices)) {  // Note [Replicated KV heads]
-      ws->kv_parts = cv.take(L * n * 2 * hd * e);
-      ws->kv_all = kv_replicas(c, tp.size) > 1 ? cv.take(T * n * 2 * hd * e) : nullptr;
-    }
-    if (!head) return;
-    ws->ce_max = static_cast<float*>(cv.take(n * 4));
-    ws->ce_target = static_cast<float*>(cv.take(n * 4));
-    ws->ce_sums = static_cast<double*>(cv.take(n * L * 8));
-    ws->ce_all = static_cast<double*>(cv.take(n * L * T * 8));
-  }
+  carve_tensor_parallel(c, tp, ws, cv, z, training);
 }
 
 Decoder::Decoder(ModelConfig config, DecoderOptions options)

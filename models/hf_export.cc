@@ -55,11 +55,12 @@ std::vector<float> transposed_matrix(std::span<const float> src, std::int64_t ro
   return dst;
 }
 
-HfExportResult write_hf_model_folder(const HfExport& e,
-                                     const std::function<void(const ParamTensorSpec&, std::vector<float>&)>& whole_tensor) {
-  STRATA_CHECK(e.dtype == DType::F32 || e.dtype == DType::BF16, "Hugging Face export in {}", dtype_name(e.dtype));
-  STRATA_CHECK(e.max_shard_bytes > 0, "Hugging Face export with a shard size of 0");
-  const fs::path out(e.out_dir);
+namespace {
+
+using WholeTensorFn = std::function<void(const ParamTensorSpec&, std::vector<float>&)>;
+
+// A fresh staging folder beside `out`, which must not exist or be an empty directory.
+fs::path make_staging(const HfExport& e, const fs::path& out) {
   std::error_code ec;
   if (fs::exists(fs::symlink_status(out, ec))) {
     if (!fs::is_directory(fs::symlink_status(out, ec)) || !fs::is_empty(out, ec)) {
@@ -73,8 +74,13 @@ HfExportResult write_hf_model_folder(const HfExport& e,
   fs::remove_all(staging, ec);
   if (ec) throw IoError(fmt::format("cannot remove the unfinished export '{}': {}", staging.string(), ec.message()), ec.value());
   ensure_directory(staging.string(), "Hugging Face export folder");
+  return staging;
+}
 
-  // The tensors under their Hugging Face names, in the model's order.
+// The weights into `staging`, one safetensors file per shard (with an index when several), under
+// their Hugging Face names, in the model's order.
+void write_weight_files(const HfExport& e, const WholeTensorFn& whole_tensor, const fs::path& staging,
+                        HfExportResult& result) {
   std::vector<ParamTensorSpec> specs;
   for (const ParamGroupSpec& g : decoder_param_groups(e.model)) {
     for (const ParamTensorSpec& t : g.tensors) specs.push_back(t);
@@ -85,7 +91,6 @@ HfExportResult write_hf_model_folder(const HfExport& e,
   for (const ParamTensorSpec& t : specs) bytes.push_back(t.elems() * dtype_bytes(e.dtype));
   const std::vector<std::vector<std::size_t>> shards = plan_shards(bytes, e.max_shard_bytes);
 
-  HfExportResult result;
   nlohmann::json weight_map = nlohmann::json::object();
   std::map<std::string, std::string> metadata = e.metadata;
   metadata["format"] = "pt";  // what transformers' safetensors loader requires
@@ -124,14 +129,18 @@ HfExportResult write_hf_model_folder(const HfExport& e,
     write_json(staging / "model.safetensors.index.json",
                {{"metadata", {{"total_size", result.weight_bytes}}}, {"weight_map", weight_map}});
   }
+}
 
-  // config.json: the source's keys (token ids, chat template, ...) under the trained model's architecture.
+// config.json (the source's keys, such as token ids and the chat template, under the trained
+// model's architecture), the companion files, and a generation_config.json where none came along.
+void write_config_files(const HfExport& e, const fs::path& staging) {
   const std::string type = e.source_config.is_object() ? e.source_config.value("model_type", std::string()) : "";
   nlohmann::json config = e.source_config.is_object() ? e.source_config : nlohmann::json::object();
   config.update(hf_config_json(e.model, type));
   config["torch_dtype"] = e.dtype == DType::BF16 ? "bfloat16" : "float32";
   write_json(staging / "config.json", config);
 
+  std::error_code ec;
   bool has_generation_config = false;
   for (const std::string& f : e.companion_files) {
     const fs::path name = fs::path(f).filename();
@@ -150,7 +159,20 @@ HfExportResult write_hf_model_folder(const HfExport& e,
     }
     write_json(staging / "generation_config.json", generation);
   }
+}
+
+}  // namespace
+
+HfExportResult write_hf_model_folder(const HfExport& e, const WholeTensorFn& whole_tensor) {
+  STRATA_CHECK(e.dtype == DType::F32 || e.dtype == DType::BF16, "Hugging Face export in {}", dtype_name(e.dtype));
+  STRATA_CHECK(e.max_shard_bytes > 0, "Hugging Face export with a shard size of 0");
+  const fs::path out(e.out_dir);
+  const fs::path staging = make_staging(e, out);
+  HfExportResult result;
+  write_weight_files(e, whole_tensor, staging, result);
+  write_config_files(e, staging);
   fsync_directory(staging.string());
+  std::error_code ec;
   if (fs::exists(out, ec)) fs::remove(out, ec);  // the empty directory checked above
   rename_path(staging.string(), out.string());
   fsync_directory(out.parent_path().empty() ? "." : out.parent_path().string());

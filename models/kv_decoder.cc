@@ -176,7 +176,7 @@ void KvDecoder::ensure_logit_rows(std::int64_t rows) {
   b.logit_rows = rows;
 }
 
-std::vector<float> KvDecoder::append(ParamProvider& provider, std::span<const std::int32_t> tokens, LogitRows which) {
+void KvDecoder::check_tokens(std::span<const std::int32_t> tokens) const {
   const ModelConfig& c = config_;
   const auto n = static_cast<std::int64_t>(tokens.size());
   const std::int64_t p = length_;
@@ -192,16 +192,131 @@ std::vector<float> KvDecoder::append(ParamProvider& provider, std::span<const st
                                     c.name, c.vocab_size));
     }
   }
-  const std::int64_t out_rows = which == LogitRows::All ? n : 1;
-  ensure_logit_rows(out_rows);
+}
+
+void KvDecoder::norm_rows(const void* x, const void* weight, const void* bias, void* out, std::int64_t rows) {
+  const ModelConfig& c = config_;
+  Buffers& b = *buf_;
+  if (c.arch == Architecture::Gpt2) {
+    layernorm_forward(rt_.ctx, c.dtype, x, weight, bias, out, b.mean, b.rstd, rows, c.d_model, c.norm_eps);
+  } else {
+    rmsnorm_forward(rt_.ctx, c.dtype, x, weight, out, b.rstd, rows, c.d_model, c.norm_eps);
+  }
+}
+
+namespace {
+
+const void* bias_of(const GroupViews& w, const StageLinear& lin) { return lin.bias == kNoBias ? nullptr : w[lin.bias]; }
+
+}  // namespace
+
+// Block l over the n new rows: attention (q into its buffer, k and v straight into the cache's rows
+// p..p+n-1) and the MLP, each added to the residual stream b.x.
+void KvDecoder::append_block(ParamProvider& provider, std::int64_t l, std::int64_t n, std::int64_t p) {
+  const ModelConfig& c = config_;
   Buffers& b = *buf_;
   const KernelContext& ctx = rt_.ctx;
   Stream* stream = ctx.stream;
   const DType dt = c.dtype;
   const bool gpt2 = c.arch == Architecture::Gpt2;
-  const std::int64_t C = c.d_model, F = c.ffn_hidden, V = c.vocab_size, hd = c.head_dim();
+  const std::int64_t C = c.d_model, F = c.ffn_hidden, hd = c.head_dim();
   const std::int64_t H = c.n_heads, KV = c.n_kv_heads, att_w = c.attn_width(), kv_w = KV * hd;
   const std::int64_t chunks = TilingSpec{}.chunks;  // the training decoder's untiled chunks
+  const std::size_t g = block_group_index(l);
+  const GroupViews w = provider.acquire_params(g, ParamPhase::Forward, stream);
+  void* kc = b.k_cache[static_cast<std::size_t>(l)];
+  void* vc = b.v_cache[static_cast<std::size_t>(l)];
+  void* k_new = at(kc, p * kv_w, dt);
+  void* v_new = at(vc, p * kv_w, dt);
+  const std::vector<StageLinear> attn_in = stage_linears(c, BlockStage::AttnIn);
+  if (gpt2) {
+    using namespace gpt2_block;
+    norm_rows(b.x, w[kLn1W], w[kLn1B], b.norm, n);
+    const StageLinear& qkv = attn_in[0];
+    linear_into(ctx, dt, b.norm, C, n, w[qkv.weight], bias_of(w, qkv), qkv, chunks,
+                {{0, C, b.q, att_w}, {C, 2 * C, k_new, kv_w}, {2 * C, 3 * C, v_new, kv_w}});
+  } else {
+    using namespace llama_block;
+    norm_rows(b.x, w[kAttnNorm], nullptr, b.norm, n);
+    linear_into(ctx, dt, b.norm, C, n, w[attn_in[0].weight], bias_of(w, attn_in[0]), attn_in[0], chunks,
+                {{0, att_w, b.q, att_w}});
+    linear_into(ctx, dt, b.norm, C, n, w[attn_in[1].weight], bias_of(w, attn_in[1]), attn_in[1], chunks,
+                {{0, kv_w, k_new, kv_w}});
+    linear_into(ctx, dt, b.norm, C, n, w[attn_in[2].weight], bias_of(w, attn_in[2]), attn_in[2], chunks,
+                {{0, kv_w, v_new, kv_w}});
+    rope_at(ctx, dt, b.q, n, p, H, hd, att_w, c.rope);
+    rope_at(ctx, dt, k_new, n, p, KV, hd, kv_w, c.rope);
+  }
+  const CachedAttentionShape shape{n, p + n, H, KV, hd, att_w, kv_w, att_w};
+  attention_cached(ctx, dt, shape, b.q, kc, vc, b.att);
+  const StageLinear out_proj = stage_linears(c, BlockStage::AttnOut)[0];
+  linear_into(ctx, dt, b.att, att_w, n, w[out_proj.weight], bias_of(w, out_proj), out_proj, chunks, {{0, C, b.tmp, C}});
+  residual_add(ctx, dt, b.x, b.tmp, b.x, n * C);
+  // MLP.
+  const std::vector<StageLinear> mlp_in = stage_linears(c, BlockStage::MlpIn);
+  if (gpt2) {
+    using namespace gpt2_block;
+    norm_rows(b.x, w[kLn2W], w[kLn2B], b.norm, n);
+    linear_into(ctx, dt, b.norm, C, n, w[mlp_in[0].weight], bias_of(w, mlp_in[0]), mlp_in[0], chunks,
+                {{0, F, b.ff_in, F}});
+    gelu_forward(ctx, dt, b.ff_in, b.ff_act, n * F);
+  } else {
+    using namespace llama_block;
+    norm_rows(b.x, w[kMlpNorm], nullptr, b.norm, n);
+    linear_into(ctx, dt, b.norm, C, n, w[mlp_in[0].weight], nullptr, mlp_in[0], chunks, {{0, F, b.ff_in, 2 * F}});
+    linear_into(ctx, dt, b.norm, C, n, w[mlp_in[1].weight], nullptr, mlp_in[1], chunks,
+                {{0, F, at(b.ff_in, F, dt), 2 * F}});
+    swiglu_forward(ctx, dt, b.ff_in, b.ff_act, n, F);
+  }
+  const StageLinear down = stage_linears(c, BlockStage::MlpOut)[0];
+  linear_into(ctx, dt, b.ff_act, F, n, w[down.weight], bias_of(w, down), down, chunks, {{0, C, b.tmp, C}});
+  residual_add(ctx, dt, b.x, b.tmp, b.x, n * C);
+  provider.release_params(g, stream);
+}
+
+// The final norm and the logits of the last out_rows of the n new rows, fp32 on the host.
+std::vector<float> KvDecoder::append_head(ParamProvider& provider, std::int64_t n, std::int64_t out_rows) {
+  const ModelConfig& c = config_;
+  Buffers& b = *buf_;
+  const KernelContext& ctx = rt_.ctx;
+  Stream* stream = ctx.stream;
+  const DType dt = c.dtype;
+  const bool gpt2 = c.arch == Architecture::Gpt2;
+  const std::int64_t C = c.d_model, V = c.vocab_size;
+  const std::size_t emb = embedding_group_index();
+  const std::size_t head = head_group_index(c);
+  const GroupViews hw = provider.acquire_params(head, ParamPhase::Forward, stream);
+  GroupViews ew;
+  if (c.tied_embeddings) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
+  const void* head_w = c.tied_embeddings ? ew[embedding_group::kWte] : hw[head_group::kLmHead];
+  const void* x_rows = at(b.x, (n - out_rows) * C, dt);
+  norm_rows(x_rows, hw[head_group::kNormW], gpt2 ? hw[head_group::kNormB] : nullptr, b.norm, out_rows);
+  matmul(ctx, MatmulArgs{dt, Trans::No, Trans::Yes, out_rows, V, C, b.norm, C, 0, head_w, C, 0, b.logits, V, 0, 1});
+  if (c.tied_embeddings) provider.release_params(emb, stream);
+  provider.release_params(head, stream);
+  if (dt != DType::F32) cast(ctx, dt, b.logits, DType::F32, b.logits_f32, out_rows * V);
+
+  std::vector<float> logits(static_cast<std::size_t>(out_rows * V));
+  const std::size_t bytes = logits.size() * 4;
+  if (stream == nullptr) {
+    std::memcpy(logits.data(), b.logits_f32, bytes);
+  } else {
+    stream->copy_d2h(logits.data(), b.logits_f32, bytes);
+    stream->synchronize();  // the host samples the next token from these logits: decoding is serial
+  }
+  return logits;
+}
+
+std::vector<float> KvDecoder::append(ParamProvider& provider, std::span<const std::int32_t> tokens, LogitRows which) {
+  check_tokens(tokens);
+  const ModelConfig& c = config_;
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t p = length_;
+  const std::int64_t out_rows = which == LogitRows::All ? n : 1;
+  ensure_logit_rows(out_rows);
+  Buffers& b = *buf_;
+  Stream* stream = rt_.ctx.stream;
+  const DType dt = c.dtype;
 
   // The token ids go through a host array that lives as long as the decoder (a pageable copy
   // blocks until it has run, but the inline run reads them later in this call too).
@@ -216,97 +331,12 @@ std::vector<float> KvDecoder::append(ParamProvider& provider, std::span<const st
   const std::size_t emb = embedding_group_index();
   {
     const GroupViews w = provider.acquire_params(emb, ParamPhase::Forward, stream);
-    const void* wpe = gpt2 ? at(w[embedding_group::kWpe], p * C, dt) : nullptr;
-    embedding_forward(ctx, dt, b.tokens, w[embedding_group::kWte], wpe, b.x, 1, n, C);
+    const void* wpe = c.arch == Architecture::Gpt2 ? at(w[embedding_group::kWpe], p * c.d_model, dt) : nullptr;
+    embedding_forward(rt_.ctx, dt, b.tokens, w[embedding_group::kWte], wpe, b.x, 1, n, c.d_model);
     provider.release_params(emb, stream);
   }
-
-  const auto norm = [&](const void* x, const void* weight, const void* bias, void* out, std::int64_t rows) {
-    if (gpt2) {
-      layernorm_forward(ctx, dt, x, weight, bias, out, b.mean, b.rstd, rows, C, c.norm_eps);
-    } else {
-      rmsnorm_forward(ctx, dt, x, weight, out, b.rstd, rows, C, c.norm_eps);
-    }
-  };
-  const auto bias_of = [](const GroupViews& w, const StageLinear& lin) -> const void* {
-    return lin.bias == kNoBias ? nullptr : w[lin.bias];
-  };
-
-  for (std::int64_t l = 0; l < c.n_layers; ++l) {
-    const std::size_t g = block_group_index(l);
-    const GroupViews w = provider.acquire_params(g, ParamPhase::Forward, stream);
-    void* kc = b.k_cache[static_cast<std::size_t>(l)];
-    void* vc = b.v_cache[static_cast<std::size_t>(l)];
-    void* k_new = at(kc, p * kv_w, dt);
-    void* v_new = at(vc, p * kv_w, dt);
-    // Attention: q into its buffer, k and v straight into the cache's rows p..p+n-1.
-    const std::vector<StageLinear> attn_in = stage_linears(c, BlockStage::AttnIn);
-    if (gpt2) {
-      using namespace gpt2_block;
-      norm(b.x, w[kLn1W], w[kLn1B], b.norm, n);
-      const StageLinear& qkv = attn_in[0];
-      linear_into(ctx, dt, b.norm, C, n, w[qkv.weight], bias_of(w, qkv), qkv, chunks,
-                  {{0, C, b.q, att_w}, {C, 2 * C, k_new, kv_w}, {2 * C, 3 * C, v_new, kv_w}});
-    } else {
-      using namespace llama_block;
-      norm(b.x, w[kAttnNorm], nullptr, b.norm, n);
-      linear_into(ctx, dt, b.norm, C, n, w[attn_in[0].weight], bias_of(w, attn_in[0]), attn_in[0], chunks,
-                  {{0, att_w, b.q, att_w}});
-      linear_into(ctx, dt, b.norm, C, n, w[attn_in[1].weight], bias_of(w, attn_in[1]), attn_in[1], chunks,
-                  {{0, kv_w, k_new, kv_w}});
-      linear_into(ctx, dt, b.norm, C, n, w[attn_in[2].weight], bias_of(w, attn_in[2]), attn_in[2], chunks,
-                  {{0, kv_w, v_new, kv_w}});
-      rope_at(ctx, dt, b.q, n, p, H, hd, att_w, c.rope);
-      rope_at(ctx, dt, k_new, n, p, KV, hd, kv_w, c.rope);
-    }
-    const CachedAttentionShape shape{n, p + n, H, KV, hd, att_w, kv_w, att_w};
-    attention_cached(ctx, dt, shape, b.q, kc, vc, b.att);
-    const StageLinear out_proj = stage_linears(c, BlockStage::AttnOut)[0];
-    linear_into(ctx, dt, b.att, att_w, n, w[out_proj.weight], bias_of(w, out_proj), out_proj, chunks, {{0, C, b.tmp, C}});
-    residual_add(ctx, dt, b.x, b.tmp, b.x, n * C);
-    // MLP.
-    const std::vector<StageLinear> mlp_in = stage_linears(c, BlockStage::MlpIn);
-    if (gpt2) {
-      using namespace gpt2_block;
-      norm(b.x, w[kLn2W], w[kLn2B], b.norm, n);
-      linear_into(ctx, dt, b.norm, C, n, w[mlp_in[0].weight], bias_of(w, mlp_in[0]), mlp_in[0], chunks,
-                  {{0, F, b.ff_in, F}});
-      gelu_forward(ctx, dt, b.ff_in, b.ff_act, n * F);
-    } else {
-      using namespace llama_block;
-      norm(b.x, w[kMlpNorm], nullptr, b.norm, n);
-      linear_into(ctx, dt, b.norm, C, n, w[mlp_in[0].weight], nullptr, mlp_in[0], chunks, {{0, F, b.ff_in, 2 * F}});
-      linear_into(ctx, dt, b.norm, C, n, w[mlp_in[1].weight], nullptr, mlp_in[1], chunks,
-                  {{0, F, at(b.ff_in, F, dt), 2 * F}});
-      swiglu_forward(ctx, dt, b.ff_in, b.ff_act, n, F);
-    }
-    const StageLinear down = stage_linears(c, BlockStage::MlpOut)[0];
-    linear_into(ctx, dt, b.ff_act, F, n, w[down.weight], bias_of(w, down), down, chunks, {{0, C, b.tmp, C}});
-    residual_add(ctx, dt, b.x, b.tmp, b.x, n * C);
-    provider.release_params(g, stream);
-  }
-
-  // Head: the final norm and the logits of the rows asked for.
-  const std::size_t head = head_group_index(c);
-  const GroupViews hw = provider.acquire_params(head, ParamPhase::Forward, stream);
-  GroupViews ew;
-  if (c.tied_embeddings) ew = provider.acquire_params(emb, ParamPhase::Forward, stream);
-  const void* head_w = c.tied_embeddings ? ew[embedding_group::kWte] : hw[head_group::kLmHead];
-  const void* x_rows = at(b.x, (n - out_rows) * C, dt);
-  norm(x_rows, hw[head_group::kNormW], gpt2 ? hw[head_group::kNormB] : nullptr, b.norm, out_rows);
-  matmul(ctx, MatmulArgs{dt, Trans::No, Trans::Yes, out_rows, V, C, b.norm, C, 0, head_w, C, 0, b.logits, V, 0, 1});
-  if (c.tied_embeddings) provider.release_params(emb, stream);
-  provider.release_params(head, stream);
-  if (dt != DType::F32) cast(ctx, dt, b.logits, DType::F32, b.logits_f32, out_rows * V);
-
-  std::vector<float> logits(static_cast<std::size_t>(out_rows * V));
-  const std::size_t bytes = logits.size() * 4;
-  if (stream == nullptr) {
-    std::memcpy(logits.data(), b.logits_f32, bytes);
-  } else {
-    stream->copy_d2h(logits.data(), b.logits_f32, bytes);
-    stream->synchronize();  // the host samples the next token from these logits: decoding is serial
-  }
+  for (std::int64_t l = 0; l < c.n_layers; ++l) append_block(provider, l, n, p);
+  std::vector<float> logits = append_head(provider, n, out_rows);
   length_ = p + n;
   return logits;
 }

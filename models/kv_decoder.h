@@ -73,6 +73,11 @@ class KvDecoder {
 
  private:
   void ensure_logit_rows(std::int64_t rows);
+  // The steps of append over n new tokens after p cached ones (models/kv_decoder.cc).
+  void check_tokens(std::span<const std::int32_t> tokens) const;
+  void norm_rows(const void* x, const void* weight, const void* bias, void* out, std::int64_t rows);
+  void append_block(ParamProvider& provider, std::int64_t l, std::int64_t n, std::int64_t p);
+  std::vector<float> append_head(ParamProvider& provider, std::int64_t n, std::int64_t out_rows);
 
   ModelConfig config_;
   DecoderRuntime rt_;

@@ -41,6 +41,74 @@ std::uint64_t splitmix64(std::uint64_t x) {
   throw FormatError(fmt::format("token file '{}': {}", path, what));
 }
 
+// What a token file's header says (a flat file has none: its size does).
+struct TokenHeader {
+  TokenFileFormat format = TokenFileFormat::Flat;
+  std::size_t width = 2;
+  std::uint64_t vocab = 0;
+  std::uint64_t tokenizer_hash = 0, source_hash = 0;
+  std::uint32_t tokenizer_kind = 0;
+  std::uint32_t flags = 0;
+  std::size_t bytes = 0;      // the header's
+  std::uint64_t declared = 0;  // tokens
+  bool has_count = false;      // the header declares the count (else the size gives it)
+};
+
+TokenHeader read_strata_header(const std::string& path, const std::uint8_t* head, std::uint64_t size) {
+  if (size < kStrataHeaderBytes) bad(path, fmt::format("the file has {} bytes, fewer than its 64-byte header; it is truncated", size));
+  TokenHeader h;
+  h.format = TokenFileFormat::Strata;
+  const auto version = load_le<std::uint32_t>(head + 8);
+  if (version != 1 && version != 2) {
+    bad(path, fmt::format("unsupported Strata token file version {} (this build reads 1 and 2); a newer Strata wrote it",
+                          version));
+  }
+  h.width = load_le<std::uint32_t>(head + 12);
+  if (h.width != 2 && h.width != 4) bad(path, fmt::format("token width {} bytes in the header; it must be 2 or 4", h.width));
+  h.declared = load_le<std::uint64_t>(head + 16);
+  h.vocab = load_le<std::uint64_t>(head + 24);
+  if (version == 2) {
+    h.tokenizer_hash = load_le<std::uint64_t>(head + 32);
+    h.source_hash = load_le<std::uint64_t>(head + 40);
+    h.flags = load_le<std::uint32_t>(head + 48);
+    h.tokenizer_kind = load_le<std::uint32_t>(head + 52);
+    if ((h.flags & ~kFlagLossMask) != 0) {
+      bad(path, fmt::format("header flags 0x{:x} hold bits this build does not know; a newer Strata wrote it", h.flags));
+    }
+  }
+  h.bytes = kStrataHeaderBytes;
+  h.has_count = true;
+  return h;
+}
+
+TokenHeader read_llmc_header(const std::string& path, const std::uint8_t* head, std::uint64_t size) {
+  if (size < kLlmcHeaderBytes) bad(path, fmt::format("the file has {} bytes, fewer than its 1024-byte llm.c header; it is truncated", size));
+  TokenHeader h;
+  h.format = TokenFileFormat::LlmC;
+  const auto version = load_le<std::int32_t>(head + 4);
+  if (version != 1 && version != 2) bad(path, fmt::format("unsupported llm.c token file version {} (1: uint16, 2: uint32)", version));
+  h.width = version == 1 ? 2 : 4;
+  const auto count = load_le<std::int32_t>(head + 8);
+  if (count < 0) bad(path, fmt::format("negative token count {} in the llm.c header", count));
+  h.declared = static_cast<std::uint64_t>(count);
+  h.bytes = kLlmcHeaderBytes;
+  h.has_count = true;
+  return h;
+}
+
+TokenHeader flat_header(const std::string& path, FlatTokenWidth flat_width, std::uint64_t size) {
+  TokenHeader h;
+  h.format = TokenFileFormat::Flat;
+  h.width = flat_width == FlatTokenWidth::U16 ? 2 : 4;
+  if (size % h.width != 0) {
+    bad(path, fmt::format("a flat uint{} token file must be a multiple of {} bytes, this one has {}; it is truncated "
+                          "or has another format",
+                          8 * h.width, h.width, size));
+  }
+  h.declared = size / h.width;
+  return h;
+}
+
 }  // namespace
 
 TokenFile TokenFile::open(const std::string& path, FlatTokenWidth flat_width) {
@@ -48,62 +116,30 @@ TokenFile TokenFile::open(const std::string& path, FlatTokenWidth flat_width) {
   const std::uint64_t size = file_size_bytes(fd.get(), path);
   TokenFile f;
   f.path_ = path;
-  std::size_t header = 0;
-  std::uint64_t declared = 0;
-  std::uint32_t flags = 0;
-  bool has_count = false;
   std::uint8_t head[kLlmcHeaderBytes] = {};
   read_exact(fd.get(), head, static_cast<std::size_t>(std::min<std::uint64_t>(size, sizeof head)), 0, path);
+  TokenHeader h;
   if (size >= 8 && std::memcmp(head, kStrataMagic, 8) == 0) {
-    if (size < kStrataHeaderBytes) bad(path, fmt::format("the file has {} bytes, fewer than its 64-byte header; it is truncated", size));
-    f.format_ = TokenFileFormat::Strata;
-    const auto version = load_le<std::uint32_t>(head + 8);
-    if (version != 1 && version != 2) {
-      bad(path, fmt::format("unsupported Strata token file version {} (this build reads 1 and 2); a newer Strata wrote it",
-                            version));
-    }
-    f.width_ = load_le<std::uint32_t>(head + 12);
-    if (f.width_ != 2 && f.width_ != 4) bad(path, fmt::format("token width {} bytes in the header; it must be 2 or 4", f.width_));
-    declared = load_le<std::uint64_t>(head + 16);
-    f.vocab_ = load_le<std::uint64_t>(head + 24);
-    if (version == 2) {
-      f.tokenizer_hash_ = load_le<std::uint64_t>(head + 32);
-      f.source_hash_ = load_le<std::uint64_t>(head + 40);
-      flags = load_le<std::uint32_t>(head + 48);
-      f.tokenizer_kind_ = load_le<std::uint32_t>(head + 52);
-      if ((flags & ~kFlagLossMask) != 0) {
-        bad(path, fmt::format("header flags 0x{:x} hold bits this build does not know; a newer Strata wrote it", flags));
-      }
-    }
-    header = kStrataHeaderBytes;
-    has_count = true;
+    h = read_strata_header(path, head, size);
   } else if (size >= 4 && load_le<std::int32_t>(head) == kLlmcMagic) {
-    if (size < kLlmcHeaderBytes) bad(path, fmt::format("the file has {} bytes, fewer than its 1024-byte llm.c header; it is truncated", size));
-    f.format_ = TokenFileFormat::LlmC;
-    const auto version = load_le<std::int32_t>(head + 4);
-    if (version != 1 && version != 2) bad(path, fmt::format("unsupported llm.c token file version {} (1: uint16, 2: uint32)", version));
-    f.width_ = version == 1 ? 2 : 4;
-    const auto count = load_le<std::int32_t>(head + 8);
-    if (count < 0) bad(path, fmt::format("negative token count {} in the llm.c header", count));
-    declared = static_cast<std::uint64_t>(count);
-    header = kLlmcHeaderBytes;
-    has_count = true;
+    h = read_llmc_header(path, head, size);
   } else {
-    f.format_ = TokenFileFormat::Flat;
-    f.width_ = flat_width == FlatTokenWidth::U16 ? 2 : 4;
-    if (size % f.width_ != 0) {
-      bad(path, fmt::format("a flat uint{} token file must be a multiple of {} bytes, this one has {}; it is truncated "
-                            "or has another format",
-                            8 * f.width_, f.width_, size));
-    }
-    declared = size / f.width_;
+    h = flat_header(path, flat_width, size);
   }
+  f.format_ = h.format;
+  f.width_ = h.width;
+  f.vocab_ = h.vocab;
+  f.tokenizer_hash_ = h.tokenizer_hash;
+  f.source_hash_ = h.source_hash;
+  f.tokenizer_kind_ = h.tokenizer_kind;
+  const std::size_t header = h.bytes;
+  const std::uint64_t declared = h.declared;
   // The loss mask (version 2) follows the tokens: one bit per token.
-  const std::uint64_t mask_bytes = (flags & kFlagLossMask) != 0 ? (declared / 8 + (declared % 8 != 0 ? 1 : 0)) : 0;
+  const std::uint64_t mask_bytes = (h.flags & kFlagLossMask) != 0 ? (declared / 8 + (declared % 8 != 0 ? 1 : 0)) : 0;
   if (size - header < mask_bytes) bad(path, fmt::format("the file has {} bytes, fewer than its header and loss mask; it is truncated", size));
   const std::uint64_t payload = size - header - mask_bytes;
   // declared * width must not wrap: 2^63 two-byte tokens would "fit" in an empty file.
-  if (has_count && (declared > payload / f.width_ || payload != declared * f.width_)) {
+  if (h.has_count && (declared > payload / f.width_ || payload != declared * f.width_)) {
     bad(path, fmt::format("the header declares {} tokens ({} bytes) but the file holds {} bytes after the header; it is "
                           "{}",
                           declared,

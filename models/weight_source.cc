@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <string>
+#include <vector>
 #include <optional>
 #include <set>
 
@@ -31,6 +34,80 @@ float value_at(const void* data, DType dtype, std::size_t i) {
   return 0;
 }
 
+// A tensor of the files, by the name the model's table uses (HF names normalized).
+struct Found {
+  std::size_t file;
+  const SafetensorsEntry* entry;
+};
+using FoundTensors = std::map<std::string, Found>;
+
+// Every tensor of every file; with a sharded folder's index, only the copy the index names.
+FoundTensors find_tensors(const std::vector<SafetensorsFile>& files, const std::vector<std::string>& paths,
+                          const std::map<std::string, std::string>& index, const std::string& index_file,
+                          const ModelConfig& config, bool strata_names, const std::string& what,
+                          const std::string& path) {
+  FoundTensors by_name;
+  for (std::size_t fi = 0; fi < files.size(); ++fi) {
+    for (const SafetensorsEntry& e : files[fi].tensors()) {
+      if (!index.empty()) {
+        const auto it = index.find(e.name);
+        if (it == index.end() || it->second != paths[fi]) continue;  // the index decides which copy counts
+      }
+      const std::string n = strata_names ? e.name : normalize_hf_name(config, e.name);
+      if (!strata_names && is_ignorable_hf_tensor(config, n)) continue;
+      if (const auto prev = by_name.find(n); prev != by_name.end()) {
+        throw FormatError(fmt::format("{} '{}': tensor '{}' is in both '{}' and '{}'", what, path, e.name,
+                                      paths[prev->second.file], paths[fi]));
+      }
+      by_name[n] = {fi, &e};
+    }
+  }
+  for (const auto& [tensor, shard] : index) {
+    bool held = false;
+    for (std::size_t fi = 0; fi < files.size(); ++fi) held = held || (paths[fi] == shard && files[fi].find(tensor));
+    if (!held) {
+      throw FormatError(fmt::format("'{}' maps tensor '{}' to '{}', which does not hold it; the folder's files are "
+                                    "from different downloads",
+                                    index_file, tensor, shard));
+    }
+  }
+  return by_name;
+}
+
+// Another model's weights are refused whole before a shape is compared: tensors the model does
+// not have (a deeper model's blocks, which would be dropped) first, then the ones it lacks.
+void check_same_model(const FoundTensors& by_name, const std::vector<HfTensorName>& names, bool strata_names,
+                      const ModelConfig& config, const std::string& what, const std::string& path) {
+  std::set<std::string> wanted;
+  for (const HfTensorName& m : names) wanted.insert(strata_names ? m.strata_name : m.hf_name);
+  std::vector<std::string> extra, missing;
+  for (const auto& [n, found] : by_name) {
+    if (!wanted.contains(n)) extra.push_back(found.entry->name);
+  }
+  for (const HfTensorName& m : names) {
+    const std::string& n = strata_names ? m.strata_name : m.hf_name;
+    if (!by_name.contains(n)) missing.push_back(n);
+  }
+  const auto listed = [](const std::vector<std::string>& v) {  // a few names; the count says how many more
+    std::string out;
+    for (std::size_t i = 0; i < v.size() && i < 4; ++i) out += fmt::format("{}'{}'", i == 0 ? "" : ", ", v[i]);
+    if (v.size() > 4) out += fmt::format(" and {} more", v.size() - 4);
+    return out;
+  };
+  if (!extra.empty()) {
+    throw FormatError(fmt::format("{} '{}' holds {} tensor(s) model '{}' does not have ({}); they are the weights of "
+                                  "another model (more layers, another size or architecture), which would be dropped: "
+                                  "give the weights of model '{}', or set strata.model to theirs",
+                                  what, path, extra.size(), config.name, listed(extra), config.name));
+  }
+  if (!missing.empty()) {
+    throw FormatError(fmt::format("{} '{}' lacks {} tensor(s) of model '{}' ({}); they are the weights of another "
+                                  "model or incomplete: give the weights of model '{}' (strata train --save-weights "
+                                  "and strata ckpt export write such files)",
+                                  what, path, missing.size(), config.name, listed(missing), config.name));
+  }
+}
+
 }  // namespace
 
 WeightSource WeightSource::open(const std::string& path, const ModelConfig& config, std::string what) {
@@ -52,70 +129,13 @@ WeightSource WeightSource::open(const std::string& path, const ModelConfig& conf
   bool strata_names = false;
   for (const SafetensorsFile& f : s.files_) strata_names = strata_names || f.find(names.front().strata_name) != nullptr;
   s.naming_ = strata_names ? WeightNaming::Strata : WeightNaming::HuggingFace;
-  // Every tensor of every file, by the name the model's table uses (HF names normalized).
-  struct Found {
-    std::size_t file;
-    const SafetensorsEntry* entry;
-  };
-  std::map<std::string, Found> by_name;
-  for (std::size_t fi = 0; fi < s.files_.size(); ++fi) {
-    for (const SafetensorsEntry& e : s.files_[fi].tensors()) {
-      if (!index.empty()) {
-        const auto it = index.find(e.name);
-        if (it == index.end() || it->second != s.file_paths_[fi]) continue;  // the index decides which copy counts
-      }
-      const std::string n = strata_names ? e.name : normalize_hf_name(config, e.name);
-      if (!strata_names && is_ignorable_hf_tensor(config, n)) continue;
-      if (const auto prev = by_name.find(n); prev != by_name.end()) {
-        throw FormatError(fmt::format("{} '{}': tensor '{}' is in both '{}' and '{}'", s.what_, path, e.name,
-                                      s.file_paths_[prev->second.file], s.file_paths_[fi]));
-      }
-      by_name[n] = {fi, &e};
-    }
-  }
-  for (const auto& [tensor, shard] : index) {
-    bool held = false;
-    for (std::size_t fi = 0; fi < s.files_.size(); ++fi) held = held || (s.file_paths_[fi] == shard && s.files_[fi].find(tensor));
-    if (!held) {
-      throw FormatError(fmt::format("'{}' maps tensor '{}' to '{}', which does not hold it; the folder's files are "
-                                    "from different downloads",
-                                    index_file, tensor, shard));
-    }
-  }
+  const FoundTensors by_name =
+      find_tensors(s.files_, s.file_paths_, index, index_file, config, strata_names, s.what_, path);
   std::map<std::string, std::vector<std::int64_t>> shapes;
   for (const ParamGroupSpec& g : decoder_param_groups(config)) {
     for (const ParamTensorSpec& t : g.tensors) shapes[t.name] = t.shape;
   }
-  // Another model's weights are refused whole before a shape is compared: tensors the model does
-  // not have (a deeper model's blocks, which would be dropped) first, then the ones it lacks.
-  std::set<std::string> wanted;
-  for (const HfTensorName& m : names) wanted.insert(strata_names ? m.strata_name : m.hf_name);
-  std::vector<std::string> extra, missing;
-  for (const auto& [n, found] : by_name) {
-    if (!wanted.contains(n)) extra.push_back(found.entry->name);
-  }
-  for (const HfTensorName& m : names) {
-    const std::string& n = strata_names ? m.strata_name : m.hf_name;
-    if (!by_name.contains(n)) missing.push_back(n);
-  }
-  const auto listed = [](const std::vector<std::string>& v) {  // a few names; the count says how many more
-    std::string out;
-    for (std::size_t i = 0; i < v.size() && i < 4; ++i) out += fmt::format("{}'{}'", i == 0 ? "" : ", ", v[i]);
-    if (v.size() > 4) out += fmt::format(" and {} more", v.size() - 4);
-    return out;
-  };
-  if (!extra.empty()) {
-    throw FormatError(fmt::format("{} '{}' holds {} tensor(s) model '{}' does not have ({}); they are the weights of "
-                                  "another model (more layers, another size or architecture), which would be dropped: "
-                                  "give the weights of model '{}', or set strata.model to theirs",
-                                  s.what_, path, extra.size(), config.name, listed(extra), config.name));
-  }
-  if (!missing.empty()) {
-    throw FormatError(fmt::format("{} '{}' lacks {} tensor(s) of model '{}' ({}); they are the weights of another "
-                                  "model or incomplete: give the weights of model '{}' (strata train --save-weights "
-                                  "and strata ckpt export write such files)",
-                                  s.what_, path, missing.size(), config.name, listed(missing), config.name));
-  }
+  check_same_model(by_name, names, strata_names, config, s.what_, path);
   for (const HfTensorName& m : names) {
     const std::string file_name = strata_names ? m.strata_name : m.hf_name;
     const Found& found = by_name.at(file_name);

@@ -137,9 +137,34 @@ class HostBudget {
       c.source, section, format_bytes(budget), format_bytes(used), spilled, chunks, section));
 }
 
+// Every chunk at its section's fixed tier ("auto" starts on the host); returns the bytes of the
+// host arrays of the sections offloaded to "cpu".
+std::uint64_t place_fixed(const TrainConfig& c, RunPlan& p) {
+  OffloadPlan& o = p.offload;
+  const OffloadDevice opt = c.zero.offload_optimizer.device;
+  const OffloadDevice par = c.zero.offload_param.device;
+  const Home fixed_state = opt == OffloadDevice::Nvme ? Home::Nvme : Home::Host;  // and its gradient sums
+  const Home fixed_params = par == OffloadDevice::Nvme ? Home::Nvme : Home::Host;
+  std::uint64_t cpu_arrays = 0;
+  for (GroupPlan& G : p.groups) {
+    const bool tier_params = G.weights == WeightsForm::ShardOnTier;
+    for (StateChunk& ch : G.chunks) {
+      ch.state = fixed_state;
+      ch.grads = fixed_state;
+      ch.params = fixed_params;
+      if (opt == OffloadDevice::Cpu) cpu_arrays += p.host_state_bytes(ch) + p.host_gradient_bytes(ch);
+      if (tier_params && par == OffloadDevice::Cpu) cpu_arrays += p.host_param_bytes(ch);
+      ++o.state_chunks;
+      if (tier_params) ++o.param_chunks;
+    }
+  }
+  return cpu_arrays;
+}
+
 // The pinned pools alone never spill: past the budget they are refused before anything is pinned,
 // "auto" budget or not (pinning more than the host can spare stalls the machine for minutes).
-void check_pinned_fit(const TrainConfig& c, const OffloadPlan& o, std::uint64_t pinned, std::uint64_t cpu_arrays) {
+void check_fixed_host_bytes(const TrainConfig& c, const OffloadPlan& o, std::uint64_t pinned,
+                            std::uint64_t cpu_arrays) {
   const std::uint64_t fixed = pinned + cpu_arrays;
   if (o.host_budget > 0 && (pinned > o.host_budget || (fixed > o.host_budget && !c.strata.offload.host_budget_auto))) {
     const std::string arrays =
@@ -154,8 +179,8 @@ void check_pinned_fit(const TrainConfig& c, const OffloadPlan& o, std::uint64_t 
   }
 }
 
-// "auto" parameters: the shards the budget holds stay on the host, the rest spill to NVMe (the
-// budget pays the NVMe fetch slots first).
+// offload_param "auto": the parameter shards stay on the host while the budget pays them, else the
+// rest spill to NVMe, their fetch slots paid first.
 void spill_params(const TrainConfig& c, RunPlan& p, HostBudget& budget) {
   OffloadPlan& o = p.offload;
   std::uint64_t all = 0;
@@ -164,27 +189,26 @@ void spill_params(const TrainConfig& c, RunPlan& p, HostBudget& budget) {
   }
   // Spilling any shard needs the NVMe fetch slots: the budget pays them first.
   const std::uint64_t slots = o.param_slot_count * offload::BufferPool::rounded_slot_bytes(o.param_slot_bytes);
-  if (!budget.take(all) && o.param_slot_count > 0) {
-    if (!budget.take(slots) && !c.strata.offload.host_budget_auto) {
-      throw ConfigError(fmt::format(
-          "{}: strata.offload.host_budget = {} cannot hold the parameter shards ({}), so they spill to NVMe, but "
-          "then it cannot pay their {} pinned fetch slots either ({} in use before them); raise the budget, or "
-          "lower zero_optimization.offload_param.buffer_count",
-          c.source, format_bytes(o.host_budget), format_bytes(all), format_bytes(slots), format_bytes(budget.used())));
-    }
-    for (GroupPlan& G : p.groups) {
-      if (G.weights != WeightsForm::ShardOnTier) continue;
-      for (StateChunk& ch : G.chunks) {
-        if (budget.take(p.host_param_bytes(ch))) continue;
-        ch.params = Home::Nvme;
-        ++o.spilled_param_chunks;
-      }
+  if (budget.take(all) || o.param_slot_count == 0) return;
+  if (!budget.take(slots) && !c.strata.offload.host_budget_auto) {
+    throw ConfigError(fmt::format(
+        "{}: strata.offload.host_budget = {} cannot hold the parameter shards ({}), so they spill to NVMe, but "
+        "then it cannot pay their {} pinned fetch slots either ({} in use before them); raise the budget, or "
+        "lower zero_optimization.offload_param.buffer_count",
+        c.source, format_bytes(o.host_budget), format_bytes(all), format_bytes(slots), format_bytes(budget.used())));
+  }
+  for (GroupPlan& G : p.groups) {
+    if (G.weights != WeightsForm::ShardOnTier) continue;
+    for (StateChunk& ch : G.chunks) {
+      if (budget.take(p.host_param_bytes(ch))) continue;
+      ch.params = Home::Nvme;
+      ++o.spilled_param_chunks;
     }
   }
 }
 
-// "auto" optimizer state: gradient sums first, then the state, on the host while the budget
-// holds them, the rest on NVMe.
+// offload_optimizer "auto": gradient sums first, then state, each chunk on the host while the
+// budget pays it, else on NVMe.
 void spill_state(RunPlan& p, HostBudget& budget) {
   OffloadPlan& o = p.offload;
   for (GroupPlan& G : p.groups) {
@@ -207,26 +231,12 @@ void place_chunks(const TrainConfig& c, RunPlan& p) {
   OffloadPlan& o = p.offload;
   const OffloadDevice opt = c.zero.offload_optimizer.device;
   const OffloadDevice par = c.zero.offload_param.device;
-  const Home fixed_state = opt == OffloadDevice::Nvme ? Home::Nvme : Home::Host;  // and its gradient sums
-  const Home fixed_params = par == OffloadDevice::Nvme ? Home::Nvme : Home::Host;
   o.host_budget = c.strata.offload.host_budget_bytes;
   // What the budget pays before any "auto" chunk: the pinned pools and the fixed host arrays.
   std::uint64_t pinned = o.slot_count > 0 ? o.slot_count * offload::BufferPool::rounded_slot_bytes(o.slot_bytes) : 0;
   if (par == OffloadDevice::Nvme) pinned += o.param_slot_count * offload::BufferPool::rounded_slot_bytes(o.param_slot_bytes);
-  std::uint64_t cpu_arrays = 0;
-  for (GroupPlan& G : p.groups) {
-    const bool tier_params = G.weights == WeightsForm::ShardOnTier;
-    for (StateChunk& ch : G.chunks) {
-      ch.state = fixed_state;
-      ch.grads = fixed_state;
-      ch.params = fixed_params;
-      if (opt == OffloadDevice::Cpu) cpu_arrays += p.host_state_bytes(ch) + p.host_gradient_bytes(ch);
-      if (tier_params && par == OffloadDevice::Cpu) cpu_arrays += p.host_param_bytes(ch);
-      ++o.state_chunks;
-      if (tier_params) ++o.param_chunks;
-    }
-  }
-  check_pinned_fit(c, o, pinned, cpu_arrays);
+  const std::uint64_t cpu_arrays = place_fixed(c, p);
+  check_fixed_host_bytes(c, o, pinned, cpu_arrays);
   HostBudget budget(o.host_budget, pinned + cpu_arrays);
   if (par == OffloadDevice::Auto) spill_params(c, p, budget);
   if (opt == OffloadDevice::Auto) spill_state(p, budget);

@@ -1,5 +1,5 @@
 // Kernels of the sim device: how the CPU code that stands in for a GPU kernel is enqueued on a sim
-// stream. Only the device front layers (engine/device_ops.cc, models/kernels/ops.cc), the MPI
+// stream. Only the backend dispatch of the device front layers (core/device/op_dispatch.h), the MPI
 // communicator (whose collectives are the sim device's NCCL) and the sim backend's tools use it;
 // no other engine code runs on a stream (Note [Host-driven offload] in docs/DESIGN.md).
 //

@@ -1,12 +1,9 @@
-// The op-set front layer (models/kernels/ops.h): routes each op to its CPU kernel (inline, or
-// enqueued on a sim stream as a sim kernel) or, on a cuda context, to its CUDA launcher
-// (models/kernels/cuda_kernels.h: cuBLAS for matmul, Strata's kernels in models/kernels/*.cu for
-// the rest, enqueued on the stream's cudaStream_t). Arguments are captured by value: on a stream
+// The op-set front layer (models/kernels/ops.h): gives each op as its CPU kernel and its CUDA
+// launcher (models/kernels/cuda_kernels.h: cuBLAS for matmul, Strata's kernels in
+// models/kernels/*.cu for the rest) to the backend dispatch shared with engine/device_ops.cc
+// (core/device/op_dispatch.h, Note [Op backends]): the CPU kernel inline or enqueued on a sim
+// stream, the launcher on the stream's cudaStream_t. Arguments are captured by value: on a stream
 // the kernel runs later, after the caller returned.
-//
-// The CUDA lambdas are generic (`auto` launch parameter) so that in builds without the CUDA
-// backend they are never instantiated and nothing refers to the launchers; such a build answers a
-// cuda context with a DeviceError that says so.
 #include "models/kernels/ops.h"
 
 #include <algorithm>
@@ -14,7 +11,7 @@
 #include <thread>
 #include <utility>
 
-#include "core/device/sim_kernel.h"
+#include "core/device/op_dispatch.h"
 #include "core/error.h"
 #include "models/kernels/cpu_kernels.h"
 #include "models/kernels/cuda_kernels.h"
@@ -26,21 +23,9 @@ namespace {
 enum class UsesCublas { No, Yes };
 
 #if defined(STRATA_HAVE_CUDA)
-// Where a CUDA op enqueues, after the checks the sim path does not need.
-cuda::Launch cuda_launch(const KernelContext& ctx, const char* op, UsesCublas uses_cublas) {
-  if (ctx.stream == nullptr) {
-    throw DeviceError(
-        fmt::format("model op '{}' on a cuda device needs a stream in its KernelContext (a null "
-                    "stream means inline host execution, which only the sim device has)",
-                    op));
-  }
-  void* native = ctx.stream->native_handle();
-  if (native == nullptr) {
-    throw DeviceError(
-        fmt::format("model op '{}' got a cuda KernelContext with stream '{}' of device {}, which is not "
-                    "a CUDA stream; create the stream on the cuda device",
-                    op, ctx.stream->name(), ctx.stream->device().name()));
-  }
+// Where a CUDA op enqueues: the stream (checked by the dispatch) and, for the ops that use cuBLAS,
+// the handles bound to it.
+cuda::Launch cuda_launch(const KernelContext& ctx, const char* op, void* native, UsesCublas uses_cublas) {
   // KernelContext::cublas carries a CublasHandles (models/kernels/cuda_kernels.h) on cuda.
   auto* handles = static_cast<CublasHandles*>(ctx.cublas);
   if (uses_cublas == UsesCublas::Yes) {
@@ -61,9 +46,27 @@ cuda::Launch cuda_launch(const KernelContext& ctx, const char* op, UsesCublas us
 }
 #endif
 
+// The op's backend is picked in core/device/op_dispatch.h (Note [Op backends]); on a sim stream
+// with a modeled rate, its host kernel then sleeps out its FLOPs (Note [Modeled compute]).
 template <typename HostFn, typename CudaFn>
-void launch_op(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device,
-               [[maybe_unused]] UsesCublas uses_cublas, double flops);
+void launch_op(const KernelContext& ctx, const char* op, HostFn&& host, CudaFn&& device,
+               [[maybe_unused]] UsesCublas uses_cublas, double flops) {
+  const OpSite site{ctx.kind, ctx.stream, "model op", op};
+  auto on_cuda = [&](auto native) { device(cuda_launch(ctx, op, native, uses_cublas)); };
+  if (ctx.kind == DeviceKind::Sim && ctx.stream != nullptr && ctx.modeled_flops_per_s > 0 && flops > 0) {
+    const auto modeled = std::chrono::duration<double>(flops / ctx.modeled_flops_per_s);
+    run_on_backend(
+        site,
+        [fn = std::forward<HostFn>(host), modeled] {
+          const auto done = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(modeled);
+          fn();
+          std::this_thread::sleep_until(done);
+        },
+        on_cuda);
+    return;
+  }
+  run_on_backend(site, std::forward<HostFn>(host), on_cuda);
+}
 
 // Every op goes through here: with a profile (and a stream), bracketed by two events.
 template <typename HostFn, typename CudaFn>
@@ -79,38 +82,6 @@ void launch(const KernelContext& ctx, const char* op, HostFn&& host, CudaFn&& de
   launch_op(ctx, op, std::forward<HostFn>(host), std::forward<CudaFn>(device), uses_cublas, flops);
   ctx.stream->record(*end);
   ctx.profile->add(op, std::move(start), std::move(end));
-}
-
-template <typename HostFn, typename CudaFn>
-void launch_op(const KernelContext& ctx, const char* op, HostFn&& host, [[maybe_unused]] CudaFn&& device,
-               [[maybe_unused]] UsesCublas uses_cublas, double flops) {
-  switch (ctx.kind) {
-    case DeviceKind::Sim:
-      if (ctx.stream == nullptr) {
-        host();
-      } else if (ctx.modeled_flops_per_s > 0 && flops > 0) {  // Note [Modeled compute]
-        const auto modeled = std::chrono::duration<double>(flops / ctx.modeled_flops_per_s);
-        launch_sim_kernel(*ctx.stream, [fn = std::forward<HostFn>(host), modeled] {
-          const auto done = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(modeled);
-          fn();
-          std::this_thread::sleep_until(done);
-        });
-      } else {
-        launch_sim_kernel(*ctx.stream, std::function<void()>(std::forward<HostFn>(host)));
-      }
-      return;
-    case DeviceKind::Cuda:
-#if defined(STRATA_HAVE_CUDA)
-      device(cuda_launch(ctx, op, uses_cublas));
-      return;
-#else
-      throw DeviceError(
-          fmt::format("model op '{}' needs the CUDA backend, but this build of Strata has none "
-                      "(configure with -DSTRATA_CUDA=ON where nvcc is installed); use --device sim",
-                      op));
-#endif
-  }
-  STRATA_CHECK(false, "unknown device kind for op {}", op);
 }
 
 // b h s^2 d: a causal attention's products of s x s x d (half the square, 2 FLOPs per multiply-add).

@@ -131,7 +131,7 @@ TEST_F(Checkpoint, NvmeStateIsCopiedChunkByChunkIntoAlignedRanges) {
   const TierSetup setup{3, OffloadDevice::Nvme, OffloadDevice::Nvme};
   ToyTrainer t(with(setup));
   t.train(0, kSaveAt);
-  const auto chunks = t.engine->state_chunks();
+  const auto chunks = t.engine->checkpoint().state_chunks();
   ASSERT_GT(chunks.size(), 4u) << "the toy should have more chunks than the pool has slots";
   const std::uint64_t read_before = t.engine->tier_stats().nvme_bytes_read;
   const CheckpointSaveResult saved = t.save(dir_.sub("ckpt"), kSaveAt);
@@ -169,7 +169,7 @@ TEST_F(Checkpoint, ACapturedCheckpointEqualsTheCopiedOne) {
       ToyTrainer captured(c);
       captured.overlap = overlap;
       const CheckpointSaveResult a = captured.train_and_capture(dir_.sub("captured" + tag), 0, kSaveAt);
-      const std::size_t pieces = captured.engine->state_chunks().size();
+      const std::size_t pieces = captured.engine->checkpoint().state_chunks().size();
       EXPECT_GT(pieces, 4u) << what;
       EXPECT_EQ(captured.captured, pieces) << what;
       EXPECT_EQ(captured.engine->overlapped_chunk_updates() > 0, overlap) << what;
@@ -197,7 +197,7 @@ TEST_F(Checkpoint, AnArmedCheckpointWithoutItsStepIsCopied) {
   t.train(0, kSaveAt);
   auto pending = begin_checkpoint(*t.engine, *t.comm, t.config, kSaveAt, ToyTrainer::options(dir_.sub("armed")));
   const CheckpointSaveResult a = t.save(dir_.sub("armed"), kSaveAt, 2, {}, pending.get());
-  EXPECT_EQ(t.engine->captured_pieces(), 0u);
+  EXPECT_EQ(t.engine->checkpoint().captured_pieces(), 0u);
   const CheckpointSaveResult b = t.save(dir_.sub("plain"), kSaveAt);
   EXPECT_EQ(read_file(a.dir + "/rank-00000.bin"), read_file(b.dir + "/rank-00000.bin"));
   // And the next step is not captured into the finished checkpoint.

@@ -99,7 +99,7 @@ struct ToyTrainer {
     train(from, step - 1);
     auto pending = begin_checkpoint(*engine, *comm, config, step, options(parent, 2, hook, &retention));
     train(step - 1, step);
-    captured = engine->captured_pieces();
+    captured = engine->checkpoint().captured_pieces();
     return save(parent, step, 2, hook, pending.get());
   }
   CheckpointManifest load(const std::string& dir, const std::string& model = kModel) {
