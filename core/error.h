@@ -63,6 +63,13 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
+// This rank stops because another rank of the job failed (another_rank_failed,
+// engine/communicator.h); the failing rank's own error says why.
+class AnotherRankFailed : public Error {
+ public:
+  using Error::Error;
+};
+
 // A CHECK fired: a broken invariant or a failed library call. Not the user's fault.
 class InternalError : public Error {
  public:

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/config_reader.h"
+#include "tools/rank_agreement.h"
 
 namespace strata::tools {
 
@@ -116,8 +117,6 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, co
   return 1;
 }
 
-namespace {
-
 std::string filesystem_message(const std::filesystem::filesystem_error& e) {
   // libstdc++: "filesystem error: cannot create directories: Not a directory [a/b]".
   std::string what = e.what();
@@ -131,8 +130,6 @@ std::string filesystem_message(const std::filesystem::filesystem_error& e) {
                      e.code().message(), operation);
 }
 
-}  // namespace
-
 int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level) {
   try {
     LogOptions log;
@@ -144,6 +141,10 @@ int run_selected(CLI::App& app, const CommandTable& table, const std::string& lo
       return 1;
     }
     return it->second();
+  } catch (const StartupRefusal& e) {
+    // Every rank has it; one prints it (Note [Start-up refusals agreed] in tools/rank_agreement.h).
+    if (e.printed_here()) std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return e.exit_code();
   } catch (const InternalError& e) {
     std::fprintf(stderr, "strata: internal error: %s\n", e.what());
     return 2;

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -23,6 +24,9 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, co
 // Runs the selected (innermost) subcommand with logging set up; turns errors into one line and
 // an exit code: 1 for bad input or a failed check of the environment, 2 for internal errors.
 int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level);
+
+// A file-system error as one line: the path(s), the cause and the fix.
+std::string filesystem_message(const std::filesystem::filesystem_error& e);
 
 // One per command file (tools/<name>.cc).
 void register_doctor(CLI::App& app, CommandTable& table);
