@@ -167,7 +167,7 @@ CheckpointManifest load(ZeroEngine& engine, Communicator& world, const TrainConf
     error = std::current_exception();
   }
   if (another_rank_failed(world, error)) {
-    throw FormatError(fmt::format("loading checkpoint {} failed on another rank (its message says why)", dir));
+    throw AnotherRankFailed(fmt::format("loading checkpoint {} failed on another rank (its message says why)", dir));
   }
   std::vector<StateRange> ranges;
   for (std::size_t g = 0; g < engine.groups().size(); ++g) ranges.push_back(engine.checkpoint().state_range(g));

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "config/config_reader.h"
+#include "train/rank_agreement.h"
 
 namespace strata::tools {
 
@@ -116,23 +117,6 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, co
   return 1;
 }
 
-namespace {
-
-std::string filesystem_message(const std::filesystem::filesystem_error& e) {
-  // libstdc++: "filesystem error: cannot create directories: Not a directory [a/b]".
-  std::string what = e.what();
-  const std::string prefix = "filesystem error: ";
-  if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
-  const std::size_t colon = what.find(": ");
-  const std::string operation = colon == std::string::npos ? std::string("a file-system call") : what.substr(0, colon);
-  std::string paths = fmt::format("'{}'", e.path1().string());
-  if (!e.path2().empty()) paths += fmt::format(" and '{}'", e.path2().string());
-  return fmt::format("{}: {} ({}); check the path, its parent directories and their permissions", paths,
-                     e.code().message(), operation);
-}
-
-}  // namespace
-
 int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level) {
   try {
     LogOptions log;
@@ -144,6 +128,10 @@ int run_selected(CLI::App& app, const CommandTable& table, const std::string& lo
       return 1;
     }
     return it->second();
+  } catch (const StartupRefusal& e) {
+    // Every rank has it; one prints it (Note [Start-up refusals agreed] in train/rank_agreement.h).
+    if (e.printed_here()) std::fprintf(stderr, "strata: error: %s\n", e.what());
+    return e.exit_code();
   } catch (const InternalError& e) {
     std::fprintf(stderr, "strata: internal error: %s\n", e.what());
     return 2;

@@ -13,6 +13,7 @@
 // consteval format checks), so there STRATA_CHECK takes a plain message string without arguments.
 #pragma once
 
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -63,11 +64,21 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
+// This rank stops because another rank of the job failed (another_rank_failed,
+// comm/communicator.h); the failing rank's own error says why.
+class AnotherRankFailed : public Error {
+ public:
+  using Error::Error;
+};
+
 // A CHECK fired: a broken invariant or a failed library call. Not the user's fault.
 class InternalError : public Error {
  public:
   using Error::Error;
 };
+
+// A file-system error (std::filesystem) as one line: the path(s), the cause and the fix.
+std::string filesystem_message(const std::filesystem::filesystem_error& e);
 
 namespace detail {
 [[noreturn]] void check_failed(const char* file, int line, std::string_view expr, std::string_view detail);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <vector>
 
@@ -31,7 +32,76 @@ bool same_everywhere(Communicator& world, double value) {
   return world.all_reduce_host(value, ReduceOp::Max) == -world.all_reduce_host(-value, ReduceOp::Max);
 }
 
+// What this rank says about its start-up failure, and the exit code it would have ended with
+// (cli/commands.h, run_selected).
+struct Failure {
+  std::string message;
+  int exit_code = 1;
+};
+
+Failure describe_failure(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const StartupRefusal& e) {
+    return {e.what(), e.exit_code()};
+  } catch (const InternalError& e) {
+    return {fmt::format("internal error: {}", e.what()), 2};
+  } catch (const Error& e) {
+    return {e.what(), 1};
+  } catch (const std::filesystem::filesystem_error& e) {
+    return {filesystem_message(e), 1};
+  } catch (const std::exception& e) {
+    return {fmt::format("unexpected error: {}", e.what()), 2};
+  }
+}
+
+bool yields(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const AnotherRankFailed&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 }  // namespace
+
+void agree_on_startup(Communicator& world, const std::exception_ptr& error) {
+  const int n = world.world_size();
+  if (error) {  // an agreement inside the step already stopped every rank
+    try {
+      std::rethrow_exception(error);
+    } catch (const StartupRefusal&) {
+      throw;
+    } catch (...) {
+    }
+  }
+  if (n == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  // One all-reduce finds the lowest failing rank, preferring a rank with a reason of its own:
+  // 2n - rank for those, n - rank for a rank that only saw another fail, 0 for none.
+  const int rank = world.rank();
+  const double mine = !error ? 0.0 : yields(error) ? n - rank : 2 * n - rank;
+  const int top = static_cast<int>(world.all_reduce_host(mine, ReduceOp::Max));
+  if (top == 0) return;
+  const int failed = static_cast<int>(world.all_reduce_host(error ? 1.0 : 0.0, ReduceOp::Sum));
+  const int root = top > n ? 2 * n - top : n - top;
+  Failure f;
+  if (rank == root) f = describe_failure(error);
+  std::uint64_t size = f.message.size();
+  std::int32_t code = f.exit_code;
+  world.broadcast_host_bytes(&size, sizeof size, root);
+  world.broadcast_host_bytes(&code, sizeof code, root);
+  f.message.resize(size);
+  world.broadcast_host_bytes(f.message.data(), size, root);
+  const std::string others = failed > 1 ? fmt::format(" (and {} other rank{})", failed - 1, failed > 2 ? "s" : "") : "";
+  throw StartupRefusal(fmt::format("rank {} of {}{} refused to start, so no rank of the job trains: {}", root, n,
+                                   others, f.message),
+                       code, rank == 0);
+}
 
 std::string program_build_id() {
   std::string id;

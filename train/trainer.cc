@@ -581,22 +581,21 @@ TrainSummary run_training(const TrainOptions& options) {
   auto comm = make_run_communicator(cfg, *device);
   const int rank = comm->rank();
   const int world = comm->world_size();
-  // Collective: a path only rank 0 writes must not leave the other ranks waiting for it in the
-  // first collective until mpirun tears the job down.
-  std::exception_ptr output_error;
-  try {
-    check_run_outputs(options, cfg, rank, world);
-  } catch (const Error&) {
-    output_error = std::current_exception();
-  }
-  if (another_rank_failed(*comm, output_error)) {
-    throw ConfigError("another rank refused one of its output paths (its message says which)");
-  }
+  // From here to the first step, what one rank refuses stops every rank with one message: each
+  // step that can fail on one rank alone is an agreed_startup_step (Note [Start-up refusals agreed]
+  // in train/rank_agreement.h).
+  agreed_startup_step(*comm, [&] { check_run_outputs(options, cfg, rank, world); });
   check_ranks_agree(*comm, rank_identity(options, cfg));  // Note [Ranks agree]
 
   bool checkpointing = false;
-  const models::ModelConfig model = training_model_config(cfg, &checkpointing);
-  const ParallelLayout layout = check_parallel_layout(cfg, model, world);
+  std::optional<models::ModelConfig> model_slot;  // a model folder is read by every rank
+  std::optional<ParallelLayout> layout_slot;
+  agreed_startup_step(*comm, [&] {
+    model_slot.emplace(training_model_config(cfg, &checkpointing));
+    layout_slot.emplace(check_parallel_layout(cfg, *model_slot, world));
+  });
+  const models::ModelConfig& model = *model_slot;
+  const ParallelLayout& layout = *layout_slot;
   // Tensor parallelism (models/tensor_parallel.h): the decoder's collectives go over the tensor
   // group, the engine's (ZeRO) over the data group of the ranks holding the same slices; pipeline
   // parallelism (models/pipeline.h): the stages pass activations over the pipeline group.
@@ -628,7 +627,9 @@ TrainSummary run_training(const TrainOptions& options) {
   // read tensor by tensor into their homes (models/weight_source.h).
   std::optional<models::WeightSource> init_file;
   const std::string init_path = initial_weights_path(cfg);
-  if (!init_path.empty()) init_file.emplace(models::WeightSource::open(init_path, model, "strata.init_weights"));
+  agreed_startup_step(*comm, [&] {
+    if (!init_path.empty()) init_file.emplace(models::WeightSource::open(init_path, model, "strata.init_weights"));
+  });
   // A tensor rank's slice is cut from the whole tensor's initial values, so every T starts equal.
   const models::TensorParallelLayout tp_layout = models::tensor_parallel_layout(model, tp.size, tp.rank);
   const auto init = [&](std::size_t g, std::size_t t, std::span<float> out) {
@@ -648,24 +649,22 @@ TrainSummary run_training(const TrainOptions& options) {
   // Tensor ranks plan their own slices (with an uneven vocabulary they differ): a refusal on one is
   // agreed by all before the next collective.
   std::optional<CheckedPlan> planned;
-  std::exception_ptr plan_error;
-  try {
+  agreed_startup_step(*comm, [&] {
     planned.emplace(plan_run(cfg, decoder, groups, stage, dcomm, *comm, *device, device_bytes));
-  } catch (const Error&) {
-    plan_error = std::current_exception();
-  }
-  if (another_rank_failed(*comm, plan_error)) {
-    throw ConfigError("another rank's plan does not fit (its message says why)");
-  }
+  });
   CheckedPlan plan = std::move(*planned);
   if ((tp.size > 1 || stage.split()) && !plan.run.offload.swap_file_name.empty()) {
     plan.run.offload.swap_file_name = swap_file_name(rank);  // data ranks repeat across tensor and pipeline groups
   }
-  models::TokenFile data = open_training_data(cfg, *comm, model);
+  std::optional<models::TokenFile> data_slot;  // every rank opens its data and validation files
   std::optional<ValidationSet> validation;
-  if (const std::string path = validation_path(cfg, token_cache_dir(cfg)); !path.empty()) {
-    validation.emplace(cfg, model, path);
-  }
+  agreed_startup_step(*comm, [&] {
+    data_slot.emplace(open_training_data(cfg, *comm, model));
+    if (const std::string path = validation_path(cfg, token_cache_dir(cfg)); !path.empty()) {
+      validation.emplace(cfg, model, path);
+    }
+  });
+  models::TokenFile& data = *data_slot;
 
   // Initial weights stream group by group into their homes: the import holds one group's staging
   // and one tensor's read buffer, never the model (a model larger than host memory imports).
@@ -684,7 +683,9 @@ TrainSummary run_training(const TrainOptions& options) {
                    init_path, init_file->files().size(), format_bytes(init_file->file_bytes()), format_bytes(import_peak));
     }
   }
-  ZeroEngine engine(cfg, *device, dcomm, groups, init, std::move(plan.run));
+  std::optional<ZeroEngine> engine_slot;  // every rank opens its swap files and takes their locks
+  agreed_startup_step(*comm, [&] { engine_slot.emplace(cfg, *device, dcomm, groups, init, std::move(plan.run)); });
+  ZeroEngine& engine = *engine_slot;
   std::vector<ZeroEngine::TensorShare> shares;
   for (std::size_t g : stage_groups) shares.push_back(tensor_share(tp_layout, g, tp.rank));
   engine.set_tensor_group(tensor_comm, shares);
@@ -711,12 +712,17 @@ TrainSummary run_training(const TrainOptions& options) {
     };
   };
   // What the run trains on: its checkpoints record it, a resume compares it (Note [Token cache identity]).
-  if (rank == 0 && (checkpoints.enabled() || !options.resume.empty())) {
-    checkpoints.data_identity = token_data_identity(data.path());
-  }
+  agreed_startup_step(*comm, [&] {
+    if (rank == 0 && (checkpoints.enabled() || !options.resume.empty())) {
+      checkpoints.data_identity = token_data_identity(data.path());
+    }
+  });
   checkpoints.allow_new_data = options.allow_new_data;
   checkpoints.claim_directory(!options.resume.empty());
-  const std::int64_t first_step = options.resume.empty() ? 0 : checkpoints.resume(options.resume, engine);
+  std::int64_t first_step = 0;
+  agreed_startup_step(*comm, [&] {  // its collectives fail on every rank alike
+    if (!options.resume.empty()) first_step = checkpoints.resume(options.resume, engine);
+  });
 
   if (rank == 0 && device->kind() == DeviceKind::Cuda && cfg.strata.device.compute_tflops > 0) {
     spdlog::warn("{}: strata.device.compute_tflops = {} models a sim device's compute speed; {} computes at its own "
@@ -732,15 +738,21 @@ TrainSummary run_training(const TrainOptions& options) {
   models::BatchSampler sampler(data, micro, seq, seed);
   const int accumulation = cfg.gradient_accumulation_steps;
   std::unique_ptr<models::PipelineRunner> pipeline;
-  if (stage.split()) {
-    pipeline = std::make_unique<models::PipelineRunner>(decoder, rt, stage, cfg.strata.parallel.schedule, accumulation,
-                                                        micro, seq);
-  }
+  agreed_startup_step(*comm, [&] {  // its buffers on the device
+    if (stage.split()) {
+      pipeline = std::make_unique<models::PipelineRunner>(decoder, rt, stage, cfg.strata.parallel.schedule,
+                                                          accumulation, micro, seq);
+    }
+  });
   // The data axis: the ranks of a tensor group train on the same micro-batches.
   const int data_world = dcomm.world_size();
   const std::int64_t units = static_cast<std::int64_t>(accumulation) * data_world;
   const std::int64_t tokens_per_step = units * micro * seq;
-  StepReporter reporter(cfg, options.quiet, rank, engine, tokens_per_step, options.resume, first_step);
+  std::optional<StepReporter> reporter_slot;  // rank 0 takes the metrics lock
+  agreed_startup_step(*comm, [&] {
+    reporter_slot.emplace(cfg, options.quiet, rank, engine, tokens_per_step, options.resume, first_step);
+  });
+  StepReporter& reporter = *reporter_slot;
   if (rank == 0) log_run_shape(cfg, model, decoder.layout().groups.size(), layout, *device, comm->backend());
   StepLoop loop{.cfg = cfg, .device = *device, .comm = dcomm, .world_comm = *comm, .engine = engine, .decoder = decoder, .rt = rt,
                 .sampler = sampler, .checkpoints = checkpoints, .reporter = reporter, .reports = rank == 0,

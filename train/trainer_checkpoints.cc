@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/units.h"
+#include "train/rank_agreement.h"
 #include "train/token_cache.h"
 
 namespace strata::tools {
@@ -52,17 +53,9 @@ TrainCheckpoints::~TrainCheckpoints() {
 }
 
 void TrainCheckpoints::on_rank0(const std::function<void()>& check) {
-  std::exception_ptr error;
-  if (comm_.rank() == 0) {
-    try {
-      check();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  if (!another_rank_failed(comm_, error)) return;
-  throw ConfigError(fmt::format("{}: rank 0 refused strata.checkpoint.dir {} (its message says why)", cfg_.source,
-                                cfg_.strata.checkpoint.dir));
+  agreed_startup_step(comm_, [&] {
+    if (comm_.rank() == 0) check();
+  });
 }
 
 void TrainCheckpoints::claim_directory(bool resuming) {
@@ -111,32 +104,16 @@ std::int64_t TrainCheckpoints::resume(const std::string& dir, ZeroEngine& engine
   // Written with other tensor ranks: resliced through whole tensors (train/checkpoint_tensors.h).
   // Every rank reads the same manifest, so all take the same path or refuse alike.
   CheckpointManifest saved;
-  std::exception_ptr error;
-  try {
-    saved = read_checkpoint_manifest(dir);
-  } catch (const Error&) {
-    error = std::current_exception();
-  }
-  if (another_rank_failed(comm_, error)) {
-    throw FormatError(fmt::format("another rank cannot read checkpoint {} (its message says why)", dir));
-  }
+  agreed_startup_step(comm_, [&] { saved = read_checkpoint_manifest(dir); });
   if (saved.tensor_slices != tensor.slices && cfg_.strata.exact && comm_.rank() == 0) {
     spdlog::warn("{} was written with strata.parallel.tensor_slices = {} and this run takes its split sums in {} "
                  "slices: exact mode gives the same bits only for equal slices (Note [Tensor slices])",
                  saved.dir, saved.tensor_slices, tensor.slices);
   }
   // Trained on other data? Rank 0 knows the data; every rank stops when it refuses.
-  std::exception_ptr data_error;
-  if (comm_.rank() == 0) {
-    try {
-      check_resumed_data(saved.json, data_identity, allow_new_data, saved.dir);
-    } catch (const Error&) {
-      data_error = std::current_exception();
-    }
-  }
-  if (another_rank_failed(comm_, data_error)) {
-    throw ConfigError(fmt::format("rank 0 refused resuming {} on this data (its message says why)", saved.dir));
-  }
+  agreed_startup_step(comm_, [&] {
+    if (comm_.rank() == 0) check_resumed_data(saved.json, data_identity, allow_new_data, saved.dir);
+  });
   const CheckpointManifest m =
       saved.tensor_size != tensor.size && make_reslicer
           ? load_checkpoint_resliced(engine, comm_, cfg_, model_name_, dir, make_reslicer(saved))

@@ -63,7 +63,8 @@ class TrainCheckpoints {
   CheckpointSaveOptions options();
   void save(ZeroEngine& engine, std::int64_t step);
   void check_series(std::int64_t resumed_step);
-  // Runs `check` on rank 0; every rank throws when it threw (rank 0 its own error).
+  // Runs `check` on rank 0; every rank stops when it threw (Note [Start-up refusals agreed] in
+  // train/rank_agreement.h).
   void on_rank0(const std::function<void()>& check);
 
   const TrainConfig& cfg_;

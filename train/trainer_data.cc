@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "models/hf_config.h"
 #include "train/model_source.h"
+#include "train/rank_agreement.h"
 #include "train/run_paths.h"
 #include "train/token_cache.h"
 
@@ -47,16 +48,21 @@ bool train_data_is_text(const DataConfig& d) {
 
 std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, const std::string& cache_dir) {
   const DataConfig& d = cfg.strata.data;
-  std::string path;
-  if (d.train == "fortunes") {
-    path = cache_dir + "/train.tok";  // fortunes_token_cache writes train.tok and val.tok
-    if (comm.rank() == 0) fortunes_token_cache(cache_dir, models::kDefaultFortunesDir);
-  } else {
-    if (!train_data_is_text(d)) return d.train;
-    path = cache_dir + "/" + std::filesystem::path(d.train).filename().string() + ".tok";
-    if (comm.rank() == 0) text_token_cache(d.train, cfg.source + ": strata.data.train", path);
-  }
-  comm.barrier();
+  if (d.train != "fortunes" && !train_data_is_text(d)) return d.train;
+  const bool fortunes = d.train == "fortunes";
+  // fortunes_token_cache writes train.tok and val.tok
+  const std::string path =
+      cache_dir + "/" + (fortunes ? std::string("train") : std::filesystem::path(d.train).filename().string()) + ".tok";
+  // Rank 0 makes the cache while the others wait; a refusal there stops every rank (Note
+  // [Start-up refusals agreed] in train/rank_agreement.h).
+  agreed_startup_step(comm, [&] {
+    if (comm.rank() != 0) return;
+    if (fortunes) {
+      fortunes_token_cache(cache_dir, models::kDefaultFortunesDir);
+    } else {
+      text_token_cache(d.train, cfg.source + ": strata.data.train", path);
+    }
+  });
   return path;
 }
 
