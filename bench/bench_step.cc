@@ -192,10 +192,10 @@ struct StepBench {
   double step = 0;
   std::uint64_t nvme_read = 0, nvme_written = 0, copies = 0;
   std::size_t drives = 0;
-  std::vector<Queue> queues;
+  std::vector<Queue> queues{};
   const Queue* slowest = nullptr;
   double ratio = 0, flops_per_token = 0, tokens_per_s = 0, params_per_byte = 0;
-  SsdWear wear;
+  SsdWear wear{};
 };
 
 void print_step_json(const BenchStepOptions& o, const StepBench& r) {
