@@ -173,6 +173,17 @@ Placement resolve_placement(const TrainConfig& config, std::span<const ParamGrou
   return out;
 }
 
+PlacedRun place_run(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int data_world, int rank,
+                    int ranks_on_node, std::uint64_t activation_bytes, std::uint64_t device_bytes,
+                    const HostFacts& host) {
+  Placement placed = resolve_placement(config, groups, data_world, activation_bytes, device_bytes, host);
+  PlacedRun out{std::move(placed.config), {}, {}};
+  out.run = make_run_plan(out.config, groups, data_world, rank);
+  out.tiers = plan_tiers(out.run, ranks_on_node, activation_bytes);
+  out.tiers.placement = std::move(placed.why);
+  return out;
+}
+
 TierCapacities measure_capacities(const TierPlan& plan, std::uint64_t device_bytes, int ranks_on_node) {
   TierCapacities cap;
   cap.device = device_bytes;

@@ -104,6 +104,19 @@ struct Placement {
 Placement resolve_placement(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int world_size,
                             std::uint64_t activation_bytes, std::uint64_t device_bytes, const HostFacts& host);
 
+// The planning sequence, the one every planner runs (the trainer before it builds its engine,
+// `estimate` and `simulate` against a machine file): "auto" placement resolved, the run plan made
+// for `rank` of `data_world`, its bytes per tier summed for `ranks_on_node` ranks (tiers.placement:
+// why each "auto" went where). Only the capacities it is checked against differ between them.
+struct PlacedRun {
+  TrainConfig config;  // the config with "auto" resolved: the engine is built with it
+  RunPlan run;
+  TierPlan tiers;
+};
+PlacedRun place_run(const TrainConfig& config, std::span<const ParamGroupSpec> groups, int data_world, int rank,
+                    int ranks_on_node, std::uint64_t activation_bytes, std::uint64_t device_bytes,
+                    const HostFacts& host);
+
 // MemAvailable and free space of the plan's directories (a missing directory counts its parent's).
 TierCapacities measure_capacities(const TierPlan& plan, std::uint64_t device_bytes, int ranks_on_node);
 

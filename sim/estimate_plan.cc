@@ -223,12 +223,10 @@ Estimate estimate_stage(const EstimateInputs& in, const Target& t, const models:
   e.deepspeed = deepspeed_beside(cfg, e.parameters, largest, t.world);
   e.resolved = cfg;
   try {
-    const Placement placed = resolve_placement(cfg, groups, data_world, activations, t.device_bytes, t.host);
+    PlacedRun placed = place_run(cfg, groups, data_world, 0, t.world, activations, t.device_bytes, t.host);
     e.resolved = placed.config;
     e.deepspeed = deepspeed_beside(placed.config, e.parameters, largest, t.world);
-    const RunPlan run = make_run_plan(placed.config, groups, data_world, 0);
-    e.tiers = plan_tiers(run, t.world, activations);
-    e.tiers.placement = placed.why;
+    e.tiers = std::move(placed.tiers);
     e.capacity = measure_capacities(e.tiers, t.device_bytes, t.world);
     e.capacity.host_available = t.host.mem_available;
     if (t.drives == 0 && e.tiers.nvme_files > 0) {  // simulate refuses it too (sim/step_sim.cc)

@@ -4,11 +4,11 @@
 //
 // Note [One plan for estimate and train]: nothing here re-derives a placement rule. The numbers are
 // those of the path `strata train` takes before step 1 (train/trainer.cc): the tiling decision
-// (models/tiling_plan.h), resolve_placement for "auto" sections and the host budget, make_run_plan
-// and plan_tiers (plan/tier_plan.h), checked by check_plan_fits. Only the capacities differ: a
+// (models/tiling_plan.h), then place_run (plan/tier_plan.h: "auto" sections and the host budget
+// resolved, the run plan, its bytes per tier), checked by check_plan_fits. Only the capacities differ: a
 // machine file gives the GPU's memory, the host's memory (all of it counts as available) and the
 // world size (its GPU count); without one, the config's device and this host are measured as the
-// trainer measures them. tests/tools/estimate_test.cc holds the two paths to the same bytes.
+// trainer measures them. tests/tools/estimate_test.sh holds the two paths to the same bytes.
 #pragma once
 
 #include <cstdint>

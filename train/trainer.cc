@@ -276,15 +276,12 @@ CheckedPlan plan_run(TrainConfig& cfg, const models::Decoder& decoder, const std
   // rank and a refusal is the same everywhere.
   HostFacts host = measure_host(node_ranks, device.kind() == DeviceKind::Sim ? device.capacity_bytes() : 0);
   world_comm.broadcast_host_bytes(&host.mem_available, sizeof host.mem_available, 0);
-  Placement placed = resolve_placement(cfg, groups, world, activation_bytes, device_bytes, host);
+  PlacedRun placed = place_run(cfg, groups, world, comm.rank(), node_ranks, activation_bytes, device_bytes, host);
   cfg = std::move(placed.config);
-  RunPlan run_plan = make_run_plan(cfg, groups, world, comm.rank());
-  TierPlan plan = plan_tiers(run_plan, node_ranks, activation_bytes);
-  plan.placement = std::move(placed.why);
-  const TierCapacities capacity = measure_capacities(plan, device_bytes, node_ranks);
-  if (reports) spdlog::info("{}", describe_plan(plan, capacity));
-  check_plan_fits(plan, capacity, cfg.source);
-  return CheckedPlan{std::move(run_plan), plan};
+  const TierCapacities capacity = measure_capacities(placed.tiers, device_bytes, node_ranks);
+  if (reports) spdlog::info("{}", describe_plan(placed.tiers, capacity));
+  check_plan_fits(placed.tiers, capacity, cfg.source);
+  return CheckedPlan{std::move(placed.run), std::move(placed.tiers)};
 }
 
 // Rank 0's line about the model, the stage and the batch shape, before the first step.
