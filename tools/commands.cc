@@ -117,6 +117,16 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, co
   return 1;
 }
 
+const CLI::Validator& non_empty_path() {
+  static const CLI::Validator validator(
+      [](std::string& value) -> std::string {
+        if (!value.empty()) return {};
+        return "an empty path; give a path, or leave the flag out (an unset shell variable?)";
+      },
+      "PATH", "non-empty path");
+  return validator;
+}
+
 std::string filesystem_message(const std::filesystem::filesystem_error& e) {
   // libstdc++: "filesystem error: cannot create directories: Not a directory [a/b]".
   std::string what = e.what();

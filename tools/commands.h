@@ -25,6 +25,10 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, co
 // an exit code: 1 for bad input or a failed check of the environment, 2 for internal errors.
 int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level);
 
+// Refuses an empty path given to a flag: `--config "$UNSET"` must not quietly mean "not given"
+// (the built-in config, no weights written, no resume).
+const CLI::Validator& non_empty_path();
+
 // A file-system error as one line: the path(s), the cause and the fix.
 std::string filesystem_message(const std::filesystem::filesystem_error& e);
 
