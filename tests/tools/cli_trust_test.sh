@@ -181,4 +181,11 @@ expect_error "simulate --config \"\" is refused" "--config: an empty path" "$str
 # The nccl communicator on the sim device is refused at world 1 too, not ignored (trust39's sweep).
 expect_error "the nccl communicator on the sim device at world 1" 'needs the cuda device, and this run is on sim' \
   "$strata" train --config "$config" --steps 1 --set strata.parallel.communicator='"nccl"'
+# Every output is opened one way: a FIFO that no process reads is refused, not waited on forever
+# (strata.metrics on such a FIFO hung; trust39's sweep).
+mkfifo metrics.fifo
+expect_error "strata.metrics a FIFO nobody reads is refused, not waited on" "is a FIFO that no process reads" \
+  timeout 30 "$strata" train --config "$config" --steps 1 --set strata.metrics='"metrics.fifo"'
+expect_error "--summary-json a FIFO nobody reads" "is a FIFO that no process reads" \
+  timeout 30 "$strata" train --config "$config" --steps 1 --summary-json metrics.fifo
 exit $fail
