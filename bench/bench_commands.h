@@ -15,6 +15,10 @@ using CommandFn = std::function<int()>;
 // Which function each subcommand runs; owned by main().
 using CommandTable = std::map<const CLI::App*, CommandFn>;
 
+// Refuses an empty path given to a flag: `--config "$UNSET"` must not quietly mean "not given"
+// (the built-in config, no weights written, no resume). Every command's path flags use it.
+const CLI::Validator& non_empty_path();
+
 void register_bench_io(CLI::App& bench, CommandTable& table);
 void register_bench_adam(CLI::App& bench, CommandTable& table);
 void register_bench_model(CLI::App& bench, CommandTable& table);

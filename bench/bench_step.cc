@@ -309,7 +309,8 @@ int run_bench_step(const BenchStepOptions& o) {
 void register_bench_step(CLI::App& bench, CommandTable& table) {
   auto o = std::make_shared<BenchStepOptions>();
   auto* cmd = bench.add_subcommand("step", "offloaded step time against its slowest queue measured alone (same run)");
-  cmd->add_option("--config", o->config, "training config (default: configs/demo.json, built into the command)");
+  cmd->add_option("--config", o->config, "training config (default: configs/demo.json, built into the command)")
+      ->check(non_empty_path());
   cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
   cmd->add_option("--steps", o->steps, "measured steps")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "steps before measuring")->capture_default_str();

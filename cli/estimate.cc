@@ -45,9 +45,10 @@ void register_estimate(CLI::App& app, CommandTable& table) {
   auto opts = std::make_shared<EstimateOptions>();
   auto* cmd = app.add_subcommand(
       "estimate", "bytes per tier and rank of a config on this or a described machine, and whether it fits (exit 3 if not)");
-  cmd->add_option("--config", opts->config, "training config (default: the built-in configs/demo.json)");
+  cmd->add_option("--config", opts->config, "training config (default: the built-in configs/demo.json)")->check(non_empty_path());
   cmd->add_option("--set", opts->overrides, "override a config key: key.path=value (repeatable)");
-  cmd->add_option("--machine", opts->machine, "machine file (configs/machines/*.json; strata doctor --measure writes one)");
+  cmd->add_option("--machine", opts->machine, "machine file (configs/machines/*.json; strata doctor --measure writes one)")
+      ->check(non_empty_path());
   cmd->add_option("--world", opts->world, "ranks (GPUs) on the node (default: the machine's GPU count, or 1)")
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--json", opts->json, "print one JSON object");

@@ -270,14 +270,17 @@ int run_simulate(const SimulateOptions& o) {
 void register_simulate(CLI::App& app, CommandTable& table) {
   auto o = std::make_shared<SimulateOptions>();
   auto* cmd = app.add_subcommand("simulate", "predict one training step of a config on a machine (Note [Step simulator])");
-  cmd->add_option("--config", o->config, "training config (default: configs/demo.json, built into the command)");
+  cmd->add_option("--config", o->config, "training config (default: configs/demo.json, built into the command)")
+      ->check(non_empty_path());
   cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
-  cmd->add_option("--machine", o->machine, "machine file (plan/machine.h), or 'measure': this host as the sim device");
+  cmd->add_option("--machine", o->machine, "machine file (plan/machine.h), or 'measure': this host as the sim device")
+      ->check(non_empty_path());
   cmd->add_option("--world", o->world, "ranks (GPUs) on the node (default: the machine's GPU count, or 1)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--efficiency", o->efficiency, "achieved fraction of the GPUs' peak on the model's ops (default 0.5)");
   cmd->add_flag("--json", o->json, "one JSON object");
-  cmd->add_option("--trace", o->trace, "write the simulated timeline as Chrome trace JSON (as strata.trace)");
+  cmd->add_option("--trace", o->trace, "write the simulated timeline as Chrome trace JSON (as strata.trace)")
+      ->check(non_empty_path());
   table[cmd] = [o]() -> int { return run_simulate(*o); };
 }
 

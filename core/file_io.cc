@@ -40,11 +40,26 @@ std::optional<std::string> refused_output_link(const std::string& path) {
 UniqueFd open_output_file(const std::string& path, std::string_view what, OutputOpen mode) {
   struct stat st {};
   const bool system_link = ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && !refused_output_link(path);
-  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (mode == OutputOpen::Append ? O_APPEND : O_TRUNC);
+  // O_NONBLOCK: opening a FIFO that no process reads would otherwise wait for a reader, forever;
+  // it fails with ENXIO instead. Cleared once open, so writes wait as they always do.
+  int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (mode == OutputOpen::Append ? O_APPEND : O_TRUNC);
   if (!system_link) flags |= O_NOFOLLOW;  // also when a link is planted after the check above
   UniqueFd fd(::open(path.c_str(), flags, 0644));
+  if (fd.valid()) {
+    const int status = ::fcntl(fd.get(), F_GETFL);
+    if (status == -1 || ::fcntl(fd.get(), F_SETFL, status & ~O_NONBLOCK) == -1) {
+      const int err = errno;
+      throw IoError(fmt::format("{}: cannot set up '{}' for writing: {}", what, path, errno_text(err)), err);
+    }
+  }
   if (!fd.valid()) {
     const int err = errno;
+    if (err == ENXIO) {
+      throw IoError(fmt::format("{}: '{}' is a FIFO that no process reads; Strata does not wait for a reader: start "
+                                "the reader first (e.g. `cat {} &`) or give a regular file",
+                                what, path, path),
+                    err);
+    }
     if (err == ELOOP) {
       throw IoError(fmt::format("{}: '{}' is a symbolic link (to '{}'); Strata never writes through a link, which "
                                 "could overwrite the file it points to: remove the link or give another path",

@@ -139,6 +139,9 @@ nlohmann::json rank_identity(const TrainOptions& options, const TrainConfig& cfg
           {"resolved", {{"train_micro_batch_size_per_gpu", cfg.micro_batch_size},
                         {"gradient_accumulation_steps", cfg.gradient_accumulation_steps}}},
           {"resume", options.resume},
+          // Saving gathers the weights on rank 0 through collectives every rank must join.
+          {"save_weights", options.save_weights},
+          {"summary_json", options.summary_json},
           {"allow_new_data", options.allow_new_data},
           {"strata_build", program_build_id()}};
 }

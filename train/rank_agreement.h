@@ -4,8 +4,8 @@
 // (steps, seed, micro-batch, model, stage, data) or their Strata build meet in collectives that do
 // not match, and a job hangs after the shorter rank's last step or trains on a silent mix. Right
 // after the world communicator exists, every rank reduces a hash of its identity: the config after
-// --set and --steps, the batch sizes as resolved, the checkpoint it resumes and the binary's build
-// id. Equal everywhere, nothing more happens (two host all-reduces). Otherwise rank 0's identity is
+// --set and --steps, the batch sizes as resolved, the checkpoint it resumes, its --save-weights and
+// --summary-json (given to one rank only, the weights' gather hung) and the binary's build id. Equal everywhere, nothing more happens (two host all-reduces). Otherwise rank 0's identity is
 // broadcast and each rank compares it key by key: every rank ends with one message, a differing
 // rank naming the keys and both values, rank 0 saying which ranks differ. (A refusal of a path on
 // one rank is agreed the same way: see Note [Start-up refusals agreed].)

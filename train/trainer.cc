@@ -213,8 +213,7 @@ std::unique_ptr<Communicator> make_run_communicator(TrainConfig& cfg, Device& de
   CommunicatorOptions copt;
   copt.order = cfg.strata.exact ? ReductionOrder::Deterministic : ReductionOrder::Fast;
   copt.mpi_on_cuda = cfg.strata.parallel.communicator == CommunicatorChoice::Mpi;
-  if (cfg.strata.parallel.communicator == CommunicatorChoice::Nccl && device.kind() != DeviceKind::Cuda &&
-      launched_by_mpi()) {
+  if (cfg.strata.parallel.communicator == CommunicatorChoice::Nccl && device.kind() != DeviceKind::Cuda) {
     throw ConfigError(fmt::format("{}: strata.parallel.communicator \"nccl\" needs the cuda device, and this run is on "
                                   "{}; set it to \"auto\" or \"mpi\", or strata.device.kind to \"cuda\"",
                                   cfg.source, device.name()));

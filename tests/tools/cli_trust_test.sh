@@ -169,4 +169,22 @@ expect_error "/dev/zero as --config is named as a device" "config file /dev/zero
   timeout 20 "$strata" train --config /dev/zero --steps 1
 expect_error "--save-weights into a missing directory is refused before training" "directory '$work/nope' does not exist" \
   "$strata" train --config "$config" --steps 2 --save-weights "$work/nope/w.safetensors"
+# An empty path given to a flag is refused (trust39's sweep): `--config ""` (an unset variable)
+# trained the built-in demo config, `--save-weights ""` wrote nothing, both with exit 0.
+for flag in --config --save-weights --resume --summary-json --config-fragment; do
+  expect_error "train $flag \"\" is refused, not taken as not given" "$flag: an empty path" \
+    "$strata" train --config "$config" --steps 1 "$flag" ""
+done
+expect_error "estimate --machine \"\" is refused" "--machine: an empty path" "$strata" estimate --config "$config" --machine ""
+expect_error "simulate --config \"\" is refused" "--config: an empty path" "$strata" simulate --config ""
+# The nccl communicator on the sim device is refused at world 1 too, not ignored (trust39's sweep).
+expect_error "the nccl communicator on the sim device at world 1" 'needs the cuda device, and this run is on sim' \
+  "$strata" train --config "$config" --steps 1 --set strata.parallel.communicator='"nccl"'
+# Every output is opened one way: a FIFO that no process reads is refused, not waited on forever
+# (strata.metrics on such a FIFO hung; trust39's sweep).
+mkfifo metrics.fifo
+expect_error "strata.metrics a FIFO nobody reads is refused, not waited on" "is a FIFO that no process reads" \
+  timeout 30 "$strata" train --config "$config" --steps 1 --set strata.metrics='"metrics.fifo"'
+expect_error "--summary-json a FIFO nobody reads" "is a FIFO that no process reads" \
+  timeout 30 "$strata" train --config "$config" --steps 1 --summary-json metrics.fifo
 exit $fail

@@ -37,5 +37,7 @@ two "another micro-batch on one rank" "train_micro_batch_size_per_gpu (1 here, 2
   --steps 2 -- --steps 2 --set train_micro_batch_size_per_gpu=1
 two "another model on one rank" 'config.strata.model ("tiny-llama" here, "tiny" on rank 0)' \
   --steps 2 -- --steps 2 --set strata.model='"tiny-llama"'
+two "--save-weights on one rank only: refused, not hung in the weights' gather" 'save_weights ("w.st" here, "" on rank 0)' \
+  --steps 2 -- --steps 2 --save-weights w.st
 two "ranks launched alike train" "" --steps 2 -- --steps 2
 exit $fail
