@@ -321,7 +321,7 @@ void TieredStateHome::drop_grads() {
 }
 
 // A slot whose copies up have completed goes back to the pool first; with none free, the host waits
-// for the oldest copies in flight (Note [Deterministic prefetch]: a slot is waited for, never given
+// for the oldest copies in flight (see Note [Deterministic prefetch] in engine/param_fetcher.cc: a slot is waited for, never given
 // up, so every rank issues the same gathers).
 std::shared_ptr<offload::BufferLease> TieredStateHome::reserve_param_slot(std::size_t g) {
   if (!ctx_.plan.params_on_nvme(g)) return nullptr;

@@ -246,7 +246,7 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
   free_slots_.clear();
   for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
   std::vector<LossSum> losses(m);
-  rt_.ctx.stream->record(*step_start_);  // Note [Measured bubble]: the span starts with the step
+  rt_.ctx.stream->record(*step_start_);  // see Note [Measured bubble] in models/pipeline_runner.h: the span starts with the step
   if (tied_) {  // Note [Tied embedding across stages]: this step's embedding weights to the last stage
     decoder_.share_tied_embedding(rt_, provider, stage_.first() ? sends_.get() : nullptr, tied_wte_.data());
     const std::uint64_t bytes = decoder_.tied_embedding_elems() * dtype_bytes(dtype_);

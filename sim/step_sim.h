@@ -215,7 +215,7 @@ struct PipelineSimResult {
   double step_seconds = 0;  // every stage's, as the step ends with collectives over all of them
   double tokens_per_second = 0;
   // The pipeline's span: from the step's start to the end of the last forward or backward on any
-  // stage (Note [Measured bubble]: what each stage's idle share is taken of).
+  // stage (see Note [Measured bubble] in models/pipeline_runner.h: what each stage's idle share is taken of).
   double span_seconds = 0;
   double ideal_bubble_fraction = 0;  // (P - 1) / (A + P - 1)
   std::size_t busiest_stage = 0;

@@ -268,7 +268,7 @@ class PipelineSim {
     StageStats& st = stats_[i];
     switch (s.kind) {
       case StageStep::Run: {
-        const double start = e.compute_stream_at();  // Note [Measured bubble]: the op's start event
+        const double start = e.compute_stream_at();  // see Note [Measured bubble] in models/pipeline_runner.h: the op's start event
         e.run_actions(s.actions, s.micro);
         const auto a = static_cast<std::size_t>(s.micro);
         if (s.op == StageStep::Forward) st.forward_start[a] = start;
@@ -393,7 +393,7 @@ class PipelineSim {
   std::vector<StageStats> stats_;
   std::vector<std::unique_ptr<Channel>> channels_;
   std::vector<std::vector<const Message*>> sends_;  // per stage: its messages this step
-  // Per stage: its latest exchange's start and end so far (Note [Issue order]: the next starts after it).
+  // Per stage: its latest exchange's start and end so far (see Note [Issue order] in comm/communicator.h: the next starts after it).
   std::vector<double> exchange_start_, exchange_done_;
 };
 

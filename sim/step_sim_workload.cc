@@ -35,7 +35,7 @@ struct StageSpan {
   std::int64_t l0 = 0, l1 = 0;
   bool split = false;          // P > 1
   bool first = true, last = true;
-  bool rematerialize = false;  // Note [Stage re-materialization]: the stage's forward again in its backward
+  bool rematerialize = false;  // see Note [Stage re-materialization] in models/pipeline.h: the stage's forward again in its backward
   // The decoder's group index -> the stage engine's (models::kNotInStage: another stage's); empty:
   // the identity.
   std::vector<std::size_t> local;

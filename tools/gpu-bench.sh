@@ -14,7 +14,7 @@ models=("$@")
 here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$out"
 # The attention op alone beside cuBLAS (bf16, causal, 16 heads x batch 4 at seq 1024; fewer at longer).
-# Every tensor-core kernel (Note [Two tensor-core kernels]: fa2 is the default, wmma opt-in; fa2w,
+# Every tensor-core kernel (see Note [Two tensor-core kernels] in models/kernels/cuda_attention.cuh: fa2 is the default, wmma opt-in; fa2w,
 # Note [Wide warps], opt-in until timed here).
 for variant in fa2 fa2w wmma; do
   for hd in 64 128; do

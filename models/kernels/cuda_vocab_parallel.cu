@@ -77,7 +77,7 @@ __global__ void slice_sums_kernel(const T* __restrict__ logits, const std::int32
   target_logit[r] = t;
 }
 
-// At most this many slices (Note [Tensor slices]: S divides the tiling's chunks, 16 by default).
+// At most this many slices (see Note [Tensor slices] in models/tensor_parallel.h: S divides the tiling's chunks, 16 by default).
 constexpr int kMaxSlices = 256;
 
 template <typename T>

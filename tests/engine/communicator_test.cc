@@ -18,7 +18,7 @@
 namespace strata {
 namespace {
 
-// Reference of Note [Deterministic reduction]: recursive pairwise split by powers of two.
+// Reference (see Note [Deterministic reduction] in comm/communicator.h): recursive pairwise split by powers of two.
 float tree_reference(const std::vector<float>& v, std::size_t lo, std::size_t n) {
   if (n == 1) return v[lo];
   std::size_t half = 1;

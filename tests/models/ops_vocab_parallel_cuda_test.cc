@@ -1,6 +1,6 @@
 // The vocabulary-parallel ops of tensor parallelism (models/kernels/ops.h; CUDA kernels in
 // cuda_embedding.cu and cuda_vocab_parallel.cu) on a cuda device against their CPU kernels, as
-// ops_cuda_test.cc does for the rest of the op set (the fixture and Note [CUDA op tolerances]:
+// ops_cuda_test.cc does for the rest of the op set (the fixture; see Note [CUDA op tolerances] in tests/models/ops_cuda_test_util.h:
 // ops_cuda_test_util.h). Labelled `gpu`: without a usable cuda device every test skips and says why.
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 #            world 4 x 2 at stage 2 with sharding factor 2;
 #   4 units: world 1 x 4 at stage 0 (the reference), world 4 x 1 at stage 1, world 2 x 2 at stage 3;
 #   the same 4-unit layouts on prompt/completion data with the prompts masked from the loss
-#   (tests/tools/masked_tokens.py; Note [Loss mask]: the mean over the step's counted targets).
+#   (tests/tools/masked_tokens.py; see Note [Loss mask] in models/token_data.h: the mean over the step's counted targets).
 # Usage: train_exact_test.sh STRATA_BINARY CONFIG MPIEXEC WORKDIR
 set -euo pipefail
 strata="$1"; config="$2"; mpiexec="$3"; work="$4"
