@@ -1,4 +1,4 @@
-// The sim device's best-fit arena allocator (design in core/device/sim_allocator.h).
+// The sim device's counted capacity and best-fit arena (design in core/device/sim_allocator.h).
 #include "core/device/sim_allocator.h"
 
 #include <sys/mman.h>
@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -76,21 +77,27 @@ SimAllocator::SimAllocator(const SimAllocatorOptions& options)
   }
   // Alignments above a page need slack to align the arena's start inside the mapping.
   const std::size_t slack = alignment_bytes_ > page_bytes() ? alignment_bytes_ : 0;
-  map_bytes_ = capacity_bytes_ + slack;
+  if (capacity_bytes_ > (std::numeric_limits<std::size_t>::max() - alignment_bytes_) / kSimArenaHeadroom) {
+    throw ConfigError(fmt::format("{}: a capacity of {} bytes is beyond this machine's address space; set a "
+                                  "smaller device memory size ({})",
+                                  name_, options.capacity_bytes, options.capacity_knob));
+  }
+  arena_bytes_ = capacity_bytes_ * kSimArenaHeadroom;  // Note [Sim arena]
+  map_bytes_ = arena_bytes_ + slack;
   void* p = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     throw DeviceError(fmt::format("{}: cannot reserve {} of address space for the sim device arena: {}; "
                                   "lower the device memory size ({})",
-                                  name_, format_bytes(capacity_bytes_), errno_text(err), options.capacity_knob));
+                                  name_, format_bytes(arena_bytes_), errno_text(err), options.capacity_knob));
   }
   map_base_ = p;
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t aligned = (addr + alignment_bytes_ - 1) & ~(std::uintptr_t{alignment_bytes_} - 1);
   base_ = reinterpret_cast<std::byte*>(aligned);
-  blocks_.emplace(0, Block{capacity_bytes_, true, {}});
-  free_by_size_.emplace(capacity_bytes_, 0);
+  blocks_.emplace(0, Block{arena_bytes_, true, {}});
+  free_by_size_.emplace(arena_bytes_, 0);
 }
 
 SimAllocator::~SimAllocator() {
@@ -112,16 +119,22 @@ void* SimAllocator::allocate(std::size_t bytes, std::string_view tag) {
                                   name_, tag));
   }
   std::lock_guard lock(mutex_);
-  const bool fits_at_all = bytes <= capacity_bytes_;
+  const bool fits_at_all = bytes <= capacity_bytes_ - allocated_bytes_;  // the counted cap
   const std::size_t rounded = fits_at_all ? (bytes + alignment_bytes_ - 1) / alignment_bytes_ * alignment_bytes_ : 0;
-  auto fit = fits_at_all ? free_by_size_.lower_bound({rounded, 0}) : free_by_size_.end();
+  const bool counted = fits_at_all && rounded <= capacity_bytes_ - allocated_bytes_;
+  auto fit = counted ? free_by_size_.lower_bound({rounded, 0}) : free_by_size_.end();
   if (fit == free_by_size_.end()) {
     ++failed_allocations_;
     const MemoryStats s = stats_locked();
+    const std::string why =
+        counted ? fmt::format("the capacity would hold it but the sim arena ({}x the capacity) has no free block "
+                              "that large (Note [Sim arena] in core/device/sim_allocator.h)",
+                              kSimArenaHeadroom)
+                : fmt::format("only {} of the capacity is free", format_bytes(s.free_bytes));
     throw OutOfMemoryError(fmt::format(
-        "{}\n  failed request: {} ({} bytes) for tag '{}', but the largest free block is {}; free memory, "
-        "offload more state, or raise the device memory size",
-        format_memory_report(name_, s), format_bytes(bytes), bytes, tag, format_bytes(s.largest_free_block_bytes)));
+        "{}\n  failed request: {} ({} bytes) for tag '{}', but {}; free memory, offload more state, or raise the "
+        "device memory size",
+        format_memory_report(name_, s), format_bytes(bytes), bytes, tag, why));
   }
   const auto [block_bytes, offset] = *fit;
   free_by_size_.erase(fit);
@@ -155,7 +168,7 @@ void SimAllocator::release(void* ptr) noexcept {
   if (ptr == nullptr) return;
   std::lock_guard lock(mutex_);
   auto* p = static_cast<std::byte*>(ptr);
-  const bool in_arena = p >= base_ && p < base_ + capacity_bytes_;
+  const bool in_arena = p >= base_ && p < base_ + arena_bytes_;
   auto it = in_arena ? blocks_.find(static_cast<std::size_t>(p - base_)) : blocks_.end();
   if (it == blocks_.end() || it->second.free) {
     std::fprintf(stderr, "strata: %s: release of %p which is not a live allocation (double free?); ignored\n",
@@ -223,7 +236,10 @@ MemoryStats SimAllocator::stats_locked() const {
   s.allocated_bytes = allocated_bytes_;
   s.peak_allocated_bytes = peak_allocated_bytes_;
   s.free_bytes = capacity_bytes_ - allocated_bytes_;
-  s.largest_free_block_bytes = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+  // Note [Sim arena]: what one request can get is the counted free bytes, as on cuda, unless the arena
+  // itself has no block that large.
+  const std::size_t largest_block = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+  s.largest_free_block_bytes = std::min(s.free_bytes, largest_block);
   s.live_allocations = live_allocations_;
   s.total_allocations = total_allocations_;
   s.failed_allocations = failed_allocations_;
@@ -257,7 +273,7 @@ bool SimAllocator::contains(const void* ptr, std::size_t bytes) const {
   const auto begin = reinterpret_cast<std::uintptr_t>(base_);
   if (addr < begin) return false;
   const std::size_t offset = addr - begin;
-  return offset <= capacity_bytes_ && bytes <= capacity_bytes_ - offset;
+  return offset <= arena_bytes_ && bytes <= arena_bytes_ - offset;
 }
 
 std::size_t SimAllocator::allocation_bytes(const void* ptr) const {

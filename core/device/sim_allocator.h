@@ -1,12 +1,23 @@
 // The sim device's memory: one arena of host memory behind a hard capacity cap, carved up by a
 // best-fit allocator with split and merge, and the statistics MemoryStats reports.
 //
-// Note [Sim arena]: the arena is reserved once with mmap(MAP_PRIVATE | MAP_ANONYMOUS |
-// MAP_NORESERVE) of the capacity, so a cap of many GiB costs address space only; pages become
-// resident when first written. Every block's offset and size are multiples of the alignment, so
-// every pointer handed out is aligned. Free blocks are kept twice: by offset (to merge with their
-// neighbours on release) and by (size, offset) (best fit = the smallest block that fits, the
-// lowest address among equals, so placement is deterministic).
+// Note [Sim arena]: the capacity is counted, as on cuda (Note [Cuda capacity] in
+// core/device/cuda_state_cuda.cc): a request fails when the bytes allocated plus the request would pass
+// the capacity, never because the free bytes are in pieces. Placement is best fit (the smallest free
+// block that fits, the lowest address among equals) in an arena of kSimArenaHeadroom times the
+// capacity, so fragmentation cannot decide an out-of-memory as the cuda pool's cannot (it grows past
+// its own fragmentation). Why not a strict best-fit arena of the capacity itself: where a block lands
+// depends on which queued frees (Stream::release_after, frees on host threads) had run when it was
+// placed, i.e. on timing, so a fragmentation failure came and went with the machine's load
+// (train_offload_cli's 1792 KiB device failed 1 run in 8 at load 3) and two ranks could decide an
+// eviction differently and pair their collectives wrongly (Note [Deterministic prefetch] in
+// engine/param_fetcher.cc needs the decision to depend on the bytes only). The arena is reserved
+// once with mmap(MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE), so even a cap of many GiB costs address
+// space only; pages become resident when first written. Every block's offset and size are multiples
+// of the alignment, so every pointer handed out is aligned. Free blocks are kept twice: by offset (to
+// merge with their neighbours on release) and by (size, offset) for the best fit. Should the arena
+// itself have no block large enough (a pattern that shatters 4x the capacity), the request fails
+// saying so.
 //
 // Note [Freed pages]: in release builds the page-aligned interior of a freed block of at least
 // `release_pages_min_bytes` goes back to the OS (madvise MADV_DONTNEED), so the process's RSS
@@ -32,6 +43,7 @@
 namespace strata {
 
 inline constexpr unsigned char kSimPoisonByte = 0xDB;
+inline constexpr std::size_t kSimArenaHeadroom = 4;  // Note [Sim arena]
 
 struct SimAllocatorOptions {
   std::string device_name = "sim:0";   // used in error messages and the usage report
@@ -62,7 +74,8 @@ class SimAllocator {
   MemoryStats stats() const;  // pinned_host_bytes is left 0: the device fills it in
   void reset_peak();
 
-  // True when [ptr, ptr + bytes) lies inside the arena (bytes == 0: ptr inside or at its end).
+  // True when [ptr, ptr + bytes) lies inside the arena (bytes == 0: ptr inside or at its end); the arena
+  // is kSimArenaHeadroom times the capacity (Note [Sim arena]).
   bool contains(const void* ptr, std::size_t bytes) const;
   // Size of the live allocation at `ptr` (after rounding), 0 if `ptr` is not one.
   std::size_t allocation_bytes(const void* ptr) const;
@@ -79,6 +92,7 @@ class SimAllocator {
 
   std::byte* arena_base() const { return base_; }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
+  std::size_t arena_bytes() const { return arena_bytes_; }  // where blocks may lie (Note [Sim arena])
   std::size_t alignment_bytes() const { return alignment_bytes_; }
   const std::string& device_name() const { return name_; }
 
@@ -100,6 +114,7 @@ class SimAllocator {
   const std::string name_;
   const std::size_t alignment_bytes_;
   const std::size_t capacity_bytes_;
+  std::size_t arena_bytes_ = 0;  // kSimArenaHeadroom * capacity_bytes_
   const std::size_t release_pages_min_bytes_;
   void* map_base_ = nullptr;
   std::size_t map_bytes_ = 0;
