@@ -105,60 +105,85 @@ DType parse_dtype_flag(const std::string& s) {
   return t;
 }
 
-int run_bench_model(BenchModelOptions o) {
+// What one timed run of the decoder gave, with the yardstick beside it.
+struct ModelRunResult {
+  double elapsed = 0;            // seconds over the timed steps
+  std::size_t peak_bytes = 0;    // device memory allocated at most
+  std::vector<models::OpProfile::Row> ops;
+  double profiled_s = 0;         // --profile: the wall time of the profiled step
+  std::int64_t gemm_m = 0;       // the yardstick's shape: gemm_m x ffn_hidden x d_model
+  double sgemm_gflops = 0;
+};
+
+// Decoder and device for `o`: the device is sized for the model's weights, gradients and
+// activations; on cuda a model that does not fit the free memory is refused.
+struct ModelBench {
+  models::ModelConfig config;
+  std::unique_ptr<models::Decoder> decoder;
+  std::unique_ptr<Device> device;
+};
+
+ModelBench open_model_bench(BenchModelOptions& o) {
   using namespace strata::models;
-  ModelConfig config = model_config_by_name(o.model);
-  config.dtype = parse_dtype_flag(o.dtype);
+  ModelBench b;
+  b.config = model_config_by_name(o.model);
+  b.config.dtype = parse_dtype_flag(o.dtype);
   const DeviceChoice choice = parse_device_flag(o.device);
-  if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
-  if (o.seq_len < 1 || o.seq_len > config.max_seq_len) {
-    throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, config.max_seq_len, config.name));
+  if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, b.config.max_seq_len);
+  if (o.seq_len < 1 || o.seq_len > b.config.max_seq_len) {
+    throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, b.config.max_seq_len,
+                                  b.config.name));
   }
   if (o.batch < 1 || o.steps < 1 || o.warmup < 0) throw ConfigError("--batch and --steps must be >= 1, --warmup >= 0");
   // The block linears as an untiled run outside exact mode has them (Note [Linear chunks by
-  // default]): whole on cuda, in chunks on sim.
+  // default] in models/tiling_plan.h): whole on cuda, in chunks on sim.
   TilingSpec untiled;
   if (resolve_device_kind(choice, {"strata bench model", "--device"}) == DeviceKind::Cuda) untiled.chunks = 1;
-  Decoder decoder(config, {o.checkpointing ? Checkpointing::Blocks : Checkpointing::Off, untiled});
-  const auto groups = decoder.param_groups();
+  b.decoder = std::make_unique<Decoder>(b.config, DecoderOptions{o.checkpointing ? Checkpointing::Blocks : Checkpointing::Off, untiled});
   std::size_t param_bytes = 0;
-  for (const auto& g : groups) param_bytes += g.bytes() + 256 * g.tensors.size();
+  for (const auto& g : b.decoder->param_groups()) param_bytes += g.bytes() + 256 * g.tensors.size();
   SimDeviceOptions dev_opts;
-  dev_opts.capacity_bytes = 2 * param_bytes + decoder.activation_bytes(o.batch, o.seq_len, true) + (64u << 20);
+  dev_opts.capacity_bytes = 2 * param_bytes + b.decoder->activation_bytes(o.batch, o.seq_len, true) + (64u << 20);
   dev_opts.capacity_knob = "strata bench model --batch and --seq-len";
-  auto device = open_compute_device(choice, 0, dev_opts, {"strata bench model", "--device"});
-  const bool cuda = device->kind() == DeviceKind::Cuda;
-  if (cuda && dev_opts.capacity_bytes > device->capacity_bytes()) {
+  b.device = open_compute_device(choice, 0, dev_opts, {"strata bench model", "--device"});
+  if (b.device->kind() == DeviceKind::Cuda && dev_opts.capacity_bytes > b.device->capacity_bytes()) {
     throw ConfigError(fmt::format("strata bench model: model '{}' with --batch {} and --seq-len {} needs about {} of "
                                   "device memory, more than the {} free on {}; lower --batch or --seq-len",
-                                  config.name, o.batch, o.seq_len, format_bytes(dev_opts.capacity_bytes),
-                                  format_bytes(device->capacity_bytes()), device->name()));
+                                  b.config.name, o.batch, o.seq_len, format_bytes(dev_opts.capacity_bytes),
+                                  format_bytes(b.device->capacity_bytes()), b.device->name()));
   }
-  ComputeStream cs(*device, "compute");
+  return b;
+}
+
+// Warm-up, the timed steps, the --profile step (each op between two events on the stream: where the
+// step's device time goes), then the yardstick on the shape of the model's MLP up-projection: for
+// one sequence on the CPU (m = seq rows, n = ffn, k = d_model), for the whole micro-batch on the GPU.
+ModelRunResult time_model(const BenchModelOptions& o, ModelBench& b) {
+  using namespace strata::models;
+  const ModelConfig& config = b.config;
+  Decoder& decoder = *b.decoder;
+  Device& device = *b.device;
+  ComputeStream cs(device, "compute");
   Stream* stream = &cs.stream();
-  ResidentParamProvider params(groups, device.get());
+  ResidentParamProvider params(decoder.param_groups(), &device);
   params.init_gpt2_style(1, config.n_layers, stream);
-  const DecoderRuntime rt{cs.context(), device.get()};
+  const DecoderRuntime rt{cs.context(), &device};
   std::mt19937 rng(1);
   std::vector<std::int32_t> in(static_cast<std::size_t>(o.batch * o.seq_len)), tg(in.size());
   for (auto& t : in) t = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(config.vocab_size));
   for (auto& t : tg) t = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(config.vocab_size));
   const float scale = 1.0f / static_cast<float>(in.size());
-  for (int i = 0; i < o.warmup; ++i) {
+  const auto one_step = [&](const DecoderRuntime& r) {
     params.zero_grads(stream);
-    decoder.forward_backward(rt, params, in.data(), tg.data(), o.batch, o.seq_len, scale);
-  }
+    decoder.forward_backward(r, params, in.data(), tg.data(), o.batch, o.seq_len, scale);
+  };
+  for (int i = 0; i < o.warmup; ++i) one_step(rt);
+  ModelRunResult r;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.steps; ++i) {
-    params.zero_grads(stream);
-    decoder.forward_backward(rt, params, in.data(), tg.data(), o.batch, o.seq_len, scale);
-  }
+  for (int i = 0; i < o.steps; ++i) one_step(rt);
   stream->synchronize();
-  const double elapsed = seconds_since(t0);
-  const std::size_t peak_bytes = device->memory_stats().peak_allocated_bytes;
-  // One more step, each op between two events on the stream: where the step's device time goes.
-  std::vector<OpProfile::Row> ops;
-  double profiled_s = 0;
+  r.elapsed = seconds_since(t0);
+  r.peak_bytes = device.memory_stats().peak_allocated_bytes;
   if (o.profile) {
     OpProfile profile;
     DecoderRuntime prt = rt;
@@ -168,65 +193,84 @@ int run_bench_model(BenchModelOptions o) {
     const auto p0 = std::chrono::steady_clock::now();
     decoder.forward_backward(prt, params, in.data(), tg.data(), o.batch, o.seq_len, scale);
     stream->synchronize();
-    profiled_s = seconds_since(p0);
-    ops = profile.report();
+    r.profiled_s = seconds_since(p0);
+    r.ops = profile.report();
   }
-  const double tokens_per_s = static_cast<double>(o.steps * o.batch * o.seq_len) / elapsed;
-  const double flops_per_token = train_flops_per_token(config, o.seq_len);
+  const bool cuda = device.kind() == DeviceKind::Cuda;
+  r.gemm_m = cuda ? o.batch * o.seq_len : o.seq_len;
+  r.sgemm_gflops = cuda ? 1e3 * measure_device_gemm_tflops(device, cs, config.dtype, r.gemm_m, config.ffn_hidden,
+                                                            config.d_model, 1.0)
+                        : measure_sgemm_gflops(r.gemm_m, config.ffn_hidden, config.d_model, 1.0);
+  return r;
+}
+
+void print_model_json(const BenchModelOptions& o, const ModelBench& b, const ModelRunResult& r) {
+  const models::ModelConfig& config = b.config;
+  const double tokens_per_s = static_cast<double>(o.steps * o.batch * o.seq_len) / r.elapsed;
+  const double flops_per_token = models::train_flops_per_token(config, o.seq_len);
   const double model_gflops = tokens_per_s * flops_per_token / 1e9;
-  // The yardstick on the shape of the model's MLP up-projection: for one sequence on the CPU (m =
-  // seq rows, n = ffn, k = d_model), for the whole micro-batch on the GPU.
-  const std::int64_t gemm_m = cuda ? o.batch * o.seq_len : o.seq_len;
-  const double sgemm_gflops = cuda ? 1e3 * measure_device_gemm_tflops(*device, cs, config.dtype, gemm_m,
-                                                                       config.ffn_hidden, config.d_model, 1.0)
-                                   : measure_sgemm_gflops(gemm_m, config.ffn_hidden, config.d_model, 1.0);
-  const double ratio = model_gflops / sgemm_gflops;
-  const char* yardstick = cuda ? "cuBLAS gemm" : "sgemm";
+  const bool cuda = b.device->kind() == DeviceKind::Cuda;
+  nlohmann::json j = {{"model", config.name},
+                      {"params", models::param_count(config)},
+                      {"batch", o.batch},
+                      {"seq_len", o.seq_len},
+                      {"steps", o.steps},
+                      {"checkpointing", o.checkpointing},
+                      {"device", b.device->name()},
+                      {"dtype", std::string(dtype_name(config.dtype))},
+                      {"peak_device_bytes", r.peak_bytes},
+                      {"seconds_per_step", r.elapsed / o.steps},
+                      {"tokens_per_s", tokens_per_s},
+                      {"train_flops_per_token", flops_per_token},
+                      {"model_gflops", model_gflops},
+                      {"model_tflops", model_gflops / 1e3},
+                      {"yardstick", cuda ? "cuBLAS gemm" : "sgemm"},
+                      {"gemm_shape", {r.gemm_m, config.ffn_hidden, config.d_model}},
+                      {"sgemm_gflops", r.sgemm_gflops},
+                      {"ratio_to_sgemm", model_gflops / r.sgemm_gflops}};
+  if (o.profile) {
+    j["profile_step_seconds"] = r.profiled_s;
+    for (const models::OpProfile::Row& row : r.ops) {
+      j["profile_ops"].push_back({{"op", row.op}, {"calls", row.calls}, {"ms", row.ms}});
+    }
+  }
+  std::printf("%s\n", j.dump().c_str());
+}
+
+void print_model_text(const BenchModelOptions& o, const ModelBench& b, const ModelRunResult& r) {
+  const models::ModelConfig& config = b.config;
+  const double tokens_per_s = static_cast<double>(o.steps * o.batch * o.seq_len) / r.elapsed;
+  const double flops_per_token = models::train_flops_per_token(config, o.seq_len);
+  const double model_gflops = tokens_per_s * flops_per_token / 1e9;
+  const char* yardstick = b.device->kind() == DeviceKind::Cuda ? "cuBLAS gemm" : "sgemm";
+  std::printf("model %s (%.1fM params, %s), batch %lld x seq %lld, %d steps%s on %s\n", config.name.c_str(),
+              static_cast<double>(models::param_count(config)) / 1e6, std::string(dtype_name(config.dtype)).c_str(),
+              static_cast<long long>(o.batch), static_cast<long long>(o.seq_len), o.steps,
+              o.checkpointing ? ", activation checkpointing" : "", b.device->name().c_str());
+  std::printf("forward+backward: %.3f s/step, %.1f tokens/s, %.2f GFLOP/s (%.3g training FLOP/token); peak device "
+              "memory %s\n",
+              r.elapsed / o.steps, tokens_per_s, model_gflops, flops_per_token, format_bytes(r.peak_bytes).c_str());
+  std::printf("%s yardstick (m=%lld n=%lld k=%lld, same run): %.2f GFLOP/s; model/%s = %.2f\n", yardstick,
+              static_cast<long long>(r.gemm_m), static_cast<long long>(config.ffn_hidden),
+              static_cast<long long>(config.d_model), r.sgemm_gflops, yardstick, model_gflops / r.sgemm_gflops);
+  if (!o.profile) return;
+  double total = 0;
+  for (const models::OpProfile::Row& row : r.ops) total += row.ms;
+  std::printf("profiled step: %.3f s wall, %.3f s inside ops (the rest: host work and waits between them)\n",
+              r.profiled_s, total / 1e3);
+  for (const models::OpProfile::Row& row : r.ops) {
+    std::printf("  %-28s %6lld calls %10.3f ms %5.1f%%\n", row.op.c_str(), static_cast<long long>(row.calls), row.ms,
+                total > 0 ? 100 * row.ms / total : 0.0);
+  }
+}
+
+int run_bench_model(BenchModelOptions o) {
+  ModelBench bench = open_model_bench(o);
+  const ModelRunResult result = time_model(o, bench);
   if (o.json) {
-    nlohmann::json j = {{"model", config.name},
-                        {"params", param_count(config)},
-                        {"batch", o.batch},
-                        {"seq_len", o.seq_len},
-                        {"steps", o.steps},
-                        {"checkpointing", o.checkpointing},
-                        {"device", device->name()},
-                        {"dtype", std::string(dtype_name(config.dtype))},
-                        {"peak_device_bytes", peak_bytes},
-                        {"seconds_per_step", elapsed / o.steps},
-                        {"tokens_per_s", tokens_per_s},
-                        {"train_flops_per_token", flops_per_token},
-                        {"model_gflops", model_gflops},
-                        {"model_tflops", model_gflops / 1e3},
-                        {"yardstick", yardstick},
-                        {"gemm_shape", {gemm_m, config.ffn_hidden, config.d_model}},
-                        {"sgemm_gflops", sgemm_gflops},
-                        {"ratio_to_sgemm", ratio}};
-    if (o.profile) {
-      j["profile_step_seconds"] = profiled_s;
-      for (const OpProfile::Row& r : ops) j["profile_ops"].push_back({{"op", r.op}, {"calls", r.calls}, {"ms", r.ms}});
-    }
-    std::printf("%s\n", j.dump().c_str());
+    print_model_json(o, bench, result);
   } else {
-    std::printf("model %s (%.1fM params, %s), batch %lld x seq %lld, %d steps%s on %s\n", config.name.c_str(),
-                static_cast<double>(param_count(config)) / 1e6, std::string(dtype_name(config.dtype)).c_str(),
-                static_cast<long long>(o.batch), static_cast<long long>(o.seq_len), o.steps,
-                o.checkpointing ? ", activation checkpointing" : "", device->name().c_str());
-    std::printf("forward+backward: %.3f s/step, %.1f tokens/s, %.2f GFLOP/s (%.3g training FLOP/token); peak device "
-                "memory %s\n",
-                elapsed / o.steps, tokens_per_s, model_gflops, flops_per_token, format_bytes(peak_bytes).c_str());
-    std::printf("%s yardstick (m=%lld n=%lld k=%lld, same run): %.2f GFLOP/s; model/%s = %.2f\n", yardstick,
-                static_cast<long long>(gemm_m), static_cast<long long>(config.ffn_hidden),
-                static_cast<long long>(config.d_model), sgemm_gflops, yardstick, ratio);
-    if (o.profile) {
-      double total = 0;
-      for (const OpProfile::Row& r : ops) total += r.ms;
-      std::printf("profiled step: %.3f s wall, %.3f s inside ops (the rest: host work and waits between them)\n",
-                  profiled_s, total / 1e3);
-      for (const OpProfile::Row& r : ops) {
-        std::printf("  %-28s %6lld calls %10.3f ms %5.1f%%\n", r.op.c_str(), static_cast<long long>(r.calls), r.ms,
-                    total > 0 ? 100 * r.ms / total : 0.0);
-      }
-    }
+    print_model_text(o, bench, result);
   }
   return 0;
 }
