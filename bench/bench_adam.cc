@@ -47,7 +47,7 @@
 #include "bench/bench_commands.h"
 #include "plan/yardsticks.h"
 
-namespace strata::tools {
+namespace strata::bench {
 namespace {
 
 struct BenchAdamArgs {
@@ -401,7 +401,13 @@ int run_bench_adam(const BenchAdamArgs& args) {
 
 }  // namespace
 
+}  // namespace strata::bench
+
+// Declared by plan/yardsticks.h in namespace strata, so `strata doctor --measure` and the
+// simulator reach it; defined here, beside the benchmark it is one run of.
+namespace strata {
 AdamRates measure_adam_rates(std::size_t params, int reps) {
+  using namespace strata::bench;  // the benchmark's state and timing
   BenchState st;
   st.n = params;
   st.grad_dtype = DType::F32;
@@ -415,6 +421,9 @@ AdamRates measure_adam_rates(std::size_t params, int reps) {
   rates.memory_gbps = n * static_cast<double>(adam_bytes_per_param(DType::F32)) / std::min(best.before, best.after) / 1e9;
   return rates;
 }
+}  // namespace strata
+
+namespace strata::bench {
 
 void register_bench_adam(CLI::App& bench, CommandTable& table) {
   auto args = std::make_shared<BenchAdamArgs>();
@@ -430,4 +439,4 @@ void register_bench_adam(CLI::App& bench, CommandTable& table) {
   table[cmd] = [args]() -> int { return run_bench_adam(*args); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::bench

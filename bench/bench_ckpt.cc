@@ -31,7 +31,7 @@
 #include "plan/bench_disk.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::bench {
 namespace {
 
 struct BenchCkptOptions {
@@ -66,7 +66,7 @@ ModeResult run_mode(const BenchCkptOptions& o, const TrainConfig& cfg, const std
   std::filesystem::remove_all(dir);
   std::vector<std::string> mode_overrides = overrides;
   mode_overrides.push_back("strata.checkpoint.dir=" + dir);
-  TrainOptions t;
+  train::TrainOptions t;
   t.config_path = o.config;
   t.overrides = mode_overrides;
   t.steps = 3 * (o.pairs + 1);
@@ -79,7 +79,7 @@ ModeResult run_mode(const BenchCkptOptions& o, const TrainConfig& cfg, const std
     p.disk = time_disk_passes(cfg, dir, bytes, bytes);
     m.pairs.push_back(p);
   };
-  const TrainSummary s = run_training(t);
+  const train::TrainSummary s = run_training(t);
   // Checkpoint k (0-based) follows step 3k+3 (index 3k+2); the step before it (index 3k+1) wrote
   // none and, like it, does not follow a disk measurement.
   for (std::size_t k = 0; k < m.pairs.size() && 3 * k + 2 < s.step_seconds.size(); ++k) {
@@ -169,4 +169,4 @@ void register_bench_ckpt(CLI::App& bench, CommandTable& table) {
   table[cmd] = [o]() -> int { return run_bench_ckpt(*o); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::bench

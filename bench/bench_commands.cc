@@ -3,7 +3,7 @@
 
 #include <string>
 
-namespace strata::tools {
+namespace strata::bench {
 
 const CLI::Validator& non_empty_path() {
   static const CLI::Validator validator(
@@ -15,4 +15,4 @@ const CLI::Validator& non_empty_path() {
   return validator;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::bench

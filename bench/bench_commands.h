@@ -8,7 +8,7 @@
 #include <functional>
 #include <map>
 
-namespace strata::tools {
+namespace strata::bench {
 
 // The function a registered subcommand runs; returns the process exit code.
 using CommandFn = std::function<int()>;
@@ -25,4 +25,4 @@ void register_bench_model(CLI::App& bench, CommandTable& table);
 void register_bench_step(CLI::App& bench, CommandTable& table);
 void register_bench_ckpt(CLI::App& bench, CommandTable& table);
 
-}  // namespace strata::tools
+}  // namespace strata::bench

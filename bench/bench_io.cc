@@ -51,7 +51,7 @@
 #include "bench/bench_io_workload.h"
 #include "bench/bench_commands.h"
 
-namespace strata::tools {
+namespace strata::bench {
 namespace bench_io {
 namespace {
 
@@ -452,4 +452,4 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
   };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::bench

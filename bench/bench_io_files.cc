@@ -16,7 +16,7 @@
 #include "core/file_io.h"
 #include "offload/file.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 using offload::IoOp;
 
@@ -114,4 +114,4 @@ std::vector<TestFile> open_test_devices(const std::vector<std::string>& devices,
   return files;
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

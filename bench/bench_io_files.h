@@ -16,7 +16,7 @@
 #include "offload/io_engine.h"
 #include "bench/bench_io_runs.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 // Note [Bench file state]
 // What a write costs on this kind of disk depends on the state of the blocks under the file, not
@@ -94,4 +94,4 @@ class BenchBuffers {
 };
 
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

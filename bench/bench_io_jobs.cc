@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 // An hwloc topology with the I/O devices (block devices under their PCI parents) kept.
@@ -122,4 +122,4 @@ JobEngines::~JobEngines() {
   }
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

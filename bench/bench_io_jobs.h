@@ -15,7 +15,7 @@
 #include "bench/bench_io_runs.h"
 #include "bench/bench_io_workload.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 // Where each job's engine thread runs: cpus[f * jobs + j] for job j of file f (-1: unpinned).
 struct Placement {
@@ -46,4 +46,4 @@ class JobEngines {
   std::vector<Job> jobs_;
 };
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/units.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 std::vector<std::string> split_list(const std::string& text, char sep = ',') {
@@ -303,4 +303,4 @@ std::vector<Group> row_groups(const BenchPlan& plan, const BenchIoArgs& a, const
           Group{0, pattern(parts[1]), a.write_qd > 0 ? a.write_qd : row.qd, half, blocks - half}};
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

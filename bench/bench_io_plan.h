@@ -16,7 +16,7 @@
 #include "bench/bench_io_runs.h"
 #include "bench/bench_io_workload.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 // The flags as given.
 struct BenchIoArgs {
@@ -95,4 +95,4 @@ std::vector<Group> row_groups(const BenchPlan& plan, const BenchIoArgs& a, const
 
 bool row_writes(const Row& row);
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -31,7 +31,7 @@
 #include "sim/step_sim.h"
 #include "train/trainer.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -55,7 +55,7 @@ struct StepIo {
   bool overlap = false;
 };
 
-StepIo step_io_of(const StepWorkload& w, const SimResult& free_run) {
+StepIo step_io_of(const sim::StepWorkload& w, const sim::SimResult& free_run) {
   StepIo io;
   io.units = w.micro_batches;
   io.exact = w.exact;
@@ -69,10 +69,10 @@ StepIo step_io_of(const StepWorkload& w, const SimResult& free_run) {
     if (w.plan.groups[g].chunks.empty()) continue;
     for (int u = 0; u < w.micro_batches; ++u) combine_names[fmt::format("sum {}.0 unit {}", w.group_names[g], u)] = {g, u};
   }
-  for (const SimOp& op : free_run.ops) {
-    if (op.queue == SimQueue::Nvme) {
+  for (const sim::SimOp& op : free_run.ops) {
+    if (op.queue == sim::SimQueue::Nvme) {
       if (const auto it = fetch_names.find(op.name); it != fetch_names.end()) io.fetches.push_back({it->second, op.begin});
-    } else if (op.lane == SimLane::Worker && op.queue == SimQueue::Cpu) {
+    } else if (op.lane == sim::SimLane::Worker && op.queue == sim::SimQueue::Cpu) {
       if (const auto it = combine_names.find(op.name); it != combine_names.end()) {
         io.combines.push_back({it->second.first, it->second.second, op.begin});
       }
@@ -263,35 +263,35 @@ int run_replay(const ReplayArgs& a) {
                                   "built-in configs/demo.json",
                                   a.config));
   }
-  const TrainConfig cfg = load_train_config_or_demo(a.config == "demo" ? std::string() : a.config, a.overrides);
+  const TrainConfig cfg = train::load_train_config_or_demo(a.config == "demo" ? std::string() : a.config, a.overrides);
   const bool measure = a.machine == "measure";
-  SimMachine machine;
+  sim::SimMachine machine;
   if (!measure) machine.spec = load_machine(a.machine);
   // The plan `strata train` makes (Note [One plan for estimate and train]).
-  EstimateInputs in;
+  sim::EstimateInputs in;
   in.config = cfg;
   if (!measure) in.machine = machine.spec;
   in.world_size = 1;
-  resolve_planned_batch_sizes(in);
-  const Estimate planned = estimate_run(in);
+  sim::resolve_planned_batch_sizes(in);
+  const sim::Estimate planned = estimate_run(in);
   if (!planned.fits) throw ConfigError(fmt::format("--replay {}: {}", cfg.source, planned.why_not));
   if (planned.pipeline_stages > 1) {
     throw ConfigError(fmt::format("--replay {}: strata.parallel.pipeline = {}: replaying a pipeline stage's I/O is not "
                                   "built; replay with strata.parallel.pipeline = 1",
                                   cfg.source, planned.pipeline_stages));
   }
-  const StepWorkload workload = make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
-  if (measure) machine = measure_sim_machine(planned.resolved, workload);
+  const sim::StepWorkload workload = sim::make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
+  if (measure) machine = sim::measure_sim_machine(planned.resolved, workload);
   // The sequential yardstick of `strata bench step` (plan/bench_disk.h), when measured here.
   const MachineDrives yardstick = machine.spec.drives;
 
   // The step with drives that take (almost) no time: its compute side, and the fetches the engine
   // issues. Not infinitely fast: an operation of no length at the step's first instant (the
   // gathers the previous step's end started) would fall outside the step's window.
-  SimMachine free_drives = machine;
+  sim::SimMachine free_drives = machine;
   free_drives.spec.drives.count = std::max(machine.spec.drives.count, 1);
   free_drives.spec.drives.read_gbps = free_drives.spec.drives.write_gbps = 1e6;
-  const SimResult free_run = simulate_step(workload, free_drives);
+  const sim::SimResult free_run = simulate_step(workload, free_drives);
   const StepIo io = step_io_of(workload, free_run);
 
   ReplayTiers tiers(workload.plan);
@@ -314,13 +314,13 @@ int run_replay(const ReplayArgs& a) {
   const double io_gbps = io_s > 0 ? moved / io_s / 1e9 : 0;
 
   // The step with this drive: the simulator's NVMe at the rate the replay reached.
-  SimMachine with_drive = machine;
+  sim::SimMachine with_drive = machine;
   const int drives = static_cast<int>(workload.plan.offload.nvme_dirs.size());
   with_drive.spec.drives.count = drives;
   with_drive.spec.drives.read_gbps = with_drive.spec.drives.write_gbps = io_gbps / drives;
-  const SimResult step = simulate_step(workload, with_drive);
+  const sim::SimResult step = simulate_step(workload, with_drive);
   const double compute_s = free_run.step_seconds;
-  const bool bottleneck = step.slowest == SimQueue::Nvme;
+  const bool bottleneck = step.slowest == sim::SimQueue::Nvme;
   const double tokens = static_cast<double>(workload.tokens_per_step);
   const SsdWear wear = ssd_wear(static_cast<double>(written_bytes), step.step_seconds, drives, a.drive_tbw);
   const double yard_s = measure && yardstick.read_gbps > 0
@@ -345,7 +345,7 @@ int run_replay(const ReplayArgs& a) {
                         {"io_gbps", io_gbps},
                         {"compute_step_seconds", compute_s},
                         {"predicted_step_seconds", step.step_seconds},
-                        {"slowest_queue", sim_queue_name(step.slowest)},
+                        {"slowest_queue", sim::sim_queue_name(step.slowest)},
                         {"nvme_bottleneck", bottleneck},
                         {"tokens_per_step", workload.tokens_per_step},
                         {"nvme_tokens_per_s", io_s > 0 ? tokens / io_s : 0},
@@ -370,7 +370,7 @@ int run_replay(const ReplayArgs& a) {
   }
   std::printf("compute alone (simulated on %s): step %.4f s; with this drive: step %.4f s, slowest queue %s\n",
               measure ? "this host as the sim device" : a.machine.c_str(), compute_s, step.step_seconds,
-              sim_queue_name(step.slowest));
+              sim::sim_queue_name(step.slowest));
   std::printf("NVMe %s the bottleneck: it allows %.1f tokens/s (I/O alone), the step %.1f tokens/s\n",
               bottleneck ? "is" : "is not", io_s > 0 ? tokens / io_s : 0, step.tokens_per_second);
   std::printf("ssd wear: %.3g TB written per day over %d drive(s)", wear.tb_per_day, drives);
@@ -379,4 +379,4 @@ int run_replay(const ReplayArgs& a) {
   return 0;
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

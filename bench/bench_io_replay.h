@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 struct ReplayArgs {
   std::string config;  // a config file, or "demo" for the built-in configs/demo.json
@@ -36,4 +36,4 @@ struct ReplayArgs {
 
 int run_replay(const ReplayArgs& args);
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -10,7 +10,7 @@
 
 #include "core/units.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 double median(std::vector<double> v) {
@@ -178,4 +178,4 @@ void IntervalPrinter::finish() {
   drawn_ = false;
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

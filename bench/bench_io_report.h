@@ -15,7 +15,7 @@
 #include "bench/bench_io_runs.h"
 #include "bench/bench_io_workload.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 // Combined figures of reads and writes over `seconds`, with "read" and "write" objects (over
 // their own times, when given) when both ran.
@@ -55,4 +55,4 @@ class IntervalPrinter {
   bool drawn_ = false;
 };
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "core/units.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 // Free hugetlb memory of the default huge page size (/proc/meminfo).
@@ -147,4 +147,4 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
   return result;
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

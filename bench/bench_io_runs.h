@@ -12,7 +12,7 @@
 #include "offload/file.h"
 #include "offload/io_engine.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 struct Row {
   std::string rw;
@@ -85,4 +85,4 @@ struct FioResult {
 // Runs fio with the row's parameters on the same files.
 FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJob& job);
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

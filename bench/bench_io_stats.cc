@@ -7,7 +7,7 @@
 #include <bit>
 #include <cmath>
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 int LatencyHistogram::bucket_of(std::uint64_t ns) {
   if (ns < kSub) return static_cast<int>(ns);
@@ -99,4 +99,4 @@ bool SteadyState::add(double gbps) {
   return range_ <= bound_ && drift_ <= bound_;
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 // Request latencies in log buckets: 32 sub-buckets per power of two, so a percentile is within
 // ~3 % of the exact one while a run of any length costs 15 KiB (fio's clat histogram is the same
@@ -87,4 +87,4 @@ class SteadyState {
   double drift_ = 0;
 };
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

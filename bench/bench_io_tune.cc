@@ -18,7 +18,7 @@
 #include "train/output_file.h"
 #include "train/trainer.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 std::vector<std::string> split(const std::string& text) {
@@ -57,12 +57,12 @@ int run_tune(const TuneArgs& t, const BenchIoArgs& base) {
     qds.push_back(q);
   }
   if (sizes.empty() || qds.empty()) throw ConfigError("--tune: --tune-request-sizes and --tune-qd need one value each at least");
-  check_output_path(t.out, "--out", OutputWrite::Replaced);
+  train::check_output_path(t.out, "--out", train::OutputWrite::Replaced);
 
   BenchIoArgs a = base;
   std::size_t dirs = 1;
   if (a.dir.empty() && a.paths.empty()) {  // the drive(s) the config swaps to
-    const TrainConfig cfg = load_train_config_or_demo(t.config, t.overrides);
+    const TrainConfig cfg = train::load_train_config_or_demo(t.config, t.overrides);
     const std::vector<std::string> nvme = nvme_dirs_of(cfg);
     if (nvme.empty()) {
       throw ConfigError(fmt::format("--tune: {} has no nvme_path; give --dir (or --paths) on the drive to tune, or a "
@@ -146,4 +146,4 @@ int run_tune(const TuneArgs& t, const BenchIoArgs& base) {
   return 0;
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -16,7 +16,7 @@
 #include "bench/bench_io_plan.h"
 #include "bench/bench_io_report.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 struct TuneArgs {
   bool enabled = false;
@@ -34,4 +34,4 @@ std::vector<RowReport> measure_rows(const BenchIoArgs& a);
 // `base`: the bench's other flags (--dir/--paths, --engine, --size, --json, ...).
 int run_tune(const TuneArgs& t, const BenchIoArgs& base);
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

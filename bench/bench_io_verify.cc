@@ -10,7 +10,7 @@
 #include "core/file_io.h"
 #include "core/host_buffer.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 // The header takes the first 64 bytes of a block; each 4 KiB sector carries a 16-byte tag right
@@ -101,4 +101,4 @@ void inject_fault(int fd, const std::string& path, const std::string& kind, std:
   fsync_file(fd, path);
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -19,7 +19,7 @@
 
 #include "core/error.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 struct BlockHeader {
   std::uint64_t magic = 0;
@@ -61,4 +61,4 @@ struct VerifyMap {
 void inject_fault(int fd, const std::string& path, const std::string& kind, std::uint64_t block,
                   std::size_t block_bytes, const VerifyMap& map, std::uint64_t seed);
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 using offload::IoOp;
@@ -270,4 +270,4 @@ WorkloadResult run_workload(offload::IoEngine& engine, std::vector<TestFile>& fi
   return run_workload(jobs, files, buffer, spec);
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -19,7 +19,7 @@
 #include "bench/bench_io_stats.h"
 #include "bench/bench_io_verify.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 enum class Pattern : std::uint8_t { Sequential, Random };
 
@@ -107,4 +107,4 @@ WorkloadResult run_workload(std::span<const Job> jobs, std::vector<TestFile>& fi
 WorkloadResult run_workload(offload::IoEngine& engine, std::vector<TestFile>& files, std::span<std::byte> buffer,
                             const WorkloadSpec& spec);
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

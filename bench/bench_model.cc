@@ -29,7 +29,7 @@
 #include "train/compute_device.h"
 #include "plan/yardsticks.h"
 
-namespace strata::tools {
+namespace strata::bench {
 
 namespace {
 
@@ -52,6 +52,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+}  // namespace strata::bench
+
+// Declared by plan/yardsticks.h in namespace strata, so `strata doctor --measure` and the
+// simulator reach it; defined here, beside the benchmark it is one run of.
+namespace strata {
 double measure_sgemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, double min_seconds) {
   using namespace strata::models;
   std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(n * k), 0.25f),
@@ -65,16 +70,19 @@ double measure_sgemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, doub
   while (elapsed < min_seconds || reps < 3) {
     matmul(inline_ctx, args);
     ++reps;
-    elapsed = seconds_since(t0);
+    elapsed = bench::seconds_since(t0);
   }
   return 2.0 * static_cast<double>(m * n * k) * reps / elapsed / 1e9;
 }
+}  // namespace strata
+
+namespace strata::bench {
 
 namespace {
 
 // The matmul op on `device`'s compute stream: m x n x k (B transposed, as a linear layer), in dtype,
 // TFLOP/s over at least min_seconds (the stream synchronized around the timed launches).
-double measure_device_gemm_tflops(Device& device, ComputeStream& cs, DType dtype, std::int64_t m, std::int64_t n,
+double measure_device_gemm_tflops(Device& device, train::ComputeStream& cs, DType dtype, std::int64_t m, std::int64_t n,
                                   std::int64_t k, double min_seconds) {
   using namespace strata::models;
   const std::size_t eb = dtype_bytes(dtype);
@@ -128,7 +136,7 @@ ModelBench open_model_bench(BenchModelOptions& o) {
   ModelBench b;
   b.config = model_config_by_name(o.model);
   b.config.dtype = parse_dtype_flag(o.dtype);
-  const DeviceChoice choice = parse_device_flag(o.device);
+  const DeviceChoice choice = train::parse_device_flag(o.device);
   if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, b.config.max_seq_len);
   if (o.seq_len < 1 || o.seq_len > b.config.max_seq_len) {
     throw ConfigError(fmt::format("--seq-len {} must be in 1..{} for model '{}'", o.seq_len, b.config.max_seq_len,
@@ -138,14 +146,14 @@ ModelBench open_model_bench(BenchModelOptions& o) {
   // The block linears as an untiled run outside exact mode has them (Note [Linear chunks by
   // default] in models/tiling_plan.h): whole on cuda, in chunks on sim.
   TilingSpec untiled;
-  if (resolve_device_kind(choice, {"strata bench model", "--device"}) == DeviceKind::Cuda) untiled.chunks = 1;
+  if (train::resolve_device_kind(choice, {"strata bench model", "--device"}) == DeviceKind::Cuda) untiled.chunks = 1;
   b.decoder = std::make_unique<Decoder>(b.config, DecoderOptions{o.checkpointing ? Checkpointing::Blocks : Checkpointing::Off, untiled});
   std::size_t param_bytes = 0;
   for (const auto& g : b.decoder->param_groups()) param_bytes += g.bytes() + 256 * g.tensors.size();
   SimDeviceOptions dev_opts;
   dev_opts.capacity_bytes = 2 * param_bytes + b.decoder->activation_bytes(o.batch, o.seq_len, true) + (64u << 20);
   dev_opts.capacity_knob = "strata bench model --batch and --seq-len";
-  b.device = open_compute_device(choice, 0, dev_opts, {"strata bench model", "--device"});
+  b.device = train::open_compute_device(choice, 0, dev_opts, {"strata bench model", "--device"});
   if (b.device->kind() == DeviceKind::Cuda && dev_opts.capacity_bytes > b.device->capacity_bytes()) {
     throw ConfigError(fmt::format("strata bench model: model '{}' with --batch {} and --seq-len {} needs about {} of "
                                   "device memory, more than the {} free on {}; lower --batch or --seq-len",
@@ -163,7 +171,7 @@ ModelRunResult time_model(const BenchModelOptions& o, ModelBench& b) {
   const ModelConfig& config = b.config;
   Decoder& decoder = *b.decoder;
   Device& device = *b.device;
-  ComputeStream cs(device, "compute");
+  train::ComputeStream cs(device, "compute");
   Stream* stream = &cs.stream();
   ResidentParamProvider params(decoder.param_groups(), &device);
   params.init_gpt2_style(1, config.n_layers, stream);
@@ -299,9 +307,9 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   SimDeviceOptions sim;
   sim.capacity_bytes = 8 * act + lse_bytes + (64u << 20);
   sim.capacity_knob = "strata bench attention --batch, --seq, --heads and --head-dim";
-  auto device = open_compute_device(parse_device_flag(o.device), 0, sim, {"strata bench attention", "--device"});
+  auto device = train::open_compute_device(train::parse_device_flag(o.device), 0, sim, {"strata bench attention", "--device"});
   const bool cuda = device->kind() == DeviceKind::Cuda;
-  ComputeStream cs(*device, "compute");
+  train::ComputeStream cs(*device, "compute");
   Stream& stream = cs.stream();
   std::vector<DeviceMemory> bufs;
   for (int i = 0; i < 8; ++i) {
@@ -376,4 +384,4 @@ void register_bench_model(CLI::App& bench, CommandTable& table) {
   table[att] = [a]() { return run_bench_attention(*a); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::bench

@@ -37,7 +37,7 @@
 #include "train/compute_device.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -63,14 +63,14 @@ double median(std::vector<double> v) {
 // or on the GPU the config's device choice resolves to (training_device_choice; whole, uncapped).
 double measure_compute(const TrainConfig& cfg, int reps) {
   bool checkpointing = false;
-  const models::ModelConfig model = training_model_config(cfg, &checkpointing);
+  const models::ModelConfig model = train::training_model_config(cfg, &checkpointing);
   models::DecoderOptions dopt;
   dopt.checkpointing = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
   // The untiled run's linear chunks (Note [Linear chunks by default]): the config's, else the rule's.
   models::TilingSpec untiled;
   untiled.chunks = models::parse_tiling(cfg.strata.tiling, model).chunks;
-  const DeviceChoice choice = training_device_choice(cfg);
-  dopt.tiling.chunks = models::linear_chunks(cfg, untiled, resolve_device_kind(choice, training_device_source(cfg)));
+  const DeviceChoice choice = train::training_device_choice(cfg);
+  dopt.tiling.chunks = models::linear_chunks(cfg, untiled, train::resolve_device_kind(choice, train::training_device_source(cfg)));
   models::Decoder decoder(model, dopt);
   const auto groups = decoder.param_groups();
   const std::int64_t micro = cfg.micro_batch_size, seq = cfg.strata.data.seq_len;
@@ -78,8 +78,8 @@ double measure_compute(const TrainConfig& cfg, int reps) {
   for (const auto& g : groups) bytes += g.bytes() + 256 * g.tensors.size();
   SimDeviceOptions o;
   o.capacity_bytes = 2 * bytes + decoder.activation_bytes(micro, seq, true) + (64u << 20);
-  auto device = open_compute_device(choice, 0, o, training_device_source(cfg));
-  ComputeStream cs(*device, "compute");
+  auto device = train::open_compute_device(choice, 0, o, train::training_device_source(cfg));
+  train::ComputeStream cs(*device, "compute");
   Stream* stream = &cs.stream();
   models::ResidentParamProvider params(groups, device.get());
   params.init_gpt2_style(cfg.strata.seed, model.n_layers, stream);
@@ -105,7 +105,7 @@ double measure_compute(const TrainConfig& cfg, int reps) {
 // The step's host<->device bytes over a GPU's link: pinned host memory, 64 MiB copies, half each way
 // (the step's copies go both ways; the link is full duplex, but one stream serializes them).
 double measure_gpu_copies(const TrainConfig& cfg, std::uint64_t bytes) {
-  auto device = open_compute_device(DeviceChoice::Cuda, 0, SimDeviceOptions{}, {cfg.source});
+  auto device = train::open_compute_device(DeviceChoice::Cuda, 0, SimDeviceOptions{}, {cfg.source});
   auto stream = device->create_stream("copies");
   const std::size_t piece = std::min<std::uint64_t>(bytes, 64u << 20);
   HostBufferOptions ho;
@@ -133,7 +133,7 @@ double measure_gpu_copies(const TrainConfig& cfg, std::uint64_t bytes) {
 // link.
 double measure_copies(const TrainConfig& cfg, std::uint64_t bytes) {
   if (bytes == 0) return 0;
-  if (resolve_device_kind(training_device_choice(cfg), training_device_source(cfg)) == DeviceKind::Cuda) return measure_gpu_copies(cfg, bytes);
+  if (train::resolve_device_kind(train::training_device_choice(cfg), train::training_device_source(cfg)) == DeviceKind::Cuda) return measure_gpu_copies(cfg, bytes);
   const double gbps = std::max(cfg.strata.device.h2d_gbps, cfg.strata.device.d2h_gbps);
   if (gbps > 0) return static_cast<double>(bytes) / (gbps * 1e9);
   const std::size_t piece = std::min<std::uint64_t>(bytes, 64u << 20);
@@ -188,7 +188,7 @@ struct Queue {
 // What one `bench step` measured: the training run's figures after warm-up and each queue alone.
 struct StepBench {
   const TrainConfig& cfg;
-  const TrainSummary& s;
+  const train::TrainSummary& s;
   double step = 0;
   std::uint64_t nvme_read = 0, nvme_written = 0, copies = 0;
   std::size_t drives = 0;
@@ -199,7 +199,7 @@ struct StepBench {
 };
 
 void print_step_json(const BenchStepOptions& o, const StepBench& r) {
-  const TrainSummary& s = r.s;
+  const train::TrainSummary& s = r.s;
   nlohmann::json j = {{"config", r.cfg.source},
                       {"steps", o.steps},
                       {"step_seconds", r.step},
@@ -227,7 +227,7 @@ void print_step_json(const BenchStepOptions& o, const StepBench& r) {
 }
 
 void print_step_text(const BenchStepOptions& o, const StepBench& r) {
-  const TrainSummary& s = r.s;
+  const train::TrainSummary& s = r.s;
   std::printf("config %s: %.2fM parameters, model state %s on a device of %s (%.1fx)\n", r.cfg.source.c_str(),
               static_cast<double>(s.parameters) / 1e6, format_bytes(s.model_state_bytes).c_str(),
               format_bytes(s.device_capacity_bytes).c_str(),
@@ -253,17 +253,17 @@ void print_step_text(const BenchStepOptions& o, const StepBench& r) {
 
 int run_bench_step(const BenchStepOptions& o) {
   if (o.steps < 1 || o.warmup < 0) throw ConfigError("--steps must be >= 1 and --warmup >= 0");
-  const TrainConfig cfg = load_train_config_or_demo(o.config, o.overrides);
+  const TrainConfig cfg = train::load_train_config_or_demo(o.config, o.overrides);
   if (cfg.zero.offload_optimizer.device != OffloadDevice::Nvme || cfg.zero.offload_param.device != OffloadDevice::Nvme) {
     std::fprintf(stderr, "note: %s does not put both optimizer and parameters on NVMe; the figure is for its tiers\n",
                  cfg.source.c_str());
   }
-  TrainOptions t;
+  train::TrainOptions t;
   t.config_path = o.config;
   t.overrides = o.overrides;
   t.steps = o.warmup + o.steps;
   t.quiet = true;
-  const TrainSummary s = run_training(t);
+  const train::TrainSummary s = run_training(t);
   StepBench r{.cfg = cfg, .s = s};
   const auto first = static_cast<std::ptrdiff_t>(o.warmup);
   r.step = median(std::vector<double>(s.step_seconds.begin() + first, s.step_seconds.end()));
@@ -291,7 +291,7 @@ int run_bench_step(const BenchStepOptions& o) {
                                  [](const Queue& a, const Queue& b) { return a.seconds < b.seconds; });
   r.ratio = r.slowest->seconds > 0 ? r.step / r.slowest->seconds : 0;
   bool checkpointing = false;
-  r.flops_per_token = models::train_flops_per_token(training_model_config(cfg, &checkpointing), cfg.strata.data.seq_len);
+  r.flops_per_token = models::train_flops_per_token(train::training_model_config(cfg, &checkpointing), cfg.strata.data.seq_len);
   r.tokens_per_s = r.step > 0 ? static_cast<double>(s.tokens_per_step) / r.step : 0;
   r.params_per_byte = static_cast<double>(s.parameters) / static_cast<double>(s.device_capacity_bytes);
   // SSD wear at the measured step time: one drive per NVMe directory (plan/machine.h, ssd_wear).
@@ -320,4 +320,4 @@ void register_bench_step(CLI::App& bench, CommandTable& table) {
   table[cmd] = [o]() -> int { return run_bench_step(*o); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::bench

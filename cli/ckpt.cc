@@ -37,7 +37,7 @@
 #include "train/output_file.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::cli {
 
 namespace {
 
@@ -63,7 +63,7 @@ int run_verify(const std::string& dir) {
 models::ModelConfig checkpoint_model(const CheckpointManifest& m) {
   bool activation_checkpointing = false;
   try {
-    return training_model_config(parse_train_config(m.config, m.path + " (config)"), &activation_checkpointing);
+    return train::training_model_config(parse_train_config(m.config, m.path + " (config)"), &activation_checkpointing);
   } catch (const ConfigError& e) {
     throw ConfigError(fmt::format("checkpoint {}: the model of the run that wrote it: {}", m.dir, e.what()));
   }
@@ -119,7 +119,7 @@ struct WholeMaster {
   std::vector<float> values;
 };
 std::vector<WholeMaster> consolidated_master(CheckpointReader& reader, const models::ModelConfig& model) {
-  const CheckpointTensors tensors(reader.manifest(), model);
+  const train::CheckpointTensors tensors(reader.manifest(), model);
   std::vector<WholeMaster> out;
   for (const ParamTensorSpec& t : tensors.tensors()) out.push_back(WholeMaster{t, tensors.read(reader, t.name, 0)});
   return out;
@@ -164,11 +164,11 @@ int run_export_hf_folder(const ExportOptions& o, CheckpointReader& reader, const
     input_dirs.push_back(folder.dir);
   }
   std::error_code ec;
-  if (!std::filesystem::exists(out, ec)) check_output_path(out, "strata ckpt export OUT", OutputWrite::Replaced);
-  check_output_not_input(out, "strata ckpt export OUT", {(std::filesystem::path(o.dir) / kCheckpointLatest).string()},
+  if (!std::filesystem::exists(out, ec)) train::check_output_path(out, "strata ckpt export OUT", train::OutputWrite::Replaced);
+  train::check_output_not_input(out, "strata ckpt export OUT", {(std::filesystem::path(o.dir) / kCheckpointLatest).string()},
                          input_dirs);
   for (const auto& f : m.files) reader.verify_file(f);
-  const CheckpointTensors tensors(m, model);
+  const train::CheckpointTensors tensors(m, model);
   const models::HfExportResult r = models::write_hf_model_folder(
       e, [&](const ParamTensorSpec& t, std::vector<float>& values) { values = tensors.read(reader, t.name, 0); });
   fmt::print("wrote {} tensors ({}, Hugging Face folder for {}) of step {} to {}: {} in {}, config.json, "
@@ -211,8 +211,8 @@ int run_export(const ExportOptions& o) {
   }
   // OUT is replaced whole; it must not be a file of the checkpoint it is made from (a data file,
   // the manifest, the `latest` that named it), nor anywhere inside that checkpoint's directory.
-  check_output_path(out, "strata ckpt export OUT", OutputWrite::Replaced);
-  check_output_not_input(out, "strata ckpt export OUT", {(std::filesystem::path(dir) / kCheckpointLatest).string()}, {m.dir});
+  train::check_output_path(out, "strata ckpt export OUT", train::OutputWrite::Replaced);
+  train::check_output_not_input(out, "strata ckpt export OUT", {(std::filesystem::path(dir) / kCheckpointLatest).string()}, {m.dir});
   const models::ModelConfig model = checkpoint_model(m);
   const std::optional<std::string_view> hf_class = models::hf_model_class(model.arch);
   if (naming == models::WeightNaming::HuggingFace && !hf_class) {
@@ -266,7 +266,7 @@ int run_export(const ExportOptions& o) {
 
 }  // namespace
 
-void register_ckpt(CLI::App& ckpt, CommandTable& table) {
+void register_ckpt(CLI::App& ckpt, bench::CommandTable& table) {
   {
     auto dir = std::make_shared<std::string>();
     auto* cmd = ckpt.add_subcommand("verify", "check a checkpoint's files and checksums (exit 1 naming each problem)");
@@ -300,4 +300,4 @@ void register_ckpt(CLI::App& ckpt, CommandTable& table) {
   }
 }
 
-}  // namespace strata::tools
+}  // namespace strata::cli

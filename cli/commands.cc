@@ -16,9 +16,9 @@
 #include "config/config_reader.h"
 #include "train/rank_agreement.h"
 
-namespace strata::tools {
+namespace strata::cli {
 
-void register_commands(CLI::App& app, CommandTable& table) {
+void register_commands(CLI::App& app, bench::CommandTable& table) {
   register_train(app, table);
   register_doctor(app, table);
   register_eval(app, table);
@@ -28,11 +28,11 @@ void register_commands(CLI::App& app, CommandTable& table) {
   register_data(app, table);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks, each beside its same-run yardstick");
   bench->require_subcommand(1);
-  register_bench_io(*bench, table);
-  register_bench_adam(*bench, table);
-  register_bench_model(*bench, table);
-  register_bench_step(*bench, table);
-  register_bench_ckpt(*bench, table);
+  bench::register_bench_io(*bench, table);
+  bench::register_bench_adam(*bench, table);
+  bench::register_bench_model(*bench, table);
+  bench::register_bench_step(*bench, table);
+  bench::register_bench_ckpt(*bench, table);
   CLI::App* ckpt = app.add_subcommand("ckpt", "checkpoint tools: verify, inspect, export");
   ckpt->require_subcommand(1);
   register_ckpt(*ckpt, table);
@@ -117,7 +117,7 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& error, int argc, co
   return 1;
 }
 
-int run_selected(CLI::App& app, const CommandTable& table, const std::string& log_level) {
+int run_selected(CLI::App& app, const bench::CommandTable& table, const std::string& log_level) {
   try {
     LogOptions log;
     log.level = parse_log_level(log_level, "--log-level");
@@ -128,7 +128,7 @@ int run_selected(CLI::App& app, const CommandTable& table, const std::string& lo
       return 1;
     }
     return it->second();
-  } catch (const StartupRefusal& e) {
+  } catch (const train::StartupRefusal& e) {
     // Every rank has it; one prints it (Note [Start-up refusals agreed] in train/rank_agreement.h).
     if (e.printed_here()) std::fprintf(stderr, "strata: error: %s\n", e.what());
     return e.exit_code();
@@ -149,4 +149,4 @@ int run_selected(CLI::App& app, const CommandTable& table, const std::string& lo
   }
 }
 
-}  // namespace strata::tools
+}  // namespace strata::cli

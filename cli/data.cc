@@ -28,7 +28,7 @@
 #include "models/tokenizer.h"
 #include "train/output_file.h"
 
-namespace strata::tools {
+namespace strata::cli {
 
 namespace {
 
@@ -45,8 +45,8 @@ struct TokenizeOptions {
 int run_tokenize(const TokenizeOptions& o) {
   if (o.text.empty() == o.jsonl.empty()) throw ConfigError("strata data tokenize: give exactly one of --text FILE and --jsonl FILE");
   if (o.threads < 0) throw ConfigError(fmt::format("--threads {} must be 0 (all cores) or more", o.threads));
-  check_output_path(o.out, "--out", OutputWrite::Replaced);
-  check_output_not_input(o.out, "--out", {o.text, o.jsonl}, {o.tokenizer});
+  train::check_output_path(o.out, "--out", train::OutputWrite::Replaced);
+  train::check_output_not_input(o.out, "--out", {o.text, o.jsonl}, {o.tokenizer});
   const auto tokenizer = models::load_tokenizer(o.tokenizer);
   const std::string& input = o.text.empty() ? o.jsonl : o.text;
   if (!o.jsonl.empty() && !o.jsonl.ends_with(".jsonl")) {
@@ -149,7 +149,7 @@ int run_prepare(PrepareCliOptions o) {
                                                                   {"lines", models::TextDocuments::Lines}});
   if (!o.eos.empty()) o.prepare.eos_token = o.eos;
   if (o.prepare.threads < 0) throw ConfigError(fmt::format("--threads {} must be 0 (all cores) or more", o.prepare.threads));
-  check_output_not_input(o.prepare.out_dir + "/train.tok", "--out", o.inputs, {o.tokenizer});
+  train::check_output_not_input(o.prepare.out_dir + "/train.tok", "--out", o.inputs, {o.tokenizer});
   const auto tokenizer = models::load_tokenizer(o.tokenizer);
   // A progress line on a terminal, redrawn at each whole percent.
   const bool tty = ::isatty(STDERR_FILENO) != 0;
@@ -253,7 +253,7 @@ int run_inspect(const InspectOptions& o) {
 
 }  // namespace
 
-void register_data(CLI::App& app, CommandTable& table) {
+void register_data(CLI::App& app, bench::CommandTable& table) {
   CLI::App* data = app.add_subcommand("data", "text to tokens through a model's tokenizer: prepare, tokenize, inspect");
   data->require_subcommand(1);
   auto o = std::make_shared<TokenizeOptions>();
@@ -295,4 +295,4 @@ void register_data(CLI::App& app, CommandTable& table) {
   table[insp] = [i]() { return run_inspect(*i); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::cli

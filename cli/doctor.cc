@@ -41,7 +41,7 @@
 #include "plan/doctor_measure.h"
 #include "train/output_file.h"
 
-namespace strata::tools {
+namespace strata::cli {
 namespace {
 
 enum class Verdict { Ok, Warn, Fail };
@@ -261,7 +261,7 @@ struct DoctorArgs {
 
 // Writes the measured machine to `path` and reads it back as any machine file is read.
 void write_machine_file(const std::string& path, const nlohmann::json& machine) {
-  OutputFile out(path, "--out machine file", OutputFile::Mode::Truncate);
+  train::OutputFile out(path, "--out machine file", train::OutputFile::Mode::Truncate);
   out.write(machine.dump(2) + "\n");
   out.close();
   if (std::filesystem::is_regular_file(path)) {
@@ -276,7 +276,7 @@ int run_doctor(const DoctorArgs& args) {
     throw ConfigError("--out and --device-memory describe the machine --measure measures; add --measure");
   }
   if (!args.device_memory.empty()) measure.device_memory_bytes = parse_bytes_or_throw(args.device_memory, "--device-memory");
-  check_output_path(args.out, "--out", OutputWrite::InPlace);
+  train::check_output_path(args.out, "--out", train::OutputWrite::InPlace);
   Topology topo;
   std::vector<Check> checks;
   checks.push_back(check_devices());
@@ -308,7 +308,7 @@ int run_doctor(const DoctorArgs& args) {
 
 }  // namespace
 
-void register_doctor(CLI::App& app, CommandTable& table) {
+void register_doctor(CLI::App& app, bench::CommandTable& table) {
   auto* cmd = app.add_subcommand("doctor", "report what this machine offers an offload run, and what is broken");
   auto args = std::make_shared<DoctorArgs>();
   cmd->add_option("--dir", args->dir, "directory that will hold NVMe swap files (default: .)");
@@ -323,4 +323,4 @@ void register_doctor(CLI::App& app, CommandTable& table) {
   table[cmd] = [args] { return run_doctor(*args); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::cli

@@ -11,7 +11,7 @@
 #include "sim/estimate_plan.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::cli {
 namespace {
 
 struct EstimateOptions {
@@ -23,36 +23,36 @@ struct EstimateOptions {
 };
 
 int run_estimate(const EstimateOptions& o) {
-  EstimateInputs in;
-  in.config = load_train_config_or_demo(o.config, o.overrides);
+  sim::EstimateInputs in;
+  in.config = train::load_train_config_or_demo(o.config, o.overrides);
   if (!o.machine.empty()) in.machine = load_machine(o.machine);
   in.world_size = o.world;
-  resolve_planned_batch_sizes(in);
-  const Estimate e = estimate_run(in);
-  const LargestFit largest = largest_fitting_depth(in);
+  sim::resolve_planned_batch_sizes(in);
+  const sim::Estimate e = estimate_run(in);
+  const sim::LargestFit largest = largest_fitting_depth(in);
   if (o.json) {
-    std::printf("%s\n", estimate_to_json(e, largest).dump(2).c_str());
+    std::printf("%s\n", sim::estimate_to_json(e, largest).dump(2).c_str());
   } else {
     if (in.machine) std::printf("machine: %s (%s)\n", in.machine->name.c_str(), in.machine->source.c_str());
-    std::printf("%s", describe_estimate(e, largest).c_str());
+    std::printf("%s", sim::describe_estimate(e, largest).c_str());
   }
   return e.fits ? 0 : 3;
 }
 
 }  // namespace
 
-void register_estimate(CLI::App& app, CommandTable& table) {
+void register_estimate(CLI::App& app, bench::CommandTable& table) {
   auto opts = std::make_shared<EstimateOptions>();
   auto* cmd = app.add_subcommand(
       "estimate", "bytes per tier and rank of a config on this or a described machine, and whether it fits (exit 3 if not)");
-  cmd->add_option("--config", opts->config, "training config (default: the built-in configs/demo.json)")->check(non_empty_path());
+  cmd->add_option("--config", opts->config, "training config (default: the built-in configs/demo.json)")->check(bench::non_empty_path());
   cmd->add_option("--set", opts->overrides, "override a config key: key.path=value (repeatable)");
   cmd->add_option("--machine", opts->machine, "machine file (configs/machines/*.json; strata doctor --measure writes one)")
-      ->check(non_empty_path());
+      ->check(bench::non_empty_path());
   cmd->add_option("--world", opts->world, "ranks (GPUs) on the node (default: the machine's GPU count, or 1)")
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--json", opts->json, "print one JSON object");
   table[cmd] = [opts]() { return run_estimate(*opts); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::cli

@@ -27,7 +27,7 @@
 #include "train/compute_device.h"
 #include "train/model_source.h"
 
-namespace strata::tools {
+namespace strata::cli {
 
 namespace {
 
@@ -60,9 +60,9 @@ std::unique_ptr<Device> open_eval_device(const EvalOptions& o, const models::Mod
   const std::uint64_t activation_bytes = decoder.activation_bytes(batch_windows, o.seq_len, false);
   dev_opts.capacity_bytes = 2 * param_bytes + activation_bytes + (64u << 20);
   dev_opts.capacity_knob = "strata eval --batch-size and --seq-len";
-  const DeviceChoice choice = parse_device_flag(o.device);
+  const DeviceChoice choice = train::parse_device_flag(o.device);
   const std::uint64_t host_bytes = physical_memory_bytes();
-  const DeviceKind kind = resolve_device_kind(choice, {"strata eval", "--device"});  // open_compute_device's
+  const DeviceKind kind = train::resolve_device_kind(choice, {"strata eval", "--device"});  // train::open_compute_device's
   if (kind == DeviceKind::Sim && host_bytes > 0 && dev_opts.capacity_bytes > host_bytes) {
     // Every byte of one batch's activations is written, so a device larger than the machine's
     // memory would fail mid-run; say which flag to lower instead.
@@ -74,7 +74,7 @@ std::unique_ptr<Device> open_eval_device(const EvalOptions& o, const models::Mod
                                   o.batch_size, o.seq_len, format_bytes(dev_opts.capacity_bytes), config.name,
                                   format_bytes(activation_bytes), format_bytes(host_bytes), fit));
   }
-  auto device = open_compute_device(choice, 0, dev_opts, {"strata eval", "--device"});
+  auto device = train::open_compute_device(choice, 0, dev_opts, {"strata eval", "--device"});
   if (device->kind() == DeviceKind::Cuda && dev_opts.capacity_bytes > device->capacity_bytes()) {
     throw ConfigError(fmt::format("--batch-size {} with --seq-len {} needs {} of device memory for model '{}' ({} of "
                                   "activations), more than the {} free on {}; lower --batch-size",
@@ -112,7 +112,7 @@ void print_eval(const EvalOptions& o, const models::ModelConfig& config, models:
 int run_eval(EvalOptions o) {
   using namespace strata::models;
   // A Hugging Face model folder gives the model and, unless --weights says otherwise, the weights.
-  const ModelSource source = resolve_model_source(o.model, o.weights, "strata eval");
+  const train::ModelSource source = train::resolve_model_source(o.model, o.weights, "strata eval");
   const ModelConfig& config = source.config;
   o.weights = source.weights;
   if (o.seq_len == 0) o.seq_len = std::min<std::int64_t>(256, config.max_seq_len);
@@ -122,7 +122,7 @@ int run_eval(EvalOptions o) {
   if (o.batch_size < 1) throw ConfigError("--batch-size must be at least 1");
   if (o.batches < 0) throw ConfigError("--batches must be positive (or 0 for all windows)");
   const TokenFile data = TokenFile::open(o.data, o.flat_u32 ? FlatTokenWidth::U32 : FlatTokenWidth::U16);
-  check_data_tokenizer(data, o.data, source.folder);
+  train::check_data_tokenizer(data, o.data, source.folder);
   data.check_vocab(config.vocab_size);
   const ConsecutiveWindows windows(data, o.seq_len);
   if (windows.count() == 0) {
@@ -136,7 +136,7 @@ int run_eval(EvalOptions o) {
 
   Decoder decoder(config, {});
   auto device = open_eval_device(o, config, decoder, batch_windows);
-  ComputeStream cs(*device, "compute");
+  train::ComputeStream cs(*device, "compute");
   ResidentParamProvider params(decoder.param_groups(), device.get());
   const WeightNaming naming = load_weights(o.weights, config, params, &cs.stream());
   const DecoderRuntime rt{cs.context(), device.get()};
@@ -162,10 +162,10 @@ int run_eval(EvalOptions o) {
 
 }  // namespace
 
-void register_eval(CLI::App& app, CommandTable& table) {
+void register_eval(CLI::App& app, bench::CommandTable& table) {
   auto opts = std::make_shared<EvalOptions>();
   auto* cmd = app.add_subcommand("eval", "mean cross-entropy of weights on token data (consecutive windows)");
-  add_model_flags(*cmd, opts->model, opts->weights);
+  train::add_model_flags(*cmd, opts->model, opts->weights);
   cmd->add_option("--data", opts->data, "token file (Strata, llm.c or flat uint16)")->required();
   cmd->add_option("--batches", opts->batches, "batches of --batch-size windows to evaluate (default: all)");
   cmd->add_option("--seq-len", opts->seq_len, "tokens per window (default: 256, or the model's max_seq_len if shorter)");
@@ -176,4 +176,4 @@ void register_eval(CLI::App& app, CommandTable& table) {
   table[cmd] = [opts]() { return run_eval(*opts); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::cli

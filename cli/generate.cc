@@ -35,7 +35,7 @@
 #include "train/compute_device.h"
 #include "train/model_source.h"
 
-namespace strata::tools {
+namespace strata::cli {
 
 namespace {
 
@@ -138,7 +138,7 @@ void check_flags(const GenerateFlags& f) {
 // The prompt as ids: --prompt through the folder's tokenizer, or --prompt-ids; each id checked
 // against the model's vocabulary.
 std::vector<std::int32_t> prompt_ids(const GenerateFlags& f, const models::ModelConfig& config,
-                                     const ModelSource& source, const models::Tokenizer* tokenizer) {
+                                     const train::ModelSource& source, const models::Tokenizer* tokenizer) {
   std::vector<std::int32_t> prompt;
   if (f.has_prompt) {
     if (!tokenizer) {
@@ -163,7 +163,7 @@ std::vector<std::int32_t> prompt_ids(const GenerateFlags& f, const models::Model
   return prompt;
 }
 
-void print_generated(const GenerateFlags& f, const models::ModelConfig& config, const ModelSource& source,
+void print_generated(const GenerateFlags& f, const models::ModelConfig& config, const train::ModelSource& source,
                      const Device& device, const std::vector<std::int32_t>& prompt,
                      const models::GenerateResult& r, const models::Tokenizer* tokenizer) {
   const auto prompt_len = static_cast<std::int64_t>(prompt.size());
@@ -201,7 +201,7 @@ void print_generated(const GenerateFlags& f, const models::ModelConfig& config, 
 int run_generate(const GenerateFlags& f) {
   using namespace strata::models;
   check_flags(f);
-  const ModelSource source = resolve_model_source(f.model, f.weights, "strata generate");
+  const train::ModelSource source = train::resolve_model_source(f.model, f.weights, "strata generate");
   const ModelConfig& config = source.config;
   // source.notes are about training (dropout not applied) or already in config.max_seq_len (a
   // sliding window that caps it): nothing generate needs to say.
@@ -226,14 +226,14 @@ int run_generate(const GenerateFlags& f) {
   SimDeviceOptions dev_opts;
   dev_opts.capacity_bytes = 2 * param_bytes + KvDecoder::device_bytes(config, capacity) + (64u << 20);
   dev_opts.capacity_knob = "strata generate --max-tokens and the prompt's length";
-  auto device = open_compute_device(parse_device_flag(f.device), 0, dev_opts, {"strata generate", "--device"});
+  auto device = train::open_compute_device(train::parse_device_flag(f.device), 0, dev_opts, {"strata generate", "--device"});
   if (device->kind() == DeviceKind::Cuda && dev_opts.capacity_bytes > device->capacity_bytes()) {
     throw ConfigError(fmt::format("model '{}' with a KV cache of {} positions needs {} of device memory, more than the "
                                   "{} free on {}; lower --max-tokens or use --device sim",
                                   config.name, capacity, format_bytes(dev_opts.capacity_bytes),
                                   format_bytes(device->capacity_bytes()), device->name()));
   }
-  ComputeStream cs(*device, "compute");
+  train::ComputeStream cs(*device, "compute");
   ResidentParamProvider params(groups, device.get());
   load_weights(source.weights, config, params, &cs.stream());
   KvDecoder decoder(config, DecoderRuntime{cs.context(), device.get()}, capacity);
@@ -250,10 +250,10 @@ int run_generate(const GenerateFlags& f) {
 
 }  // namespace
 
-void register_generate(CLI::App& app, CommandTable& table) {
+void register_generate(CLI::App& app, bench::CommandTable& table) {
   auto f = std::make_shared<GenerateFlags>();
   auto* cmd = app.add_subcommand("generate", "text or token ids after a prompt, over a KV cache (greedy by default)");
-  add_model_flags(*cmd, f->model, f->weights);
+  train::add_model_flags(*cmd, f->model, f->weights);
   auto* prompt = cmd->add_option("--prompt", f->prompt, "prompt text (needs a model folder with a tokenizer; no BOS added)");
   cmd->add_option("--prompt-ids", f->prompt_ids, "prompt as comma-separated token ids, e.g. 15496,11,995");
   cmd->add_option("--max-tokens", f->max_tokens, "most new tokens (default 32)");
@@ -269,4 +269,4 @@ void register_generate(CLI::App& app, CommandTable& table) {
   };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::cli

@@ -16,13 +16,13 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off");
 
-  strata::tools::CommandTable commands;
-  strata::tools::register_commands(app, commands);
+  strata::bench::CommandTable commands;
+  strata::cli::register_commands(app, commands);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return strata::tools::report_parse_error(app, e, argc, argv);
+    return strata::cli::report_parse_error(app, e, argc, argv);
   }
-  return strata::tools::run_selected(app, commands, log_level);
+  return strata::cli::run_selected(app, commands, log_level);
 }

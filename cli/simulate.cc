@@ -26,7 +26,7 @@
 #include "sim/step_sim.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::cli {
 
 namespace {
 
@@ -42,7 +42,7 @@ struct SimulateOptions {
 
 // A machine file's capacities for the tier planner: one node holding every GPU; NVMe free space is
 // not in machine files, so it is not checked.
-void print_text(const SimResult& r, const StepWorkload& w, const SimMachine& m, const SsdWear& wear) {
+void print_text(const sim::SimResult& r, const sim::StepWorkload& w, const sim::SimMachine& m, const SsdWear& wear) {
   const int gpus = w.plan.topo.world_size * w.tensor_ranks;
   const std::string tensor =
       w.tensor_ranks > 1 ? fmt::format(" = data {} x tensor {}", w.plan.topo.world_size, w.tensor_ranks) : std::string();
@@ -52,12 +52,12 @@ void print_text(const SimResult& r, const StepWorkload& w, const SimMachine& m, 
   std::printf("compute: peak %.4g TFLOP/s, efficiency %.3f (blocks) / %.3f (head, embedding); wake-up %.1f us\n",
               m.spec.gpus.bf16_tflops, m.block_efficiency, m.head_efficiency, m.wake_seconds * 1e6);
   std::printf("%-14s %12s %8s\n", "queue", "busy s", "of step");
-  for (std::size_t q = 0; q < kSimQueues; ++q) {
-    std::printf("%-14s %12.6f %7.1f%%\n", sim_queue_name(static_cast<SimQueue>(q)), r.busy_seconds[q],
+  for (std::size_t q = 0; q < sim::kSimQueues; ++q) {
+    std::printf("%-14s %12.6f %7.1f%%\n", sim::sim_queue_name(static_cast<sim::SimQueue>(q)), r.busy_seconds[q],
                 r.step_seconds > 0 ? 100 * r.busy_seconds[q] / r.step_seconds : 0);
   }
   std::printf("predicted step %.6f s, %.1f tokens/s; slowest queue %s: lower bound %.6f s (step / bound = %.2f)\n",
-              r.step_seconds, r.tokens_per_second, sim_queue_name(r.slowest), r.lower_bound_seconds,
+              r.step_seconds, r.tokens_per_second, sim::sim_queue_name(r.slowest), r.lower_bound_seconds,
               r.lower_bound_seconds > 0 ? r.step_seconds / r.lower_bound_seconds : 0);
   if (r.nvme_read_bytes + r.nvme_written_bytes > 0) {
     const auto all = static_cast<std::uint64_t>(gpus);
@@ -69,7 +69,7 @@ void print_text(const SimResult& r, const StepWorkload& w, const SimMachine& m, 
   }
 }
 
-nlohmann::json to_json(const SimResult& r, const StepWorkload& w, const SimMachine& m, const SsdWear& wear) {
+nlohmann::json to_json(const sim::SimResult& r, const sim::StepWorkload& w, const sim::SimMachine& m, const SsdWear& wear) {
   const auto ranks = static_cast<std::uint64_t>(w.plan.topo.world_size * w.tensor_ranks);
   nlohmann::json j = {{"config", w.source},
                       {"machine", machine_to_json(m.spec)},
@@ -82,7 +82,7 @@ nlohmann::json to_json(const SimResult& r, const StepWorkload& w, const SimMachi
                       {"tokens_per_step", w.tokens_per_step},
                       {"step_seconds", r.step_seconds},
                       {"tokens_per_second", r.tokens_per_second},
-                      {"slowest_queue", sim_queue_name(r.slowest)},
+                      {"slowest_queue", sim::sim_queue_name(r.slowest)},
                       {"lower_bound_seconds", r.lower_bound_seconds},
                       // NVMe per step: all ranks (as `strata train`'s summary), and the simulated rank's
                       {"nvme_read_bytes_per_step", r.nvme_read_bytes * ranks},
@@ -90,16 +90,16 @@ nlohmann::json to_json(const SimResult& r, const StepWorkload& w, const SimMachi
                       {"nvme_written_bytes_per_step_per_rank", r.nvme_written_bytes},
                       {"nvme_tb_written_per_day", wear.tb_per_day},
                       {"days_to_rated_endurance", wear.days_to_rated}};
-  for (std::size_t q = 0; q < kSimQueues; ++q) j["queue_seconds"][sim_queue_name(static_cast<SimQueue>(q))] = r.busy_seconds[q];
+  for (std::size_t q = 0; q < sim::kSimQueues; ++q) j["queue_seconds"][sim::sim_queue_name(static_cast<sim::SimQueue>(q))] = r.busy_seconds[q];
   return j;
 }
 
 // The node's NVMe wear: every rank of a stage writes alike, the drives take every stage's ranks.
-SsdWear pipeline_wear(const PipelineSimResult& r, const std::vector<StepWorkload>& stages, const SimMachine& m,
+SsdWear pipeline_wear(const sim::PipelineSimResult& r, const std::vector<sim::StepWorkload>& stages, const sim::SimMachine& m,
                       std::uint64_t* written_per_step, std::uint64_t* read_per_step) {
   const auto ranks = static_cast<std::uint64_t>(stages.front().plan.topo.world_size * stages.front().tensor_ranks);
   *written_per_step = *read_per_step = 0;
-  for (const StageSimResult& s : r.stages) {
+  for (const sim::StageSimResult& s : r.stages) {
     *written_per_step += s.sim.nvme_written_bytes * ranks;
     *read_per_step += s.sim.nvme_read_bytes * ranks;
   }
@@ -107,9 +107,9 @@ SsdWear pipeline_wear(const PipelineSimResult& r, const std::vector<StepWorkload
                   m.spec.drives.endurance_tbw);
 }
 
-void print_pipeline_text(const PipelineSimResult& r, const std::vector<StepWorkload>& stages, const SimMachine& m) {
-  const StepWorkload& w = stages.front();
-  const StageWork& S = w.stage;
+void print_pipeline_text(const sim::PipelineSimResult& r, const std::vector<sim::StepWorkload>& stages, const sim::SimMachine& m) {
+  const sim::StepWorkload& w = stages.front();
+  const sim::StageWork& S = w.stage;
   const int gpus = w.plan.topo.world_size * w.tensor_ranks * S.stages;
   std::printf("config %s on %s (%d GPUs = data %d x tensor %d x pipeline %d): %.2fM parameters, %lld tokens per step\n",
               w.source.c_str(), m.spec.name.c_str(), gpus, w.plan.topo.world_size, w.tensor_ranks, S.stages,
@@ -124,12 +124,12 @@ void print_pipeline_text(const PipelineSimResult& r, const std::vector<StepWorkl
   std::printf("%-6s %-8s %10s %12s %8s %9s %12s %-12s\n", "stage", "blocks", "params", "busy s", "bubble", "in flight",
               "sent/step", "slowest");
   for (std::size_t p = 0; p < r.stages.size(); ++p) {
-    const StageSimResult& s = r.stages[p];
-    const StageWork& sp = stages[p].stage;
+    const sim::StageSimResult& s = r.stages[p];
+    const sim::StageWork& sp = stages[p].stage;
     std::printf("%-6zu %-8s %9.2fM %12.6f %7.1f%% %9d %12s %-12s\n", p,
                 fmt::format("{}-{}", sp.first_layer, sp.end_layer - 1).c_str(),
                 static_cast<double>(sp.parameters) / 1e6, s.busy_seconds, 100 * s.bubble_fraction, s.peak_in_flight,
-                format_bytes(s.sent_bytes).c_str(), sim_queue_name(s.sim.slowest));
+                format_bytes(s.sent_bytes).c_str(), sim::sim_queue_name(s.sim.slowest));
   }
   std::printf("predicted step %.6f s, %.1f tokens/s; pipeline span %.6f s; bubble per stage against the ideal "
               "(P - 1) / (A + P - 1) = %.1f%%; busiest stage %zu\n",
@@ -144,13 +144,13 @@ void print_pipeline_text(const PipelineSimResult& r, const std::vector<StepWorkl
   }
 }
 
-nlohmann::json pipeline_to_json(const PipelineSimResult& r, const std::vector<StepWorkload>& stages,
-                                const SimMachine& m) {
-  const StepWorkload& w = stages.front();
-  const StageWork& S = w.stage;
+nlohmann::json pipeline_to_json(const sim::PipelineSimResult& r, const std::vector<sim::StepWorkload>& stages,
+                                const sim::SimMachine& m) {
+  const sim::StepWorkload& w = stages.front();
+  const sim::StageWork& S = w.stage;
   std::uint64_t written = 0, read = 0;
   const SsdWear wear = pipeline_wear(r, stages, m, &written, &read);
-  const StageSimResult& busiest = r.stages[r.busiest_stage];
+  const sim::StageSimResult& busiest = r.stages[r.busiest_stage];
   nlohmann::json j = {{"config", w.source},
                       {"machine", machine_to_json(m.spec)},
                       {"block_efficiency", m.block_efficiency},
@@ -164,7 +164,7 @@ nlohmann::json pipeline_to_json(const PipelineSimResult& r, const std::vector<St
                       {"step_seconds", r.step_seconds},
                       {"tokens_per_second", r.tokens_per_second},
                       // the busiest stage's
-                      {"slowest_queue", sim_queue_name(busiest.sim.slowest)},
+                      {"slowest_queue", sim::sim_queue_name(busiest.sim.slowest)},
                       {"lower_bound_seconds", busiest.sim.lower_bound_seconds},
                       {"nvme_read_bytes_per_step", read},
                       {"nvme_written_bytes_per_step", written},
@@ -172,8 +172,8 @@ nlohmann::json pipeline_to_json(const PipelineSimResult& r, const std::vector<St
                       {"days_to_rated_endurance", wear.days_to_rated}};
   nlohmann::json per_stage = nlohmann::json::array();
   for (std::size_t p = 0; p < r.stages.size(); ++p) {
-    const StageSimResult& s = r.stages[p];
-    const StageWork& sp = stages[p].stage;
+    const sim::StageSimResult& s = r.stages[p];
+    const sim::StageWork& sp = stages[p].stage;
     nlohmann::json e = {{"first_layer", sp.first_layer},
                         {"end_layer", sp.end_layer},
                         {"parameters", sp.parameters},
@@ -183,15 +183,15 @@ nlohmann::json pipeline_to_json(const PipelineSimResult& r, const std::vector<St
                         {"peak_in_flight", s.peak_in_flight},
                         {"sent_bytes_per_step", s.sent_bytes},
                         {"received_bytes_per_step", s.received_bytes},
-                        {"slowest_queue", sim_queue_name(s.sim.slowest)},
+                        {"slowest_queue", sim::sim_queue_name(s.sim.slowest)},
                         {"nvme_written_bytes_per_step_per_rank", s.sim.nvme_written_bytes}};
-    for (std::size_t q = 0; q < kSimQueues; ++q) {
-      e["queue_seconds"][sim_queue_name(static_cast<SimQueue>(q))] = s.sim.busy_seconds[q];
+    for (std::size_t q = 0; q < sim::kSimQueues; ++q) {
+      e["queue_seconds"][sim::sim_queue_name(static_cast<sim::SimQueue>(q))] = s.sim.busy_seconds[q];
     }
     per_stage.push_back(std::move(e));
   }
-  for (std::size_t q = 0; q < kSimQueues; ++q) {
-    j["queue_seconds"][sim_queue_name(static_cast<SimQueue>(q))] = busiest.sim.busy_seconds[q];
+  for (std::size_t q = 0; q < sim::kSimQueues; ++q) {
+    j["queue_seconds"][sim::sim_queue_name(static_cast<sim::SimQueue>(q))] = busiest.sim.busy_seconds[q];
   }
   j["pipeline"] = {{"stages", S.stages},
                    {"schedule", models::pipeline_schedule_name(S.schedule)},
@@ -210,23 +210,23 @@ int run_simulate(const SimulateOptions& o) {
   if (o.efficiency < 0 || o.efficiency > 1) {
     throw ConfigError(fmt::format("strata simulate: --efficiency {} must be in (0, 1]", o.efficiency));
   }
-  check_output_path(o.trace, "--trace", OutputWrite::InPlace);
-  check_output_not_input(o.trace, "--trace", {o.config, o.machine == "measure" ? "" : o.machine}, {});
-  const TrainConfig cfg = load_train_config_or_demo(o.config, o.overrides);
+  train::check_output_path(o.trace, "--trace", train::OutputWrite::InPlace);
+  train::check_output_not_input(o.trace, "--trace", {o.config, o.machine == "measure" ? "" : o.machine}, {});
+  const TrainConfig cfg = train::load_train_config_or_demo(o.config, o.overrides);
   const bool measure = o.machine == "measure";
-  SimMachine machine;
+  sim::SimMachine machine;
   if (!measure) {
     machine.spec = load_machine(o.machine);
     if (o.efficiency > 0) machine.block_efficiency = machine.head_efficiency = o.efficiency;
   }
   // The plan `strata train` would make there (Note [One plan for estimate and train]): "auto"
   // placement resolved, and a config that does not fit refused with the trainer's own message.
-  EstimateInputs in;
+  sim::EstimateInputs in;
   in.config = cfg;
   if (!measure) in.machine = machine.spec;
   in.world_size = o.world;
-  resolve_planned_batch_sizes(in);
-  const Estimate planned = estimate_run(in);
+  sim::resolve_planned_batch_sizes(in);
+  const sim::Estimate planned = estimate_run(in);
   if (planned.pipeline_stages > 1 && measure) {
     throw ConfigError(fmt::format("{}: strata.parallel.pipeline = {} with --machine measure: the stages' ranks would "
                                   "share this host's cores, which the simulator does not model; describe the sim "
@@ -238,20 +238,20 @@ int run_simulate(const SimulateOptions& o) {
   if (planned.pipeline_stages > 1) {
     // Every stage's plan (Note [Pipelined step simulation]); "auto" placement as resolved for the
     // first stage, the rank estimate plans first.
-    const std::vector<StepWorkload> stages =
-        make_stage_workloads(planned.resolved, planned.world_size, planned.device_bytes);
-    const PipelineSimResult r = simulate_pipelined_step(stages, machine);
+    const std::vector<sim::StepWorkload> stages =
+        sim::make_stage_workloads(planned.resolved, planned.world_size, planned.device_bytes);
+    const sim::PipelineSimResult r = simulate_pipelined_step(stages, machine);
     if (o.json) {
       std::printf("%s\n", pipeline_to_json(r, stages, machine).dump().c_str());
     } else {
       print_pipeline_text(r, stages, machine);
     }
-    if (!o.trace.empty()) write_stage_trace(r, o.trace);
+    if (!o.trace.empty()) sim::write_stage_trace(r, o.trace);
     return 0;
   }
-  const StepWorkload workload = make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
-  if (measure) machine = measure_sim_machine(cfg, workload);
-  const SimResult r = simulate_step(workload, machine);
+  const sim::StepWorkload workload = sim::make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
+  if (measure) machine = sim::measure_sim_machine(cfg, workload);
+  const sim::SimResult r = simulate_step(workload, machine);
   // The simulated rank is one of the node's; every rank writes alike, and the drives take them all.
   const double ranks = static_cast<double>(workload.plan.topo.world_size) * workload.tensor_ranks;
   const SsdWear wear = ssd_wear(static_cast<double>(r.nvme_written_bytes) * ranks, r.step_seconds,
@@ -261,27 +261,27 @@ int run_simulate(const SimulateOptions& o) {
   } else {
     print_text(r, workload, machine, wear);
   }
-  if (!o.trace.empty()) write_sim_trace(r.ops, o.trace);
+  if (!o.trace.empty()) sim::write_sim_trace(r.ops, o.trace);
   return 0;
 }
 
 }  // namespace
 
-void register_simulate(CLI::App& app, CommandTable& table) {
+void register_simulate(CLI::App& app, bench::CommandTable& table) {
   auto o = std::make_shared<SimulateOptions>();
   auto* cmd = app.add_subcommand("simulate", "predict one training step of a config on a machine (Note [Step simulator])");
   cmd->add_option("--config", o->config, "training config (default: configs/demo.json, built into the command)")
-      ->check(non_empty_path());
+      ->check(bench::non_empty_path());
   cmd->add_option("--set", o->overrides, "override a config key (repeatable)");
   cmd->add_option("--machine", o->machine, "machine file (plan/machine.h), or 'measure': this host as the sim device")
-      ->check(non_empty_path());
+      ->check(bench::non_empty_path());
   cmd->add_option("--world", o->world, "ranks (GPUs) on the node (default: the machine's GPU count, or 1)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--efficiency", o->efficiency, "achieved fraction of the GPUs' peak on the model's ops (default 0.5)");
   cmd->add_flag("--json", o->json, "one JSON object");
   cmd->add_option("--trace", o->trace, "write the simulated timeline as Chrome trace JSON (as strata.trace)")
-      ->check(non_empty_path());
+      ->check(bench::non_empty_path());
   table[cmd] = [o]() -> int { return run_simulate(*o); };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::cli

@@ -12,7 +12,7 @@
 #include "offload/file.h"
 #include "offload/io_engine.h"
 
-namespace strata::tools {
+namespace strata {
 
 DiskPassSeconds time_disk_passes(const TrainConfig& cfg, const std::string& dir, std::uint64_t read_bytes,
                                  std::uint64_t write_bytes) {
@@ -52,4 +52,4 @@ DiskPassSeconds time_disk_passes(const TrainConfig& cfg, const std::string& dir,
   return out;
 }
 
-}  // namespace strata::tools
+}  // namespace strata

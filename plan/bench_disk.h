@@ -8,7 +8,7 @@
 
 #include "config/config.h"
 
-namespace strata::tools {
+namespace strata {
 
 struct DiskPassSeconds {
   double write = 0;
@@ -21,4 +21,4 @@ struct DiskPassSeconds {
 DiskPassSeconds time_disk_passes(const TrainConfig& cfg, const std::string& dir, std::uint64_t read_bytes,
                                  std::uint64_t write_bytes);
 
-}  // namespace strata::tools
+}  // namespace strata

@@ -19,7 +19,7 @@
 #include "plan/bench_disk.h"
 #include "plan/yardsticks.h"
 
-namespace strata::tools {
+namespace strata {
 namespace {
 
 // Sizes that keep the whole measurement to a few seconds while running well outside the caches:
@@ -134,4 +134,4 @@ MachineSpec measure_machine(const MeasureOptions& options, const Topology& topo)
   return parse_machine(machine_to_json(m), "strata doctor --measure");
 }
 
-}  // namespace strata::tools
+}  // namespace strata

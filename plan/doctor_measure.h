@@ -11,7 +11,7 @@
 #include "core/topology.h"
 #include "plan/machine.h"
 
-namespace strata::tools {
+namespace strata {
 
 struct MeasureOptions {
   std::string dir;                        // the drive measured: a directory on it (doctor's --dir)
@@ -23,4 +23,4 @@ struct MeasureOptions {
 // at memory speed, as without strata.device.h2d_gbps). The result passes parse_machine.
 MachineSpec measure_machine(const MeasureOptions& options, const Topology& topo);
 
-}  // namespace strata::tools
+}  // namespace strata

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace strata::tools {
+namespace strata {
 
 struct AdamRates {
   double adam_params_per_s = 0;  // AdamW on all cores, fp32 gradients
@@ -22,4 +22,4 @@ AdamRates measure_adam_rates(std::size_t params, int reps);
 // for at least `min_seconds` and 3 repetitions after a warm-up.
 double measure_sgemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, double min_seconds);
 
-}  // namespace strata::tools
+}  // namespace strata

@@ -20,7 +20,7 @@
 #include "models/tiling_plan.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::sim {
 
 namespace {
 
@@ -43,7 +43,7 @@ Target target_of(const EstimateInputs& in);
 // target_of and the layout check of strata.parallel, as train does it.
 Target checked_target(const EstimateInputs& in, const models::ModelConfig& model) {
   Target t = target_of(in);
-  const ParallelLayout layout = check_parallel_layout(in.config, model, t.world);
+  const ParallelLayout layout = train::check_parallel_layout(in.config, model, t.world);
   t.tensor = layout.tensor();
   t.pipeline = layout.pipeline();
   t.slices = in.config.strata.parallel.slices();
@@ -266,14 +266,14 @@ void resolve_planned_batch_sizes(EstimateInputs& in) {
 
 Estimate estimate_run(const EstimateInputs& in) {
   bool checkpointing = false;
-  const models::ModelConfig model = training_model_config(in.config, &checkpointing);
+  const models::ModelConfig model = train::training_model_config(in.config, &checkpointing);
   const Target t = checked_target(in, model);
   return estimate_model(in, t, model, checkpointing);
 }
 
 LargestFit largest_fitting_depth(const EstimateInputs& in, std::int64_t max_layers) {
   bool checkpointing = false;
-  models::ModelConfig model = training_model_config(in.config, &checkpointing);
+  models::ModelConfig model = train::training_model_config(in.config, &checkpointing);
   const Target t = checked_target(in, model);
   const auto fits = [&](std::int64_t layers) {
     model.n_layers = layers;
@@ -381,4 +381,4 @@ nlohmann::json estimate_to_json(const Estimate& e, const LargestFit& largest) {
   };
 }
 
-}  // namespace strata::tools
+}  // namespace strata::sim

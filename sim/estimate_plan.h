@@ -22,7 +22,7 @@
 #include "plan/machine.h"
 #include "plan/tier_plan.h"
 
-namespace strata::tools {
+namespace strata::sim {
 
 struct EstimateInputs {
   TrainConfig config;
@@ -81,4 +81,4 @@ LargestFit largest_fitting_depth(const EstimateInputs& in, std::int64_t max_laye
 std::string describe_estimate(const Estimate& e, const LargestFit& largest);
 nlohmann::json estimate_to_json(const Estimate& e, const LargestFit& largest);
 
-}  // namespace strata::tools
+}  // namespace strata::sim

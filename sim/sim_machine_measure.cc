@@ -20,7 +20,7 @@
 #include "train/trainer.h"
 #include "plan/yardsticks.h"
 
-namespace strata::tools {
+namespace strata::sim {
 namespace {
 
 // The fastest of `reps` timed calls of `fn` after one untimed call: on a shared machine the least
@@ -122,7 +122,7 @@ double sim_wake_seconds() {
 
 SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workload) {
   bool checkpointing = false;
-  const models::ModelConfig model = training_model_config(cfg, &checkpointing);
+  const models::ModelConfig model = train::training_model_config(cfg, &checkpointing);
   SimMachine m;
   m.device_is_host = true;
   MachineSpec& s = m.spec;
@@ -166,4 +166,4 @@ SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workl
   return m;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::sim

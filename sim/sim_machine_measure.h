@@ -20,9 +20,9 @@
 #include "config/config.h"
 #include "sim/step_sim.h"
 
-namespace strata::tools {
+namespace strata::sim {
 
 // Measures this host for `config`'s sim device (a few seconds). `workload` is the config's.
 SimMachine measure_sim_machine(const TrainConfig& config, const StepWorkload& workload);
 
-}  // namespace strata::tools
+}  // namespace strata::sim

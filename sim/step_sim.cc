@@ -13,7 +13,7 @@
 #include "engine/engine_context.h"
 #include "sim/step_sim_engine.h"
 
-namespace strata::tools {
+namespace strata::sim {
 namespace detail {
 
 Rates rates_of(const SimMachine& m, int ranks) {
@@ -413,4 +413,4 @@ SimResult simulate_step(const StepWorkload& workload, const SimMachine& machine)
   return detail::step_result(timeline, from, to, workload.tokens_per_step);
 }
 
-}  // namespace strata::tools
+}  // namespace strata::sim

@@ -76,7 +76,7 @@
 #include "models/pipeline.h"
 #include "sim/step_sim_timeline.h"
 
-namespace strata::tools {
+namespace strata::sim {
 
 // How fast the device runs the model, beyond the machine file's peak rate (Note [Step simulator]).
 struct SimMachine {
@@ -227,4 +227,4 @@ PipelineSimResult simulate_pipelined_step(std::span<const StepWorkload> stages, 
 // The simulated timeline as Chrome trace JSON, one process per stage. Throws IoError.
 void write_stage_trace(const PipelineSimResult& result, const std::string& path);
 
-}  // namespace strata::tools
+}  // namespace strata::sim

@@ -13,7 +13,7 @@
 #include "sim/step_sim.h"
 #include "sim/step_sim_timeline.h"
 
-namespace strata::tools::detail {
+namespace strata::sim::detail {
 
 inline constexpr double kGiga = 1e9;
 
@@ -139,4 +139,4 @@ class EngineSim {
   std::deque<double> in_flight_;
 };
 
-}  // namespace strata::tools::detail
+}  // namespace strata::sim::detail

@@ -58,7 +58,7 @@
 #include "sim/step_sim.h"
 #include "sim/step_sim_engine.h"
 
-namespace strata::tools {
+namespace strata::sim {
 namespace {
 
 using detail::EngineSim;
@@ -433,9 +433,9 @@ void write_stage_trace(const PipelineSimResult& result, const std::string& path)
       events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", p}, {"tid", t}, {"args", {{"name", name}}}});
     }
   }
-  OutputFile out(path, "--trace", OutputFile::Mode::Truncate);
+  train::OutputFile out(path, "--trace", train::OutputFile::Mode::Truncate);
   out.write(nlohmann::json{{"traceEvents", events}}.dump() + "\n");
   out.close();
 }
 
-}  // namespace strata::tools
+}  // namespace strata::sim

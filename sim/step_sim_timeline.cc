@@ -7,7 +7,7 @@
 #include "core/device/traced_device.h"
 #include "core/error.h"
 
-namespace strata::tools {
+namespace strata::sim {
 
 const char* sim_queue_name(SimQueue queue) {
   switch (queue) {
@@ -165,4 +165,4 @@ void write_sim_trace(const std::vector<SimOp>& ops, const std::string& path) {
   recorder.write_chrome_trace(path);
 }
 
-}  // namespace strata::tools
+}  // namespace strata::sim

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace strata::tools {
+namespace strata::sim {
 
 // The hardware a step's work waits for.
 enum class SimQueue : std::uint8_t {
@@ -123,4 +123,4 @@ void write_sim_trace(const std::vector<SimOp>& ops, const std::string& path);
 // bytes / rate, with an infinite rate taking no time (what the tests use for "infinitely fast").
 double transfer_seconds(double bytes, double bytes_per_s);
 
-}  // namespace strata::tools
+}  // namespace strata::sim

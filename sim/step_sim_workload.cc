@@ -17,7 +17,7 @@
 #include "sim/step_sim.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::sim {
 namespace {
 
 // Elements of the group's matrices (2-D tensors): what a token's matmuls multiply by.
@@ -271,7 +271,7 @@ StepWorkload make_step_workload(const TrainConfig& config, int world_size, std::
                "make_step_workload of {} pipeline stages: make_stage_workloads plans each stage",
                config.strata.parallel.pipeline);
   bool checkpointing = false;
-  const models::ModelConfig model = training_model_config(config, &checkpointing);
+  const models::ModelConfig model = train::training_model_config(config, &checkpointing);
   // Tensor parallelism: the last tensor rank (the most vocabulary rows), sharded over the data ranks.
   const int T = config.strata.parallel.tensor, data_world = world_size / T;
   const models::TensorParallel tp{T, T - 1, config.strata.parallel.slices(), nullptr, config.strata.parallel.sequence,
@@ -301,7 +301,7 @@ std::vector<StepWorkload> make_stage_workloads(const TrainConfig& config, int wo
   const ParallelConfig& par = config.strata.parallel;
   if (par.pipeline == 1) return {make_step_workload(config, world_size, device_bytes)};
   bool checkpointing = false;
-  const models::ModelConfig model = training_model_config(config, &checkpointing);
+  const models::ModelConfig model = train::training_model_config(config, &checkpointing);
   // As the trainer splits the world (plan/parallel_layout.h) and its stages (models/pipeline.h).
   const int T = par.tensor, P = par.pipeline;
   STRATA_CHECK(world_size % (T * P) == 0, "a world of {} ranks for tensor {} x pipeline {}", world_size, T, P);
@@ -358,4 +358,4 @@ std::vector<StepWorkload> make_stage_workloads(const TrainConfig& config, int wo
   return out;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::sim

@@ -12,7 +12,7 @@
 #include "models/decoder_params.h"
 #include "models/tiling.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 CheckpointTensors::CheckpointTensors(const CheckpointManifest& m, const models::ModelConfig& model) {
   for (const ParamGroupSpec& g : models::decoder_param_groups(model)) {
@@ -143,4 +143,4 @@ void TensorReslicer::operator()(CheckpointReader& reader, std::size_t group, int
   }
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

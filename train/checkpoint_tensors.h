@@ -14,7 +14,7 @@
 #include "models/model_config.h"
 #include "models/tensor_parallel.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 class CheckpointTensors {
  public:
@@ -67,4 +67,4 @@ class TensorReslicer {
   std::vector<std::vector<float>> flats_;
 };
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -15,7 +15,7 @@
 #include "engine/zero_engine.h"
 #include "models/kernels/cuda_kernels.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 // The first of the launcher's variables that holds a whole number in [0, 2^20), else `fallback`.
@@ -207,4 +207,4 @@ ComputeStream::~ComputeStream() {
   }
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -14,7 +14,7 @@
 #include "config/config.h"
 #include "models/kernels/ops.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 // A command's --device flag: "sim", "cuda" or "auto"; anything else is a ConfigError naming it.
 DeviceChoice parse_device_flag(const std::string& value);
@@ -85,4 +85,4 @@ class ComputeStream {
   models::KernelContext ctx_;
 };
 
-}  // namespace strata::tools
+}  // namespace strata::train

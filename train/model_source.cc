@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "models/hf_config.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 ModelSource resolve_model_source(const std::string& model, const std::string& weights, const std::string& command) {
   ModelSource out;
@@ -53,4 +53,4 @@ void check_data_tokenizer(const models::TokenFile& data, const std::string& data
   }
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

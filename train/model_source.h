@@ -12,7 +12,7 @@
 #include "models/model_config.h"
 #include "models/token_data.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 struct ModelSource {
   models::ModelConfig config;
@@ -33,4 +33,4 @@ ModelSource resolve_model_source(const std::string& model, const std::string& we
 // without a folder.
 void check_data_tokenizer(const models::TokenFile& data, const std::string& data_path, const std::string& folder);
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "checkpoint/checkpoint.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace fs = std::filesystem;
 
 fs::path canonical_path(const std::string& p) {
@@ -187,4 +187,4 @@ void OutputFile::close() {
   }
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

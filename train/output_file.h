@@ -14,7 +14,7 @@
 
 #include "core/file_io.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 // How an output reaches its path: a new file renamed over it (weights, exports), or writes into
 // the file at the path (text outputs, which may also be /dev/stdout or a device).
@@ -72,4 +72,4 @@ class OutputFile {
   std::uint64_t written_bytes_ = 0;
 };
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 // Every leaf of `j` by its key path ("strata.data.seq_len"), as JSON text.
@@ -187,4 +187,4 @@ void check_ranks_agree(Communicator& world, const nlohmann::json& identity) {
                                 differing, world.world_size(), world.rank()));
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -33,7 +33,7 @@
 #include "config/config.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 // What must be equal on every rank of the job (see the note).
 nlohmann::json rank_identity(const TrainOptions& options, const TrainConfig& cfg);
@@ -76,4 +76,4 @@ void agreed_startup_step(Communicator& world, Step&& step) {
 // The GNU build id of the running program in hex ("unknown" without one).
 std::string program_build_id();
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -16,7 +16,7 @@
 #include "train/output_file.h"
 #include "train/trainer_data.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace fs = std::filesystem;
 
 namespace {
@@ -180,4 +180,4 @@ void check_run_outputs(const TrainOptions& options, const TrainConfig& cfg, int 
   train_run_paths(options, cfg, world).check();
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -21,7 +21,7 @@
 #include "config/config.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 enum class PathRole : std::uint8_t { Input, Owned, Output };
 enum class PathKind : std::uint8_t { File, Directory };
@@ -58,4 +58,4 @@ RunPaths train_run_paths(const TrainOptions& options, const TrainConfig& cfg, in
 // the run (Note [Run paths]); this rank's outputs only are opened and checked for writability.
 void check_run_outputs(const TrainOptions& options, const TrainConfig& cfg, int rank, int world);
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -16,7 +16,7 @@
 #include "config/lr_schedule.h"
 #include "plan/machine.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 // The targets of step s that count toward the loss, over every micro-batch of every data rank (Note
@@ -238,4 +238,4 @@ void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& 
   summary.tokens_per_second = elapsed > 0 ? static_cast<double>(l.tokens_per_step * steps_run) / elapsed : 0;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -21,7 +21,7 @@
 #include "train/trainer_report.h"
 #include "train/trainer_validation.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 using Clock = std::chrono::steady_clock;
 
@@ -72,4 +72,4 @@ void wear_summary(TrainSummary& summary, const TierPlan& plan, int world, double
 void total_summary(TrainSummary& summary, const StepLoop& l, const LoopSeconds& seconds, const TierPlan& plan,
                    const models::ModelConfig& model, Clock::time_point start, std::int64_t first_step);
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -21,7 +21,7 @@
 #include "config/json_input.h"
 #include "models/token_data.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace fs = std::filesystem;
 
 namespace {
@@ -256,4 +256,4 @@ void check_resumed_data(const nlohmann::json& manifest, const nlohmann::json& da
                                 checkpoint, describe(saved), describe(data)));
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace strata::tools {
+namespace strata::train {
 
 // The fortunes corpus under `fortunes_dir` tokenized by bytes into `cache_dir`/train.tok and
 // val.tok, made when missing or not matching their records; returns the path of train.tok.
@@ -42,4 +42,4 @@ nlohmann::json token_data_identity(const std::string& path);
 void check_resumed_data(const nlohmann::json& manifest, const nlohmann::json& data, bool allow_new_data,
                         const std::string& checkpoint);
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -61,7 +61,7 @@
 #include "train/trainer_report.h"
 #include "train/trainer_validation.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 }  // namespace
@@ -542,4 +542,4 @@ TrainSummary run_training(const TrainOptions& options) {
   return summary;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -19,7 +19,7 @@
 #include "plan/parallel_layout.h"
 #include "models/model_config.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 // The run skipped strata.max_skipped_steps steps in a row (non-finite gradients): it is not
 // training, and stops saying why (exit 1).
@@ -166,4 +166,4 @@ ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::Model
 // Runs the whole job on this rank. Throws strata::Error subclasses for bad input.
 TrainSummary run_training(const TrainOptions& options);
 
-}  // namespace strata::tools
+}  // namespace strata::train

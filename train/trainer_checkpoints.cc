@@ -14,7 +14,7 @@
 #include "train/rank_agreement.h"
 #include "train/token_cache.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 // The signal that asked the run to stop, 0 while none did. A handler may only set a flag; the
@@ -183,4 +183,4 @@ void TrainCheckpoints::save(ZeroEngine& engine, std::int64_t step) {
   if (on_checkpoint) on_checkpoint(r.seconds, r.bytes);
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -16,7 +16,7 @@
 #include "config/config.h"
 #include "engine/zero_engine.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 class TrainCheckpoints {
  public:
@@ -80,4 +80,4 @@ class TrainCheckpoints {
   struct sigaction old_int_ {};
 };
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -13,7 +13,7 @@
 #include "train/run_paths.h"
 #include "train/token_cache.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 namespace {
 
@@ -79,4 +79,4 @@ models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm,
   return data;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -9,7 +9,7 @@
 #include "models/model_config.h"
 #include "models/token_data.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 // Whether strata.data.train is text that Strata tokenizes by bytes (format "text", or "auto" and a
 // .txt name); the fortunes corpus is text too, but by name.
@@ -26,4 +26,4 @@ std::string prepare_training_data(const TrainConfig& cfg, Communicator& comm, co
 // folder with that tokenizer. Collective over `comm`.
 models::TokenFile open_training_data(const TrainConfig& cfg, Communicator& comm, const models::ModelConfig& model);
 
-}  // namespace strata::tools
+}  // namespace strata::train

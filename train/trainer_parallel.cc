@@ -14,7 +14,7 @@
 #include "models/pipeline.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 ParallelLayout check_parallel_layout(const TrainConfig& cfg, const models::ModelConfig& model, int world) {
   const ParallelLayout layout(cfg.strata.parallel, world, cfg.source);
@@ -104,9 +104,9 @@ std::vector<std::vector<float>> gather_tensor_slices(const models::ModelConfig& 
   return whole;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train
 
-namespace strata::tools {
+namespace strata::train {
 
 std::vector<std::vector<float>> gather_pipeline_stages(Communicator& pipe, std::span<const ParamGroupSpec> all_groups,
                                                        std::span<const std::size_t> mine_groups,
@@ -254,4 +254,4 @@ void rank_summary(TrainSummary& summary, Communicator& world, const RankCoords& 
   }
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

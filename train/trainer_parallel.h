@@ -19,7 +19,7 @@
 #include "models/pipeline_runner.h"
 #include "models/tensor_parallel.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 struct TrainSummary;
 
@@ -77,4 +77,4 @@ std::vector<std::vector<float>> gather_pipeline_stages(Communicator& pipe, std::
                                                        std::span<const std::size_t> mine_groups,
                                                        const std::vector<std::vector<float>>& mine, bool keep);
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -19,7 +19,7 @@
 #include "core/file_io.h"
 #include "core/units.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 // A "Field:   N kB" line of /proc/self/status, in bytes (0 when absent).
@@ -408,4 +408,4 @@ void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& 
   }
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

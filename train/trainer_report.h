@@ -18,7 +18,7 @@
 #include "train/trainer.h"
 #include "train/trainer_validation.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 // One step's figures: what the summary, the progress line and the metrics line are made from.
 struct StepFigures {
@@ -99,4 +99,4 @@ void write_summary_json(const std::string& path, const TrainSummary& s);
 std::string describe_wear(const TrainSummary& summary);
 void log_summary(const TrainSummary& summary, ZeroEngine& engine, const Device& device);
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -12,7 +12,7 @@
 #include "engine/zero_engine.h"
 #include "models/decoder.h"
 
-namespace strata::tools {
+namespace strata::train {
 
 std::string validation_path(const TrainConfig& cfg, const std::string& cache_dir) {
   const DataConfig& d = cfg.strata.data;
@@ -104,4 +104,4 @@ ValidationResult ValidationSet::evaluate(ZeroEngine& engine, models::Decoder& de
   return r;
 }
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -32,7 +32,7 @@ class Decoder;
 struct DecoderRuntime;
 }  // namespace strata::models
 
-namespace strata::tools {
+namespace strata::train {
 
 struct ValidationResult {
   double loss = 0;          // mean nats per token
@@ -69,4 +69,4 @@ class ValidationSet {
 // a file) or that the run cannot honour (pipeline parallelism).
 std::string validation_path(const TrainConfig& cfg, const std::string& cache_dir);
 
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -16,7 +16,7 @@
 #include "bench/bench_io_verify.h"
 #include "bench/bench_io_workload.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 TEST(BenchIoStats, PercentilesWithinThreePercentOfExact) {
@@ -167,4 +167,4 @@ TEST(BenchIoFioMemory, AGivenKindIsFiosAndSaysWhetherThePagesMatch) {
 }
 
 }  // namespace
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

@@ -9,7 +9,7 @@
 #include "config/config.h"
 #include "train/compute_device.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 TrainConfig config(const std::string& strata_device, const std::string& zero) {
@@ -99,4 +99,4 @@ TEST_F(ComputeDeviceChoice, TheParallelOptInKeepsCuda) {
 }
 
 }  // namespace
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -23,7 +23,7 @@
 #include "train/run_paths.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 namespace fs = std::filesystem;
@@ -215,4 +215,4 @@ TEST_F(RunPathsTest, NoOutputIsWrittenThroughASymbolicLink) {
 }
 
 }  // namespace
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -18,7 +18,7 @@
 #include "sim/step_sim.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::sim {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -291,4 +291,4 @@ TEST(PipelinedStepSim, TensorRanksInsideStages) {
 }
 
 }  // namespace
-}  // namespace strata::tools
+}  // namespace strata::sim

@@ -16,7 +16,7 @@
 #include "sim/step_sim_timeline.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::sim {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -306,7 +306,7 @@ TEST(StepSim, TensorParallelCollectivesAreMegatronsCount) {
     EXPECT_EQ(w.plan.topo.world_size, 1);  // the data ranks
     EXPECT_EQ(w.tokens_per_step, one.tokens_per_step);
     bool checkpointing = false;
-    const models::ModelConfig model = training_model_config(cfg, &checkpointing);
+    const models::ModelConfig model = train::training_model_config(cfg, &checkpointing);
     const models::TensorParallelTraffic want = models::tensor_parallel_traffic(
         model, models::TensorParallel{T, T - 1, T, nullptr}, cfg.micro_batch_size * cfg.strata.data.seq_len, true,
         checkpointing);
@@ -356,7 +356,7 @@ TEST(StepSim, SequenceParallelCollectivesPairIntoAllReduces) {
                                                 std::uint64_t{64} << 20);
   const StepWorkload w = make_step_workload(cfg, T, std::uint64_t{64} << 20);
   bool checkpointing = false;
-  const models::ModelConfig model = training_model_config(cfg, &checkpointing);
+  const models::ModelConfig model = train::training_model_config(cfg, &checkpointing);
   models::TensorParallel tp{T, T - 1, T, nullptr};
   tp.sequence = true;
   const models::TensorParallelTraffic want =
@@ -383,4 +383,4 @@ TEST(StepSim, SequenceParallelCollectivesPairIntoAllReduces) {
 }
 
 }  // namespace
-}  // namespace strata::tools
+}  // namespace strata::sim

@@ -20,7 +20,7 @@
 #include "train/token_cache.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 namespace fs = std::filesystem;
@@ -159,4 +159,4 @@ TEST_F(TokenCacheTest, AResumeOnOtherDataIsRefusedUnlessAllowed) {
 }
 
 }  // namespace
-}  // namespace strata::tools
+}  // namespace strata::train

@@ -30,7 +30,7 @@
 #include "cli/commands.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::train {
 namespace {
 
 namespace fs = std::filesystem;
@@ -97,10 +97,10 @@ int run_strata(std::vector<std::string> args) {
   for (auto& a : args) argv.push_back(a.data());
   CLI::App app;
   app.require_subcommand(1);
-  CommandTable table;
-  register_commands(app, table);
+  bench::CommandTable table;
+  cli::register_commands(app, table);
   app.parse(static_cast<int>(argv.size()), argv.data());
-  return run_selected(app, table, "off");
+  return cli::run_selected(app, table, "off");
 }
 
 TEST(TrainTrust, NonFiniteInitWeightsAreRefusedNamingTensorAndElement) {
@@ -402,4 +402,4 @@ TEST(TrainTrust, CkptExportRefusesAnOutputInsideTheCheckpoint) {
 }
 
 }  // namespace
-}  // namespace strata::tools
+}  // namespace strata::train
