@@ -103,18 +103,18 @@ void TieredStateHome::init_group(std::size_t g, const float* master_full, const 
     const StateChunk& c = P.chunks[k];
     const std::size_t bytes = state_bytes(c.elems);
     const std::string key = state_key(g, k);
-    const Tier tier = state_tier(g, k);
-    std::byte* dst = tier == Tier::Host ? store_->host(key, bytes).data() : stage;
+    const Home tier = state_tier(g, k);
+    std::byte* dst = tier == Home::Host ? store_->host(key, bytes).data() : stage;
     std::memcpy(dst, master_full + P.state_offset + c.begin, 4 * c.elems);
     std::memset(dst + 4 * c.elems, 0, bytes - 4 * c.elems);
-    if (tier == Tier::Nvme) store_->write_now(key, staging.as<std::byte>(), bytes);
+    if (tier == Home::Nvme) store_->write_now(key, staging.as<std::byte>(), bytes);
     if (params_ && P.sharded_params) {
       const std::size_t pbytes = wbytes * c.elems;
       const std::string pkey = param_key(g, k);
-      const Tier ptier = weights_tier(g, k);
-      std::byte* pdst = ptier == Tier::Host ? store_->host(pkey, pbytes, /*device_copies=*/true).data() : stage;
+      const Home ptier = weights_tier(g, k);
+      std::byte* pdst = ptier == Home::Host ? store_->host(pkey, pbytes, /*device_copies=*/true).data() : stage;
       std::memcpy(pdst, static_cast<const std::byte*>(working_full) + (P.state_offset + c.begin) * wbytes, pbytes);
-      if (ptier == Tier::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
+      if (ptier == Home::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
     }
   }
 }
@@ -346,7 +346,7 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
     std::vector<offload::IoHandle> reads;
     for (std::size_t k = 0; k < P.chunks.size(); ++k) {
       const StateChunk& c = P.chunks[k];
-      if (weights_tier(g, k) != Tier::Nvme) continue;
+      if (weights_tier(g, k) != Home::Nvme) continue;
       reads.push_back(store_->swap().read(param_key(g, k), slot->span().subspan(c.begin * wbytes, c.elems * wbytes)));
       store_->count_read(c.elems * wbytes);
     }
@@ -356,11 +356,11 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
   for (std::size_t k = 0; k < P.chunks.size();) {
     const std::size_t begin = P.chunks[k].begin * wbytes;
     std::size_t bytes = P.chunks[k].elems * wbytes;
-    if (weights_tier(g, k) == Tier::Host) {
+    if (weights_tier(g, k) == Home::Host) {
       comm.copy_h2d(out + begin, store_->host(param_key(g, k), bytes, /*device_copies=*/true).data(), bytes);
       ++k;
     } else {  // a run of NVMe chunks is contiguous in the slot: one copy
-      while (++k < P.chunks.size() && weights_tier(g, k) == Tier::Nvme) bytes += P.chunks[k].elems * wbytes;
+      while (++k < P.chunks.size() && weights_tier(g, k) == Home::Nvme) bytes += P.chunks[k].elems * wbytes;
       comm.copy_h2d(out + begin, slot->data() + begin, bytes);
     }
     copy_bytes_.fetch_add(bytes);

@@ -21,16 +21,13 @@
 
 #include "core/dtype.h"
 #include "config/config.h"
+#include "plan/home.h"
 #include "plan/param_provider.h"
 #include "plan/partition.h"
 #include "offload/io_engine.h"
 #include "optim/optimizer.h"
 
 namespace strata {
-
-// Where an array lives.
-enum class Home : std::uint8_t { Device, Host, Nvme };
-const char* home_name(Home home);
 
 // How this rank holds a group's working weights W.
 enum class WeightsForm : std::uint8_t {
