@@ -16,6 +16,7 @@
 #include "core/units.h"
 #include "engine/device_ops.h"
 #include "engine/working_weights.h"
+#include "plan/part_bytes.h"
 #include "optim/grad_stats.h"
 
 namespace strata {
@@ -97,7 +98,8 @@ void TieredStateHome::init_group(std::size_t g, const float* master_full, const 
   const GroupPlan& P = ctx_.group(g);
   const std::size_t wbytes = ctx_.wbytes();
   HostBuffer staging;
-  if (swap_) staging = HostBuffer::allocate(offload::SwapStore::padded(std::max(state_bytes(1), wbytes) * chunk_elems_));
+  // A chunk on its way to NVMe; its size is the plan's (see Note [Part bytes] in plan/part_bytes.h).
+  if (swap_) staging = HostBuffer::allocate(init_chunk_staging_bytes(ctx_.plan));
   auto* stage = static_cast<std::byte*>(staging.data());
   for (std::size_t k = 0; k < P.chunks.size(); ++k) {
     const StateChunk& c = P.chunks[k];
