@@ -75,7 +75,7 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
     }
     p.device_weights += resident_weight_bytes(rp, g);
     const std::uint64_t window = window_bytes(rp, g);
-    if (window > p.device_window) {
+    if (window > p.device_window || p.largest_group.empty()) {  // the first group where every window is 0
       p.device_window = window;
       p.largest_group = L.name();
       p.largest_group_bytes = unit_grad_bytes(rp, g);

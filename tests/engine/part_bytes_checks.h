@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,6 +149,36 @@ inline std::string describe(const Allocations& a) {
   return s.empty() ? " none" : s;
 }
 
+// The step's allocations (`during`, over `units` micro-batches): each group's gradient buffer and
+// its reduction once per micro-batch, at the plan's sizes; the gathers at the plan's sizes (how
+// many depends on prefetch and eviction).
+template <typename Expect>
+void check_steps(const RunPlan& plan, const Allocations& during, int units, Expect&& expect) {
+  // Every micro-batch of every step: each group's gradient buffer and its reduction, once each.
+  Allocations grads;
+  for (const auto& x : during) {
+    if (x.first.rfind("grad.", 0) == 0) grads.push_back(x);
+  }
+  Allocations planned_grads;
+  for (int u = 0; u < units; ++u) {
+    for (const auto& x : planned_micro_batch(plan)) planned_grads.push_back(x);
+  }
+  std::sort(grads.begin(), grads.end());
+  std::sort(planned_grads.begin(), planned_grads.end());
+  expect(grads == planned_grads, "gradient buffers:" + describe(grads) + "; the plan:" + describe(planned_grads));
+  // Gathers: how many depends on prefetch and eviction, their sizes on the plan only.
+  std::set<std::pair<std::string, std::uint64_t>> gathers, planned_gathers;
+  for (const auto& x : during) {
+    if (x.first.rfind("param.", 0) == 0) gathers.insert(x);
+  }
+  for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+    if (const std::uint64_t b = gathered_bytes(plan, g); b > 0) planned_gathers.emplace("param.gathered", b);
+    if (const std::uint64_t b = fetched_shard_bytes(plan, g); b > 0) planned_gathers.emplace("param.shard", b);
+  }
+  expect(gathers == planned_gathers, "gather sizes:" + describe({gathers.begin(), gathers.end()}) +
+                                         "; the plan:" + describe({planned_gathers.begin(), planned_gathers.end()}));
+}
+
 // Builds rank comm.rank()'s engine for case k, trains it for `steps` steps (fp32 cases; bf16 is
 // built only) and returns one line per difference from the plan (empty: none).
 inline std::vector<std::string> check_part_bytes(const PartCase& k, Communicator& comm, const std::string& swap_dir) {
@@ -210,37 +241,7 @@ inline std::vector<std::string> check_part_bytes(const PartCase& k, Communicator
   expect(io.nvme_bytes == tiers.nvme - tiers.nvme_gradients,
          fmt::format("swap store {} vs the plan's {}", io.nvme_bytes, tiers.nvme - tiers.nvme_gradients));
   expect(pinned == tiers.pinned, fmt::format("pinned pools {} vs the plan's {}", pinned, tiers.pinned));
-  if (!trains) return bad;
-  // Every micro-batch of every step: each group's gradient buffer and its reduction, once each.
-  Allocations grads;
-  for (const auto& x : during) {
-    if (x.first.rfind("grad.", 0) == 0) grads.push_back(x);
-  }
-  Allocations planned_grads;
-  for (int u = 0; u < steps * k.accumulation; ++u) {
-    for (const auto& x : planned_micro_batch(plan)) planned_grads.push_back(x);
-  }
-  std::sort(grads.begin(), grads.end());
-  std::sort(planned_grads.begin(), planned_grads.end());
-  expect(grads == planned_grads, "gradient buffers:" + describe(grads) + "; the plan:" + describe(planned_grads));
-  // Gathers: how many depends on prefetch and eviction, their sizes on the plan only.
-  std::vector<std::pair<std::string, std::uint64_t>> gathers, planned_gathers;
-  for (const auto& x : during) {
-    if (x.first.rfind("param.", 0) == 0 && std::find(gathers.begin(), gathers.end(), x) == gathers.end()) {
-      gathers.push_back(x);
-    }
-  }
-  for (std::size_t g = 0; g < plan.groups.size(); ++g) {
-    for (const auto& x : {std::pair<std::string, std::uint64_t>{"param.gathered", gathered_bytes(plan, g)},
-                          std::pair<std::string, std::uint64_t>{"param.shard", fetched_shard_bytes(plan, g)}}) {
-      if (x.second > 0 && std::find(planned_gathers.begin(), planned_gathers.end(), x) == planned_gathers.end()) {
-        planned_gathers.push_back(x);
-      }
-    }
-  }
-  std::sort(gathers.begin(), gathers.end());
-  std::sort(planned_gathers.begin(), planned_gathers.end());
-  expect(gathers == planned_gathers, "gather sizes:" + describe(gathers) + "; the plan:" + describe(planned_gathers));
+  if (trains) check_steps(plan, during, steps * k.accumulation, expect);
   return bad;
 }
 
