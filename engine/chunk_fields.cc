@@ -7,9 +7,7 @@ namespace strata {
 
 namespace {
 
-Tier tier_of(Home home) { return home == Home::Nvme ? Tier::Nvme : Tier::Host; }
-
-std::size_t add(std::vector<ChunkField>& fields, std::string key, Tier tier, std::size_t bytes, ChunkField::Kind kind) {
+std::size_t add(std::vector<ChunkField>& fields, std::string key, Home tier, std::size_t bytes, ChunkField::Kind kind) {
   fields.push_back(ChunkField{std::move(key), tier, bytes, kind});
   return fields.size() - 1;
 }
@@ -38,9 +36,9 @@ CombineFields combine_fields(const RunPlan& plan, std::size_t g, std::size_t k, 
   const std::size_t wbytes = plan.working_bytes();
   const bool last = unit + 1 == plan.accumulation;
   const bool overlap = last && overlap_step;
-  const Tier tier = tier_of(c.grads);  // the partial sums; the state (overlapped update) has its own
+  const Home tier = tier_home(c.grads);  // the partial sums; the state (overlapped update) has its own
   CombineFields f;
-  f.stage = add(f.fields, "", Tier::Host, n * wbytes, ChunkField::Scratch);
+  f.stage = add(f.fields, "", Home::Host, n * wbytes, ChunkField::Scratch);
   if (exact) {
     const int merges = counter_merges(unit);
     std::vector<int> levels;
@@ -54,23 +52,23 @@ CombineFields combine_fields(const RunPlan& plan, std::size_t g, std::size_t k, 
       f.remove_after.push_back(level_key(g, level, k));
     }
     if (overlap) {
-      f.out = add(f.fields, "", Tier::Host, 4 * n, ChunkField::Scratch);
+      f.out = add(f.fields, "", Home::Host, 4 * n, ChunkField::Scratch);
     } else {
       f.out = add(f.fields, last ? grad_key(g, k) : level_key(g, merges, k), tier, 4 * n, ChunkField::Write);
     }
   } else if (unit == 0) {
-    f.out = overlap ? add(f.fields, "", Tier::Host, 4 * n, ChunkField::Scratch)
+    f.out = overlap ? add(f.fields, "", Home::Host, 4 * n, ChunkField::Scratch)
                     : add(f.fields, grad_key(g, k), tier, 4 * n, ChunkField::Write);
   } else {
     f.out = add(f.fields, grad_key(g, k), tier, 4 * n, overlap ? ChunkField::Read : ChunkField::Update);
     if (overlap) f.remove_after.push_back(grad_key(g, k));
-    f.tmp = add(f.fields, "", Tier::Host, 4 * n, ChunkField::Scratch);
+    f.tmp = add(f.fields, "", Home::Host, 4 * n, ChunkField::Scratch);
   }
   if (overlap) {
-    f.state = add(f.fields, state_key(g, k), tier_of(c.state), state_bytes(plan, n), ChunkField::Update);
+    f.state = add(f.fields, state_key(g, k), tier_home(c.state), state_bytes(plan, n), ChunkField::Update);
     f.weights = weights_on_tier(plan, g)
-                    ? add(f.fields, param_key(g, k), tier_of(c.params), n * wbytes, ChunkField::Write)
-                    : add(f.fields, "", Tier::Host, n * wbytes, ChunkField::Scratch);
+                    ? add(f.fields, param_key(g, k), tier_home(c.params), n * wbytes, ChunkField::Write)
+                    : add(f.fields, "", Home::Host, n * wbytes, ChunkField::Scratch);
   }
   return f;
 }
@@ -80,13 +78,13 @@ UpdateFields update_fields(const RunPlan& plan, std::size_t g, std::size_t k) {
   const std::size_t n = c.elems;
   const std::size_t wbytes = plan.working_bytes();
   UpdateFields f;
-  add(f.fields, state_key(g, k), tier_of(c.state), state_bytes(plan, n), ChunkField::Update);
-  add(f.fields, grad_key(g, k), tier_of(c.grads), 4 * n, ChunkField::Read);
+  add(f.fields, state_key(g, k), tier_home(c.state), state_bytes(plan, n), ChunkField::Update);
+  add(f.fields, grad_key(g, k), tier_home(c.grads), 4 * n, ChunkField::Read);
   f.remove_after.push_back(grad_key(g, k));
   if (weights_on_tier(plan, g)) {
-    add(f.fields, param_key(g, k), tier_of(c.params), n * wbytes, ChunkField::Write);
+    add(f.fields, param_key(g, k), tier_home(c.params), n * wbytes, ChunkField::Write);
   } else {
-    add(f.fields, "", Tier::Host, n * wbytes, ChunkField::Scratch);
+    add(f.fields, "", Home::Host, n * wbytes, ChunkField::Scratch);
   }
   return f;
 }

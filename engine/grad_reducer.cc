@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "engine/param_fetcher.h"
 #include "engine/state_home.h"
+#include "plan/part_bytes.h"
 
 namespace strata {
 
@@ -62,9 +63,10 @@ void GradReducer::bound_in_flight() {
 // step's gradient (GradientSink::reduction_target; the device home keeps it across steps, Note
 // [Gradient buffers kept across steps]) and the reduction is a no-op: no per-micro-batch buffer and
 // no copy. Otherwise each group's backward gets a micro-batch buffer (Note [Reductions in flight]).
+// Which case a group is in, and what each buffer takes, is the plan's (see Note [Part bytes] in
+// plan/part_bytes.h): grads_in_place, micro_grad_bytes, reduction_in_home, reduced_grad_bytes.
 void* GradReducer::in_place_target(std::size_t g) {
-  const GroupPlan& P = ctx_.group(g);
-  if (!ctx_.plan.gradients_in_place() || P.grad_elems != P.layout.total_elems()) return nullptr;
+  if (!grads_in_place(ctx_.plan, g)) return nullptr;
   return sink_.reduction_target(g);
 }
 
@@ -75,16 +77,15 @@ GroupViews GradReducer::acquire(std::size_t g, Stream* stream) {
   Group& G = groups_[g];
   const GroupLayout& L = ctx_.group(g).layout;
   STRATA_CHECK(!G.reduced_this_micro, "group {} ({}) gradients acquired after they were reduced", g, L.name());
-  const std::size_t bytes = L.total_elems() * ctx_.wbytes();
   if (G.micro_grad.empty() && G.in_place == nullptr) {
     if (void* target = in_place_target(g)) {
       if (step_done_recorded_) stream->wait(*step_done_);
       G.in_place = target;
-      stream->memset(target, 0, bytes);
+      stream->memset(target, 0, unit_grad_bytes(ctx_.plan, g));
     } else {
       bound_in_flight();
-      G.micro_grad = memory_.allocate(bytes, "grad.micro", g);
-      stream->memset(G.micro_grad.data(), 0, bytes);
+      G.micro_grad = memory_.allocate(micro_grad_bytes(ctx_.plan, g), "grad.micro", g);
+      stream->memset(G.micro_grad.data(), 0, G.micro_grad.size_bytes());
     }
   }
   return views_of(L, G.in_place != nullptr ? G.in_place : G.micro_grad.data(), ctx_.working());
@@ -102,7 +103,6 @@ void GradReducer::reduce(std::size_t g) {
   Group& G = groups_[g];
   const GroupPlan& P = ctx_.group(g);
   const GroupLayout& L = P.layout;
-  const std::size_t wbytes = ctx_.wbytes();
   const DType dtype = ctx_.working();
   Stream& comm = ctx_.comm;
   if (G.in_place != nullptr || (G.micro_grad.empty() && in_place_target(g) != nullptr)) {
@@ -113,7 +113,7 @@ void GradReducer::reduce(std::size_t g) {
     } else {
       // No gradient this micro-batch: the group's gradient is zero (the comm stream already runs
       // after the last step's update).
-      comm.memset(in_place_target(g), 0, L.total_elems() * wbytes);
+      comm.memset(in_place_target(g), 0, unit_grad_bytes(ctx_.plan, g));
     }
     G.in_place = nullptr;
     sink_.add_unit(g, DeviceMemory(), G.units);
@@ -125,20 +125,23 @@ void GradReducer::reduce(std::size_t g) {
     // This group got no gradient this micro-batch: its unit gradient is zero, but it still takes
     // its place in the sum so every rank runs the same collectives in the same order.
     bound_in_flight();
-    G.micro_grad = memory_.allocate(L.total_elems() * wbytes, "grad.micro", g);
-    comm.memset(G.micro_grad.data(), 0, L.total_elems() * wbytes);
+    G.micro_grad = memory_.allocate(micro_grad_bytes(ctx_.plan, g), "grad.micro", g);
+    comm.memset(G.micro_grad.data(), 0, G.micro_grad.size_bytes());
   } else {
     comm.wait(*G.grad_event);
   }
   DeviceMemory reduced;
   void* target = sink_.reduction_target(g);
+  STRATA_CHECK((target != nullptr) == reduction_in_home(ctx_.plan),
+               "group {}: the state home {} the reduction, the plan says it {}", L.name(),
+               target != nullptr ? "takes" : "does not take", reduction_in_home(ctx_.plan) ? "does" : "does not");
   if (target == nullptr) {
-    reduced = memory_.allocate(P.grad_elems * wbytes, "grad.reduced", g);
+    reduced = memory_.allocate(reduced_grad_bytes(ctx_.plan, g), "grad.reduced", g);
     target = reduced.data();
   }
   if (ctx_.plan.stage >= 2) {
     if (L.shard_count() == 1) {
-      comm.copy_d2d(target, G.micro_grad.data(), P.grad_elems * wbytes);
+      comm.copy_d2d(target, G.micro_grad.data(), reduced_unit_bytes(ctx_.plan, g));
     } else {
       ctx_.shard_comm.reduce_scatter(G.micro_grad.data(), target, P.grad_elems, dtype, ReduceOp::Sum, comm);
     }

@@ -11,7 +11,10 @@
 
 namespace strata {
 
-const char* tier_name(Tier tier) { return tier == Tier::Host ? "host" : "nvme"; }
+Home tier_home(Home home) {
+  STRATA_CHECK(home != Home::Device, "a tier store holds host and NVMe arrays; this one's home is the device");
+  return home;
+}
 
 TierStore::TierStore(offload::SwapStore* swap, HostMemoryPinner* pinner) : swap_(swap), pinner_(pinner) {}
 
@@ -87,7 +90,7 @@ ChunkPipeline::ChunkPipeline(TierStore& store, offload::BufferPool& pool) : stor
 
 namespace {
 
-bool in_slot(const ChunkField& f) { return f.kind == ChunkField::Scratch || f.tier == Tier::Nvme; }
+bool in_slot(const ChunkField& f) { return f.kind == ChunkField::Scratch || f.tier == Home::Nvme; }
 
 // A job whose reads were issued: its slot (shared with the write callbacks that give it back).
 struct InFlight {
@@ -116,7 +119,7 @@ InFlight issue_job(TierStore& store, const ChunkJob& job, std::size_t i, offload
                    f.lease ? f.lease->size_bytes() : 0);
       std::span<std::byte> s = f.lease->span().subspan(offset, padded);
       offset += padded;
-      if (field.tier == Tier::Nvme && (field.kind == ChunkField::Read || field.kind == ChunkField::Update)) {
+      if (field.tier == Home::Nvme && (field.kind == ChunkField::Read || field.kind == ChunkField::Update)) {
         f.reads.push_back(store.swap().read(field.key, s));
         store.count_read(field.bytes);
       }
@@ -141,7 +144,7 @@ void run_job(TierStore& store, ChunkJob& job, InFlight& f, std::vector<offload::
   }
   for (std::size_t k = 0; k < job.fields.size(); ++k) {
     const ChunkField& field = job.fields[k];
-    if (field.tier != Tier::Nvme || (field.kind != ChunkField::Update && field.kind != ChunkField::Write)) continue;
+    if (field.tier != Home::Nvme || (field.kind != ChunkField::Update && field.kind != ChunkField::Write)) continue;
     auto lease = f.lease;
     writes.push_back(store.swap().write(field.key, f.spans[k], field.bytes,
                                         [lease](std::exception_ptr&) mutable { lease.reset(); }));

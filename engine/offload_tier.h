@@ -31,11 +31,13 @@
 #include "offload/buffer_pool.h"
 #include "offload/io_engine.h"
 #include "offload/swap_store.h"
+#include "plan/home.h"
 
 namespace strata {
 
-enum class Tier : std::uint8_t { Host, Nvme };
-const char* tier_name(Tier tier);
+// A tier store holds arrays whose home (plan/home.h) is the host or NVMe: `home` itself, or an
+// InternalError for Device (an array the plan keeps on the device never reaches a tier store).
+Home tier_home(Home home);
 
 struct TierIoStats {
   std::uint64_t nvme_bytes_read = 0;
@@ -95,7 +97,7 @@ struct ChunkField {
     Scratch,    // neither: job-local memory (host arrays are never scratch)
   };
   std::string key;  // empty for Scratch
-  Tier tier = Tier::Host;
+  Home tier = Home::Host;  // Host or Nvme (tier_home)
   std::size_t bytes = 0;
   Kind kind = Read;
 };

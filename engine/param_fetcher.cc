@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "engine/state_home.h"
 #include "engine/working_weights.h"
+#include "plan/part_bytes.h"
 
 namespace strata {
 
@@ -94,14 +95,13 @@ void ParamFetcher::start_gather(std::size_t g, bool prefetch) {
   Group& G = groups_[g];
   const GroupPlan& P = ctx_.group(g);
   const std::size_t total = P.layout.total_elems();
-  const std::size_t wbytes = ctx_.wbytes();
   DeviceMemory gathered;
   if (tier_ != nullptr) {
     gather_from_tier(g, gathered, prefetch);
   } else {
-    gathered = allocate(total * wbytes, "param.gathered", g, prefetch);
+    gathered = allocate(gathered_bytes(ctx_.plan, g), "param.gathered", g, prefetch);
     if (P.layout.shard_count() == 1) {
-      ctx_.comm.copy_d2d(gathered.data(), weights_.shard(g), total * wbytes);
+      ctx_.comm.copy_d2d(gathered.data(), weights_.shard(g), gathered.size_bytes());
     } else {
       ctx_.shard_comm.all_gather(weights_.shard(g), gathered.data(), P.layout.shard_elems(), ctx_.working(), ctx_.comm);
     }
@@ -113,16 +113,16 @@ void ParamFetcher::start_gather(std::size_t g, bool prefetch) {
 }
 
 // The shard comes from the parameter tier (through a pinned slot where it is on NVMe, taken
-// first), lands on the device and is all-gathered from there.
+// first), lands on the device (in the gathered copy itself where there is one shard) and is
+// all-gathered from there. The sizes are the plan's (see Note [Part bytes] in plan/part_bytes.h).
 void ParamFetcher::gather_from_tier(std::size_t g, DeviceMemory& gathered, bool prefetch) {
   const GroupPlan& P = ctx_.group(g);
-  const std::size_t wbytes = ctx_.wbytes();
   std::shared_ptr<offload::BufferLease> slot = tier_->reserve_param_slot(g);
-  gathered = allocate(P.layout.total_elems() * wbytes, "param.gathered", g, prefetch);
+  gathered = allocate(gathered_bytes(ctx_.plan, g), "param.gathered", g, prefetch);
   DeviceMemory shard;
   void* dst = gathered.data();
-  if (P.layout.shard_count() > 1) {
-    shard = allocate(P.layout.shard_elems() * wbytes, "param.shard", g, prefetch);
+  if (const std::uint64_t shard_bytes = fetched_shard_bytes(ctx_.plan, g); shard_bytes > 0) {
+    shard = allocate(shard_bytes, "param.shard", g, prefetch);
     dst = shard.data();
   }
   tier_->upload_params(g, dst, std::move(slot));

@@ -10,6 +10,7 @@
 #include "engine/device_ops.h"
 #include "engine/state_home.h"
 #include "engine/working_weights.h"
+#include "plan/part_bytes.h"
 
 namespace strata {
 
@@ -31,10 +32,11 @@ class DeviceStateHome final : public StateHome {
   // synchronization. Exact mode's binary-counter levels are a pool of grad_partials buffers (the
   // most a step holds at once, with the one being formed), taken and given back on the comm stream,
   // since a level allocated per unit fragments a device capped at the plan.
+  // The sizes are the plan's (see Note [Part bytes] in plan/part_bytes.h).
   void init_group(std::size_t g, const float* master_full, const void* /*working_full*/) override {
     Group& G = groups_[g];
     const GroupPlan& P = ctx_.group(g);
-    const std::size_t bytes = P.state_elems * sizeof(float);
+    const std::size_t bytes = device_state_array_bytes(ctx_.plan, g);
     G.master = ctx_.device.allocate(bytes, "optim.master");
     ctx_.comm.copy_h2d(G.master.data(), master_full + P.state_offset, bytes);
     G.moment1 = ctx_.device.allocate(bytes, "optim.moments");
@@ -43,14 +45,13 @@ class DeviceStateHome final : public StateHome {
       G.moment2 = ctx_.device.allocate(bytes, "optim.moments");
       ctx_.comm.memset(G.moment2.data(), 0, bytes);
     }
+    const DeviceGradBuffers grads = device_grad_buffers(ctx_.plan, g);
     if (ctx_.accumulation() == 1) {
-      G.direct = ctx_.device.allocate(P.grad_elems * ctx_.wbytes(), "grad.step");
+      G.direct = ctx_.device.allocate(grads.bytes, grads.tag);
     } else if (!ctx_.exact()) {
-      G.accum = ctx_.device.allocate(P.grad_elems * sizeof(float), "grad.accum");
+      G.accum = ctx_.device.allocate(grads.bytes, grads.tag);
     } else {
-      for (int i = 0; i < ctx_.plan.grad_partials; ++i) {
-        G.spare.push_back(ctx_.device.allocate(P.grad_elems * sizeof(float), "grad.levels"));
-      }
+      for (int i = 0; i < grads.count; ++i) G.spare.push_back(ctx_.device.allocate(grads.bytes, grads.tag));
     }
   }
 

@@ -16,6 +16,7 @@
 #include "core/units.h"
 #include "engine/device_ops.h"
 #include "engine/working_weights.h"
+#include "plan/part_bytes.h"
 #include "optim/grad_stats.h"
 
 namespace strata {
@@ -97,24 +98,25 @@ void TieredStateHome::init_group(std::size_t g, const float* master_full, const 
   const GroupPlan& P = ctx_.group(g);
   const std::size_t wbytes = ctx_.wbytes();
   HostBuffer staging;
-  if (swap_) staging = HostBuffer::allocate(offload::SwapStore::padded(std::max(state_bytes(1), wbytes) * chunk_elems_));
+  // A chunk on its way to NVMe; its size is the plan's (see Note [Part bytes] in plan/part_bytes.h).
+  if (swap_) staging = HostBuffer::allocate(init_chunk_staging_bytes(ctx_.plan));
   auto* stage = static_cast<std::byte*>(staging.data());
   for (std::size_t k = 0; k < P.chunks.size(); ++k) {
     const StateChunk& c = P.chunks[k];
     const std::size_t bytes = state_bytes(c.elems);
     const std::string key = state_key(g, k);
-    const Tier tier = state_tier(g, k);
-    std::byte* dst = tier == Tier::Host ? store_->host(key, bytes).data() : stage;
+    const Home tier = state_tier(g, k);
+    std::byte* dst = tier == Home::Host ? store_->host(key, bytes).data() : stage;
     std::memcpy(dst, master_full + P.state_offset + c.begin, 4 * c.elems);
     std::memset(dst + 4 * c.elems, 0, bytes - 4 * c.elems);
-    if (tier == Tier::Nvme) store_->write_now(key, staging.as<std::byte>(), bytes);
+    if (tier == Home::Nvme) store_->write_now(key, staging.as<std::byte>(), bytes);
     if (params_ && P.sharded_params) {
       const std::size_t pbytes = wbytes * c.elems;
       const std::string pkey = param_key(g, k);
-      const Tier ptier = weights_tier(g, k);
-      std::byte* pdst = ptier == Tier::Host ? store_->host(pkey, pbytes, /*device_copies=*/true).data() : stage;
+      const Home ptier = weights_tier(g, k);
+      std::byte* pdst = ptier == Home::Host ? store_->host(pkey, pbytes, /*device_copies=*/true).data() : stage;
       std::memcpy(pdst, static_cast<const std::byte*>(working_full) + (P.state_offset + c.begin) * wbytes, pbytes);
-      if (ptier == Tier::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
+      if (ptier == Home::Nvme) store_->write_now(pkey, staging.as<std::byte>(), pbytes);
     }
   }
 }
@@ -346,7 +348,7 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
     std::vector<offload::IoHandle> reads;
     for (std::size_t k = 0; k < P.chunks.size(); ++k) {
       const StateChunk& c = P.chunks[k];
-      if (weights_tier(g, k) != Tier::Nvme) continue;
+      if (weights_tier(g, k) != Home::Nvme) continue;
       reads.push_back(store_->swap().read(param_key(g, k), slot->span().subspan(c.begin * wbytes, c.elems * wbytes)));
       store_->count_read(c.elems * wbytes);
     }
@@ -356,11 +358,11 @@ void TieredStateHome::upload_params(std::size_t g, void* dst, std::shared_ptr<of
   for (std::size_t k = 0; k < P.chunks.size();) {
     const std::size_t begin = P.chunks[k].begin * wbytes;
     std::size_t bytes = P.chunks[k].elems * wbytes;
-    if (weights_tier(g, k) == Tier::Host) {
+    if (weights_tier(g, k) == Home::Host) {
       comm.copy_h2d(out + begin, store_->host(param_key(g, k), bytes, /*device_copies=*/true).data(), bytes);
       ++k;
     } else {  // a run of NVMe chunks is contiguous in the slot: one copy
-      while (++k < P.chunks.size() && weights_tier(g, k) == Tier::Nvme) bytes += P.chunks[k].elems * wbytes;
+      while (++k < P.chunks.size() && weights_tier(g, k) == Home::Nvme) bytes += P.chunks[k].elems * wbytes;
       comm.copy_h2d(out + begin, slot->data() + begin, bytes);
     }
     copy_bytes_.fetch_add(bytes);

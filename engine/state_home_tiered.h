@@ -79,10 +79,9 @@ class TieredStateHome final : public StateHome, public ParamTier {
   WorkingWeights& weights_;
   // Where chunk k of group g keeps its state, its gradient sums and its working weights: each chunk has its own tier
   // (Note [Spill across tiers], plan/run_plan.cc).
-  Tier state_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].state); }
-  Tier grad_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].grads); }
-  Tier weights_tier(std::size_t g, std::size_t k) const { return tier_of(ctx_.group(g).chunks[k].params); }
-  static Tier tier_of(Home home) { return home == Home::Nvme ? Tier::Nvme : Tier::Host; }
+  Home state_tier(std::size_t g, std::size_t k) const { return tier_home(ctx_.group(g).chunks[k].state); }
+  Home grad_tier(std::size_t g, std::size_t k) const { return tier_home(ctx_.group(g).chunks[k].grads); }
+  Home weights_tier(std::size_t g, std::size_t k) const { return tier_home(ctx_.group(g).chunks[k].params); }
 
   bool params_ = false;  // stage-3 sharded working weights live on the parameter tier
   int nstate_ = 3;  // fp32 arrays per element in a state chunk: master, moment1[, moment2]

@@ -69,7 +69,7 @@ StatePiece TieredStateHome::fetch_piece(std::size_t /*index*/, const StateChunkI
   StatePiece p;
   p.meaningful = state_bytes(c.elems);
   const std::size_t padded = offload::SwapStore::padded(p.meaningful);
-  if (state_tier(c.group, k) == Tier::Nvme) {
+  if (state_tier(c.group, k) == Home::Nvme) {
     p.lease = pool_->acquire();
     p.bytes = p.lease.span().first(padded);
     p.read = store_->swap().read(key, p.bytes);
@@ -89,7 +89,7 @@ std::vector<float> TieredStateHome::master_range(std::size_t g) {
   for (std::size_t k = 0; k < P.chunks.size(); ++k) {
     const StateChunk& c = P.chunks[k];
     const std::byte* src = nullptr;
-    if (state_tier(g, k) == Tier::Host) {
+    if (state_tier(g, k) == Home::Host) {
       src = store_->host(state_key(g, k), state_bytes(c.elems)).data();
     } else {
       store_->read_now(state_key(g, k), staging.as<std::byte>());
@@ -118,8 +118,8 @@ void TieredStateHome::import_state(const StateSource& source) {
       const StateChunk& c = P.chunks[k];
       const std::size_t bytes = state_bytes(c.elems);
       const std::string key = state_key(g, k);
-      const Tier tier = state_tier(g, k);
-      float* chunk = tier == Tier::Host ? reinterpret_cast<float*>(store_->host(key, bytes).data())
+      const Home tier = state_tier(g, k);
+      float* chunk = tier == Home::Host ? reinterpret_cast<float*>(store_->host(key, bytes).data())
                                         : staging.as<float>().data();
       for (std::size_t a = 0; a < nstate; ++a) {
         for (std::size_t b = 0; b < c.elems; b += kStatePieceElems) {
@@ -127,7 +127,7 @@ void TieredStateHome::import_state(const StateSource& source) {
           source(g, static_cast<int>(a), c.begin + b, std::span<float>(chunk + a * c.elems + b, n));
         }
       }
-      if (tier == Tier::Nvme) {
+      if (tier == Home::Nvme) {
         store_->write_now(key, staging.as<std::byte>(), bytes);
         store_->count_written(bytes);
       }
@@ -135,7 +135,7 @@ void TieredStateHome::import_state(const StateSource& source) {
       const std::size_t pbytes = wbytes * c.elems;
       if (params_ && P.sharded_params) {
         const std::string pkey = param_key(g, k);
-        if (weights_tier(g, k) == Tier::Host) {
+        if (weights_tier(g, k) == Home::Host) {
           std::memcpy(store_->host(pkey, pbytes, /*device_copies=*/true).data(), wvalues, pbytes);
         } else {
           std::memcpy(param_staging.data(), wvalues, pbytes);

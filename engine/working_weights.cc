@@ -2,6 +2,7 @@
 #include "engine/working_weights.h"
 
 #include "core/error.h"
+#include "plan/part_bytes.h"
 
 namespace strata {
 
@@ -14,16 +15,18 @@ void WorkingWeights::init_group(std::size_t g, const void* w_source, float* mast
   const std::size_t wbytes = ctx_.wbytes();
   Group& G = groups_[g];
   G.master = master;
+  // The bytes are the plan's: see Note [Part bytes] in plan/part_bytes.h.
+  const std::uint64_t resident = resident_weight_bytes(ctx_.plan, g);
   switch (P.weights) {
     case WeightsForm::Shard:
-      G.shard = ctx_.device.allocate(L.shard_elems() * wbytes, "param.w");
+      G.shard = ctx_.device.allocate(resident, "param.w");
       ctx_.comm.copy_h2d(G.shard.data(),
                          static_cast<const char*>(w_source) + L.shard_begin(ctx_.plan.shard_index) * wbytes,
-                         L.shard_elems() * wbytes);
+                         resident);
       break;
     case WeightsForm::Full:
-      G.full = ctx_.device.allocate(L.total_elems() * wbytes, "param.w");
-      ctx_.comm.copy_h2d(G.full.data(), w_source, L.total_elems() * wbytes);
+      G.full = ctx_.device.allocate(resident, "param.w");
+      ctx_.comm.copy_h2d(G.full.data(), w_source, resident);
       break;
     case WeightsForm::FullIsMaster:
     case WeightsForm::ShardIsMaster:

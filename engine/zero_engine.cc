@@ -18,7 +18,6 @@
 #include "engine/param_fetcher.h"
 #include "engine/state_home.h"
 #include "engine/working_weights.h"
-#include "offload/swap_store.h"
 #include "optim/grad_stats.h"
 #include "optim/optimizer_phase.h"
 
@@ -63,20 +62,6 @@ void refuse_unverified_offload(const TrainConfig& config, const RunPlan& plan, c
 bool cuda_offload_opted_in() {
   const char* v = std::getenv("STRATA_CUDA_OFFLOAD");
   return v != nullptr && std::string_view(v) == "1";
-}
-
-std::uint64_t init_staging_bytes(const RunPlan& plan) {
-  std::uint64_t most = 0;
-  for (const GroupPlan& g : plan.groups) {
-    const std::uint64_t elems = g.layout.total_elems();
-    most = std::max<std::uint64_t>(most, elems * (4 + (plan.working != DType::F32 ? dtype_bytes(plan.working) : 0)));
-  }
-  if (plan.offload.swap_bytes > 0) {  // TieredStateHome::init_group's chunk buffer on the way to NVMe
-    const std::uint64_t per_elem = std::max<std::uint64_t>(4u * static_cast<std::uint64_t>(plan.state_arrays),
-                                                           dtype_bytes(plan.working));
-    most += offload::SwapStore::padded(per_elem * plan.offload.chunk_elems);
-  }
-  return most;
 }
 
 ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& world,

@@ -69,6 +69,7 @@
 #include "engine/engine_state.h"
 #include "engine/offload_tier.h"
 #include "plan/param_provider.h"
+#include "plan/part_bytes.h"  // init_staging_bytes, what construction holds on the host
 #include "plan/partition.h"
 #include "plan/run_plan.h"
 #include "optim/loss_scaler.h"
@@ -85,12 +86,6 @@ class GradReducer;
 // Offload to host memory or NVMe on a cuda device is refused by the engine until it has run
 // correctly on a GPU (zero_engine.cc); STRATA_CUDA_OFFLOAD=1 opts in, for the GPU tests.
 bool cuda_offload_opted_in();
-
-// Host bytes ZeroEngine's construction holds at once to initialize a group: its fp32 values, their
-// working-dtype copy when that is narrower (the largest group's), and with NVMe one chunk's buffer on
-// the way to the swap file. Initial weights stream through it group by group into their homes, so
-// this, not the model, bounds the import's memory.
-std::uint64_t init_staging_bytes(const RunPlan& plan);
 
 struct StepResult {
   bool applied = true;      // false: non-finite gradients, the step was skipped (fp16)

@@ -284,15 +284,6 @@ void plan_swap(const TrainConfig& c, int rank, RunPlan& p) {
 
 }  // namespace
 
-const char* home_name(Home home) {
-  switch (home) {
-    case Home::Device: return "device";
-    case Home::Host: return "host";
-    case Home::Nvme: return "nvme";
-  }
-  return "?";
-}
-
 std::size_t GroupPlan::device_weight_elems() const {
   switch (weights) {
     case WeightsForm::Full: return layout.total_elems();

@@ -7,10 +7,11 @@
 // the device, the fp32 master itself, or a shard on the parameter tier), and, where the optimizer
 // is offloaded, the chunks the state range is streamed in. For the run it says where the optimizer
 // state and the sharded working weights live (device, host or NVMe), the pinned staging pools, the
-// NVMe directories and the swap file's name, and the I/O engine's options. The engine allocates
-// what the plan says (engine/zero_engine.cc), the tier planner (plan/tier_plan.h) sums the plan's
-// bytes per tier, the trainer prints and checks that sum, and checkpoints and tools that need a
-// path or an engine option take it from here; none of them re-derives a rule.
+// NVMe directories and the swap file's name, and the I/O engine's options. The engine's parts
+// allocate what the plan says, each buffer's bytes a function of the plan (see Note [Part bytes]
+// in plan/part_bytes.h), the tier planner (plan/tier_plan.h) sums the same functions per tier, the
+// trainer prints and checks that sum, and checkpoints and tools that need a path or an engine
+// option take it from here; none of them re-derives a rule.
 #pragma once
 
 #include <cstddef>
@@ -21,16 +22,13 @@
 
 #include "core/dtype.h"
 #include "config/config.h"
+#include "plan/home.h"
 #include "plan/param_provider.h"
 #include "plan/partition.h"
 #include "offload/io_engine.h"
 #include "optim/optimizer.h"
 
 namespace strata {
-
-// Where an array lives.
-enum class Home : std::uint8_t { Device, Host, Nvme };
-const char* home_name(Home home);
 
 // How this rank holds a group's working weights W.
 enum class WeightsForm : std::uint8_t {

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "plan/part_bytes.h"
 #include "plan/partition.h"
 #include "offload/file.h"
 #include "offload/swap_store.h"
@@ -30,6 +31,25 @@ std::uint64_t mem_available_bytes() {
   return 0;
 }
 
+// The device bytes of group g while it is in use, each part's (see Note [Part bytes] in
+// plan/part_bytes.h): gathered (stage 3), the shard fetched from the parameter tier before the
+// all-gather, its micro-batch gradient and its reduction.
+// Note [Groups gathered together]: a group's window also holds the gathered copies of the groups
+// the model keeps acquired beside it (ParamGroupSpec::gathered_with: GPT-2's tied head holds the
+// embedding, a tile its block's base). Without them a device capped at the tiny config's plan ran
+// out at stage 3 by 64 KiB while the head's gradient was reduced.
+std::uint64_t window_bytes(const RunPlan& rp, std::size_t g) {
+  std::uint64_t window = gathered_bytes(rp, g) + fetched_shard_bytes(rp, g) + micro_grad_bytes(rp, g) +
+                         reduced_grad_bytes(rp, g);
+  for (const std::string& other : rp.groups[g].gathered_with) {
+    for (std::size_t h = 0; h < rp.groups.size(); ++h) {
+      // Not found: another pipeline stage's group, not this rank's.
+      if (rp.groups[h].layout.name() == other) window += gathered_bytes(rp, h);
+    }
+  }
+  return window;
+}
+
 }  // namespace
 
 TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_bytes) {
@@ -37,39 +57,13 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   const std::uint64_t wbytes = rp.working_bytes();
   const auto nstate = static_cast<std::uint64_t>(rp.state_arrays);
   const OffloadPlan& o = rp.offload;
-  // Note [Groups gathered together]: a group's window also holds the gathered copies of the groups
-  // the model keeps acquired beside it (ParamGroupSpec::gathered_with: GPT-2's tied head holds the
-  // embedding, a tile its block's base). Without them a device capped at the tiny config's plan ran
-  // out at stage 3 by 64 KiB while the head's gradient was reduced.
-  const auto gathered_bytes = [&](const std::string& name) -> std::uint64_t {
-    for (const GroupPlan& H : rp.groups) {
-      if (H.layout.name() == name && H.sharded_params) return static_cast<std::uint64_t>(H.layout.total_elems()) * wbytes;
-    }
-    return 0;  // not this rank's (another pipeline stage's), or not gathered
-  };
-  // Note [Reductions in flight] (engine/grad_reducer.cc): unless the gradients are written in place
-  // (RunPlan::gradients_in_place), another group's micro-batch gradient and its reduction
-  // may still be queued beside the group in use when the device has room for them (on a device
-  // sized to the plan the allocation waits for them instead): at most the largest such pair.
-  for (const GroupPlan& G : rp.groups) {
-    if (rp.gradients_in_place()) break;
-    const std::uint64_t pair = (static_cast<std::uint64_t>(G.layout.total_elems()) + G.grad_elems) * wbytes;
-    p.device_in_flight = std::max(p.device_in_flight, pair);
-  }
-  for (const GroupPlan& G : rp.groups) {
+  for (std::size_t g = 0; g < rp.groups.size(); ++g) {
+    const GroupPlan& G = rp.groups[g];
     const GroupLayout& L = G.layout;
-    const std::uint64_t total = L.total_elems();
-    const std::uint64_t state = G.state_elems;
-    const std::uint64_t grad = G.grad_elems;
     p.model_state += static_cast<std::uint64_t>(L.payload_elems()) * (wbytes + 4 * nstate + 4);
-    if (o.optimizer == Home::Device) {
-      p.device_optimizer += state * 4 * nstate;
-      // The step's gradient: with one micro-batch per step the reduced gradient itself (Note [One
-      // unit's gradient as it is], engine/state_home_device.cc), else fp32 sums: one accumulator,
-      // or in exact mode the binary counter's levels (grad_partials of them at most).
-      const std::uint64_t sums = rp.accumulation == 1 ? wbytes : 4 * static_cast<std::uint64_t>(rp.grad_partials);
-      p.device_state += state * 4 * nstate + grad * sums;
-    }
+    // The device home's master and moments, and the step's gradient buffers it keeps.
+    p.device_optimizer += device_optimizer_bytes(rp, g);
+    p.device_state += device_optimizer_bytes(rp, g) + device_grad_buffers(rp, g).total();
     // Host arrays are kept per chunk, each padded to 4 KiB (engine/offload_tier.h).
     for (const StateChunk& ch : G.chunks) {
       if (ch.state == Home::Host) p.host_arrays += rp.host_state_bytes(ch);
@@ -79,19 +73,18 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
       }
       if (G.weights == WeightsForm::ShardOnTier && ch.params == Home::Host) p.host_arrays += rp.host_param_bytes(ch);
     }
-    p.device_weights += G.device_weight_elems() * wbytes;
-    // The group in use: gathered (stage 3), its micro-batch gradient and its reduction, and the
-    // shard fetched from the parameter tier before the all-gather.
-    const bool sharded = G.sharded_params;
-    const bool fetched_shard = G.weights == WeightsForm::ShardOnTier && L.shard_count() > 1;
-    std::uint64_t window =
-        (sharded ? total * wbytes : 0) + total * wbytes + grad * wbytes + (fetched_shard ? state * wbytes : 0);
-    for (const std::string& other : G.gathered_with) window += gathered_bytes(other);
-    if (window > p.device_window) {
+    p.device_weights += resident_weight_bytes(rp, g);
+    const std::uint64_t window = window_bytes(rp, g);
+    if (window > p.device_window || p.largest_group.empty()) {  // the first group where every window is 0
       p.device_window = window;
       p.largest_group = L.name();
-      p.largest_group_bytes = total * wbytes;
+      p.largest_group_bytes = unit_grad_bytes(rp, g);
     }
+    // Note [Reductions in flight] (engine/grad_reducer.cc): another group's micro-batch gradient
+    // and its reduction may still be queued beside the group in use when the device has room for
+    // them (on a device sized to the plan the allocation waits for them instead): at most the
+    // largest such pair, nothing where the gradients are written in place.
+    p.device_in_flight = std::max(p.device_in_flight, micro_grad_bytes(rp, g) + reduced_grad_bytes(rp, g));
   }
   p.activations = activation_bytes;
   p.pinned = o.pinned_bytes();

@@ -1,6 +1,8 @@
 // The tier planner: before the first step, the bytes each tier needs for a model and a config, and
 // a refusal with the numbers and the knob to change when they cannot fit. The bytes are a sum over
-// the run plan (plan/run_plan.h, Note [Run plan]): where each array lives is decided there only.
+// the run plan (plan/run_plan.h, Note [Run plan]): where each array lives is decided there only,
+// and what each part of the engine allocates is a function of it (see Note [Part bytes] in
+// plan/part_bytes.h), the one the part itself calls.
 //
 // Per rank: the device must hold, at the same time, whatever model state the config keeps resident
 // (master and moments unless the optimizer is offloaded, working weights unless they are sharded

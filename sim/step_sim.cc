@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/engine_context.h"
+#include "plan/part_bytes.h"
 #include "sim/step_sim_engine.h"
 
 namespace strata::sim {
@@ -214,8 +215,9 @@ void EngineSim::prefetch_after(std::size_t position) {
 // on the comm stream, then all-gathered.
 void EngineSim::start_gather(std::size_t g) {
   const GroupLayout& L = plan(g).layout;
-  const double shard_bytes = static_cast<double>(L.shard_elems()) * wbytes();
-  const double full_bytes = static_cast<double>(L.total_elems()) * wbytes();
+  // The engine's sizes (see Note [Part bytes] in plan/part_bytes.h).
+  const auto shard_bytes = static_cast<double>(tier_shard_bytes(p_, g));
+  const auto full_bytes = static_cast<double>(gathered_bytes(p_, g));
   double end = host_;
   if (p_.params_offloaded()) {
     double ready = host_;
@@ -249,8 +251,8 @@ void EngineSim::start_gather(std::size_t g) {
 // group and all-reduce across replicas at stages 2-3, all-reduce at stages 0-1.
 void EngineSim::reduce(std::size_t g, int unit) {
   const GroupPlan& P = plan(g);
-  const double full_bytes = static_cast<double>(P.layout.total_elems()) * wbytes();
-  const double grad_bytes = static_cast<double>(P.grad_elems) * wbytes();
+  const auto full_bytes = static_cast<double>(unit_grad_bytes(p_, g));
+  const auto grad_bytes = static_cast<double>(reduced_unit_bytes(p_, g));
   const double ready = last_compute_;
   double end = 0;
   if (p_.stage >= 2) {
@@ -372,9 +374,7 @@ std::vector<PipelineJob> EngineSim::update_jobs() const {
 // (RunPlan::final_grad_dtype), waited for once (Note [One wait for the norm]).
 void EngineSim::norm_on_device() {
   double bytes = 0;
-  for (const GroupPlan& P : p_.groups) {
-    bytes += static_cast<double>(P.grad_elems) * static_cast<double>(dtype_bytes(p_.final_grad_dtype()));
-  }
+  for (std::size_t g = 0; g < p_.groups.size(); ++g) bytes += static_cast<double>(final_grad_bytes(p_, g));
   host_wait(comm("gradient norm", device_pass(bytes), host_, bytes, SimQueue::Compute));
 }
 
@@ -389,10 +389,9 @@ void EngineSim::end_step_on_device() {
   double end = comm("optimizer update", seconds, host_, bytes, SimQueue::Compute);
   if (p_.stage == 1 || p_.stage == 2) {
     for (std::size_t g = 0; g < p_.groups.size(); ++g) {
-      const GroupLayout& L = plan(g).layout;
       if (plan(g).sharded_params) continue;
-      const double full_bytes = static_cast<double>(L.total_elems()) * wbytes();
-      end = collective("publish " + gname(g), L.shard_count(), full_bytes, 1, end);
+      const auto full_bytes = static_cast<double>(resident_weight_bytes(p_, g));
+      end = collective("publish " + gname(g), plan(g).layout.shard_count(), full_bytes, 1, end);
     }
   }
   published_ = end;
