@@ -44,7 +44,7 @@ void parse_device_section(ConfigReader d, StrataConfig& s) {
     d.fail("memory", "0 B is no device memory; give a size such as \"8GiB\", or leave the key out (or write "
                      "\"auto\") for the default");
   }
-  // The modeled link (Note [Modeled link], core/device/sim_device.cc): a bandwidth so low, or a
+  // The modeled link (Note [Modeled link], core/device/sim_link.h): a bandwidth so low, or a
   // latency so high, that a step would take hours is a typo, not a model of a link.
   const auto get_gbps = [&d](std::string_view key, double* gbps) {
     d.get_double(key, gbps, 0.0, 1e4);

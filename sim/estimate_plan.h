@@ -3,7 +3,7 @@
 // shape that does, and DeepSpeed's estimate for the same model beside it.
 //
 // Note [One plan for estimate and train]: nothing here re-derives a placement rule. The numbers are
-// those of the path `strata train` takes before step 1 (train/trainer.cc): the tiling decision
+// those of the path `strata train` takes before step 1 (train/training_run.cc): the tiling decision
 // (models/tiling_plan.h), then place_run (plan/tier_plan.h: "auto" sections and the host budget
 // resolved, the run plan, its bytes per tier), checked by check_plan_fits. Only the capacities differ: a
 // machine file gives the GPU's memory, the host's memory (all of it counts as available) and the

@@ -1,5 +1,5 @@
-// The step loop of a training run: what it works with (StepLoop, set up by run_training in
-// train/trainer.cc), the steps themselves (micro-batches, the engine's step, the report, the
+// The step loop of a training run: what it works with (StepLoop, set up by TrainingRun in
+// train/training_run.cc), the steps themselves (micro-batches, the engine's step, the report, the
 // checkpoints and validation between steps) and the run's totals once they are done.
 #pragma once
 
@@ -25,7 +25,7 @@ namespace strata::train {
 
 using Clock = std::chrono::steady_clock;
 
-// What the step loop works with, set up once by run_training.
+// What the step loop works with, set up once by TrainingRun::prepare_steps.
 struct StepLoop {
   const TrainConfig& cfg;
   Device& device;

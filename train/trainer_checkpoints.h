@@ -1,6 +1,6 @@
 // The trainer's checkpoints: resume, periodic and final saves, and stopping on SIGTERM/SIGINT
-// (Note [Stopping on a signal] in train/trainer_checkpoints.cc). Used by the training loop
-// (train/trainer.cc) only; the checkpoint format and its writer live in checkpoint/.
+// (Note [Stopping on a signal] in train/trainer_checkpoints.cc). Used by the training run
+// (train/training_run.cc, train/step_loop.cc) only; the checkpoint format and its writer live in checkpoint/.
 #pragma once
 
 #include <chrono>

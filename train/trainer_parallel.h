@@ -1,4 +1,4 @@
-// Tensor and pipeline parallelism in the trainer (train/trainer.cc): the checks of strata.parallel
+// Tensor and pipeline parallelism in the trainer (train/training_run.cc): the checks of strata.parallel
 // before any work (check_parallel_layout, declared in train/trainer.h for estimate too), the whole
 // tensors of a tensor- or pipeline-parallel run for --save-weights, and the tensor and pipeline
 // groups' figures in the run's summary.

@@ -1,4 +1,4 @@
-// What the training loop (train/trainer.cc) tells the user: rank 0's progress bar or per-step log
+// What the training loop (train/step_loop.cc) tells the user: rank 0's progress bar or per-step log
 // lines, the JSON-lines metrics of strata.metrics, the closing summary lines and --summary-json.
 // The figures and formats are the trainer's; this file only writes them.
 #pragma once

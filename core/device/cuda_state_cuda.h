@@ -86,7 +86,7 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   void unpin(void* ptr) noexcept;
   // Whether [ptr, ptr + bytes) lies inside one host range this device pinned; a copy of host memory
   // that does not is counted (MemoryStats::pageable_copies; Note [Pageable copies] in
-  // core/device/sim_device.cc).
+  // core/device/sim_stream.cc).
   bool pinned_range(const void* ptr, std::size_t bytes) const;
   void count_pageable(std::size_t bytes);
 

@@ -4,7 +4,7 @@
 //   * ordering: Stream (an ordered queue of kernels, copies and event record/wait) and Event;
 //   * page-locking of host memory: Device is the HostMemoryPinner that core/host_buffer uses.
 //
-// Two backends implement it: `sim` (core/device/sim_device.cc, sim_allocator.h), device memory that is host memory
+// Two backends implement it: `sim` (core/device/sim_device.cc and its sim_*.{h,cc}), device memory that is host memory
 // behind a hard capacity cap, streams run by worker threads, copies throttled to a modeled link;
 // and `cuda` (core/device/cuda_device_cuda.cc), the same contract over the CUDA runtime.
 //
@@ -23,7 +23,7 @@
 //  * Copies and kernels are asynchronous; pointers must stay valid until the stream has
 //    passed them (use an event, Stream::synchronize, or Stream::release_after for device memory).
 //    Except: a copy to or from host memory that is not pinned (pin_host) blocks the caller until
-//    it has run, as CUDA's may (Note [Pageable copies] in core/device/sim_device.cc).
+//    it has run, as CUDA's may (Note [Pageable copies] in core/device/sim_stream.cc).
 //  * An exception thrown by work on a stream is sticky: the next synchronize() on that stream
 //    (or any later enqueue) rethrows it, as CUDA reports asynchronous errors.
 //  * DeviceMemory, Stream and Event must not outlive their Device: using them afterwards throws
@@ -60,7 +60,7 @@ struct MemoryStats {
   std::size_t pinned_host_bytes = 0;
   // Copies between the device and host memory that is not pinned, since creation: each may block
   // its caller until it has run, after its stream's earlier work (Note [Pageable copies] in
-  // core/device/sim_device.cc).
+  // core/device/sim_stream.cc).
   std::uint64_t pageable_copies = 0;
   std::uint64_t pageable_copy_bytes = 0;
   // Successful pin_host calls since creation. On cuda page-locking may wait for every stream (Note

@@ -8,7 +8,7 @@
 // in stream order, and the sim device holds it to what a CUDA kernel can do: it reads and writes
 // device memory (host memory here) and host memory it was handed, and never waits for the host.
 // Inside a sim kernel Event::synchronize, Stream::synchronize, a copy of pageable host memory
-// (which blocks its caller, Note [Pageable copies] in core/device/sim_device.cc) and pin_host
+// (which blocks its caller, Note [Pageable copies] in core/device/sim_stream.cc) and pin_host
 // throw DeviceError, so code that would make a GPU wait for the host fails on CI as it would hang
 // on a GPU. A collective of the MPI communicator is a sim kernel that waits for the same collective
 // on its peers, as an NCCL kernel does.

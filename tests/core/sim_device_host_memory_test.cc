@@ -1,4 +1,4 @@
-// Tests of the sim device's host-memory rules (core/device/sim_device.cc): the pinned registry, Note
+// Tests of the sim device's host-memory rules (core/device/sim_device.cc, sim_stream.cc): the pinned registry, Note
 // [Pageable copies] (a copy of pageable memory blocks its caller, reports only its own failure, and
 // is refused inside a sim kernel), Note [Sim kernels] (no page-locking and no waits inside a
 // kernel), and Note [Pinning while streams run] (pins are counted).
@@ -63,7 +63,7 @@ void wait_until_pageable_copies(Device& device, std::uint64_t n) {
   }
 }
 
-// See Note [Pageable copies] in core/device/sim_device.cc.
+// See Note [Pageable copies] in core/device/sim_stream.cc.
 // A copy to or from host memory that is not pinned returns only once it
 // has run (as CUDA's), so it waits for the stream's earlier work; a pinned one (or any range inside
 // a pinned buffer) is queued and returns at once.

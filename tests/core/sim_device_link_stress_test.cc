@@ -82,7 +82,7 @@ TEST(SimDevice, ModeledBandwidthHoldsOnA256MiBCopy) {
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), kBytes), 0);
 }
 
-// See Note [Modeled link] in core/device/sim_device.cc: one link per direction, shared; h2d and d2h are separate.
+// See Note [Modeled link] in core/device/sim_link.h: one link per direction, shared; h2d and d2h are separate.
 TEST(SimDevice, LinksAreFullDuplexAndSharedPerDirection) {
   SKIP_TIMING_UNDER_SANITIZER();
   constexpr std::size_t kBytes = 8 * MiB;

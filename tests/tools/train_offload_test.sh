@@ -59,7 +59,7 @@ for clip in 1.0 0; do
       else
         [ "$overlapped" = 0 ] && ok "clipping on: the update waits for the norm" || bad "clipping on: $overlapped overlapped updates"
       fi
-      # See Note [Pageable copies] in core/device/sim_device.cc.
+      # See Note [Pageable copies] in core/device/sim_stream.cc.
       # Per micro-batch the tokens and targets go up and the losses come back
       # from pageable host memory (each a host synchronization on cuda the design names); the
       # engine's step, offload included, copies only pinned memory.
