@@ -87,6 +87,33 @@ TEST(Pipeline, MoreSlotsOverlapUpToTheDrive) {
   }
 }
 
+// A drive curve is read at the plan's largest kernel read and write and at the depth one drive sees
+// (Note [Drive curves] in plan/machine_curve.h): aio.queue_depth x ranks / drives.
+TEST(StepSim, DriveCurveIsReadAtThePlansRequestsAndDepth) {
+  SimMachine m = instant_machine();  // two drives
+  m.spec.drives.read_gbps = m.spec.drives.write_gbps = 100;  // not used: the curve is
+  // Request sizes 256 KiB and 4 MiB (four octaves apart), depths 4 and 64 (four octaves apart).
+  m.spec.drives.curve = DriveCurve{{256 << 10, 4 << 20}, {4, 64}, {{1, 2}, {3, 4}}, {{0.5, 1}, {1.5, 2}}};
+  const auto step = [&](std::vector<std::string> aio) {
+    const StepWorkload w = make_step_workload(load_train_config(config_path("demo.json"), aio), 1, std::uint64_t{6} << 20);
+    EXPECT_GE(w.plan.offload.slot_bytes, std::size_t{4} << 20);  // no transfer caps the requests below
+    return simulate_step(w, m);
+  };
+  // Reads up to 1 MiB (halfway in log2), writes up to 256 KiB, depth 8 / 2 drives = 4.
+  const SimResult a = step({"aio.queue_depth=8", "aio.request_size=1048576", "aio.write_request_size=262144"});
+  ASSERT_GT(a.nvme_read_bytes, 0u);
+  ASSERT_GT(a.nvme_written_bytes, 0u);
+  EXPECT_NEAR(a.step_seconds,
+              static_cast<double>(a.nvme_read_bytes) / (2 * 2e9) + static_cast<double>(a.nvme_written_bytes) / (2 * 0.5e9),
+              1e-9);
+  // Reads up to 4 MiB at depth 128 / 2 = 64: the curve's corner; writes at 256 KiB, depth 64.
+  const SimResult b = step({"aio.queue_depth=128", "aio.request_size=4194304", "aio.write_request_size=262144"});
+  EXPECT_NEAR(b.step_seconds,
+              static_cast<double>(b.nvme_read_bytes) / (2 * 4e9) + static_cast<double>(b.nvme_written_bytes) / (2 * 1e9),
+              1e-9);
+  EXPECT_LT(b.step_seconds, a.step_seconds);
+}
+
 // See Note [Wake-ups] in sim/step_sim.h.
 // Each copy of a job costs its bytes and two wake-ups (the transfer stream's
 // worker, then the thread waiting for it); the CPU work between them none.
