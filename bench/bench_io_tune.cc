@@ -34,11 +34,12 @@ std::vector<std::string> split(const std::string& text, char sep = ',') {
   return out;
 }
 
-unsigned parse_count(const std::string& s, const char* flag, unsigned max, const char* example) {
+// `noun`: what each value is, for the message ("depth").
+unsigned parse_count(const std::string& s, const char* flag, const char* noun, unsigned max, const char* example) {
   unsigned v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size() || v < 1 || v > max) {
-    throw ConfigError(fmt::format("{} {}: each value must be a whole number 1-{} (e.g. {})", flag, s, max, example));
+    throw ConfigError(fmt::format("{} {}: each {} must be a whole number 1-{} (e.g. {})", flag, s, noun, max, example));
   }
   return v;
 }
@@ -65,8 +66,8 @@ TuneLists parse_lists(const TuneArgs& t) {
     }
     l.sizes.push_back(bytes);
   }
-  for (const std::string& s : split(t.qds)) l.qds.push_back(parse_count(s, "--tune-qd", 1024, "4,16,32"));
-  for (const std::string& s : split(t.jobs)) l.jobs.push_back(parse_count(s, "--tune-jobs", 64, "1,2,4"));
+  for (const std::string& s : split(t.qds)) l.qds.push_back(parse_count(s, "--tune-qd", "depth", 1024, "4,16,32"));
+  for (const std::string& s : split(t.jobs)) l.jobs.push_back(parse_count(s, "--tune-jobs", "number of rings", 64, "1,2,4"));
   if (l.sizes.empty() || l.qds.empty() || l.jobs.empty()) {
     throw ConfigError("--tune: --tune-request-sizes, --tune-qd and --tune-jobs need one value each at least");
   }
@@ -86,8 +87,8 @@ TuneLists parse_lists(const TuneArgs& t) {
       if (sides.size() != 2) {
         throw ConfigError(fmt::format("--tune-rw-qd {}: give reader+writer depths, e.g. 8+8,16+16 (or auto, or none)", pair));
       }
-      l.rw.push_back(RwPair{parse_count(sides[0], "--tune-rw-qd", 1024, "8+8"),
-                            parse_count(sides[1], "--tune-rw-qd", 1024, "8+8")});
+      l.rw.push_back(RwPair{parse_count(sides[0], "--tune-rw-qd", "depth", 1024, "8+8"),
+                            parse_count(sides[1], "--tune-rw-qd", "depth", 1024, "8+8")});
     }
   }
   return l;

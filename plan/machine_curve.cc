@@ -52,7 +52,7 @@ std::vector<T> read_axis(ConfigReader& r, const char* key, bool bytes) {
   for (const nlohmann::json& v : list) {
     std::uint64_t value = 0;
     std::size_t parsed = 0;
-    if (v.is_number_unsigned()) {
+    if (v.is_number_integer() && v.get<std::int64_t>() >= 0) {  // a C++-built value is signed
       value = v.get<std::uint64_t>();
     } else if (bytes && v.is_string() && parse_bytes(v.get<std::string>(), &parsed)) {
       value = parsed;

@@ -60,9 +60,9 @@ sys.exit(0 if d["curve"]["request_sizes"] == [262144] and d["curve"]["queue_dept
   "$work/new.json" && grep -q "measured as strata doctor --measure does" <<<"$text" &&
   grep -q "^2+2 " <<<"$text" && ok "--machine-file new.json: measured, with the curve" || bad "new machine file: $text"
 
-refuse "--tune-jobs 0" "--tune-jobs 0: each value must be a whole number 1-64" --tune --tune-jobs 0
+refuse "--tune-jobs 0" "--tune-jobs 0: each number of rings must be a whole number 1-64" --tune --tune-jobs 0
 refuse "--tune-rw-qd 8" "--tune-rw-qd 8: give reader+writer depths" --tune --tune-rw-qd 8
-refuse "--tune-rw-qd 0+4" "--tune-rw-qd 0: each value must be" --tune --tune-rw-qd 0+4
+refuse "--tune-rw-qd 0+4" "--tune-rw-qd 0: each depth must be" --tune --tune-rw-qd 0+4
 refuse "--machine-file without --tune" "--machine-file is an option of --tune" --machine-file "$work/x.json"
 refuse "--tune-jobs without --tune" "--tune-jobs is an option of --tune" --tune-jobs 2
 echo '{"name": "x"}' >"$work/broken.json"
