@@ -43,6 +43,7 @@
 #include "bench/bench_io_files.h"
 #include "bench/bench_io_jobs.h"
 #include "bench/bench_io_plan.h"
+#include "bench/bench_io_plot.h"
 #include "bench/bench_io_replay.h"
 #include "bench/bench_io_tune.h"
 #include "bench/bench_io_report.h"
@@ -63,6 +64,7 @@ struct BenchSetup {
   BenchBuffers& buffers;
   std::FILE* interval_log = nullptr;
   Placement placement;  // --pin: each job's CPU; empty cpus: unpinned
+  IntervalPlot* plot = nullptr;  // --plot: gets every interval
 };
 
 double seconds_of(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
@@ -217,6 +219,7 @@ RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
   if (p.time.count() > 0) report.extra["time_s"] = seconds_of(p.time);
   const nlohmann::json row_keys = {{"rw", row.rw}, {"bs", row.bs_bytes}, {"qd", row.qd}};
   IntervalPrinter printer(a.json, s.interval_log, row_keys);
+  if (s.plot != nullptr) s.plot->begin_row(fmt::format("{} {} qd {}", row.rw, size_label(row.bs_bytes), row.qd));
 
   const int runs = a.vs_fio ? a.pairs : 1;
   const bool reallocate_each = row_writes(row) && p.file_state == FileState::Fallocated;
@@ -232,7 +235,12 @@ RowReport run_row(BenchSetup& s, const Row& row, bool& written) {
     spec.verify = verify;
     spec.verify_seed = p.seed;
     spec.order_seed = p.seed + 1000u * static_cast<std::uint64_t>(i + 1);
-    if (p.interval.count() > 0) spec.on_interval = [&printer](const IntervalReport& rep) { printer.print(rep); };
+    if (p.interval.count() > 0) {
+      spec.on_interval = [&printer, &s](const IntervalReport& rep) {
+        printer.print(rep);
+        if (s.plot != nullptr) s.plot->add(rep);
+      };
+    }
     report.runs.push_back(run_workload(job_engines.jobs(), files, buf, spec));
     printer.finish();
     const WorkloadResult& rr = report.runs.back();
@@ -272,7 +280,8 @@ struct FileCloser {
 };
 
 // Runs every row of the flags' matrix; `each` sees each row's report as it is done.
-void for_each_row(const BenchIoArgs& a, const std::function<void(const RowReport&)>& each) {
+void for_each_row(const BenchIoArgs& a, const std::function<void(const RowReport&)>& each,
+                  IntervalPlot* plot = nullptr) {
   const BenchPlan plan = make_plan(a);
   std::unique_ptr<std::FILE, FileCloser> interval_log;
   if (!a.interval_log.empty()) {
@@ -288,7 +297,7 @@ void for_each_row(const BenchIoArgs& a, const std::function<void(const RowReport
                    : open_test_files(plan.dirs, plan.file_bytes);
   TestFilesCleanup cleanup{files, a.keep_file};
   BenchBuffers buffers(plan.buffer_bytes, plan.huge_always);
-  BenchSetup setup{a, plan, files, buffers, interval_log.get(), {}};
+  BenchSetup setup{a, plan, files, buffers, interval_log.get(), {}, plot};
   if (plan.pin) {
     setup.placement = place_jobs(files, plan.jobs);
     for (const auto& job : setup.placement.report) {
@@ -313,12 +322,29 @@ std::vector<RowReport> measure_rows(const BenchIoArgs& a) {
 
 namespace {
 int run_bench_io(const BenchIoArgs& a) {
+  IntervalPlot plot;
+  if (!a.plot.empty()) {
+    if (a.time.empty() && a.interval.empty()) {
+      throw ConfigError(fmt::format("--plot {}: it draws bandwidth and latency over time; add --time (e.g. --time 10s) "
+                                    "or --interval, or --tune for the heat maps",
+                                    a.plot));
+    }
+    check_plot_output(a.plot);
+  }
   bool header = false;
-  for_each_row(a, [&](const RowReport& r) {
-    if (!a.json && !header) print_table_header(a.vs_fio);
-    header = true;
-    print_row(r, a.json);
-  });
+  for_each_row(
+      a,
+      [&](const RowReport& r) {
+        if (!a.json && !header) print_table_header(a.vs_fio);
+        header = true;
+        print_row(r, a.json);
+      },
+      a.plot.empty() ? nullptr : &plot);
+  if (!a.plot.empty()) {
+    if (plot.empty()) throw Error(fmt::format("--plot {}: no interval completed, so there is nothing to draw", a.plot));
+    plot.draw(a.plot);
+    if (!a.json) std::printf("plot drawn to %s\n", a.plot.c_str());
+  }
   return 0;
 }
 }  // namespace
@@ -400,6 +426,9 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
                 "the end; a wrong block fails the run");
   cmd->add_option("--seed", args->seed, "seed of the random order and of --verify's headers (default: the clock)");
   cmd->add_flag("--histogram", args->histogram, "add the latency histogram to each JSON row");
+  cmd->add_option("--plot", args->plot,
+                  "draw a picture (FILE.svg or FILE.png, with gnuplot): bandwidth and latency per interval of a "
+                  "--time/--interval run, or with --tune the heat maps of GB/s by request size x queue depth");
   // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify]).
   cmd->add_option("--inject-fault", args->inject_fault)->group("");
   auto* replay_opt = cmd->add_option(
@@ -426,16 +455,30 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
   auto* sizes_opt = cmd->add_option("--tune-request-sizes", tune->request_sizes,
                                     "with --tune: kernel request sizes swept")->capture_default_str();
   auto* qds_opt = cmd->add_option("--tune-qd", tune->qds, "with --tune: queue depths swept")->capture_default_str();
+  auto* jobs_opt = cmd->add_option("--tune-jobs", tune->jobs,
+                                   "with --tune: rings per drive swept at the best request sizes and depth (reported; "
+                                   "the engine runs one ring per drive)")
+                       ->capture_default_str();
+  auto* rw_opt = cmd->add_option("--tune-rw-qd", tune->rw_qds,
+                                 "with --tune: reader+writer depths of read+write rows (readers and writers at once, "
+                                 "as the optimizer step reads ahead and writes behind), which set aio.queue_depth; "
+                                 "auto: Q/2+Q/2 for every --tune-qd Q; none: skip")
+                     ->capture_default_str();
+  auto* machine_file_opt = cmd->add_option("--machine-file", tune->machine_file,
+                                           "with --tune: write the drive's curve (GB/s by request size x queue depth) "
+                                           "into this machine file for strata simulate: an existing one (strata doctor "
+                                           "--json --measure --out M.json) is updated, a new one measured as doctor "
+                                           "--measure does");
   auto* size_opt = cmd->get_option("--size");
   table[cmd] = [args, replay, tune, replay_opt, set_opt, machine_opt, steps_opt, tbw_opt, tune_opt, out_opt, config_opt,
-                sizes_opt, qds_opt, size_opt]() -> int {
+                sizes_opt, qds_opt, jobs_opt, rw_opt, machine_file_opt, size_opt]() -> int {
     if (tune_opt->count() > 0) {
       if (replay_opt->count() > 0) throw ConfigError("--tune and --replay: run one at a time");
       tune->overrides = replay->overrides;
       tune->size_given = size_opt->count() > 0;
       return bench_io::run_tune(*tune, *args);
     }
-    for (const CLI::Option* o : {out_opt, config_opt, sizes_opt, qds_opt}) {
+    for (const CLI::Option* o : {out_opt, config_opt, sizes_opt, qds_opt, jobs_opt, rw_opt, machine_file_opt}) {
       if (o->count() > 0) throw ConfigError(fmt::format("{} is an option of --tune: add --tune", o->get_name()));
     }
     if (replay_opt->count() == 0) {
@@ -447,6 +490,7 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
       }
       return bench_io::run_bench_io(*args);
     }
+    if (!args->plot.empty()) throw ConfigError("--plot draws a --time/--interval run or --tune's heat maps, not --replay: drop it");
     replay->json = args->json;
     return bench_io::run_replay(*replay);
   };

@@ -62,6 +62,7 @@ struct BenchIoArgs {
   bool iopoll = false;
   std::string device;
   bool destructive = false;
+  std::string plot;  // --plot: bandwidth and latency over time (bench/bench_io_plot.h)
 };
 
 struct BenchPlan {

@@ -161,6 +161,10 @@ MachineDrives read_drives(MachineFields f) {
   for (const std::string& p : d.paths) {
     if (p.empty()) r.fail("paths", "an empty directory name; give one directory per drive, or leave paths out");
   }
+  if (r.has("curve")) {
+    if (d.count == 0) r.fail("curve", "a curve with drives.count 0; give count, or leave curve out");
+    d.curve = parse_drive_curve(r.section("curve"), kMachineMaxGbps);
+  }
   r.finish();
   return d;
 }
@@ -175,7 +179,8 @@ MachineSpec parse_machine(const nlohmann::json& root, const std::string& source)
   top.reader().get_string("note", &m.note);
   m.gpus = read_gpus(top.section("gpus", "count, memory, bf16_tflops, pcie_h2d_gbps, pcie_d2h_gbps, link_gbps"));
   m.host = read_host(top.section("host", "memory, cores, memory_gbps, adam_params_per_s"));
-  m.drives = read_drives(top.section("drives", "count, read_gbps, write_gbps, endurance_tbw and optionally paths"));
+  m.drives = read_drives(
+      top.section("drives", "count, read_gbps, write_gbps, endurance_tbw and optionally paths, capacity, curve"));
   top.reader().finish();
   return m;
 }
@@ -225,8 +230,14 @@ nlohmann::json machine_to_json(const MachineSpec& machine) {
         {"endurance_tbw", d.endurance_tbw}}},
   };
   if (d.capacity_bytes > 0) j["drives"]["capacity"] = d.capacity_bytes;
+  if (!d.curve.empty()) j["drives"]["curve"] = drive_curve_to_json(d.curve);
   if (!machine.note.empty()) j["note"] = machine.note;
   return j;
+}
+
+double MachineDrives::gbps(DriveOp op, std::uint64_t request_bytes, double queue_depth) const {
+  if (!curve.empty()) return curve.gbps(op, request_bytes, queue_depth);
+  return op == DriveOp::Read ? read_gbps : write_gbps;
 }
 
 SsdWear ssd_wear(double bytes_per_step, double step_seconds, int drives, double endurance_tbw_per_drive) {

@@ -7,7 +7,8 @@
 //     "gpus":   {"count": 1, "memory": "80GB", "bf16_tflops": 989, "pcie_h2d_gbps": 55, "pcie_d2h_gbps": 55,
 //                "link_gbps": 0},
 //     "host":   {"memory": "2TB", "cores": 112, "memory_gbps": 300, "adam_params_per_s": 5e9},
-//     "drives": {"count": 4, "read_gbps": 7, "write_gbps": 6, "endurance_tbw": 7000, "paths": []},
+//     "drives": {"count": 4, "read_gbps": 7, "write_gbps": 6, "endurance_tbw": 7000, "paths": [],
+//                "curve": {...}},
 //     "note": "where the figures come from"
 //   }
 //
@@ -15,7 +16,9 @@
 // 1e9 bytes/s; `link_gbps` is the GPU-to-GPU bandwidth a collective sees per GPU (NVLink; 0 with one
 // GPU). `endurance_tbw` is the drive's rated terabytes written (1e12 bytes), per drive.
 //
-// Every field is required except `drives.paths` and `note` (free text: the sources of the figures).
+// Every field is required except `drives.paths`, `drives.capacity`, `drives.curve` (the drive's
+// GB/s by request size and queue depth, see Note [Drive curves] in plan/machine_curve.h) and `note`
+// (free text: the sources of the figures).
 // A zero means "not known" where a machine can honestly not know it, and is refused elsewhere:
 // `gpus.bf16_tflops` 0 is unknown (doctor cannot time a GPU's tensor cores; a simulation needs it
 // filled in), `gpus.pcie_*_gbps` 0 is no modeled link (copies at host memory speed, as on the sim
@@ -31,6 +34,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "plan/machine_curve.h"
 
 namespace strata {
 
@@ -65,6 +70,11 @@ struct MachineDrives {
   double write_gbps = 0;           // per drive
   double endurance_tbw = 0;        // per drive, 1e12 bytes; 0: unknown
   std::uint64_t capacity_bytes = 0;  // optional `capacity`: space the swap files may take per drive; 0: unknown
+  DriveCurve curve;                  // optional: empty when the file has none (read_gbps/write_gbps apply)
+
+  // One drive's GB/s for `op` at a request size and queue depth: the curve's figure when there is
+  // one, else read_gbps or write_gbps.
+  double gbps(DriveOp op, std::uint64_t request_bytes, double queue_depth) const;
 };
 
 struct MachineSpec {

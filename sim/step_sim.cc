@@ -17,9 +17,15 @@
 namespace strata::sim {
 namespace detail {
 
-Rates rates_of(const SimMachine& m, int ranks) {
+Rates rates_of(const SimMachine& m, int ranks, const RunPlan& plan) {
   const MachineSpec& s = m.spec;
   const double share = 1.0 / ranks;
+  // The drives' figures at the plan's requests and depth (Note [Drive curves] in plan/machine_curve.h).
+  const offload::RequestLimits limits = offload::request_limits(plan.offload.io);
+  const auto request = [&](std::size_t limit) {
+    return static_cast<std::uint64_t>(plan.offload.slot_bytes > 0 ? std::min(limit, plan.offload.slot_bytes) : limit);
+  };
+  const double depth = static_cast<double>(plan.offload.io.queue_depth) * ranks / std::max(s.drives.count, 1);
   Rates r;
   r.flops = s.gpus.bf16_tflops * 1e12;
   r.block_eff = m.block_efficiency;
@@ -28,8 +34,9 @@ Rates rates_of(const SimMachine& m, int ranks) {
   r.device_memory = m.device_memory_gbps * kGiga;
   r.host_memory = s.host.memory_gbps * kGiga * share;
   r.adam = s.host.adam_params_per_s * share;
-  r.io.nvme_read_bytes_per_s = s.drives.count * s.drives.read_gbps * kGiga * share;
-  r.io.nvme_write_bytes_per_s = s.drives.count * s.drives.write_gbps * kGiga * share;
+  r.io.nvme_read_bytes_per_s = s.drives.count * s.drives.gbps(DriveOp::Read, request(limits.read_bytes), depth) * kGiga * share;
+  r.io.nvme_write_bytes_per_s =
+      s.drives.count * s.drives.gbps(DriveOp::Write, request(limits.write_bytes), depth) * kGiga * share;
   r.io.h2d_bytes_per_s = s.gpus.pcie_h2d_gbps * kGiga;
   r.io.d2h_bytes_per_s = s.gpus.pcie_d2h_gbps * kGiga;
   return r;

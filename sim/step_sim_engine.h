@@ -29,8 +29,9 @@ struct Rates {
 };
 
 // The simulated rank's rates. What the node's `ranks` share (the drives, host memory, the CPU's
-// Adam rate) is split evenly among them: every rank runs the same step at the same time.
-Rates rates_of(const SimMachine& m, int ranks);
+// Adam rate) is split evenly among them: every rank runs the same step at the same time. The drives
+// are read at `plan`'s request sizes and queue depth (Note [Drive curves] in plan/machine_curve.h).
+Rates rates_of(const SimMachine& m, int ranks, const RunPlan& plan);
 // The figures the workload needs must be there: one ConfigError naming the field.
 void check_machine(const StepWorkload& w, const SimMachine& m);
 // A timeline with the machine's queues (on the sim device model ops and CPU work share one).
@@ -42,7 +43,7 @@ SimResult step_result(const Timeline& timeline, double from, double to, std::int
 class EngineSim {
  public:
   EngineSim(const StepWorkload& w, const SimMachine& m, Timeline& timeline)
-      : w_(w), p_(w.plan), m_(m), r_(rates_of(m, w.plan.topo.world_size * w.tensor_ranks * w.stage.stages)), tl_(timeline),
+      : w_(w), p_(w.plan), m_(m), r_(rates_of(m, w.plan.topo.world_size * w.tensor_ranks * w.stage.stages, w.plan)), tl_(timeline),
         groups_(w.plan.groups.size()) {
     build_trace();
   }

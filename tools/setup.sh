@@ -9,7 +9,7 @@ PACKAGES=(
   libtbb-dev libhwloc-dev hwloc libspdlog-dev libfmt-dev liburing-dev
   libgtest-dev libgmock-dev libopenmpi-dev openmpi-bin libopenblas-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
-  fio fortunes
+  fio fortunes gnuplot-nox
   libpcre2-dev libsentencepiece-dev libicu-dev
   python3-venv python3-pip python3-torch python3-jinja2
 )

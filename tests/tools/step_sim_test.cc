@@ -2,6 +2,7 @@
 // exactly (one finite queue, a pipeline with one slot), the pipeline's slot bound, monotonicity in
 // the drives' speed, and the trace file. No timings are measured.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -85,6 +86,43 @@ TEST(Pipeline, MoreSlotsOverlapUpToTheDrive) {
     // The drive serves 12 transfers of 1 s: that bound is reached once reads run ahead of writes.
     EXPECT_DOUBLE_EQ(end, 12) << slots << " slots";
   }
+}
+
+// A drive curve is read at the plan's largest kernel read and write, never above a pinned slot, and
+// at the depth one drive sees (Note [Drive curves] in plan/machine_curve.h): aio.queue_depth x ranks
+// / drives.
+TEST(StepSim, DriveCurveIsReadAtThePlansRequestsAndDepth) {
+  SimMachine m = instant_machine();  // two drives
+  m.spec.drives.read_gbps = m.spec.drives.write_gbps = 100;  // not used: the curve is
+  // Request sizes 256 KiB and 1 MiB (two octaves apart), depths 4 and 64 (four octaves apart).
+  m.spec.drives.curve = DriveCurve{{256 << 10, 1 << 20}, {4, 64}, {{1, 2}, {3, 4}}, {{0.5, 1}, {1.5, 2}}};
+  const auto workload = [&](std::vector<std::string> aio) {
+    return make_step_workload(load_train_config(config_path("demo.json"), aio), 1, std::uint64_t{6} << 20);
+  };
+  const auto expect_step = [](const SimResult& r, double read_gbps, double write_gbps) {
+    ASSERT_GT(r.nvme_read_bytes, 0u);
+    ASSERT_GT(r.nvme_written_bytes, 0u);
+    EXPECT_NEAR(r.step_seconds,
+                static_cast<double>(r.nvme_read_bytes) / (2 * read_gbps * 1e9) +
+                    static_cast<double>(r.nvme_written_bytes) / (2 * write_gbps * 1e9),
+                1e-9);
+  };
+  // Reads up to 512 KiB (halfway in log2), writes up to 256 KiB, depth 8 / 2 drives = 4.
+  const SimResult a =
+      simulate_step(workload({"aio.queue_depth=8", "aio.request_size=524288", "aio.write_request_size=262144"}), m);
+  expect_step(a, 2, 0.5);
+  // Depth 128 / 2 = 64; reads of 4 MiB lie past the grid: its edge, 1 MiB.
+  const SimResult b =
+      simulate_step(workload({"aio.queue_depth=128", "aio.request_size=4194304", "aio.write_request_size=262144"}), m);
+  expect_step(b, 4, 1);
+  EXPECT_LT(b.step_seconds, a.step_seconds);
+  // No transfer is larger than a pinned slot, so neither is a request: 4 MiB reads are read at the slot.
+  const StepWorkload w = workload({"aio.queue_depth=8", "aio.request_size=4194304", "aio.write_request_size=1048576"});
+  const double slot = static_cast<double>(w.plan.offload.slot_bytes);
+  ASSERT_GT(slot, 1 << 20);
+  ASSERT_LT(slot, 4 << 20);  // the demo's slot lies between the curve's sizes
+  m.spec.drives.curve = DriveCurve{{1 << 20, 4 << 20}, {4, 64}, {{1, 1}, {3, 3}}, {{1, 1}, {1, 1}}};
+  expect_step(simulate_step(w, m), 1 + 2 * std::log2(slot / (1 << 20)) / 2, 1);
 }
 
 // See Note [Wake-ups] in sim/step_sim.h.

@@ -1,0 +1,55 @@
+// A drive's bandwidth as a curve (a machine file's optional `drives.curve`, plan/machine.h): GB/s
+// of one drive for reads and for writes, measured over a grid of kernel request sizes x queue
+// depths, so that `strata simulate` plans with the figure of the request size and depth the run
+// plan issues rather than one number. `strata bench io --tune --machine-file M.json` writes it.
+//
+// Note [Drive curves]: `drives.curve` is
+//
+//   {"request_sizes": [262144, 1048576, 4194304], "queue_depths": [4, 16, 32],
+//    "read_gbps":  [[r(256K, 4), r(256K, 16), r(256K, 32)], [...1M...], [...4M...]],
+//    "write_gbps": [[...], [...], [...]]}
+//
+// one row per request size (ascending, whole 4 KiB pages), one column per queue depth (ascending,
+// requests in flight at one drive), GB/s (1e9 bytes/s) of one drive. Where several drives were
+// measured together (one stream per drive, as the swap store stripes), a point is their sum divided
+// by their count. Between grid points the figure is interpolated bilinearly in log2(request size)
+// and log2(depth), the axes a drive's bandwidth is roughly piecewise linear in; outside the grid it
+// is clamped to the nearest edge (no extrapolation: a drive measured up to depth 32 is not assumed
+// faster at 64). The step simulator reads the curve at the run plan's largest kernel read and write
+// (aio.request_size, aio.write_request_size, or the engine's defaults, never above a pinned slot:
+// no transfer is larger) and at the depth one drive sees: every rank's aio.queue_depth spread over
+// the machine's drives (sim/step_sim.cc, rates_of). Without a curve, read_gbps and write_gbps are
+// used as they are.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config_reader.h"
+
+namespace strata {
+
+enum class DriveOp { Read, Write };
+
+struct DriveCurve {
+  std::vector<std::uint64_t> request_bytes;  // ascending
+  std::vector<unsigned> queue_depths;        // ascending
+  std::vector<std::vector<double>> read_gbps;   // [request size][queue depth], one drive
+  std::vector<std::vector<double>> write_gbps;  // same
+
+  bool empty() const { return request_bytes.empty(); }
+  // The figure at one request size and depth (Note [Drive curves]). The curve must not be empty.
+  double gbps(DriveOp op, std::uint64_t request_bytes, double queue_depth) const;
+  // The best point of the grid for `op`.
+  double best_gbps(DriveOp op) const;
+};
+
+// Reads `drives.curve` through its section's reader (`max_gbps`: the machine file's unit-slip
+// bound); one ConfigError naming the field, the problem and the form of a good one.
+DriveCurve parse_drive_curve(ConfigReader curve, double max_gbps);
+nlohmann::json drive_curve_to_json(const DriveCurve& curve);
+
+}  // namespace strata
