@@ -236,7 +236,7 @@ MemoryStats SimAllocator::stats_locked() const {
   s.allocated_bytes = allocated_bytes_;
   s.peak_allocated_bytes = peak_allocated_bytes_;
   s.free_bytes = capacity_bytes_ - allocated_bytes_;
-  // Note [Sim arena]: what one request can get is the counted free bytes, as on cuda, unless the arena
+  // See Note [Sim arena] in core/device/sim_allocator.h: what one request can get is the counted free bytes, as on cuda, unless the arena
   // itself has no block that large.
   const std::size_t largest_block = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
   s.largest_free_block_bytes = std::min(s.free_bytes, largest_block);

@@ -16,7 +16,7 @@
 #include "sim/step_sim.h"
 #include "train/trainer.h"
 
-namespace strata::tools {
+namespace strata::bench {
 namespace {
 
 std::string write_fragment(const nlohmann::json& fragment, const std::string& name) {
@@ -65,4 +65,4 @@ TEST(TuneFragment, AKeyTheEngineDoesNotReadIsRefused) {
 }
 
 }  // namespace
-}  // namespace strata::tools
+}  // namespace strata::bench
