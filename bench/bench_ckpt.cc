@@ -3,10 +3,10 @@
 // parameters, 291 MiB of fp32 master and moments on NVMe) with a checkpoint after every third
 // step, twice: once copying the state after the step (engine/zero_engine_state.cc, Note
 // [Checkpoint copy]: every byte read from the swap file and written to the checkpoint), once
-// capturing it during the step (engine/state_home_tiered_state.cc, Note [Checkpoint capture]: every
-// byte written once, no read). Right after each checkpoint it measures the disk in the checkpoint
-// directory through the same I/O engine on the checkpoint's byte count, one sequential write pass
-// and one read pass over written blocks, as `strata bench io` does (checkpoint, disk, checkpoint,
+// capturing it during the step (engine/state_home_tiered_state.cc, Note [Checkpoint capture] in
+// engine/state_home_tiered_state.cc: every byte written once, no read). Right after each checkpoint it measures the
+// disk in the checkpoint directory through the same I/O engine on the checkpoint's byte count, one sequential write
+// pass and one read pass over written blocks, as `strata bench io` does (checkpoint, disk, checkpoint,
 // disk, ...: a virtual disk's speed drifts between runs, docs/MEASUREMENTS.md). The figures,
 // medians over the pairs after one warm-up:
 //   copy:    checkpoint seconds / (bytes / read bandwidth + bytes / write bandwidth)

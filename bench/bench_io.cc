@@ -83,7 +83,7 @@ WorkloadResult pass(JobEngines& engines, BenchSetup& s, std::span<std::byte> buf
 
 // Before the timed runs: --verify and --precondition write every block sequentially (stamped
 // with --verify), --precondition then overwrites them in random order; otherwise the files are
-// filled once when the row needs written data (Note [Bench file state]).
+// filled once when the row needs written data (Note [Bench file state] in bench/bench_io_files.h).
 void prepare(JobEngines& engines, BenchSetup& s, std::span<std::byte> buf, const Row& row, unsigned total_qd,
              std::vector<VerifyMap>* maps, bool& written, RowReport& report) {
   const BenchPlan& p = s.plan;
@@ -307,7 +307,8 @@ void for_each_row(const BenchIoArgs& a, const std::function<void(const RowReport
     }
   }
 
-  // Every test file holds written data (Note [Bench file state]); a device holds what it holds.
+  // Every test file holds written data (Note [Bench file state] in bench/bench_io_files.h); a device holds what it
+  // holds.
   bool written = plan.devices;
   for (const Row& row : plan.rows) each(run_row(setup, row, written));
 }
@@ -429,7 +430,7 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
   cmd->add_option("--plot", args->plot,
                   "draw a picture (FILE.svg or FILE.png, with gnuplot): bandwidth and latency per interval of a "
                   "--time/--interval run, or with --tune the heat maps of GB/s by request size x queue depth");
-  // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify]).
+  // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify] in bench/bench_io_verify.h).
   cmd->add_option("--inject-fault", args->inject_fault)->group("");
   auto* replay_opt = cmd->add_option(
       "--replay", replay->config,

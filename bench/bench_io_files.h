@@ -22,8 +22,8 @@ namespace strata::bench::bench_io {
 // What a write costs on this kind of disk depends on the state of the blocks under the file, not
 // only on the engine: blocks that were freed and discarded (ext4 mounted with `discard` passes the
 // discard to the host, which drops its backing storage) must be allocated again by the host on
-// the first write. On the virtio disk of Note [Request size and merging], writes into written
-// blocks and into blocks turned back into ext4 unwritten extents over host-allocated storage
+// the first write. On the virtio disk of Note [Request size and merging] in offload/uring_engine.cc, writes into
+// written blocks and into blocks turned back into ext4 unwritten extents over host-allocated storage
 // (FALLOC_FL_ZERO_RANGE) ran at the same speed, writes into fresh fallocated blocks after a hole
 // punch (host allocation) ~20 % slower (docs/MEASUREMENTS.md, "Bench file state"). A freshly
 // preallocated test file therefore handicaps whichever tool writes it first (Strata, in A B A B

@@ -114,7 +114,8 @@ offload::IoEngineOptions engine_options(const BenchIoArgs& a) {
   eo.sqpoll = a.sqpoll ? offload::SqPoll::On : offload::SqPoll::Off;
   eo.iopoll = a.iopoll ? offload::IoPoll::On : offload::IoPoll::Off;
   eo.submit_batch = a.batch;
-  // "auto": the engine's defaults (Note [Request size and merging]), as Strata swaps with them.
+  // "auto": the engine's defaults (Note [Request size and merging] in offload/uring_engine.cc), as Strata swaps with
+  // them.
   eo.max_request_bytes = a.request_size == "auto" ? 0 : parse_bytes_or_throw(a.request_size, "--request-size");
   eo.max_write_request_bytes =
       a.write_request_size == "auto" ? 0 : parse_bytes_or_throw(a.write_request_size, "--write-request-size");

@@ -70,7 +70,7 @@ struct BenchPlan {
   bool devices = false;
   std::uint64_t file_bytes = 0;
   std::vector<Row> rows;
-  std::size_t buffer_bytes = 0;  // the largest row's slots (Note [Bench buffers])
+  std::size_t buffer_bytes = 0;  // the largest row's slots (Note [Bench buffers] in bench/bench_io_files.h)
   offload::IoEngineOptions engine_options;
   FileState file_state = FileState::Written;
   std::optional<bool> huge_always;  // --huge-pages on/off; nullopt for auto

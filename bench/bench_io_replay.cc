@@ -1,4 +1,4 @@
-// `strata bench io --replay CONFIG` (bench/bench_io_replay.h; Note [Step replay] there).
+// `strata bench io --replay CONFIG` (bench/bench_io_replay.h; Note [Step replay] in bench/bench_io_replay.h there).
 #include "bench/bench_io_replay.h"
 
 #include <algorithm>
@@ -36,7 +36,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The step's I/O in the engine's order (Note [Step replay]): the parameter fetches and the
+// The step's I/O in the engine's order (Note [Step replay] in bench/bench_io_replay.h): the parameter fetches and the
 // gradient combines, each at the moment the simulated step (drives taking no time) starts it.
 struct StepIo {
   struct Fetch {
@@ -267,7 +267,7 @@ int run_replay(const ReplayArgs& a) {
   const bool measure = a.machine == "measure";
   sim::SimMachine machine;
   if (!measure) machine.spec = load_machine(a.machine);
-  // The plan `strata train` makes (Note [One plan for estimate and train]).
+  // The plan `strata train` makes (Note [One plan for estimate and train] in sim/estimate_plan.h).
   sim::EstimateInputs in;
   in.config = cfg;
   if (!measure) in.machine = machine.spec;

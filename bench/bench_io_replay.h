@@ -7,8 +7,8 @@
 // file's capacity and the I/O engine's options; the jobs' fields (which keys each chunk job reads,
 // updates and writes, exact mode's counter levels, the overlapped update) are the engine's own
 // (engine/chunk_fields.h); the jobs run through ChunkPipeline, so read-ahead, write-behind and the
-// slot bound are the engine's (Note [Chunk pipeline]); the swap store cuts, stripes and checksums
-// the requests as in training (offload/swap_store.h). The order is the engine's: the gradient
+// slot bound are the engine's (Note [Chunk pipeline] in engine/offload_tier.h); the swap store cuts, stripes and
+// checksums the requests as in training (offload/swap_store.h). The order is the engine's: the gradient
 // combines follow the decoder's GradsReady order (the step simulator's workload, from
 // models::Decoder), and the parameter fetches are the ones the step simulator's model of the
 // ParamFetcher issues in a steady-state step (its prefetch window and keep rule). The fetches run

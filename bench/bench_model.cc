@@ -292,8 +292,8 @@ struct BenchAttentionOptions {
 };
 
 // The attention op alone (forward, then backward) on the chosen device, TFLOP/s by the causal
-// count of Note [Modeled compute] (forward 2 b h s^2 d, backward 5 b h s^2 d), beside a GEMM of the
-// same run (cuBLAS in the same dtype on cuda: b*s x 4*h*d x h*d, an MLP up-projection of that width;
+// count of Note [Modeled compute] in models/kernels/ops.h (forward 2 b h s^2 d, backward 5 b h s^2 d), beside a GEMM of
+// the same run (cuBLAS in the same dtype on cuda: b*s x 4*h*d x h*d, an MLP up-projection of that width;
 // sgemm on sim).
 int run_bench_attention(const BenchAttentionOptions& o) {
   using namespace strata::models;

@@ -66,7 +66,8 @@ double measure_compute(const TrainConfig& cfg, int reps) {
   const models::ModelConfig model = train::training_model_config(cfg, &checkpointing);
   models::DecoderOptions dopt;
   dopt.checkpointing = checkpointing ? models::Checkpointing::Blocks : models::Checkpointing::Off;
-  // The untiled run's linear chunks (Note [Linear chunks by default]): the config's, else the rule's.
+  // The untiled run's linear chunks (Note [Linear chunks by default] in models/tiling_plan.h): the config's, else the
+  // rule's.
   models::TilingSpec untiled;
   untiled.chunks = models::parse_tiling(cfg.strata.tiling, model).chunks;
   const DeviceChoice choice = train::training_device_choice(cfg);

@@ -138,8 +138,9 @@ class PendingCheckpoint {
 // Starts the checkpoint that will follow the next step, which brings the count to `step`
 // (collective, between steps): makes the temporary directory and, where the optimizer state is
 // offloaded, this rank's data file, and arms the engine to write each chunk's new state into it as
-// the optimizer produces it (engine/state_home_tiered_state.cc, Note [Checkpoint capture]), so the
-// save after the step reads nothing back. Pass the result to save_checkpoint after that step.
+// the optimizer produces it (engine/state_home_tiered_state.cc, Note [Checkpoint capture] in
+// engine/state_home_tiered_state.cc), so the save after the step reads nothing back. Pass the result to save_checkpoint
+// after that step.
 std::unique_ptr<PendingCheckpoint> begin_checkpoint(ZeroEngine& engine, Communicator& world, const TrainConfig& config,
                                                     std::int64_t step, const CheckpointSaveOptions& options);
 

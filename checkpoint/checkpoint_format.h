@@ -30,7 +30,7 @@ inline std::uint64_t align_to_range(std::uint64_t bytes) {
 
 inline std::string hex64(std::uint64_t v) { return fmt::format("{:016x}", v); }
 
-// A file's checksum: XXH64 of its segments' checksums (Note [Checkpoint format]).
+// A file's checksum: XXH64 of its segments' checksums (Note [Checkpoint format] in checkpoint/checkpoint.h).
 std::uint64_t file_checksum(const std::vector<std::uint64_t>& segment_sums);
 
 // Whether `name` is a checkpoint directory name ("step-00000120"); sets *step.

@@ -99,7 +99,7 @@ void check_config_changes(const CheckpointManifest& m, const ManifestFields& f, 
   if (!changed.empty() && report) {
     spdlog::warn(
         "resuming {} with config changes ({}); the run matches the original only where they leave the "
-        "math alone (same units per step: engine/zero_engine.h, Note [Exact gradient sums])",
+        "math alone (same units per step: engine/zero_engine.h, Note [Exact gradient sums] in engine/zero_engine.h)",
         m.dir, fmt::join(changed, ", "));
   }
 }

@@ -1,10 +1,10 @@
 // What becomes of old checkpoints once a new one is published (Note [Atomic checkpoints] in
 // checkpoint/checkpoint.h): a CheckpointRetention retires all but the newest `keep` checkpoints of a
-// parent directory and deletes them in the background (Note [Pruning in the background]), keeps
-// each retired rank file as that rank's spare for the next checkpoint to overwrite (Note
-// [Recycled data files]), and clears what crashed saves left behind. Whoever saves a series of
-// checkpoints owns one (the trainer does) and passes it in CheckpointSaveOptions; a save given
-// none uses one of its own, so its deletions are finished when it returns. The object's
+// parent directory and deletes them in the background (Note [Pruning in the background] in
+// checkpoint/checkpoint_retention.cc), keeps each retired rank file as that rank's spare for the next checkpoint to
+// overwrite (Note [Recycled data files] in checkpoint/checkpoint_retention.cc), and clears what crashed saves left
+// behind. Whoever saves a series of checkpoints owns one (the trainer does) and passes it in CheckpointSaveOptions; a
+// save given none uses one of its own, so its deletions are finished when it returns. The object's
 // destructor waits for the deletion it started.
 #pragma once
 

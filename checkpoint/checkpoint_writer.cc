@@ -63,8 +63,8 @@ void agree(Communicator& world, const std::exception_ptr& error, const std::stri
 // This rank's data file of a checkpoint: one range per piece the engine hands out (Note
 // [Checkpoint copy] in engine/zero_engine_state.cc), each at a 4 KiB boundary, written with
 // O_DIRECT (buffered where the file system refuses it) through an I/O engine of its own, either
-// copied after the step (copy()) or captured during it (capture_sink(), Note [Checkpoint capture]
-// in engine/state_home_tiered_state.cc).
+// copied after the step (copy()) or captured during it (capture_sink(), Note [Checkpoint capture] in
+// engine/state_home_tiered_state.cc in engine/state_home_tiered_state.cc).
 class RankFileWriter : public std::enable_shared_from_this<RankFileWriter> {
  public:
   RankFileWriter(const EngineCheckpoint& state, const TrainConfig& config, const std::string& parent, const std::string& tmp_dir,
@@ -198,8 +198,8 @@ struct SaveDirs {
   std::string parent, dir, tmp_dir;
 };
 
-// Step 1 of a save (Note [Atomic checkpoints]), collective: rank 0 removes leftovers of crashed
-// saves and makes PARENT/.tmp-step-N. A step-N that exists already is an error, never skipped: the
+// Step 1 of a save (Note [Atomic checkpoints] in checkpoint/checkpoint.h), collective: rank 0 removes leftovers of
+// crashed saves and makes PARENT/.tmp-step-N. A step-N that exists already is an error, never skipped: the
 // run's checkpoints would silently stop being written (another run writes into this directory, or
 // a run resumed from an older checkpoint of a series that went further).
 void make_tmp_dir(Communicator& world, const CheckpointSaveOptions& options, CheckpointRetention& retention,
@@ -372,7 +372,7 @@ CheckpointSaveResult save_checkpoint(ZeroEngine& engine, Communicator& world, co
   result.dir = dirs.dir;
 
   // 2. Ranks with the first copy of a shard write their file: finished when the step captured it
-  //    (Note [Checkpoint capture]), else copied now.
+  //    (Note [Checkpoint capture] in engine/state_home_tiered_state.cc), else copied now.
   std::exception_ptr error;
   std::string record;
   try {

@@ -1,6 +1,6 @@
 // `strata estimate`: before renting a machine, whether a training config fits it, the bytes per
 // tier and rank, the largest model of the config's shape that fits, and DeepSpeed's estimate beside
-// it (sim/estimate_plan.h, Note [One plan for estimate and train]).
+// it (sim/estimate_plan.h, Note [One plan for estimate and train] in sim/estimate_plan.h).
 #include <cstdio>
 #include <memory>
 #include <string>

@@ -1,5 +1,5 @@
 // `strata generate`: text (or token ids) after a prompt, from a built-in model with --weights or a
-// Hugging Face model folder, decoded over a KV cache (models/kv_decoder.h, Note [KV cache]): the
+// Hugging Face model folder, decoded over a KV cache (models/kv_decoder.h, Note [KV cache] in models/kv_decoder.h): the
 // prompt is prefilled once, then each new token runs one position. Greedy by default (temperature
 // 0), else temperature / top-k / top-p sampling from --seed (models/generation.h). With a folder
 // that holds a tokenizer, --prompt is encoded (no BOS is added: write it into the text if the model

@@ -219,7 +219,7 @@ int run_simulate(const SimulateOptions& o) {
     machine.spec = load_machine(o.machine);
     if (o.efficiency > 0) machine.block_efficiency = machine.head_efficiency = o.efficiency;
   }
-  // The plan `strata train` would make there (Note [One plan for estimate and train]): "auto"
+  // The plan `strata train` would make there (Note [One plan for estimate and train] in sim/estimate_plan.h): "auto"
   // placement resolved, and a config that does not fit refused with the trainer's own message.
   sim::EstimateInputs in;
   in.config = cfg;
@@ -236,8 +236,8 @@ int run_simulate(const SimulateOptions& o) {
   }
   if (!planned.fits) throw ConfigError(fmt::format("{} on {}: {}", cfg.source, measure ? "this host" : o.machine, planned.why_not));
   if (planned.pipeline_stages > 1) {
-    // Every stage's plan (Note [Pipelined step simulation]); "auto" placement as resolved for the
-    // first stage, the rank estimate plans first.
+    // Every stage's plan (Note [Pipelined step simulation] in sim/step_sim_stages.cc); "auto" placement as resolved for
+    // the first stage, the rank estimate plans first.
     const std::vector<sim::StepWorkload> stages =
         sim::make_stage_workloads(planned.resolved, planned.world_size, planned.device_bytes);
     const sim::PipelineSimResult r = simulate_pipelined_step(stages, machine);
@@ -269,7 +269,7 @@ int run_simulate(const SimulateOptions& o) {
 
 void register_simulate(CLI::App& app, bench::CommandTable& table) {
   auto o = std::make_shared<SimulateOptions>();
-  auto* cmd = app.add_subcommand("simulate", "predict one training step of a config on a machine (Note [Step simulator])");
+  auto* cmd = app.add_subcommand("simulate", "predict one training step of a config on a machine (Note [Step simulator] in sim/step_sim.h)");
   cmd->add_option("--config", o->config, "training config (default: configs/demo.json, built into the command)")
       ->check(bench::non_empty_path());
   cmd->add_option("--set", o->overrides, "override a config key (repeatable)");

@@ -104,7 +104,7 @@ class NcclCommunicator final : public Communicator {
     STRATA_NCCL_CHECK(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, native(stream)));
   }
 
-  // One NCCL group (Note [Issue order]); the group is closed even when a call in it fails.
+  // One NCCL group (Note [Issue order] in comm/communicator.h); the group is closed even when a call in it fails.
   void exchange(std::span<const PeerOp> ops, Stream& stream) override {
     const cudaStream_t s = native(stream);
     STRATA_NCCL_CHECK(ncclGroupStart());

@@ -1,4 +1,4 @@
-// The ordered communicator (comm/communicator.h, Note [Issue order]): the MPI backends' calls
+// The ordered communicator (comm/communicator.h, Note [Issue order] in comm/communicator.h): the MPI backends' calls
 // run one at a time in the order the host issued them, as NCCL's do.
 //
 // Each stream-ordered call makes its stream wait for the event recorded after the previous call

@@ -14,8 +14,8 @@
 // its host the time of the collective, and of the stream's earlier work: it is a way to check the
 // multi-rank paths on one GPU, not a fast transport (every collective crosses PCIe twice and runs
 // on the host). The ordered wrapper around it (make_world_communicator) keeps NCCL's issue order
-// (Note [Issue order]); as every rank issues its calls in program order, blocking the caller adds
-// no cycle between ranks that the issue order does not already have. The exact mode's tree order is
+// (Note [Issue order] in comm/communicator.h); as every rank issues its calls in program order, blocking the caller
+// adds no cycle between ranks that the issue order does not already have. The exact mode's tree order is
 // the MPI communicator's, so the bits are those of the sim device's MPI runs. Staging buffers come
 // from a pool kept by size (powers of two from 4 KiB); a buffer goes back with the event recorded
 // after the last copy that reads it and is reused only once that event has completed (the host

@@ -1,4 +1,4 @@
-// CUDA tree reduction over ranks' contributions (Note [Deterministic reduction]): each thread
+// CUDA tree reduction over ranks' contributions (Note [Deterministic reduction] in comm/communicator.h): each thread
 // loads one element from every rank and combines them on the same pairwise tree as the host code,
 // with the same per-element math (comm/reduce_math.h) and the same dtype rounding (core/dtype.h).
 #include <cuda_runtime.h>

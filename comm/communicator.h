@@ -103,13 +103,13 @@ class Communicator {
 
   // The same collectives run on the calling thread over host memory (comm/comm_host.h), where
   // this backend has them (mpi, and the ordered wrapper over it); null otherwise. For the staged
-  // communicator (Note [Staged MPI]).
+  // communicator (Note [Staged MPI] in comm/comm_staged.cc).
   virtual HostCollectives* host_collectives() { return nullptr; }
 };
 
 struct CommunicatorOptions {
   ReductionOrder order = ReductionOrder::Deterministic;
-  bool mpi_on_cuda = false;  // the cuda device talks over staged MPI instead of NCCL (Note [Staged MPI])
+  bool mpi_on_cuda = false;  // the cuda device talks over staged MPI instead of NCCL (Note [Staged MPI] in comm/comm_staged.cc)
 };
 
 // The world communicator for this process: `local` when not started by mpirun (no MPI
@@ -122,8 +122,8 @@ std::unique_ptr<Communicator> make_world_communicator(Device& device, const Comm
 bool launched_by_mpi();
 
 // `inner` (a host-memory communicator: mpi) for buffers in `device`'s memory: every stream-ordered
-// call copies through pinned host staging on its stream (Note [Staged MPI]); host-side calls pass
-// through. `device` must outlive it.
+// call copies through pinned host staging on its stream (Note [Staged MPI] in comm/comm_staged.cc); host-side calls
+// pass through. `device` must outlive it.
 std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> inner, Device& device);
 
 // `inner` with its stream-ordered calls run one at a time in issue order (Note [Issue order]):

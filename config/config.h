@@ -119,7 +119,8 @@ struct DataConfig {
   std::string train = "fortunes";  // "fortunes", a text file, or a token file
   // A token file (or "fortunes": the built-in corpus's held-out split) whose loss is evaluated
   // every validation_interval_steps steps (0: at the end of the run only), over its first
-  // validation_windows windows of seq_len tokens (0: all of them). Note [Validation during training].
+  // validation_windows windows of seq_len tokens (0: all of them). Note [Validation during training] in
+  // train/trainer_validation.h.
   std::string validation;
   std::int64_t validation_interval_steps = 0;
   std::int64_t validation_windows = 0;

@@ -1,4 +1,4 @@
-// Exclusive ownership of a path a run writes (core/run_lock.h, Note [Run locks]).
+// Exclusive ownership of a path a run writes (core/run_lock.h, Note [Run locks] in core/run_lock.h).
 #include "core/run_lock.h"
 
 #include <fcntl.h>
@@ -126,7 +126,7 @@ RunLock RunLock::acquire(const std::string& guarded, std::string_view what, std:
 
 void RunLock::release() noexcept {
   if (!fd_.valid()) return;
-  ::unlink(lock_path_.c_str());  // while still holding the lock (Note [Run locks])
+  ::unlink(lock_path_.c_str());  // while still holding the lock (Note [Run locks] in core/run_lock.h)
   fd_.reset();
 }
 

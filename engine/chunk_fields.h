@@ -6,7 +6,8 @@
 //
 // A chunk's fields follow from the run plan alone (its tiers, the working dtype, whether the
 // working weights live on the parameter tier), the unit's place in the step and two step-wide
-// choices: exact mode's binary counter (Note [Exact gradient sums]) and Note [Overlapped update].
+// choices: exact mode's binary counter (Note [Exact gradient sums] in engine/zero_engine.h) and Note
+// [Overlapped update] in engine/state_home_tiered.cc.
 #pragma once
 
 #include <cstddef>

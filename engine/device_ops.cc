@@ -1,7 +1,7 @@
 // The engine's device-op front layer (engine/device_ops.h): checks the arguments once, then hands
 // each op to the backend dispatch shared with models/kernels/ops.cc (core/device/op_dispatch.h,
-// Note [Op backends]): on sim its CPU kernel (the `cpu` namespace here, or the optim/ function it
-// promises the bits of), enqueued as a sim kernel with its arguments captured by value; on cuda its
+// Note [Op backends] in core/device/op_dispatch.h): on sim its CPU kernel (the `cpu` namespace here, or the optim/
+// function it promises the bits of), enqueued as a sim kernel with its arguments captured by value; on cuda its
 // launcher in engine/device_ops_cuda.h, enqueued on the stream's cudaStream_t.
 #include "engine/device_ops.h"
 
@@ -114,7 +114,8 @@ void block_sum_squares(const void* grad, DType dtype, std::size_t n, double* out
 
 // ---- Dispatch ----------------------------------------------------------------------------------
 
-// Every op goes through here: its backend is picked in core/device/op_dispatch.h (Note [Op backends]).
+// Every op goes through here: its backend is picked in core/device/op_dispatch.h (Note [Op backends] in
+// core/device/op_dispatch.h).
 template <typename HostFn, typename CudaFn>
 void launch(Stream& stream, const char* op, HostFn&& host, CudaFn&& device) {
   run_on_backend(OpSite{stream.device().kind(), &stream, "device op", op}, std::forward<HostFn>(host),

@@ -8,8 +8,8 @@
 // stream order with the stream's other work. Pointers are device memory of the stream's device
 // unless an argument says otherwise, and must stay valid until the stream has passed the op (an
 // event, Stream::synchronize, Stream::release_after). Zero elements enqueue nothing. The backend is
-// chosen by stream.device().kind() (core/device/op_dispatch.h, Note [Op backends], shared with
-// models/kernels/ops.cc):
+// chosen by stream.device().kind() (core/device/op_dispatch.h, Note [Op backends] in core/device/op_dispatch.h, shared
+// with models/kernels/ops.cc):
 //  * sim: the CPU kernel, enqueued as a sim kernel (core/device/sim_kernel.h: it runs on the
 //    stream's worker; its arguments are captured by value). An exception it throws becomes the
 //    stream's sticky error.
@@ -80,7 +80,7 @@ std::size_t sum_squares_blocks(std::size_t n_elems);
 void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems, double* out_host,
                        const optim::CpuExec& exec = optim::default_cpu_exec());
 
-// The exact sum of squares (optim/exact_squares.h, Note [Exact sum of squares]) of n_elems
+// The exact sum of squares (optim/exact_squares.h, Note [Exact sum of squares] in optim/exact_squares.h) of n_elems
 // gradients of grad_dtype (fp32, bf16 or fp16, widened exactly), the norm of exact mode. out_host
 // is HOST memory of exact_sum_squares_parts(n_elems) accumulators, one per run of
 // optim::kExactMaxAdds elements, written when the stream reaches the op (pinned on cuda, as for

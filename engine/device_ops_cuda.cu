@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kSumThreads)
   }
 }
 
-// Note [Exact sum of squares] on the GPU: every thread adds its squares' pieces (the host's
+// Note [Exact sum of squares] in optim/exact_squares.h on the GPU: every thread adds its squares' pieces (the host's
 // square_pieces) into the CTA's shared words with 64-bit integer atomics, and the CTA adds its words
 // into the run's accumulator in global memory. Integer addition is associative, so the order the
 // atomics land in cannot change the sum. A run holds at most optim::kExactMaxAdds elements, so no

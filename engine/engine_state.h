@@ -42,7 +42,8 @@ inline constexpr std::size_t kStatePieceElems = std::size_t{1} << 20;
 
 // Takes piece `index` as padded bytes and returns the handle of what it started with them.
 using StateSink = std::function<offload::IoHandle(std::size_t index, std::span<const std::byte> padded)>;
-// The same during a step (Note [Checkpoint capture]): `done` must be the I/O callback of the handle.
+// The same during a step (Note [Checkpoint capture] in engine/state_home_tiered_state.cc): `done` must be the I/O
+// callback of the handle.
 using StateCaptureSink =
     std::function<offload::IoHandle(std::size_t index, std::span<const std::byte> padded, offload::IoCallback done)>;
 // Fills `values` with elements [begin_elems, ...) of state array `array` of `group`'s state range.
@@ -50,7 +51,8 @@ using StateSource =
     std::function<void(std::size_t group, int array, std::size_t begin_elems, std::span<float> values)>;
 
 // What a checkpoint reads and writes of an engine's state (checkpoint/checkpoint.h; ZeroEngine::checkpoint
-// hands it out, engine/zero_engine_state.cc implements it, Note [Checkpoint state]). Between steps only.
+// hands it out, engine/zero_engine_state.cc implements it, Note [Checkpoint state] in engine/zero_engine_state.cc).
+// Between steps only.
 class EngineCheckpoint {
  public:
   // fp32 arrays per element: master, moment1 and (Adam/AdamW) moment2.

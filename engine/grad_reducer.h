@@ -1,7 +1,7 @@
 // Gradient reduction of the ZeRO engine: each micro-batch's gradient buffers, handed to the model
 // by acquire_grads, reduced across ranks as soon as a group's last grads_ready call arrives (the
-// fixed tree of Note [Deterministic reduction] in exact mode; a reduce-scatter at stages 2-3), and
-// handed unit by unit to the state home, which sums the units (Note [Exact gradient sums] in
+// fixed tree of Note [Deterministic reduction] in comm/communicator.h in exact mode; a reduce-scatter at stages 2-3),
+// and handed unit by unit to the state home, which sums the units (Note [Exact gradient sums] in
 // engine/zero_engine.h). Not part of the engine's interface.
 #pragma once
 
@@ -59,7 +59,7 @@ class GradReducer {
   std::unique_ptr<Event> step_done_;
   bool step_done_recorded_ = false;
   // Recorded on the communication stream after each reduction's buffers were freed there, oldest
-  // first (Note [Reductions in flight]); spare ones are reused.
+  // first (Note [Reductions in flight] in engine/grad_reducer.cc); spare ones are reused.
   std::deque<std::unique_ptr<Event>> in_flight_;
   std::vector<std::unique_ptr<Event>> spare_events_;
   std::uint64_t in_flight_waits_ = 0;

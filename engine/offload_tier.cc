@@ -1,4 +1,5 @@
-// Host and NVMe tiers and the chunk pipeline (see engine/offload_tier.h, Note [Chunk pipeline]).
+// Host and NVMe tiers and the chunk pipeline (see engine/offload_tier.h, Note [Chunk pipeline] in
+// engine/offload_tier.h).
 #include "engine/offload_tier.h"
 
 #include <algorithm>

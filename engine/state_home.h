@@ -126,7 +126,8 @@ class StateCheckpoint {
 class ParamTier {
  public:
   // For a fetch of group g's shard from the parameter tier: a pinned slot where the shard lives on
-  // NVMe (waited for, Note [Deterministic prefetch]), else null. Taken before the device memory.
+  // NVMe (waited for, Note [Deterministic prefetch] in engine/param_fetcher.cc), else null. Taken before the device
+  // memory.
   virtual std::shared_ptr<offload::BufferLease> reserve_param_slot(std::size_t g) = 0;
   // Enqueues on the communication stream the copy of g's shard from the tier to `dst` (device).
   virtual void upload_params(std::size_t g, void* dst, std::shared_ptr<offload::BufferLease> slot) = 0;

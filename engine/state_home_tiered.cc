@@ -154,7 +154,8 @@ bool TieredStateHome::take_overlap(double lr) {
 // the reduction, copies the gradient down and combines it. The reduced buffer is freed by whichever
 // thread drops the task (the executor's, once the task ran, failed or was skipped after an earlier
 // failure; or this one, if submit refuses it), and only after the reduction writing it and every
-// copy reading it have completed: no work names it after its free (Note [Released memory]).
+// copy reading it have completed: no work names it after its free (Note [Released memory] in
+// core/device/sim_allocator.h).
 void TieredStateHome::add_unit(std::size_t g, DeviceMemory reduced, int unit) {
   std::shared_ptr<Event> reduced_event(ctx_.device.create_event());
   ctx_.comm.record(*reduced_event);
@@ -178,8 +179,8 @@ void TieredStateHome::add_unit(std::size_t g, DeviceMemory reduced, int unit) {
 
 // One micro-batch's reduced gradient of group g (device, working dtype) joins the step's sum on
 // the optimizer tier, chunk by chunk, with the same operations in the same order as the device
-// home (Note [Exact gradient sums]): exact mode merges the binary counter's levels and, at the last
-// unit, folds the remaining levels (lowest first, each higher one on the left) into the final
+// home (Note [Exact gradient sums] in engine/zero_engine.h): exact mode merges the binary counter's levels and, at the
+// last unit, folds the remaining levels (lowest first, each higher one on the left) into the final
 // gradient; fast mode adds into one accumulator.
 void TieredStateHome::combine(std::size_t g, const void* reduced, int unit, bool last, bool overlap) {
   std::vector<ChunkJob> jobs;

@@ -6,10 +6,10 @@
 // which waits on the event recorded after the reduction and works while backward goes on (Note
 // [Host-driven offload] in docs/DESIGN.md); the last micro-batch forms the final gradient and its
 // per-block sums of squares. The step streams
-// the chunks through the pinned pool (Note [Chunk pipeline]): NVMe read -> CPU update ->
+// the chunks through the pinned pool (Note [Chunk pipeline] in engine/offload_tier.h): NVMe read -> CPU update ->
 // low-precision pack -> NVMe write or device upload, several chunks in flight; where it can, the
-// update runs during backward (Note [Overlapped update]). With offload_param (stage 3) the sharded
-// working weights live on the parameter tier too, and fetches bring them NVMe -> pinned slot ->
+// update runs during backward (Note [Overlapped update] in engine/state_home_tiered.cc). With offload_param (stage 3)
+// the sharded working weights live on the parameter tier too, and fetches bring them NVMe -> pinned slot ->
 // device: the host waits for the NVMe reads, then enqueues the copies up, and the slot returns with
 // the event recorded after them. Each chunk lives on its own tier (host or NVMe) as the plan says. Files: engine/state_home_tiered.cc (set-up, sums, update), engine/state_home_tiered_state.cc
 // (checkpoints). Not part of the engine's interface.

@@ -1,6 +1,6 @@
 // ZeroEngine: ZeRO stages 0-3 with trace-based prefetch and exact gradient sums (see
-// engine/zero_engine.h for the design and Note [Exact gradient sums]). This file builds the parts
-// (engine/engine_context.h) and runs a step through them.
+// engine/zero_engine.h for the design and Note [Exact gradient sums] in engine/zero_engine.h). This file builds the
+// parts (engine/engine_context.h) and runs a step through them.
 #include "engine/zero_engine.h"
 
 #include <algorithm>
@@ -87,7 +87,7 @@ ZeroEngine::ZeroEngine(const TrainConfig& config, Device& device, Communicator& 
   refuse_unverified_offload(config, plan_, device);
   if (topo_.world_size > 1 && (std::popcount(static_cast<unsigned>(topo_.world_size)) != 1) && config.strata.exact) {
     spdlog::warn("exact mode: world size {} is not a power of two; results are deterministic but not bit-identical "
-                 "to other world sizes (Note [Exact gradient sums])",
+                 "to other world sizes (Note [Exact gradient sums] in engine/zero_engine.h)",
                  topo_.world_size);
   }
   shard_comm_ = world_.split(topo_.shard_group(), topo_.rank);
@@ -194,7 +194,7 @@ StepResult ZeroEngine::step(double lr) {
     optimizer_.set_step_count(step);
     weights_->publish(/*from_master=*/true);
   }
-  home_->disarm_capture();  // armed for this step only (Note [Checkpoint capture])
+  home_->disarm_capture();  // armed for this step only (Note [Checkpoint capture] in engine/state_home_tiered_state.cc)
   // Ready for the next step: sums dropped, gathered copies (now stale) freed, the trace kept or
   // replaced, and the next step's first groups prefetched.
   reducer_->end_step();

@@ -45,13 +45,13 @@
 // Each micro-batch's reduced gradient goes device -> host on a transfer stream and is combined
 // there (same binary-counter tree, same bits) into fp32 chunks on the same tier, by a worker stream
 // that runs while backward goes on; the last micro-batch forms the final gradient and its per-block
-// sums of squares. The step streams the chunks through the pinned pool (Note [Chunk pipeline]):
-// NVMe read -> CPU update -> low-precision pack -> NVMe write or device upload, several chunks in
-// flight. When the update cannot depend on the whole step (no gradient clipping, no fp16 loss
+// sums of squares. The step streams the chunks through the pinned pool (Note [Chunk pipeline] in
+// engine/offload_tier.h): NVMe read -> CPU update -> low-precision pack -> NVMe write or device upload, several chunks
+// in flight. When the update cannot depend on the whole step (no gradient clipping, no fp16 loss
 // scale) and prepare_step(lr) announced the step, the update of a group's chunks runs right when
-// its final gradient is formed, overlapped with the rest of backward (Note [Overlapped update]).
-// With offload_param on cpu or nvme (stage 3), the sharded working weights live on that tier too
-// and gathers bring them NVMe -> pinned slot -> device ahead of use along the prefetch trace.
+// its final gradient is formed, overlapped with the rest of backward (Note [Overlapped update] in
+// engine/state_home_tiered.cc). With offload_param on cpu or nvme (stage 3), the sharded working weights live on that
+// tier too and gathers bring them NVMe -> pinned slot -> device ahead of use along the prefetch trace.
 #pragma once
 
 #include <cstddef>
@@ -127,8 +127,9 @@ class ZeroEngine final : public ParamProvider, private EngineCheckpoint {
   void begin_evaluation();
   void end_evaluation();
   // Announces the learning rate of the step about to run, before its first micro-batch. With the
-  // optimizer offloaded this lets the update overlap backward (Note [Overlapped update]); without
-  // the call the step waits for step() as usual. step() must then get the same lr.
+  // optimizer offloaded this lets the update overlap backward (Note [Overlapped update] in
+  // engine/state_home_tiered.cc); without the call the step waits for step() as usual. step() must then get the same
+  // lr.
   void prepare_step(double lr);
   // Ends the step: finishes the reductions, takes the global norm, clips, runs the optimizer with
   // learning rate `lr`, and publishes the new working weights. Every rank must call it.
@@ -145,8 +146,8 @@ class ZeroEngine final : public ParamProvider, private EngineCheckpoint {
   // replica, each with consecutive groups of the model; the step's gradient norm is summed over
   // them, so every stage clips and skips alike. Without a tensor group the stages' per-block
   // partials are summed in model order, as without stages: the norm's bits do not depend on P. In
-  // exact mode the norm is an exact sum (Note [Exact sum of squares]): its bits depend on neither
-  // T nor P nor the ZeRO stage.
+  // exact mode the norm is an exact sum (Note [Exact sum of squares] in optim/exact_squares.h): its bits depend on
+  // neither T nor P nor the ZeRO stage.
   // Null: no pipeline.
   void set_pipeline_group(Communicator* group) { pipeline_group_ = group; }
 
@@ -176,7 +177,8 @@ class ZeroEngine final : public ParamProvider, private EngineCheckpoint {
   // Host bytes of the fixed pinned staging pools.
   std::size_t pinned_pool_bytes() const;
 
-  // The checkpoint state (engine/engine_state.h; engine/zero_engine_state.cc, Note [Checkpoint state]).
+  // The checkpoint state (engine/engine_state.h; engine/zero_engine_state.cc, Note [Checkpoint state] in
+  // engine/zero_engine_state.cc).
   EngineCheckpoint& checkpoint() { return *this; }
   const EngineCheckpoint& checkpoint() const { return *this; }
 
@@ -196,8 +198,8 @@ class ZeroEngine final : public ParamProvider, private EngineCheckpoint {
   void init_group(std::size_t g, const InitFn& init);
   void check_between_steps(const char* what) const;
   double global_sum_squares();
-  // Exact mode's: the exact sum over every rank's gradients (Note [Exact sum of squares]), whose
-  // bits depend on no layout.
+  // Exact mode's: the exact sum over every rank's gradients (Note [Exact sum of squares] in optim/exact_squares.h),
+  // whose bits depend on no layout.
   double global_exact_sum_squares();
 
   TrainConfig config_;

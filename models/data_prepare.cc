@@ -374,7 +374,7 @@ PrepareReport prepare_token_data(const Tokenizer& tokenizer, const PrepareOption
     for (const Entry& e : entries) {
       const std::size_t k = first[e.source] + e.doc;
       const std::vector<std::uint32_t>& text_ids = encoded.text_ids[k];
-      if (docs[e.source][e.doc].is_chat()) {  // the template's tokens as they are: Note [Chat templates]
+      if (docs[e.source][e.doc].is_chat()) {  // the template's tokens as they are: Note [Chat templates] in models/chat_template.h
         tokens.insert(tokens.end(), text_ids.begin(), text_ids.end());
         mask.insert(mask.end(), encoded.chat_masks[k].begin(), encoded.chat_masks[k].end());
         continue;

@@ -84,7 +84,7 @@ std::vector<Decoder::Workspace::BlockActs> carve_acts(Carver& cv, const CarveSiz
   std::vector<Decoder::Workspace::BlockActs> acts;
   for (std::int64_t l = 0; l < count; ++l) {
     Decoder::Workspace::BlockActs a{};
-    a.norm1 = cv.take(z.mine * z.C * z.e);  // gathered into tmp for its readers (Note [Sequence parallelism])
+    a.norm1 = cv.take(z.mine * z.C * z.e);  // gathered into tmp for its readers (Note [Sequence parallelism] in models/tensor_parallel.h)
     a.qkv = cv.take(z.n * z.qkv_w * z.e);
     a.att = cv.take(z.n * z.att_w * z.e);
     a.x_mid = cv.take(z.mine * z.C * z.e);
@@ -136,7 +136,7 @@ void carve_tensor_parallel(const ModelConfig& c, const TensorParallel& tp, Decod
   if (!tp.sliced()) return;
   const auto L = static_cast<std::size_t>(tp.local_slices());
   for (std::size_t l = 1; l < L; ++l) ws->parts.push_back(cv.take(n * C * e));
-  if (training && kv_pieces(c, tp.slices)) {  // Note [Replicated KV heads]
+  if (training && kv_pieces(c, tp.slices)) {  // Note [Replicated KV heads] in models/tensor_parallel.h
     ws->kv_parts = cv.take(L * n * 2 * hd * e);
     ws->kv_all = kv_replicas(c, tp.size) > 1 ? cv.take(T * n * 2 * hd * e) : nullptr;
   }
@@ -356,7 +356,7 @@ void ModelPass::run_head(float grad_scale) const {
   GroupViews hg;
   if (training) hg = provider.acquire_grads(head, stream);
   if (!tp.sliced()) {
-    // Note [Head one sequence at a time]. Tied: last sequence first, so that sequence 0's dlogits
+    // Note [Head one sequence at a time] in models/decoder.h. Tied: last sequence first, so that sequence 0's dlogits
     // are what the buffer holds when the embedding's backward starts.
     for (std::int64_t i = 0; i < batch; ++i) {
       const std::int64_t b = tied ? batch - 1 - i : i;

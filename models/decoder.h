@@ -20,7 +20,7 @@
 // slices of the untiled groups; the blocks run on the rank's heads and MLP columns, with the
 // all-reduces of Megatron's 1D scheme on the compute stream through the tensor group's
 // communicator, and the head and the cross-entropy split by vocabulary; with sequence parallelism
-// the residual stream and the norms run on the rank's rows (Note [Sequence parallelism]).
+// the residual stream and the norms run on the rank's rows (Note [Sequence parallelism] in models/tensor_parallel.h).
 //
 // Note [Micro-batch invariance]: every matmul is issued per sequence (batched over the sequences
 // of the micro-batch) and every reduction over rows is a running sum in row order (see ops.h), so
@@ -67,7 +67,8 @@ struct DecoderOptions {
   Checkpointing checkpointing = Checkpointing::Off;
   TilingSpec tiling;  // auto counts must be resolved (resolve_auto_tiles) before the decoder is built
   // Tensor parallelism (models/tensor_parallel.h): with slices > 1 the decoder holds this rank's
-  // slices and computes the split sums in S slices (Note [Tensor slices]); tiling must be off.
+  // slices and computes the split sums in S slices (Note [Tensor slices] in models/tensor_parallel.h); tiling must be
+  // off.
   TensorParallel tensor;
   // Pipeline parallelism (models/pipeline.h): with size > 1 the decoder holds one stage's groups and
   // runs through stage_forward / stage_backward only.
@@ -137,7 +138,7 @@ class Decoder {
   // Elements of this rank's slice of the tied embedding weights (the last stage's copy).
   std::size_t tied_embedding_elems() const;
   // Elements of a stage boundary (a stage's output, its input gradient): the micro-batch's rows this
-  // rank holds (all of them, or 1/T under Note [Sequence parallelism]) x d_model.
+  // rank holds (all of them, or 1/T under Note [Sequence parallelism] in models/tensor_parallel.h) x d_model.
   std::size_t boundary_elems(std::int64_t batch, std::int64_t seq) const;
   // The step's embedding weights to the last stage: the first stage sends them (on `send_stream`,
   // after the compute stream's acquisition), the last receives them into `copy` on the compute

@@ -46,11 +46,11 @@ struct Decoder::Workspace {
   void *tmp = nullptr, *lnf_out = nullptr, *logits = nullptr;
   float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
   void *dres = nullptr, *dln = nullptr, *datt = nullptr, *dqkv = nullptr, *dff_in = nullptr, *dff_act = nullptr;
-  // Tensor slices (Note [Tensor slices]): partial sums 1..L-1 of one [rows, d_model] sum (partial 0
-  // is the sum's destination), and the vocabulary-parallel cross-entropy's statistics.
+  // Tensor slices (Note [Tensor slices] in models/tensor_parallel.h): partial sums 1..L-1 of one [rows, d_model] sum
+  // (partial 0 is the sum's destination), and the vocabulary-parallel cross-entropy's statistics.
   std::vector<void*> parts;
-  // Note [Replicated KV heads] (training, kv_pieces): the S/T slices' [rows, 2 head_dim] dK|dV
-  // partials, and the tensor group's subtrees gathered (T > K).
+  // Note [Replicated KV heads] in models/tensor_parallel.h (training, kv_pieces): the S/T slices' [rows, 2 head_dim]
+  // dK|dV partials, and the tensor group's subtrees gathered (T > K).
   void *kv_parts = nullptr, *kv_all = nullptr;
   // See Note [Sequence parallelism] in models/tensor_parallel.h.
   // This rank's rows of one activation (SlicedPass::own); the whole
@@ -154,9 +154,9 @@ struct BlockPass : SlicedPass {
     return static_cast<Ptr>(at((*tile_views)[i], (r.begin - t.begin) * lin.in, c.dtype));
   }
 
-  // ys[i][:, rows] = x W_i[rows]^T + b_i[rows], chunk by chunk (Note [Tile-invariant linear layers]).
-  // Returns where the first output is: ys[0], or a row-parallel sum's rows of this rank (`own`,
-  // Note [Sequence parallelism]).
+  // ys[i][:, rows] = x W_i[rows]^T + b_i[rows], chunk by chunk (Note [Tile-invariant linear layers] in
+  // models/tiling.h). Returns where the first output is: ys[0], or a row-parallel sum's rows of this rank (`own`,
+  // Note [Sequence parallelism] in models/tensor_parallel.h).
   void* stage_forward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
                       std::initializer_list<StageIo> ys) const {
     if (tp.sliced()) {  // the outputs are columns of the first one's buffer (ColumnLinear::col0)
@@ -187,8 +187,8 @@ struct BlockPass : SlicedPass {
   }
 
   // dx (+)= sum_i dy_i W_i, dW_i += dy_i^T x, db_i += column sums of dy_i, chunk by chunk in
-  // ascending chunks, the stage's linears interleaved chunk-major (Note [Tile-invariant linear layers]).
-  // Returns where dx is: dx, or a column-parallel sum's rows of this rank (`own`, Note [Sequence
+  // ascending chunks, the stage's linears interleaved chunk-major (Note [Tile-invariant linear layers] in
+  // models/tiling.h). Returns where dx is: dx, or a column-parallel sum's rows of this rank (`own`, Note [Sequence
   // parallelism]).
   void* stage_backward(const BlockParams& bp, BlockStage stage, const void* x, std::int64_t ldx,
                        std::initializer_list<StageIo> dys, void* dx, std::int64_t lddx, Accumulate acc) const {
@@ -234,8 +234,8 @@ struct BlockPass : SlicedPass {
     return dx;
   }
 
-  // x_out = block(x_in), filling `a`. Under Note [Sequence parallelism] x_in, x_out, x_mid, the
-  // norms' outputs and statistics are this rank's rows; a norm's output is gathered into tmp for the
+  // x_out = block(x_in), filling `a`. Under Note [Sequence parallelism] in models/tensor_parallel.h x_in, x_out, x_mid,
+  // the norms' outputs and statistics are this rank's rows; a norm's output is gathered into tmp for the
   // column-parallel stage that reads every row.
   void forward(const BlockParams& bp, const void* x_in, void* x_out, const Decoder::Workspace::BlockActs& a,
                void* tmp) const {
@@ -273,7 +273,8 @@ struct BlockPass : SlicedPass {
   }
 
   // dres: dL/d(block output) on entry, dL/d(block input) on exit (this rank's rows of them under
-  // Note [Sequence parallelism]; the row-parallel stages read every row, gathered into ws.tmp).
+  // Note [Sequence parallelism] in models/tensor_parallel.h; the row-parallel stages read every row, gathered into
+  // ws.tmp).
   void backward(const BlockParams& bp, const void* x_in, const Decoder::Workspace::BlockActs& a,
                 const Decoder::Workspace& ws) const {
     const DType dt = c.dtype;
@@ -301,7 +302,7 @@ struct BlockPass : SlicedPass {
     }
     dy = gather_rows(ws.dres, ws.tmp);
     stage_backward(bp, BlockStage::AttnOut, a.att, att_w(), {{dy, C}}, ws.datt, att_w(), Accumulate::No);
-    if (kv_pieces()) {  // Note [Replicated KV heads]: dK and dV summed over the slices, apart from dqkv
+    if (kv_pieces()) {  // Note [Replicated KV heads] in models/tensor_parallel.h: dK and dV summed over the slices, apart from dqkv
       using namespace llama_block;
       const std::int64_t hd = c.head_dim();
       const KvGrads kv = attention_backward_pieces(attn_shape(), a.qkv, k_of(a.qkv), v_of(a.qkv), a.att, a.lse,
@@ -379,7 +380,7 @@ struct ModelPass {
   // Head: final norm, logits, fused softmax + cross-entropy (and, training, the head's backward).
   void run_head(float grad_scale) const;
   // Sequence b's logits from ws.lnf_out into ws.logits (one sequence's buffer), its losses, and
-  // with_grad their gradient in place (Note [Head one sequence at a time]).
+  // with_grad their gradient in place (Note [Head one sequence at a time] in models/decoder.h).
   void head_logits(const void* head_w, std::int64_t b, bool with_grad, float grad_scale) const;
   // Backward through the blocks, last first (recomputing a block's forward under checkpointing),
   // then the embedding's (first stage).

@@ -14,8 +14,8 @@ using namespace decoder_detail;
 
 namespace {
 
-// Swaps activation set `set` (Note [Stage activations]) into the workspace for one pipeline call and
-// back on the way out, also when the call throws; nothing without sets.
+// Swaps activation set `set` (Note [Stage activations] in models/pipeline.h) into the workspace for one pipeline call
+// and back on the way out, also when the call throws; nothing without sets.
 class ActivationSet {
  public:
   ActivationSet(Decoder::Workspace& ws, int set) : ws_(ws), set_(static_cast<std::size_t>(set)) {
@@ -126,7 +126,7 @@ LossSum Decoder::stage_backward(const DecoderRuntime& rt, ParamProvider& provide
   // last stage, for the first time).
   if (ws.set_x.empty()) m.forward_blocks();
   if (ps.last()) m.run_head(grad_scale);
-  if (tied_split && ps.last()) {  // every row: the final norm's output is gathered (Note [Sequence parallelism])
+  if (tied_split && ps.last()) {  // every row: the final norm's output is gathered (Note [Sequence parallelism] in models/tensor_parallel.h)
     stream->copy_d2d(tied.head_norm_out, ws.lnf_out, static_cast<std::size_t>(n * c.d_model) * dtype_bytes(c.dtype));
   }
   m.backward_blocks();

@@ -1,4 +1,5 @@
-// Hugging Face config.json and model folders (see models/hf_config.h, Note [Hugging Face configs]).
+// Hugging Face config.json and model folders (see models/hf_config.h, Note [Hugging Face configs] in
+// models/hf_config.h).
 #include "models/hf_config.h"
 
 #include <algorithm>

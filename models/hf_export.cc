@@ -1,4 +1,4 @@
-// Hugging Face model folders out (see models/hf_export.h, Note [Hugging Face export]).
+// Hugging Face model folders out (see models/hf_export.h, Note [Hugging Face export] in models/hf_export.h).
 #include "models/hf_export.h"
 
 #include <algorithm>

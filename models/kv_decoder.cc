@@ -1,4 +1,4 @@
-// The decoder's forward over a KV cache (models/kv_decoder.h, Note [KV cache]): the buffers, the
+// The decoder's forward over a KV cache (models/kv_decoder.h, Note [KV cache] in models/kv_decoder.h): the buffers, the
 // q/k/v linears writing into the cache, and one append through embedding, blocks and head.
 #include "models/kv_decoder.h"
 

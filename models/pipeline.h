@@ -30,7 +30,7 @@
 // needs it earlier).
 //
 // Exact mode: each stage's engine reduces its groups' gradients over the data axis exactly as
-// without stages (Note [Exact gradient sums]), and a stage's gradients are computed by the same
+// without stages (Note [Exact gradient sums] in engine/zero_engine.h), and a stage's gradients are computed by the same
 // kernels on the same values, so every P and both schedules give the single-rank run's bits. The
 // gradient norm (clipping, fp16's skips) sums the stages' per-block partials in model order, as a
 // run without stages does (ZeroEngine::set_pipeline_group).
@@ -54,7 +54,7 @@
 // so they resume across a change of stages.
 //
 // `strata estimate` plans every stage (sim/estimate_plan.cc) and `strata simulate` replays the
-// stages' schedule (sim/step_sim_stages.cc, Note [Pipelined step simulation]). Not built yet:
+// stages' schedule (sim/step_sim_stages.cc, Note [Pipelined step simulation] in sim/step_sim_stages.cc). Not built yet:
 // interleaved (virtual) stages.
 #pragma once
 

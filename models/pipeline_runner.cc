@@ -75,7 +75,7 @@ PipelineRunner::PipelineRunner(Decoder& decoder, const DecoderRuntime& rt, const
   ops_ = pipeline_schedule(schedule, stage_.size, stage_.rank, micro_batches);
   Device& device = *rt_.device;
   // A slot per micro-batch in flight: its input (the stash, after the first stage) and the
-  // decoder's activation set of the same index (Note [Stage activations]).
+  // decoder's activation set of the same index (Note [Stage activations] in models/pipeline.h).
   slots_ = pipeline_in_flight(ops_);
   STRATA_CHECK(stage_.activation_sets == 0 || stage_.activation_sets == slots_,
                "pipeline stage {}: {} activation sets for {} micro-batches in flight", stage_.rank,
@@ -158,7 +158,7 @@ void PipelineRunner::forward(ParamProvider& provider, int a) {
   const void* x_in = stage_.first() ? nullptr : stash_[static_cast<std::size_t>(slot)].data();
   ++live_;
   stats_.peak_in_flight = std::max(stats_.peak_in_flight, live_);
-  if (stage_.last()) {  // Note [Stage activations]: its blocks' forward into the set (re-materialized: nothing)
+  if (stage_.last()) {  // Note [Stage activations] in models/pipeline.h: its blocks' forward into the set (re-materialized: nothing)
     if (stage_.activation_sets == 0) return;
     compute.record(*op_start_[op_]);
     decoder_.stage_forward(rt_, provider, tokens_[static_cast<std::size_t>(a)].data(), batch_, seq_, x_in, nullptr,
@@ -247,7 +247,7 @@ std::vector<LossSum> PipelineRunner::run_step(ParamProvider& provider, const Fil
   for (int s = slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
   std::vector<LossSum> losses(m);
   rt_.ctx.stream->record(*step_start_);  // see Note [Measured bubble] in models/pipeline_runner.h: the span starts with the step
-  if (tied_) {  // Note [Tied embedding across stages]: this step's embedding weights to the last stage
+  if (tied_) {  // Note [Tied embedding across stages] in models/pipeline.h: this step's embedding weights to the last stage
     decoder_.share_tied_embedding(rt_, provider, stage_.first() ? sends_.get() : nullptr, tied_wte_.data());
     const std::uint64_t bytes = decoder_.tied_embedding_elems() * dtype_bytes(dtype_);
     if (stage_.first()) stats_.sent_bytes += bytes;

@@ -49,7 +49,7 @@ std::vector<SlicedPass::ColumnLinear> SlicedPass::column_linears(BlockStage stag
     lin.held = rank_begin(lin.out);
     lin.held_rows = lin.out / T;
     const bool kv = c.arch == Architecture::Llama && stage == BlockStage::AttnIn && lin.weight != llama_block::kQ;
-    if (kv && r > 1) {  // Note [Replicated KV heads]: the whole KV head of the rank's queries
+    if (kv && r > 1) {  // Note [Replicated KV heads] in models/tensor_parallel.h: the whole KV head of the rank's queries
       lin.held = tp.rank / r * hd;
       lin.held_rows = hd;
     }
@@ -248,7 +248,7 @@ SlicedPass::KvGrads SlicedPass::attention_backward_pieces(const AttentionShape& 
     attention_backward(ctx, dt, s, at(q, h0 * hd, dt), at(k, g * hd, dt), at(v, g * hd, dt), at(out, h0 * hd, dt),
                        lse + h0 * shape.seq, at(dout, h0 * hd, dt), at(dq, h0 * hd, dt), dkv, at(dkv, hd, dt));
   }
-  // Each KV head's slices on the pairwise tree (Note [Deterministic reduction]), into its first.
+  // Each KV head's slices on the pairwise tree (Note [Deterministic reduction] in comm/communicator.h), into its first.
   const auto tree = [&](void* base, std::int64_t first, std::int64_t n) {
     for (std::int64_t stride = 1; stride < n; stride *= 2) {
       for (std::int64_t i = 0; i + stride < n; i += 2 * stride) {

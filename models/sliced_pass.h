@@ -1,8 +1,8 @@
 // The decoders' passes in tensor-slice mode (DecoderOptions::tensor with slices > 1;
 // models/tensor_parallel.h): the column- and row-parallel stages of a block and the
 // vocabulary-parallel head and cross-entropy, each split sum taken in S fixed slices on the
-// deterministic tree (Note [Tensor slices]). models/decoder_pass.h calls these where the plain decoder
-// runs its chunked linears (Note [Tile-invariant linear layers]); internal to models/.
+// deterministic tree (Note [Tensor slices] in models/tensor_parallel.h). models/decoder_pass.h calls these where the
+// plain decoder runs its chunked linears (Note [Tile-invariant linear layers] in models/tiling.h); internal to models/.
 #pragma once
 
 #include <algorithm>
@@ -48,8 +48,8 @@ struct SlicedPass {
   std::int64_t rows() const { return batch * seq; }
   // The rows of the residual stream this rank holds: all of them unless they are split.
   std::int64_t own_rows() const { return tp.split_rows() ? rows() / tp.size : rows(); }
-  // This tensor rank's heads, KV heads (one, shared, when T > K: Note [Replicated KV heads]) and
-  // MLP columns (all of them at T = 1).
+  // This tensor rank's heads, KV heads (one, shared, when T > K: Note [Replicated KV heads] in
+  // models/tensor_parallel.h) and MLP columns (all of them at T = 1).
   std::int64_t heads() const { return c.n_heads / tp.size; }
   std::int64_t kv_heads() const { return std::max<std::int64_t>(1, c.n_kv_heads / tp.size); }
   std::int64_t ffn() const { return c.ffn_hidden / tp.size; }
@@ -95,7 +95,8 @@ struct SlicedPass {
   void add_bias(void* y, std::int64_t n, std::int64_t cols, std::int64_t ld, const void* bias) const;
   // dest (partial 0, [rows, count / rows] dense) = the pairwise tree over this rank's partials,
   // then over the tensor ranks (their subtrees: the same tree over all S slices). Returns where the
-  // sum is: dest, or under Note [Sequence parallelism] `own`, holding this rank's rows of it.
+  // sum is: dest, or under Note [Sequence parallelism] in models/tensor_parallel.h `own`, holding this rank's rows of
+  // it.
   void* reduce_partials(void* dest, std::int64_t count) const;
   // all ([rows, count / rows]) summed over the tensor group: in place, or this rank's rows of the
   // sum into `mine` when the rows are split (returned).
@@ -134,8 +135,8 @@ struct SlicedPass {
                     StageIo dy, void* dx, std::int64_t lddx) const;
 
   // The head: the logits of this rank's vocabulary rows, slice by slice; the vocabulary-parallel
-  // cross-entropy (Note [Vocabulary-parallel cross-entropy]); d(lnf_out) over the vocabulary slices
-  // (and, untied, head_dw += the head weight's gradient); GPT-2's tied head gradient of sequence b.
+  // cross-entropy (Note [Vocabulary-parallel cross-entropy] in models/tensor_parallel.h); d(lnf_out) over the
+  // vocabulary slices (and, untied, head_dw += the head weight's gradient); GPT-2's tied head gradient of sequence b.
   void logits(const void* head_w, const SlicedHead& h) const;
   void cross_entropy(const SlicedHead& h, bool training, float grad_scale) const;
   // Returns where d(lnf_out) is (reduce_partials).

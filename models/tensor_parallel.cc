@@ -52,7 +52,7 @@ TensorSlice block_slice(const ModelConfig& c, std::size_t k, int T, int t) {
     case kV:
     case kKBias:
     case kVBias: {
-      const int r = kv_replicas(c, T);  // Note [Replicated KV heads]: the whole KV head of the rank's queries
+      const int r = kv_replicas(c, T);  // Note [Replicated KV heads] in models/tensor_parallel.h: the whole KV head of the rank's queries
       return r == 1 ? rows(c.n_kv_heads * hd, T, t) : rows(c.n_kv_heads * hd, T / r, t / r);
     }
     case kO: return columns(c.n_heads * hd, T, t);
@@ -132,7 +132,7 @@ void check_tensor_parallel(const ModelConfig& m, int size, int slices, std::int6
         "{}: strata.parallel.tensor_slices = {} cannot slice model '{}' with strata.parallel.tensor = {}: it must be a "
         "power of two, a multiple of the tensor ranks, divide strata.tiling.chunks ({}) and be at most {} (Note "
         "[Tensor slices]); with more tensor ranks than the {} KV heads, a multiple of them dividing the {} attention "
-        "heads (Note [Replicated KV heads]); valid choices: {}",
+        "heads (Note [Replicated KV heads] in models/tensor_parallel.h); valid choices: {}",
         source, slices, m.name, size, chunks, smallest, m.n_kv_heads, m.n_heads, valid.empty() ? "none" : valid));
   }
 }
@@ -168,8 +168,8 @@ TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int size, int 
       L.logical[g].tensors[k].shape = sliced_shape(untiled[g].tensors[k].shape, s);
       cuts.push_back(std::move(s));
     }
-    // Physical groups: the split tensors, the KV heads' copies (Note [Replicated KV heads]), then
-    // the replicated tensors (T = 1: the group as it is).
+    // Physical groups: the split tensors, the KV heads' copies (Note [Replicated KV heads] in
+    // models/tensor_parallel.h), then the replicated tensors (T = 1: the group as it is).
     const auto kind_of = [&](std::size_t k) {
       if (size == 1) return 0;
       if (cuts[k].kind == SliceKind::Whole) return 2;
@@ -277,7 +277,7 @@ TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& c, const Tensor
   if (!tp.split_rows()) {
     t.all_reduce_calls += activations;
     t.all_reduce_bytes += activations * activation;
-  } else {  // Note [Sequence parallelism]
+  } else {  // Note [Sequence parallelism] in models/tensor_parallel.h
     t.reduce_scatter_calls = activations;
     t.reduce_scatter_bytes = activations * activation;
     // The norms' outputs (the final norm's on the head's stage), per forward and again for the

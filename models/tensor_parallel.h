@@ -22,7 +22,7 @@
 // splits across ranks (the row-parallel forward over its input columns, the column-parallel input
 // gradient over output rows, the cross-entropy's sum over the vocabulary and the head's input
 // gradient) is therefore always computed in S = strata.parallel.tensor_slices fixed slices, each a
-// partial of its own, combined on the pairwise tree of Note [Deterministic reduction]
+// partial of its own, combined on the pairwise tree of Note [Deterministic reduction] in comm/communicator.h
 // (comm/communicator.h): a rank sums the S/T slices it holds on a subtree and the tensor group's
 // all-reduce adds the ranks' subtrees on the rest of the same tree. Each slice's matmuls have the
 // same shapes on every T (a slice is a whole number of the tiling's row chunks, Note [Tile-invariant
@@ -67,8 +67,8 @@
 // head). Backward mirrors it: the residual gradient is all-gathered before a row-parallel linear's
 // backward (which needs every row of it, as does the embedding's), and a column-parallel input
 // gradient is reduce-scattered instead of all-reduced. The communicator's exact reduce-scatter is
-// its all-reduce's first half (Note [Deterministic reduction]), and every op between is row by row,
-// so the activations have the bits of plain tensor parallelism; the residual stream, the norms'
+// its all-reduce's first half (Note [Deterministic reduction] in comm/communicator.h), and every op between is row by
+// row, so the activations have the bits of plain tensor parallelism; the residual stream, the norms'
 // inputs and their statistics take 1/T of the memory (with checkpointing, every kept block input).
 // A norm's weight gradient sums over all rows, in row order (models/kernels/ops.h); the ranks take
 // their rows in rank order: rank r receives the running sums from rank r - 1, adds its rows and
@@ -219,8 +219,8 @@ struct TensorParallelTraffic {
 };
 // With pipeline stages (`stage` split), the stage's own: its blocks' collectives, the embedding's
 // on the first stage, the head's on the last; with GPT-2's tied embedding the first stage's
-// recomputed loss (Note [Tied embedding across stages]); a re-materialized stage before the last
-// runs its forward twice (Note [Stage re-materialization]).
+// recomputed loss (Note [Tied embedding across stages] in models/pipeline.h); a re-materialized stage before the last
+// runs its forward twice (Note [Stage re-materialization] in models/pipeline.h).
 TensorParallelTraffic tensor_parallel_traffic(const ModelConfig& config, const TensorParallel& tp, std::int64_t rows,
                                               bool training, bool checkpointing, const PipelineStage* stage = nullptr);
 

@@ -27,7 +27,7 @@ struct TilingDecision {
 
 // Note [Linear chunks by default]: the block linears run in `strata.tiling.chunks` pieces when the
 // config sets it; else in kDefaultTileChunks, so that tiled and untiled runs give the same bits
-// (Note [Tile-invariant linear layers]) — except on a cuda device outside exact mode with nothing
+// (Note [Tile-invariant linear layers] in models/tiling.h) — except on a cuda device outside exact mode with nothing
 // tiled, where they run whole (one chunk): 16 chunks made GPT-2 1.5B's forward+backward 12,294 GEMM
 // calls on an H200 (docs/MEASUREMENTS.md, "On the GPU"). There a run that is tiled (by the config
 // or automatically) rounds differently from the untiled one; exact runs and every sim run keep the

@@ -58,7 +58,7 @@ struct IoEngineOptions {
   unsigned queue_depth = 32;              // requests in flight at the kernel (io_uring) or workers (threads)
   std::size_t max_request_bytes = 0;      // largest single kernel read; 0: kDefaultMaxReadRequestBytes
   // Largest single kernel write; 0: min(kDefaultMaxWriteRequestBytes, max_request_bytes). Writes
-  // are split smaller than reads (Note [Request size and merging]).
+  // are split smaller than reads (Note [Request size and merging] in offload/uring_engine.cc).
   std::size_t max_write_request_bytes = 0;
   unsigned submit_batch = 1;              // SQEs per io_uring_enter (0: queue_depth); see uring_engine.cc
   Coalesce coalesce = Coalesce::On;

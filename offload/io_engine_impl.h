@@ -57,7 +57,7 @@ SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_r
                           std::size_t max_write_piece_bytes, IoCallback callback, const FileTable& files);
 
 // The engines' request-size limits from the options: {largest read, largest write} in bytes
-// (Note [Request size and merging]).
+// (Note [Request size and merging] in offload/uring_engine.cc).
 
 // fd + path per FileId; slots are reused after unregister.
 class FileTable {

@@ -3,7 +3,7 @@
 // reading the gradient in fp32/bf16/fp16 and writing the bf16/fp16 copy of the new weights in the
 // same pass. The element math is the very function the CPU paths and the host tests use; with
 // nvcc's defaults (IEEE sqrt and division, no flush-to-zero) and no contractible a*b+c left in it
-// (Note [Explicit fma]), the device gives the host's bits.
+// (Note [Explicit fma] in optim/optim_math.h), the device gives the host's bits.
 //
 // This header includes no CUDA header: the stream is passed as void* (a cudaStream_t; nullptr is
 // the default stream). Builds without the CUDA backend link optim/adam_cuda_nocuda.cc, whose entry

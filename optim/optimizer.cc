@@ -76,7 +76,7 @@ void* out_at(const LowPrecisionOut& o, std::size_t elem) {
 
 // SGD and Lion: the scalar element functions in parallel. The FMA-target clone runs fmaf as one
 // instruction (and may auto-vectorize); the baseline clone calls libm's correctly rounded fmaf.
-// Both round identically (Note [Explicit fma]).
+// Both round identically (Note [Explicit fma] in optim/optim_math.h).
 template <typename Element>
 [[gnu::always_inline]] inline void elementwise_block(const OptimShard& s, std::size_t begin, std::size_t end,
                                                      Element element) {

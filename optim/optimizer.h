@@ -8,7 +8,7 @@
 // caller-given buffer (the pinned staging buffer the device reads). AdamW runs on AVX-512, AVX2
 // or scalar code chosen at run time (CpuExec::simd), all bit-identical (optim/optim_math.h, Note
 // [Explicit fma]); SGD and Lion run the scalar element functions in parallel. Results do not
-// depend on the thread count (optim/cpu_exec.h, Note [Blocks]).
+// depend on the thread count (optim/cpu_exec.h, Note [Blocks] in optim/cpu_exec.h).
 //
 // Non-finite gradients are not looked for here: the caller runs grad_stats() first (it needs the
 // norm for clipping anyway) and skips the step on overflow (optim/optimizer_phase.h does both).

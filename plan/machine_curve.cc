@@ -1,5 +1,5 @@
-// Drive curves of machine files (plan/machine_curve.h, Note [Drive curves]): reading, writing and
-// interpolating them.
+// Drive curves of machine files (plan/machine_curve.h, Note [Drive curves] in plan/machine_curve.h): reading, writing
+// and interpolating them.
 #include "plan/machine_curve.h"
 
 #include <algorithm>

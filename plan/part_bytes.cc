@@ -1,4 +1,4 @@
-// The bytes each part of the ZeRO engine allocates (see plan/part_bytes.h, Note [Part bytes]).
+// The bytes each part of the ZeRO engine allocates (see plan/part_bytes.h, Note [Part bytes] in plan/part_bytes.h).
 #include "plan/part_bytes.h"
 
 #include <algorithm>

@@ -4,10 +4,10 @@
 // Tensor offsets inside the flat buffer are aligned to kTensorAlignElems (256 bytes of fp32, what
 // vector loads and cuBLAS like); the flat size is padded to shard_count * kShardAlignElems, so
 // every shard is a whole number of 4 KiB blocks in 16-bit and fp32 alike (what O_DIRECT NVMe I/O
-// needs), and a whole number of the CPU optimizer's blocks (optim/cpu_exec.h, Note [Blocks]): the
+// needs), and a whole number of the CPU optimizer's blocks (optim/cpu_exec.h, Note [Blocks] in optim/cpu_exec.h): the
 // gradient norm is summed per block, and blocks that never straddle a shard boundary give the same
-// partial sums whatever the world size (engine/zero_engine.h, Note [Exact gradient sums]). Padding elements are zero and stay zero: their gradients are zero, so the optimizer
-// leaves them at zero.
+// partial sums whatever the world size (engine/zero_engine.h, Note [Exact gradient sums] in engine/zero_engine.h).
+// Padding elements are zero and stay zero: their gradients are zero, so the optimizer leaves them at zero.
 //
 // Sharding factor F (hybrid sharding): ranks form world/F shard groups of F consecutive ranks;
 // state is sharded within a group and replicated across groups. F = world is plain ZeRO.

@@ -1,4 +1,4 @@
-// The run plan (see plan/run_plan.h, Note [Run plan]).
+// The run plan (see plan/run_plan.h, Note [Run plan] in plan/run_plan.h).
 #include "plan/run_plan.h"
 
 #include <algorithm>

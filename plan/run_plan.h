@@ -8,7 +8,7 @@
 // is offloaded, the chunks the state range is streamed in. For the run it says where the optimizer
 // state and the sharded working weights live (device, host or NVMe), the pinned staging pools, the
 // NVMe directories and the swap file's name, and the I/O engine's options. The engine's parts
-// allocate what the plan says, each buffer's bytes a function of the plan (see Note [Part bytes]
+// allocate what the plan says, each buffer's bytes a function of the plan (see Note [Part bytes] in plan/part_bytes.h
 // in plan/part_bytes.h), the tier planner (plan/tier_plan.h) sums the same functions per tier, the
 // trainer prints and checks that sum, and checkpoints and tools that need a path or an engine
 // option take it from here; none of them re-derives a rule.
@@ -79,7 +79,7 @@ struct OffloadPlan {
   std::size_t state_chunks = 0, spilled_state_chunks = 0, spilled_grad_chunks = 0;
   std::size_t param_chunks = 0, spilled_param_chunks = 0;
   std::size_t chunk_elems = 0;    // a multiple of the optimizer block, <= sub_group_size
-  // The optimizer's chunk pipeline: a fixed pool of pinned slots (Note [Chunk pipeline]).
+  // The optimizer's chunk pipeline: a fixed pool of pinned slots (Note [Chunk pipeline] in engine/offload_tier.h).
   std::size_t slot_count = 0;
   std::size_t slot_bytes = 0;
   bool pin_optimizer = true;
@@ -111,7 +111,7 @@ struct RunPlan {
   DType working = DType::F32;
   int state_arrays = 3;   // fp32 arrays per state element: master, moment1[, moment2]
   // The most fp32 gradient partial sums a group keeps at once on a tier: the binary counter's
-  // levels plus the one being formed (Note [Exact gradient sums]); 1 accumulator in fast mode.
+  // levels plus the one being formed (Note [Exact gradient sums] in engine/zero_engine.h); 1 accumulator in fast mode.
   int grad_partials = 1;
   int accumulation = 1;  // micro-batches per step (gradient_accumulation_steps)
   std::vector<GroupPlan> groups;

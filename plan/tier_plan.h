@@ -1,6 +1,6 @@
 // The tier planner: before the first step, the bytes each tier needs for a model and a config, and
 // a refusal with the numbers and the knob to change when they cannot fit. The bytes are a sum over
-// the run plan (plan/run_plan.h, Note [Run plan]): where each array lives is decided there only,
+// the run plan (plan/run_plan.h, Note [Run plan] in plan/run_plan.h): where each array lives is decided there only,
 // and what each part of the engine allocates is a function of it (see Note [Part bytes] in
 // plan/part_bytes.h), the one the part itself calls.
 //
@@ -32,9 +32,10 @@ struct TierPlan {
   std::uint64_t device_optimizer = 0;  // of which master and moments (resident between steps)
   std::uint64_t device_weights = 0;  // resident working weights (full or sharded)
   std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction, and
-                                     // the groups gathered with it (Note [Groups gathered together])
+                                     // the groups gathered with it (Note [Groups gathered together] in
+                                     // plan/tier_plan.cc)
   // Not in device_total(): with room for it, another group's micro-batch gradient and reduction
-  // still queued beside the window (Note [Reductions in flight]); 0 with gradients in place.
+  // still queued beside the window (Note [Reductions in flight] in engine/grad_reducer.cc); 0 with gradients in place.
   std::uint64_t device_in_flight = 0;
   std::uint64_t activations = 0;
   std::string largest_group;

@@ -1,4 +1,4 @@
-// `strata estimate`'s numbers (sim/estimate_plan.h, Note [One plan for estimate and train]).
+// `strata estimate`'s numbers (sim/estimate_plan.h, Note [One plan for estimate and train] in sim/estimate_plan.h).
 #include "sim/estimate_plan.h"
 
 #include <algorithm>

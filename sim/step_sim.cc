@@ -1,4 +1,4 @@
-// The step simulator's model of the engine (sim/step_sim.h, Note [Step simulator]): the
+// The step simulator's model of the engine (sim/step_sim.h, Note [Step simulator] in sim/step_sim.h): the
 // parameter fetcher, the gradient reducer and the two state homes, replaying on a Timeline what
 // engine/param_fetcher.cc, engine/grad_reducer.cc, engine/state_home_device.cc and
 // engine/state_home_tiered.cc enqueue, with the durations the machine gives.
@@ -218,7 +218,7 @@ void EngineSim::prefetch_after(std::size_t position) {
 }
 
 // ParamFetcher::start_gather: the shard from the device, host or NVMe (through a pinned slot that
-// the host waits for, and reads the host waits for: Note [Host-driven offload]), up to the device
+// the host waits for, and reads the host waits for: Note [Host-driven offload] in docs/DESIGN.md), up to the device
 // on the comm stream, then all-gathered.
 void EngineSim::start_gather(std::size_t g) {
   const GroupLayout& L = plan(g).layout;
@@ -378,7 +378,7 @@ std::vector<PipelineJob> EngineSim::update_jobs() const {
 }
 
 // DeviceStateHome::finish_grads: every group's norm part in one pass over the final gradients
-// (RunPlan::final_grad_dtype), waited for once (Note [One wait for the norm]).
+// (RunPlan::final_grad_dtype), waited for once (Note [One wait for the norm] in engine/state_home_device.cc).
 void EngineSim::norm_on_device() {
   double bytes = 0;
   for (std::size_t g = 0; g < p_.groups.size(); ++g) bytes += static_cast<double>(final_grad_bytes(p_, g));

@@ -12,9 +12,9 @@
 // (stage3_prefetch_bucket_size, stage3_max_live_parameters), keep-if-needed-soon rule and pinned
 // parameter slots (engine/param_fetcher.cc); the GradReducer's reduction of a group as soon as its
 // gradients are ready (engine/grad_reducer.cc); the state homes' sums and updates, on the device or
-// through the chunk pipeline with its fixed slots (Note [Chunk pipeline]) on the worker stream
-// during backward and, without Note [Overlapped update], on the trainer's thread in step(); the
-// host's waits (end of each micro-batch, step()). Durations come from the machine: FLOPs per op /
+// through the chunk pipeline with its fixed slots (Note [Chunk pipeline] in engine/offload_tier.h) on the worker stream
+// during backward and, without Note [Overlapped update] in engine/state_home_tiered.cc, on the trainer's thread in
+// step(); the host's waits (end of each micro-batch, step()). Durations come from the machine: FLOPs per op /
 // (peak x efficiency), bytes / bandwidth for copies (PCIe each way), collectives (ring formulas
 // over the GPU link), NVMe (drives x per-drive bandwidth) and host memory passes, parameters /
 // (Adam params/s) for the CPU update. Each queue (sim/step_sim_timeline.h) serves one operation at
@@ -125,14 +125,14 @@ struct StageWork {
   std::int64_t first_layer = 0, end_layer = 0;
   PipelineSchedule schedule = PipelineSchedule::OneFOneB;
   std::vector<models::PipelineOp> ops;  // the stage's order of work (models::pipeline_schedule)
-  int activation_sets = 0;              // Note [Stage activations]; 0: re-materialized
+  int activation_sets = 0;              // Note [Stage activations] in models/pipeline.h; 0: re-materialized
   std::size_t forward_actions = 0;      // micro_batch[0, forward_actions): the stage's forward
   // One micro-batch's stage output (and its gradient, back): batch x seq x d_model x dtype bytes
   // (the rank's rows of them under sequence parallelism: models::Decoder::boundary_elems), and the
   // final norm's output the last stage sends the first with a tied embedding (every row).
   double boundary_bytes = 0;
   double head_bytes = 0;
-  // GPT-2's tied embedding across stages (Note [Tied embedding across stages]): the weights the
+  // GPT-2's tied embedding across stages (Note [Tied embedding across stages] in models/pipeline.h): the weights the
   // first stage sends the last once per step (0: none), and the first stage's acquisition and
   // release of its embedding group around that send.
   double tied_bytes = 0;
@@ -154,7 +154,7 @@ struct StepWorkload {
   std::vector<std::string> group_names;
   std::vector<SimAction> micro_batch;  // one micro-batch's actions (the same for each)
   int micro_batches = 1;
-  bool overlap_update = false;  // Note [Overlapped update] applies to this config
+  bool overlap_update = false;  // Note [Overlapped update] in engine/state_home_tiered.cc applies to this config
   bool exact = false;
   std::uint64_t prefetch_bucket_elems = 0;
   std::uint64_t max_live_elems = 0;
@@ -198,7 +198,7 @@ struct SimResult {
 // config needs (drives for NVMe, a GPU link for more than one GPU).
 SimResult simulate_step(const StepWorkload& workload, const SimMachine& machine);
 
-// One pipeline stage's rank in a pipelined step (Note [Pipelined step simulation]).
+// One pipeline stage's rank in a pipelined step (Note [Pipelined step simulation] in sim/step_sim_stages.cc).
 struct StageSimResult {
   // Its queues' busy time, NVMe bytes and operations over the step (step_seconds: the pipeline's).
   SimResult sim;

@@ -82,7 +82,7 @@ class EngineSim {
     int live = 0;
   };
 
-  // The trainer's thread blocks until `t`; woken then (Note [Wake-ups]) when it had to wait.
+  // The trainer's thread blocks until `t`; woken then (Note [Wake-ups] in sim/step_sim.h) when it had to wait.
   void host_wait(double t) {
     if (t > host_) host_ = t + tl_.wake_seconds();
   }

@@ -1,7 +1,7 @@
 // The step simulator's pipelined step (sim/step_sim.h): P stage ranks, each its own engine and
 // queues, driven through the stage's schedule with the point-to-point messages between them.
 //
-// Note [Pipelined step simulation]: each stage's rank is the engine model of Note [Step simulator]
+// Note [Pipelined step simulation]: each stage's rank is the engine model of Note [Step simulator] in sim/step_sim.h
 // (sim/step_sim_engine.h) over its own queues (a GPU each), running what PipelineRunner::run_step
 // (models/pipeline_runner.cc) issues, in its order: at the step's start the tied embedding's send
 // (first stage: its embedding group acquired, the weights sent alone, the compute stream waiting
@@ -20,7 +20,7 @@
 //               stream;
 // then an exchange of the last held sends, and the host waits for them. An exchange (Note [Grouped
 // transfers]) starts when the compute stream reaches it and the stage's previous exchange has ended
-// (Note [Issue order]); with receives it is on the compute stream, which waits for all of its
+// (Note [Issue order] in comm/communicator.h); with receives it is on the compute stream, which waits for all of its
 // transfers, and without them on the send stream, which nothing waits for but the buffer rings and
 // the step's end. A transfer starts once both ends' exchanges have started and moves bytes /
 // gpus.link_gbps over the sender's link (its collectives queue). Receives charge the receiver
@@ -30,8 +30,8 @@
 // long as the slowest's, and the prediction is that. Two steps are simulated (the first warms the
 // queues up), as for one rank.
 //
-// Each stage's figures are its own: its queues' busy time, and as Note [Measured bubble] measures
-// them its forwards' and backwards' busy time (from the moment its input has arrived and its stream
+// Each stage's figures are its own: its queues' busy time, and as Note [Measured bubble] in models/pipeline_runner.h
+// measures them its forwards' and backwards' busy time (from the moment its input has arrived and its stream
 // reached the op, to the op's last model op) against the pipeline's span (from the step's start to
 // the last such op on any stage): 1 - busy / span is its bubble, which for equal stages and free
 // messages is (P - 1) / (A + P - 1) under either schedule.
@@ -428,7 +428,7 @@ void write_stage_trace(const PipelineSimResult& result, const std::string& path)
       const SimLane lane = lanes[t];
       const bool send = lane == SimLane::SendNext || lane == SimLane::SendPrev || lane == SimLane::SendFar;
       // A transfer occupies the sender's link to its peer (the engine's exchanges run on its compute
-      // or send stream: Note [Grouped transfers]).
+      // or send stream: Note [Grouped transfers] in models/pipeline_runner.h).
       const std::string name = send ? fmt::format("link to stage {}", peer(lane)) : sim_lane_name(lane);
       events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", p}, {"tid", t}, {"args", {{"name", name}}}});
     }

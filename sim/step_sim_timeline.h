@@ -38,7 +38,7 @@ enum class SimLane : std::uint8_t {
   Io,       // the I/O engine: asynchronous, no order (only the drives' queue)
   // A pipeline stage's outgoing links, whose transfers queue on them (Note [Pipelined step
   // simulation]): to the next stage, to the previous one, and between the first and the last stage
-  // when they are not neighbours (the tied embedding, Note [Tied embedding across stages]).
+  // when they are not neighbours (the tied embedding, Note [Tied embedding across stages] in models/pipeline.h).
   SendNext,
   SendPrev,
   SendFar,
@@ -65,7 +65,7 @@ class Timeline {
   // Places an operation of `seconds` on `queue`, no earlier than `ready` nor (except on the Io
   // lane) than the end of the lane's last operation; returns its end. A lane that is idle when the
   // operation becomes ready (`ready` after its last operation's end) starts it wake_seconds later
-  // (Note [Wake-ups]).
+  // (Note [Wake-ups] in sim/step_sim.h).
   double add(std::string name, SimLane lane, SimQueue queue, double seconds, double ready, std::uint64_t bytes = 0);
   double lane_end(SimLane lane) const { return lane_end_[static_cast<std::size_t>(lane)]; }
   double wake_seconds() const { return wake_; }

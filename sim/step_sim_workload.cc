@@ -1,4 +1,4 @@
-// One step's work as the step simulator sees it (sim/step_sim.h, Note [Step simulator]): the
+// One step's work as the step simulator sees it (sim/step_sim.h, Note [Step simulator] in sim/step_sim.h): the
 // run plan of rank 0 over the decoder's param groups, as `strata train` makes it, and the
 // decoder's sequence of acquisitions, ops and gradient hand-overs for one micro-batch with each
 // op's FLOPs; with pipeline stages, each stage's (its forward's and its backward's, as
@@ -42,7 +42,7 @@ struct StageSpan {
 };
 
 // Emits the actions of models/decoder.cc for one micro-batch (forward_blocks, run_head,
-// backward_blocks), with FLOPs per Note [Step simulator]; for a pipeline stage, those of its
+// backward_blocks), with FLOPs per Note [Step simulator] in sim/step_sim.h; for a pipeline stage, those of its
 // stage_forward and stage_backward (models/decoder_stage.cc).
 // With tensor parallelism (`tensor` non-null) the decoder's groups are logical and the engine's
 // physical (models/tensor_parallel.h): an action on a logical group acts on each of its parts, each
@@ -112,7 +112,7 @@ class ProgramBuilder {
     act(SimAction::Release, head);
   }
 
-  // The vocabulary-parallel loss's statistics (Note [Vocabulary-parallel cross-entropy]).
+  // The vocabulary-parallel loss's statistics (Note [Vocabulary-parallel cross-entropy] in models/tensor_parallel.h).
   void loss_statistics() {
     tensor_collective("tensor all_reduce row maxima", tokens_ * 4, 2);
     tensor_collective("tensor all_gather slice sums", tokens_ * (slices_ / T_) * 8, 1);
@@ -121,8 +121,8 @@ class ProgramBuilder {
 
   // ModelPass::backward_blocks: the span's blocks last to first, then on the first stage the
   // embedding's backward (GPT-2: the tied weight's head gradient; across stages after recomputing
-  // the logits from the last stage's final-norm output, Note [Tied embedding across stages];
-  // without stages after recomputing sequences 1.., Note [Head one sequence at a time]).
+  // the logits from the last stage's final-norm output, Note [Tied embedding across stages] in models/pipeline.h;
+  // without stages after recomputing sequences 1.., Note [Head one sequence at a time] in models/decoder.h).
   void backward_blocks() {
     for (auto l = static_cast<std::size_t>(span_.l1); l-- > static_cast<std::size_t>(span_.l0);) {
       if (checkpointing_) block(l, Pass::Recompute);
@@ -209,14 +209,14 @@ class ProgramBuilder {
     // column-parallel input gradients backward.
     activations_all_reduce(fmt::format("{} {} (1 of 2)", verb, group(base).name));
     activations_all_reduce(fmt::format("{} {} (2 of 2)", verb, group(base).name));
-    if (pass == Pass::Backward && sequence_ && T_ > 1) {  // Note [Sequence parallelism]: the norms' outputs again
+    if (pass == Pass::Backward && sequence_ && T_ > 1) {  // Note [Sequence parallelism] in models/tensor_parallel.h: the norms' outputs again
       for (int i = 1; i <= 2; ++i) {
         tensor_collective(fmt::format("tensor all_gather {} norm output ({} of 2)", group(base).name, i),
                           tokens_ * static_cast<double>(model_.d_model) * static_cast<double>(dtype_bytes(model_.dtype)),
                           1);
       }
     }
-    if (pass == Pass::Backward && models::kv_replicas(model_, T_) > 1) {  // Note [Replicated KV heads]
+    if (pass == Pass::Backward && models::kv_replicas(model_, T_) > 1) {  // Note [Replicated KV heads] in models/tensor_parallel.h
       tensor_collective(fmt::format("tensor all_gather {} KV head gradients", group(base).name),
                         tokens_ * 2.0 * static_cast<double>(model_.head_dim() * dtype_bytes(model_.dtype)), 1);
     }
@@ -236,7 +236,7 @@ class ProgramBuilder {
   int T_;
   int slices_;
   bool checkpointing_;
-  bool sequence_;  // Note [Sequence parallelism]
+  bool sequence_;  // Note [Sequence parallelism] in models/tensor_parallel.h
   double tokens_;
   double seq_;
   StageSpan span_;
@@ -253,7 +253,7 @@ StepWorkload plan_workload(const TrainConfig& config, const std::vector<ParamGro
   w.tensor_ranks = tensor_ranks;
   for (const ParamGroupSpec& g : groups) w.group_names.push_back(g.name);
   w.micro_batches = config.gradient_accumulation_steps;
-  // Note [Overlapped update]'s condition (TieredStateHome::prepare_step).
+  // Note [Overlapped update] in engine/state_home_tiered.cc's condition (TieredStateHome::prepare_step).
   w.overlap_update = w.plan.optimizer_offloaded() && config.strata.offload.overlap_optimizer &&
                      !(config.gradient_clipping > 0) && config.precision != Precision::Fp16;
   w.exact = config.strata.exact;

@@ -16,12 +16,14 @@ go stale visibly when files move.
 Fails (exit 1), naming the note and the files, on:
   - a note mentioned but with no head;
   - a note with several heads;
-  - a reference to a path that does not exist, or to a file that does not hold the note's head.
+  - a reference to a path that does not exist, or to a file that does not hold the note's head;
+  - a mention outside the head's file that names no path (a reader must find the text from any mention).
 
 Usage: notes_check.py [ROOT]        check the tree at ROOT (default: the repository holding this file)
        notes_check.py --fix-paths [ROOT]
                                     first rewrite each reference's path to the file holding the note's
-                                    head (after files moved), then check
+                                    head (after files moved) and give each mention without one " in PATH",
+                                    then check
        notes_check.py --self-test   run the checker on small fake trees, one per defect
 Python 3 standard library only.
 """
@@ -90,21 +92,30 @@ def referenced_path(line, end):
 
 
 def scan(root):
-    """(heads, mentions): title -> [(file, line)], title -> [(file, line, path or None, column)]."""
+    """(heads, mentions): title -> [(file, line)], title -> [(file, line, path or None, column)];
+    the column is the path's, or where the name ends when the mention names no path."""
     heads, mentions = {}, {}
     for rel, path in scanned_files(root):
         pattern = head_pattern(rel)
         with open(path, encoding="utf-8", errors="replace") as f:
-            for number, line in enumerate(f, 1):
-                head = pattern.match(line)
-                for m in NAME.finditer(line):
-                    title = m.group(1)
-                    if head and head.start(1) == m.start(1):
-                        heads.setdefault(title, []).append((rel, number))
-                    else:
-                        found = referenced_path(line, m.end())
-                        where, column = found if found else (None, None)
-                        mentions.setdefault(title, []).append((rel, number, where, column))
+            lines = f.read().split("\n")
+        for number, line in enumerate(lines, 1):
+            head = pattern.match(line)
+            for m in NAME.finditer(line):
+                title = m.group(1)
+                if head and head.start(1) == m.start(1):
+                    heads.setdefault(title, []).append((rel, number))
+                    continue
+                found = referenced_path(line, m.end())
+                where, column, at = (*found, number) if found else (None, m.end(), number)
+                if not found and number < len(lines) and line[m.end():].rstrip() in (" in", " (", ","):
+                    # "Note [X] in" at the end of a line, the path opening the next (a wrapped comment)
+                    nxt = lines[number]
+                    lead = len(nxt) - len(nxt.lstrip(" \t/#*>"))
+                    wrapped = referenced_path(" in " + nxt[lead:], 0)
+                    if wrapped:
+                        where, column, at = wrapped[0], lead + wrapped[1] - 4, number + 1
+                mentions.setdefault(title, []).append((rel, at, where, column))
     return heads, mentions
 
 
@@ -129,6 +140,10 @@ def check(root):
                             f"{own[0][0]}'.")
         for rel, number, where, _ in mentions.get(title, []):
             if where is None:
+                if len(own) == 1 and own[0][0] != rel:
+                    problems.append(f"{rel}:{number}: {NOTE_WORD}[{title}] names no path; write 'see "
+                                    f"{NOTE_WORD}[{title}] in {own[0][0]}' (notes_check.py --fix-paths "
+                                    f"does it).")
                 continue
             if not os.path.isfile(os.path.join(root, where)):
                 problems.append(f"{rel}:{number}: {NOTE_WORD}[{title}] in {where}: no such file (paths "
@@ -142,22 +157,33 @@ def check(root):
 
 def fix_paths(root):
     """Rewrites every reference whose path is missing or wrong to the path of the note's head (after
-    files moved); notes with no head or several are left for a person. Returns the count."""
+    files moved), and gives each mention outside the head's file that names no path " in PATH";
+    notes with no head or several are left for a person. Returns the count."""
     heads, mentions = scan(root)
     edits = {}
     for title, items in mentions.items():
         own = heads.get(title, [])
+        if len(own) != 1:
+            continue
+        head_file = own[0][0]
         for rel, number, where, column in items:
-            if where is not None and len(own) == 1 and own[0][0] != where:
-                edits.setdefault(rel, []).append((number, column, where, own[0][0]))
+            if where is not None and head_file != where:
+                edits.setdefault(rel, []).append((number, column, where, head_file))
+            elif where is None and rel != head_file:
+                edits.setdefault(rel, []).append((number, column, None, head_file))
     for rel, items in edits.items():
         path = os.path.join(root, rel)
         with open(path, encoding="utf-8") as f:
             lines = f.read().split("\n")
-        for number, column, old, new in sorted(items, reverse=True):
+        # Right to left within a line, so earlier columns stay valid.
+        for number, column, old, new in sorted(items, reverse=True, key=lambda e: (e[0], e[1])):
             line = lines[number - 1]
-            lines[number - 1] = line[:column] + new + line[column + len(old):]
-            print(f"{rel}:{number}: {old} -> {new}")
+            if old is None:  # a mention with no path: " in PATH" after its name
+                lines[number - 1] = line[:column] + f" in {new}" + line[column:]
+                print(f"{rel}:{number}: + in {new}")
+            else:
+                lines[number - 1] = line[:column] + new + line[column + len(old):]
+                print(f"{rel}:{number}: {old} -> {new}")
         with open(path, "w", encoding="utf-8") as f:
             f.write("\n".join(lines))
     return sum(len(v) for v in edits.values())
@@ -171,11 +197,6 @@ def main_check(root):
         print(f"notes_check: {len(problems)} problem(s) in {root} ({notes} notes).")
         return 1
     print(f"notes_check: {notes} notes, {mention_count} mentions: one head each, every path exists.")
-    heads, mentions = scan(root)
-    pathless = sum(1 for t, items in mentions.items() for rel, _, where, _ in items
-                   if where is None and heads.get(t) and rel != heads[t][0][0])
-    print(f"notes_check: {pathless} mentions outside their note's file give no path (allowed; "
-          f"'see {NOTE_WORD}[X] in PATH' is the form to prefer).")
     return 0
 
 
@@ -206,6 +227,9 @@ def self_test():
         "bare file name": ({"lib/c.cc": f"// see {n}[Alpha] in a.h\n"}, ["[Alpha]", "a.h", "no such file"]),
         "wrong file": ({"lib/c.cc": f"// see {n}[Alpha] in lib/b.cc\n"}, ["[Alpha]", "lib/b.cc", "does not hold", "lib/a.h"]),
         "wrong file in markdown": ({"docs/E.md": f"See {n}[Gamma] (`lib/b.cc`).\n"}, ["[Gamma]", "lib/b.cc", "docs/D.md"]),
+        "wrapped, wrong file": ({"lib/c.cc": f"// see {n}[Alpha] in\n// lib/b.cc for it.\n"},
+                                ["[Alpha]", "lib/b.cc", "does not hold"]),
+        "no path": ({"lib/c.cc": f"// as {n}[Alpha] says.\n"}, ["[Alpha]", "names no path", "lib/c.cc:1", "lib/a.h"]),
     }
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -231,9 +255,26 @@ def self_test():
         if before != 3 or fixed != 3 or after:
             failures.append(f"--fix-paths: expected 3 stale references fixed, got {before} problems, "
                             f"{fixed} fixed, then {after}")
+    with tempfile.TemporaryDirectory() as tmp:  # a path on the next line counts
+        write_tree(tmp, clean)
+        write_tree(tmp, {"lib/c.cc": f"// see {n}[Alpha] in\n//   lib/a.h, wrapped.\n"})
+        if check(tmp)[0]:
+            failures.append(f"a path on the line after 'in': expected no problem, got {check(tmp)[0]}")
+    with tempfile.TemporaryDirectory() as tmp:  # mentions with no path: --fix-paths gives them one
+        write_tree(tmp, clean)
+        write_tree(tmp, {"lib/c.cc": f"// {n}[Alpha] and ({n}[Beta]) and {n}[Alpha].\n"})
+        fixed = fix_paths(tmp)
+        after = check(tmp)[0]
+        with open(os.path.join(tmp, "lib/c.cc"), encoding="utf-8") as f:
+            text = f.read()
+        want = (f"// {n}[Alpha] in lib/a.h and ({n}[Beta] in scripts/run.sh) and "
+                f"{n}[Alpha] in lib/a.h.\n")
+        if fixed != 3 or after or text != want:
+            failures.append(f"--fix-paths without paths: expected 3 paths added giving {want!r}, got {fixed} "
+                            f"fixed, {text!r}, then {after}")
     for f in failures:
         print("self-test FAILED:", f)
-    cases = 2 + len(defects)
+    cases = 4 + len(defects)
     print(f"notes_check --self-test: {cases - len(failures)} of {cases} cases pass.")
     return 1 if failures else 0
 

@@ -15,7 +15,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$out"
 # The attention op alone beside cuBLAS (bf16, causal, 16 heads x batch 4 at seq 1024; fewer at longer).
 # Every tensor-core kernel (see Note [Two tensor-core kernels] in models/kernels/cuda_attention.cuh: fa2 is the default, wmma opt-in; fa2w,
-# Note [Wide warps], opt-in until timed here).
+# Note [Wide warps] in models/kernels/cuda_attention_tc.cu, opt-in until timed here).
 for variant in fa2 fa2w wmma; do
   for hd in 64 128; do
     for seq in 1024 2048 4096; do

@@ -61,8 +61,8 @@ offload_run() {  # NAME SECS CONFIG ARGS...
      --set strata.device.kind='"cuda"' --set strata.metrics='"metrics.jsonl"' --summary-json summary.json "$@")
   echo "$name: rc $?; steps done $(cat "$out/$name/metrics.jsonl" 2>/dev/null | wc -l); seconds per step:" \
     "$(sed -n 's/.*"seconds": *\([0-9.eE+-]*\).*/\1/p' "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')"
-  # Host synchronizations a step may hide on cuda: pageable copies (Note [Pageable copies]) and
-  # page-locks during a step (Note [Pinning while streams run]).
+  # Host synchronizations a step may hide on cuda: pageable copies (Note [Pageable copies] in core/device/sim_stream.cc)
+  # and page-locks during a step (Note [Pinning while streams run] in core/device/sim_device.cc).
   echo "$name: pageable copies per step: $(sed -n 's/.*"pageable_copies": *\([0-9]*\).*/\1/p' \
     "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')host pins per step: $(sed -n \
     's/.*"host_pins": *\([0-9]*\).*/\1/p' "$out/$name/metrics.jsonl" 2>/dev/null | tr '\n' ' ')"
@@ -94,12 +94,13 @@ fi
 # Before ctest -L gpu, whose training runs take minutes: the opt-in attention kernels are quick to test
 # and time, and the call's limit must not cut them off.
 stamp "attention kernels: wmma, fa2w"
-# The WMMA kernels (Note [Two tensor-core kernels]): opt-in beside the default flash-attention 2 ones.
+# The WMMA kernels (Note [Two tensor-core kernels] in models/kernels/cuda_attention.cuh): opt-in beside the default
+# flash-attention 2 ones.
 STRATA_ATTENTION_TC=wmma timeout 120 "$b/tests/models/models_cuda_test" --gtest_filter='*ttention*' \
   >"$out/models_cuda_test.wmma.log" 2>&1
 echo "attention tests with STRATA_ATTENTION_TC=wmma: rc $? $(grep -E 'PASSED|FAILED' "$out/models_cuda_test.wmma.log" | head -3)"
-# fa2's kernels with two row tiles per warp (Note [Wide warps]; the backward at head dim 64 only):
-# written without a GPU, opt-in.
+# fa2's kernels with two row tiles per warp (Note [Wide warps] in models/kernels/cuda_attention_tc.cu; the backward at
+# head dim 64 only): written without a GPU, opt-in.
 STRATA_ATTENTION_TC=fa2w timeout 120 "$b/tests/models/models_cuda_test" --gtest_filter='*ttention*' \
   >"$out/models_cuda_test.fa2w.log" 2>&1
 fa2w_rc=$?

@@ -6,8 +6,8 @@
 #           re-materialized stage activations (strata.parallel.stage_recompute): tokens/s, and per
 #           stage its activation sets, activation workspace, peak device memory and idle share.
 #   bubble: 8 micro-batches of 1 x 128 tokens, 3 steps, with modeled compute
-#           (strata.device.compute_tflops, Note [Modeled compute]): each stage's idle share of the
-#           pipeline's step beside the ideal (P - 1) / (A + P - 1), and the worst gap.
+#           (strata.device.compute_tflops, Note [Modeled compute] in models/kernels/ops.h): each stage's idle share of
+#           the pipeline's step beside the ideal (P - 1) / (A + P - 1), and the worst gap.
 # Every run's weights are compared with the one-rank run's (exact mode): a difference is reported.
 # Usage: pipeline-measure.sh STRATA_BINARY WORKDIR MPIEXEC [memory|bubble|all]
 # WORKDIR is created, or emptied when an earlier run of this script made it.

@@ -169,7 +169,7 @@ std::unique_ptr<Device> open_training_device(const TrainConfig& cfg) {
   o.chaos_seed = d.chaos_seed;
   std::unique_ptr<Device> device =
       open_compute_device(training_device_choice(cfg), d.memory_bytes, o, training_device_source(cfg));
-  if (d.chaos_seed != 0) {  // a test mode, slower by design (Note [Schedule chaos])
+  if (d.chaos_seed != 0) {  // a test mode, slower by design (Note [Schedule chaos] in core/device/schedule_chaos.h)
     spdlog::warn("strata.device.chaos = {}: {} start after random pauses, to try rare orders; slower by design, "
                  "for testing",
                  d.chaos_seed,

@@ -23,7 +23,7 @@ DeviceChoice parse_device_flag(const std::string& value);
 struct DeviceChoiceSource {
   std::string where;                        // "configs/tiny.json (with --set)", "strata bench model"
   std::string knob = "strata.device.kind";  // or "--device"
-  // The ranks talk over staged MPI (strata.parallel.communicator "mpi", Note [Staged MPI]), so
+  // The ranks talk over staged MPI (strata.parallel.communicator "mpi", Note [Staged MPI] in comm/comm_staged.cc), so
   // several may share a GPU.
   bool ranks_may_share_gpus = false;
 };

@@ -1,4 +1,5 @@
-// The ranks of a job agree before the first step (see train/rank_agreement.h, Note [Ranks agree]).
+// The ranks of a job agree before the first step (see train/rank_agreement.h, Note [Ranks agree] in
+// train/rank_agreement.h).
 #include "train/rank_agreement.h"
 
 #include <elf.h>

@@ -1,5 +1,5 @@
 // The paths of a training run and the check that no output lands on another (see train/run_paths.h,
-// Note [Run paths]).
+// Note [Run paths] in train/run_paths.h).
 #include "train/run_paths.h"
 
 #include <sys/stat.h>

@@ -36,7 +36,7 @@ std::int64_t step_target_count(StepLoop& l, std::int64_t s) {
 // the step) times the units, which the engine's step divides out again (grad_scale = 1 / units), and
 // times the fp16 loss scale (1 otherwise; divided out too). Float products of whole numbers below
 // 2^24 are exact, so without a mask this is the rounded 1 / (micro * seq) of every unit. A step with
-// no counted target has no gradient: seed 0 (Note [Loss mask]).
+// no counted target has no gradient: seed 0 (Note [Loss mask] in models/token_data.h).
 float loss_gradient_seed(const StepLoop& l, std::int64_t counted) {
   if (counted == 0) return 0.0f;
   const float scaled_units = static_cast<float>(l.engine.loss_scale()) * static_cast<float>(l.units);
@@ -82,7 +82,7 @@ double run_micro_batches(StepLoop& l, std::int64_t s, float grad_seed) {
 }
 
 // Step s (from 0): the checkpoint begun before it, the learning rate, the micro-batches, step(lr)
-// and the step's loss: the mean over the targets it counted on all ranks (Note [Loss mask]).
+// and the step's loss: the mean over the targets it counted on all ranks (Note [Loss mask] in models/token_data.h).
 StepFigures run_step(StepLoop& l, std::int64_t s) {
   StepFigures f;
   const auto step_start = Clock::now();

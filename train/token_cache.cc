@@ -1,5 +1,5 @@
 // Token caches with their sources' identity, and the data identity a checkpoint records (see
-// train/token_cache.h, Note [Token cache identity]).
+// train/token_cache.h, Note [Token cache identity] in train/token_cache.h).
 #include "train/token_cache.h"
 
 #include <fcntl.h>
@@ -110,7 +110,7 @@ std::optional<std::string> stale_reason(const std::string& cache, const std::opt
   const std::optional<nlohmann::json> record = read_record(cache);
   const std::optional<nlohmann::json> now = file_stat(cache);
   if (!now) return "it does not exist yet";
-  if (!record) return "it has no record of its source (Note [Token cache identity])";
+  if (!record) return "it has no record of its source (Note [Token cache identity] in train/token_cache.h)";
   if (record->value("tokenizer", "") != kTokenizer) return "it was made by another tokenizer";
   nlohmann::json recorded = record->value("source", nlohmann::json::object());
   recorded.erase("xxh64");

@@ -4,7 +4,7 @@
 // Unit u = a * world + rank (micro-batch a of rank r) of step s reads the sampler windows
 // [(s * units + u) * micro, ... + micro): every split of a step's units over ranks and micro-batches
 // reads the same sequences, which is what lets exact mode give the same weights for any world size
-// and accumulation (engine/zero_engine.h, Note [Exact gradient sums]).
+// and accumulation (engine/zero_engine.h, Note [Exact gradient sums] in engine/zero_engine.h).
 #pragma once
 
 #include <cstdint>
@@ -98,7 +98,7 @@ struct TrainSummary {
   std::uint64_t tp_formula_all_reduce_calls = 0, tp_formula_all_reduce_bytes = 0;
   std::uint64_t tp_formula_all_gather_calls = 0, tp_formula_all_gather_bytes = 0;
   // With sequence parallelism: its reduce-scatters, and the norm weight gradients' rank-order chain
-  // (sends, receives and broadcasts together; Note [Sequence parallelism]).
+  // (sends, receives and broadcasts together; Note [Sequence parallelism] in models/tensor_parallel.h).
   double tp_reduce_scatter_calls = 0, tp_reduce_scatter_bytes = 0, tp_chain_calls = 0, tp_chain_bytes = 0;
   std::uint64_t tp_formula_reduce_scatter_calls = 0, tp_formula_reduce_scatter_bytes = 0;
   std::uint64_t tp_formula_chain_calls = 0, tp_formula_chain_bytes = 0;
@@ -107,7 +107,7 @@ struct TrainSummary {
   // 1F1B: min(A, P - stage)), the device bytes of its stash and boundary buffers, its peak device memory,
   // and the bytes it sent and received per micro-batch (counted at the communicator) beside the
   // formula: batch x seq x d_model values to each neighbouring stage and from it; with a tied
-  // embedding across stages (Note [Tied embedding across stages]) one more such boundary from the
+  // embedding across stages (Note [Tied embedding across stages] in models/pipeline.h) one more such boundary from the
   // last stage to the first, and the embedding's vocabulary x d_model values from the first to the
   // last once per step (a 1/A share of it per micro-batch).
   struct PipelineStageFigures {

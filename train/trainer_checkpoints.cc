@@ -29,7 +29,7 @@ extern "C" void note_stop_signal(int signo) { g_stop_signal = signo; }
 // + rank 0's "the minute interval is up"), so all of them stop, or write a checkpoint, after the
 // same step; a stopping run writes a final checkpoint and exits with 128 + the signal. The
 // handlers reset themselves (SA_RESETHAND): a second signal ends the process at once, and the last
-// complete checkpoint is still intact (Note [Atomic checkpoints]).
+// complete checkpoint is still intact (Note [Atomic checkpoints] in checkpoint/checkpoint.h).
 TrainCheckpoints::TrainCheckpoints(const TrainConfig& cfg, Communicator& comm, std::string model_name)
     : cfg_(cfg), comm_(comm), model_name_(std::move(model_name)), last_time_(Clock::now()) {
   if (!enabled()) return;
@@ -107,7 +107,7 @@ std::int64_t TrainCheckpoints::resume(const std::string& dir, ZeroEngine& engine
   agreed_startup_step(comm_, [&] { saved = read_checkpoint_manifest(dir); });
   if (saved.tensor_slices != tensor.slices && cfg_.strata.exact && comm_.rank() == 0) {
     spdlog::warn("{} was written with strata.parallel.tensor_slices = {} and this run takes its split sums in {} "
-                 "slices: exact mode gives the same bits only for equal slices (Note [Tensor slices])",
+                 "slices: exact mode gives the same bits only for equal slices (Note [Tensor slices] in models/tensor_parallel.h)",
                  saved.dir, saved.tensor_slices, tensor.slices);
   }
   // Trained on other data? Rank 0 knows the data; every rank stops when it refuses.

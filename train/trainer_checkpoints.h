@@ -50,7 +50,8 @@ class TrainCheckpoints {
 
   // Before the step that brings the count to `steps_done`: begins the checkpoint that an interval
   // in steps or the last step makes due after it, so that the step captures the new state as it is
-  // written (engine/state_home_tiered_state.cc, Note [Checkpoint capture]) and the save reads nothing.
+  // written (engine/state_home_tiered_state.cc, Note [Checkpoint capture] in engine/state_home_tiered_state.cc) and the
+  // save reads nothing.
   void before_step(ZeroEngine& engine, std::int64_t steps_done, bool last_step);
 
   // After step `steps_done`: writes a checkpoint when one is due (interval in steps or minutes, the

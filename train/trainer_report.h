@@ -81,7 +81,7 @@ class StepReporter {
   bool quiet_;
   ZeroEngine& engine_;
   std::int64_t tokens_per_step_;
-  RunLock metrics_lock_;                 // rank 0: the metrics file is this run's (Note [Run locks])
+  RunLock metrics_lock_;                 // rank 0: the metrics file is this run's (Note [Run locks] in core/run_lock.h)
   std::unique_ptr<OutputFile> metrics_;  // rank 0 with strata.metrics; null otherwise
   std::optional<IoError> metrics_failure_;
   ProgressBar bar_;

@@ -1,4 +1,5 @@
-// Validation during training (see train/trainer_validation.h, Note [Validation during training]).
+// Validation during training (see train/trainer_validation.h, Note [Validation during training] in
+// train/trainer_validation.h).
 #include "train/trainer_validation.h"
 
 #include <algorithm>

@@ -192,10 +192,10 @@ void TrainingRun::open_world() {
   rank_ = comm_->rank();
   world_ = comm_->world_size();
   // From here to the first step, what one rank refuses stops every rank with one message: each
-  // step that can fail on one rank alone is an agreed_startup_step (Note [Start-up refusals agreed]
-  // in train/rank_agreement.h).
+  // step that can fail on one rank alone is an agreed_startup_step (Note [Start-up refusals agreed] in
+  // train/rank_agreement.h in train/rank_agreement.h).
   agreed_startup_step(*comm_, [&] { check_run_outputs(options_, cfg_, rank_, world_); });
-  check_ranks_agree(*comm_, rank_identity(options_, cfg_));  // Note [Ranks agree]
+  check_ranks_agree(*comm_, rank_identity(options_, cfg_));  // Note [Ranks agree] in train/rank_agreement.h
 }
 
 void TrainingRun::lay_out_model() {
@@ -330,7 +330,8 @@ void TrainingRun::resume_or_start() {
       (*reslicer)(reader, g, a, offset, out);
     };
   };
-  // What the run trains on: its checkpoints record it, a resume compares it (Note [Token cache identity]).
+  // What the run trains on: its checkpoints record it, a resume compares it (Note [Token cache identity] in
+  // train/token_cache.h).
   agreed_startup_step(*comm_, [&] {
     if (rank_ == 0 && (checkpoints.enabled() || !options_.resume.empty())) {
       checkpoints.data_identity = token_data_identity(data_->path());
@@ -349,7 +350,7 @@ void TrainingRun::prepare_steps() {
                  "speed, so it is ignored (drop the key, or set strata.device.kind to \"sim\" to model it)",
                  cfg_.source, cfg_.strata.device.compute_tflops, device_->name());
   }
-  compute_.emplace(*device_, "compute", cfg_.strata.device.compute_tflops * 1e12);  // Note [Modeled compute]
+  compute_.emplace(*device_, "compute", cfg_.strata.device.compute_tflops * 1e12);  // Note [Modeled compute] in models/kernels/ops.h
   rt_.ctx = compute_->context();
   rt_.device = device_;
   sampler_.emplace(*data_, micro_, seq_, seed_);

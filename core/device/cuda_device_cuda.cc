@@ -169,7 +169,7 @@ class CudaStream final : public Stream {
                                     "stream of its own device",
                                     stream_label(), device_name_));
     }
-    memory.reset();  // -> CudaState::release -> cudaFreeAsync on this stream (Note [Released memory])
+    memory.reset();  // -> CudaState::release -> cudaFreeAsync on this stream (Note [Released memory] in core/device/sim_allocator.h)
   }
 
   void record(Event& event) override {

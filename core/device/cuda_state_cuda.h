@@ -55,7 +55,7 @@ class ScopedDevice {
   bool restore_ = false;
 };
 
-// What DeviceMemory, Stream and Event share with the Device (Note [Cuda lifetimes]).
+// What DeviceMemory, Stream and Event share with the Device (Note [Cuda lifetimes] in core/device/cuda_device_cuda.cc).
 class CudaState final : public detail::DeviceMemoryReleaser {
  public:
   CudaState(int ordinal_in, std::string name_in, std::size_t capacity);
@@ -91,7 +91,7 @@ class CudaState final : public detail::DeviceMemoryReleaser {
   void count_pageable(std::size_t bytes);
 
   // Streams and events are registered so that the state's destructor can destroy the ones that
-  // outlive the Device (Note [Cuda lifetimes]).
+  // outlive the Device (Note [Cuda lifetimes] in core/device/cuda_device_cuda.cc).
   void add_stream(cudaStream_t s);
   void destroy_stream(cudaStream_t s) noexcept;
   void add_event(cudaEvent_t e);

@@ -82,7 +82,7 @@ SimAllocator::SimAllocator(const SimAllocatorOptions& options)
                                   "smaller device memory size ({})",
                                   name_, options.capacity_bytes, options.capacity_knob));
   }
-  arena_bytes_ = capacity_bytes_ * kSimArenaHeadroom;  // Note [Sim arena]
+  arena_bytes_ = capacity_bytes_ * kSimArenaHeadroom;  // Note [Sim arena] in core/device/sim_allocator.h
   map_bytes_ = arena_bytes_ + slack;
   void* p = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
@@ -236,8 +236,8 @@ MemoryStats SimAllocator::stats_locked() const {
   s.allocated_bytes = allocated_bytes_;
   s.peak_allocated_bytes = peak_allocated_bytes_;
   s.free_bytes = capacity_bytes_ - allocated_bytes_;
-  // See Note [Sim arena] in core/device/sim_allocator.h: what one request can get is the counted free bytes, as on cuda, unless the arena
-  // itself has no block that large.
+  // What one request can get is the counted free bytes, as on cuda, unless the arena itself has no
+  // block that large (see Note [Sim arena] in core/device/sim_allocator.h).
   const std::size_t largest_block = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
   s.largest_free_block_bytes = std::min(s.free_bytes, largest_block);
   s.live_allocations = live_allocations_;
@@ -301,7 +301,7 @@ std::string SimAllocator::usable(const void* ptr, std::size_t bytes) const {
   if (b.free) return "it lies in memory that is not allocated (freed already, or never allocated)";
   if (b.retired) {
     return fmt::format("its allocation ('{}') was released with release_after before this was issued, and CUDA "
-                       "forbids work issued after cudaFreeAsync from naming the memory (Note [Released memory])",
+                       "forbids work issued after cudaFreeAsync from naming the memory (Note [Released memory] in core/device/sim_allocator.h)",
                        b.tag);
   }
   if (offset + bytes > it->first + b.bytes) {

@@ -86,7 +86,7 @@ class SimAllocator {
   // marks the live allocation at ptr as freed from now on for that purpose, though its bytes stay
   // until release(); usable() is empty when [ptr, ptr + bytes) lies inside one live allocation that
   // is not retired, else it says why. Memory that a host thread still copies is freed by that
-  // thread once its copies completed (Note [Host-driven offload]), never released before them.
+  // thread once its copies completed (Note [Host-driven offload] in docs/DESIGN.md), never released before them.
   void retire(const void* ptr) noexcept;
   std::string usable(const void* ptr, std::size_t bytes) const;
 

@@ -10,8 +10,8 @@
 // among the calls that synchronize streams implicitly (two commands of different streams cannot
 // overlap when one is issued between them), and cudaHostRegister may wait for the device. A pin in
 // the middle of a step, while streams work, therefore stalls every stream on cuda (no stream waits
-// for a host thread, Note [Host-driven offload], so it cannot deadlock, but it costs time). Both backends count
-// pin_host calls (MemoryStats::host_pins); `strata train` reports them per step, and the engine
+// for a host thread, Note [Host-driven offload] in docs/DESIGN.md, so it cannot deadlock, but it costs time). Both
+// backends count pin_host calls (MemoryStats::host_pins); `strata train` reports them per step, and the engine
 // pins its host buffers before the first step's work, so every step pins nothing
 // (train_offload_test.sh checks it). Counting every pin, rather than only those that met a
 // working stream, keeps the check deterministic: whether a stream is still busy at the moment of a

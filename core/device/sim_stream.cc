@@ -243,7 +243,7 @@ class SimStream final : public Stream, public SimKernelQueue {
   // See Note [Pageable copies] above.
   // Queues a copy between the device and `host`; when [host, host + bytes)
   // is not inside one pinned buffer, counts it and blocks until it has run. Inside a sim kernel such
-  // a copy would make the device wait (Note [Sim kernels]): refused.
+  // a copy would make the device wait (Note [Sim kernels] in core/device/sim_kernel.h): refused.
   void enqueue_host_copy(SimDeviceState& state, std::string_view what, std::string_view role, const void* host,
                          std::size_t bytes, std::function<void(SimDeviceState&)> fn) {
     if (state.pinned_range(host, bytes)) {

@@ -49,7 +49,7 @@ void TraceRecorder::resolve_front_locked() const {
 
 std::vector<TraceSlice> TraceRecorder::slices() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  // A host thread waits on the events here, never a stream (Note [Host-driven offload]).
+  // A host thread waits on the events here, never a stream (Note [Host-driven offload] in docs/DESIGN.md).
   while (!timed_.empty()) {
     timed_.front().end->synchronize();
     resolve_front_locked();
@@ -121,7 +121,8 @@ class TracedStream final : public Stream, public SimKernelQueue {
   void memset(void* dst, int value, std::size_t bytes) override {
     traced("memset", bytes, [&] { inner_->memset(dst, value, bytes); });
   }
-  // A sim kernel stamps its own slice: it runs on the sim stream's worker (Note [Sim kernels]).
+  // A sim kernel stamps its own slice: it runs on the sim stream's worker (Note [Sim kernels] in
+  // core/device/sim_kernel.h).
   void launch_kernel(std::function<void()> kernel) override {
     if (sim_ == nullptr) {
       throw DeviceError(fmt::format("stream '{}' of {} is not a sim stream: a CPU kernel runs only on the sim device",

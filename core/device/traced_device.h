@@ -6,7 +6,7 @@
 //
 // On sim, timestamps come from sim kernels enqueued around each operation (exact); on cuda from
 // two events per copy or memset, turned into times once they completed (CUDA kernels launched on
-// native_handle() are not seen). No stream waits for the host (Note [Host-driven offload]).
+// native_handle() are not seen). No stream waits for the host (Note [Host-driven offload] in docs/DESIGN.md).
 #pragma once
 
 #include <chrono>

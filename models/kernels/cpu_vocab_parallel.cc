@@ -13,7 +13,7 @@ namespace strata::models::cpu {
 
 namespace {
 
-// First vocabulary row of global slice s of `slices` (Note [Tensor slices]).
+// First vocabulary row of global slice s of `slices` (Note [Tensor slices] in models/tensor_parallel.h).
 std::int64_t slice_begin(std::int64_t vocab, std::int64_t slices, std::int64_t s) { return s * vocab / slices; }
 
 bool in_range(std::int64_t tok, std::int64_t begin, std::int64_t end) { return tok >= begin && tok < end; }

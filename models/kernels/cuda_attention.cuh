@@ -114,7 +114,7 @@ void tc_backward(cudaStream_t stream, DType dtype, const AttentionShape& s, cons
 // memcheck and racecheck too; then the WMMA kernels go. Both take the same calls and keep the same
 // numerics contract (tests/models/ops_attention_cuda_test.cc runs either, tools/gpu-verify.sh both).
 // STRATA_ATTENTION_TC=fa2w takes fa2's kernels with two 16-row tiles per warp (Note [Wide warps],
-// cuda_attention_tc.cu): the forward, and the backward at head dim 64 (fa2's at 128). Opt-in
+// models/kernels/cuda_attention_tc.cu): the forward, and the backward at head dim 64 (fa2's at 128). Opt-in
 // until it has passed the op tests and been timed beside fa2 on a GPU (docs/GPU_LOG.md).
 enum class TcVariant { Wmma, Fa2, Fa2Wide };
 TcVariant tc_variant();

@@ -1,5 +1,5 @@
-// CUDA attention of new query rows over a key/value cache (ops.h attention_cached; Note [KV cache]
-// in models/kv_decoder.h): one warp per (query row, query head). Lane j scores key j of each
+// CUDA attention of new query rows over a key/value cache (ops.h attention_cached; Note [KV cache] in
+// models/kv_decoder.h in models/kv_decoder.h): one warp per (query row, query head). Lane j scores key j of each
 // 32-key tile (a dot product in channel order of the pre-scaled query and the key, as the CPU
 // kernel's tile_dot), the tile's maximum is a warp reduction, every lane adds the tile's
 // probabilities in key order (the CPU kernel's running sum), and lane c owns channels c, c+32, ...

@@ -1,6 +1,7 @@
 // Flash-attention 2's forward on tensor cores (the design: cuda_attention_tc.cuh), fa2 and fa2w
 // (Note [Wide warps]), the tensor-core path's entry points (attention::tc_supported, tc_forward)
-// and the choice between them and the WMMA kernels (Note [Two tensor-core kernels]).
+// and the choice between them and the WMMA kernels (Note [Two tensor-core kernels] in
+// models/kernels/cuda_attention.cuh).
 #include <cmath>
 #include <cstdlib>
 #include <cstring>

@@ -272,9 +272,9 @@ __global__ void __launch_bounds__(kThreadsFor<MT>)
 }
 
 // fa2: 8 warps of 16 rows, 64 keys a dQ step, kBQ<D> query rows a dK/dV step. fa2w at head dim 64
-// (Note [Wide warps]): 4 warps of 32 rows, 32 of each a step (64 left too few registers for the two
-// tiles' score and gradient fragments; dK/dV still spills 36 bytes at 255 registers for sm_90, and
-// 16 rows a step spill nothing, with twice the barriers per product: which is faster is for the GPU
+// (Note [Wide warps] in models/kernels/cuda_attention_tc.cu): 4 warps of 32 rows, 32 of each a step (64 left too few
+// registers for the two tiles' score and gradient fragments; dK/dV still spills 36 bytes at 255 registers for sm_90,
+// and 16 rows a step spill nothing, with twice the barriers per product: which is faster is for the GPU
 // to say). At head dim 128 two tiles' dK and dV accumulators alone would take 256 registers, so
 // fa2w keeps fa2's backward there.
 template <typename T, int D, bool kWide>

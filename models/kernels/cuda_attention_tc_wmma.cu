@@ -1,8 +1,8 @@
 // The first tensor-core attention (nvcuda::wmma, 32-41 TFLOP/s forward and 20-29 backward on an
 // H200, docs/MEASUREMENTS.md), kept as the default beside cuda_attention_tc.cu's flash-attention 2
-// kernels until those have run on a GPU (attention::tc_variant, Note [Two tensor-core kernels]).
-// CUDA causal attention on tensor cores (WMMA, bf16/fp16 operands, fp32 accumulation): the path
-// cuda_attention.cu and cuda_attention_backward.cu take for bf16 and fp16 at head_dim 64 or 128
+// kernels until those have run on a GPU (attention::tc_variant, Note [Two tensor-core kernels] in
+// models/kernels/cuda_attention.cuh). CUDA causal attention on tensor cores (WMMA, bf16/fp16 operands, fp32
+// accumulation): the path cuda_attention.cu and cuda_attention_backward.cu take for bf16 and fp16 at head_dim 64 or 128
 // with 16-byte aligned rows (attention::tc_supported); fp32 (exact mode) and other shapes keep the
 // scalar kernels. Flash-attention 2's shape of work, in WMMA 16x16x16 fragments:
 //  * forward: one block per (64-query tile, query head, batch item), 4 warps of 16 query rows. Key

@@ -5,7 +5,8 @@
 //   2. slice_sums: one block per (row, local slice), each thread's exp(logit - max) summed in
 //      double, then a fixed-shape double tree over the block; the CPU sums the slice's columns in
 //      column order, so the two differ by the double's rounding plus expf's (the per-term 2 ulp of
-//      Note [CUDA op tolerances]). The target's logit is copied as it is (the CPU's bits).
+//      Note [CUDA op tolerances] in tests/models/ops_cuda_test_util.h). The target's logit is copied as it is (the
+// CPU's bits).
 //   3. finish: one block per row; thread 0 adds the gathered sums on the pairwise tree over the
 //      slices in global order (exactly the CPU's loop), then every thread writes its columns'
 //      gradients with math::cross_entropy_dlogit, as the whole-vocabulary kernel does.

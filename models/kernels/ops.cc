@@ -1,8 +1,8 @@
 // The op-set front layer (models/kernels/ops.h): gives each op as its CPU kernel and its CUDA
 // launcher (models/kernels/cuda_kernels.h: cuBLAS for matmul, Strata's kernels in
 // models/kernels/*.cu for the rest) to the backend dispatch shared with engine/device_ops.cc
-// (core/device/op_dispatch.h, Note [Op backends]): the CPU kernel inline or enqueued on a sim
-// stream, the launcher on the stream's cudaStream_t. Arguments are captured by value: on a stream
+// (core/device/op_dispatch.h, Note [Op backends] in core/device/op_dispatch.h): the CPU kernel inline or enqueued on a
+// sim stream, the launcher on the stream's cudaStream_t. Arguments are captured by value: on a stream
 // the kernel runs later, after the caller returned.
 #include "models/kernels/ops.h"
 
@@ -46,8 +46,9 @@ cuda::Launch cuda_launch(const KernelContext& ctx, const char* op, void* native,
 }
 #endif
 
-// The op's backend is picked in core/device/op_dispatch.h (Note [Op backends]); on a sim stream
-// with a modeled rate, its host kernel then sleeps out its FLOPs (Note [Modeled compute]).
+// The op's backend is picked in core/device/op_dispatch.h (Note [Op backends] in core/device/op_dispatch.h); on a sim
+// stream with a modeled rate, its host kernel then sleeps out its FLOPs (Note [Modeled compute] in
+// models/kernels/ops.h).
 template <typename HostFn, typename CudaFn>
 void launch_op(const KernelContext& ctx, const char* op, HostFn&& host, CudaFn&& device,
                [[maybe_unused]] UsesCublas uses_cublas, double flops) {

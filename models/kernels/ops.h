@@ -193,8 +193,8 @@ void cross_entropy(const KernelContext& ctx, DType dtype, const void* logits, co
 // ---- Vocabulary-parallel embedding and cross-entropy (tensor parallelism, models/tensor_parallel.h).
 // A rank holds rows [vocab_begin, vocab_end) of the embedding (and of the tied or untied LM head).
 // The vocabulary is cut into `slices` global slices, slice s = [s*vocab/slices, (s+1)*vocab/slices);
-// a rank holds `local_slices` of them from `first_slice` (Note [Tensor slices]). CUDA kernels in
-// cuda_embedding.cu and cuda_vocab_parallel.cu (written without a GPU: not run on one yet).
+// a rank holds `local_slices` of them from `first_slice` (Note [Tensor slices] in models/tensor_parallel.h). CUDA
+// kernels in cuda_embedding.cu and cuda_vocab_parallel.cu (written without a GPU: not run on one yet).
 
 // out[b*seq + t, :] = wte_slice[token - vocab_begin, :] + (wpe ? wpe[t, :] : 0) for a token in the
 // rank's rows, zeros for any other token: summed over the ranks, embedding_forward's output.

@@ -80,7 +80,8 @@ TEST_F(CudaHostDriven, APageableCopyBehindQueuedWorkFinishes) {
 // The offload pipeline's pattern: the main thread reduces into device memory on a "comm" stream and
 // records an event; a host thread waits on it, copies down on a transfer stream into pinned
 // staging, waits, checks the bytes and frees the device memory itself, while the main thread goes
-// on enqueueing. Every buffer is freed only after its last copy completed (Note [Released memory]).
+// on enqueueing. Every buffer is freed only after its last copy completed (Note [Released memory] in
+// core/device/sim_allocator.h).
 TEST_F(CudaHostDriven, AHostThreadWaitsOnEventsCopiesAndFrees) {
   constexpr std::size_t bytes = 4 << 20;
   constexpr int kUnits = 64;
@@ -120,8 +121,8 @@ TEST_F(CudaHostDriven, AHostThreadWaitsOnEventsCopiesAndFrees) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
-// Page-locking while streams work (Note [Pinning while streams run]) may stall them, but never
-// hangs: no stream waits for the pinning thread.
+// Page-locking while streams work (Note [Pinning while streams run] in core/device/sim_device.cc) may stall them, but
+// never hangs: no stream waits for the pinning thread.
 TEST_F(CudaHostDriven, PinningWhileStreamsWorkFinishes) {
   constexpr std::size_t bytes = 64 << 20;
   auto stream = device_->create_stream("busy");

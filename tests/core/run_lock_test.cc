@@ -1,4 +1,4 @@
-// Tests of core/run_lock.h (Note [Run locks]): a second holder is refused with the first one's
+// Tests of core/run_lock.h (Note [Run locks] in core/run_lock.h): a second holder is refused with the first one's
 // pid, host and start in the message; release unlinks the lock file and frees the path; a lock
 // file left behind by a run that died is taken over.
 #include <gtest/gtest.h>

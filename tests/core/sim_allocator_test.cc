@@ -251,7 +251,7 @@ TEST(SimAllocator, UnknownReleaseIsIgnored) {
 TEST(SimAllocator, ContainsChecksArenaBounds) {
   SimAllocator a(options_with(1 * MiB));
   std::byte* base = a.arena_base();
-  const std::size_t arena = a.arena_bytes();  // the capacity's headroom (Note [Sim arena])
+  const std::size_t arena = a.arena_bytes();  // the capacity's headroom (Note [Sim arena] in core/device/sim_allocator.h)
   EXPECT_EQ(arena, kSimArenaHeadroom * 1 * MiB);
   EXPECT_TRUE(a.contains(base, arena));
   EXPECT_TRUE(a.contains(base + arena - 1, 1));

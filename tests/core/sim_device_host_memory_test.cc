@@ -1,7 +1,7 @@
 // Tests of the sim device's host-memory rules (core/device/sim_device.cc, sim_stream.cc): the pinned registry, Note
 // [Pageable copies] (a copy of pageable memory blocks its caller, reports only its own failure, and
-// is refused inside a sim kernel), Note [Sim kernels] (no page-locking and no waits inside a
-// kernel), and Note [Pinning while streams run] (pins are counted).
+// is refused inside a sim kernel), Note [Sim kernels] in core/device/sim_kernel.h (no page-locking and no waits inside
+// a kernel), and Note [Pinning while streams run] in core/device/sim_device.cc (pins are counted).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -183,8 +183,8 @@ TEST(SimDevice, APageableCopyInsideASimKernelIsRefused) {
   }
 }
 
-// Page-locking may wait for the device (Note [Pinning while streams run]): inside a kernel it is
-// refused. Unpinning there is allowed.
+// Page-locking may wait for the device (Note [Pinning while streams run] in core/device/sim_device.cc): inside a kernel
+// it is refused. Unpinning there is allowed.
 TEST(SimDevice, PinningInsideASimKernelIsRefused) {
   auto device = make_sim_device(small_device());
   auto stream = device->create_stream("worker");

@@ -50,7 +50,7 @@ TEST(SimDevice, ModeledBandwidthHoldsOnA256MiBCopy) {
   const auto t0 = Clock::now();
   std::memcpy(warm.data(), src.data(), kBytes);
   const double memcpy_ms = ms_since(t0);
-  warm.reset();  // the pages go back to the OS (Note [Freed pages])
+  warm.reset();  // the pages go back to the OS (Note [Freed pages] in core/device/sim_allocator.h)
   probe.reset();
   // The model is a floor: a copy takes max(modeled time, memcpy time). Pick a bandwidth whose
   // modeled time leaves the warm memcpy at most 30% of it, so what is measured is the model:
@@ -96,7 +96,7 @@ TEST(SimDevice, LinksAreFullDuplexAndSharedPerDirection) {
   DeviceMemory d1 = device->allocate(kBytes, "duplex");
   DeviceMemory d2 = device->allocate(kBytes, "duplex");
   std::vector<unsigned char> h1(kBytes, 1), h2(kBytes, 2);
-  device->pin_host(h1.data(), kBytes);  // pinned: the copies are queued and overlap (Note [Pageable copies])
+  device->pin_host(h1.data(), kBytes);  // pinned: the copies are queued and overlap (Note [Pageable copies] in core/device/sim_stream.cc)
   device->pin_host(h2.data(), kBytes);
   s1->memset(d1.data(), 0, kBytes);  // fault the pages in (memset goes over the unthrottled d2d link)
   s1->memset(d2.data(), 0, kBytes);
@@ -145,7 +145,7 @@ TEST(SimDevice, StressManyStreamsMatchesSerialReference) {
     priv.push_back(device->allocate(kBytes, "private"));
     for (std::size_t k = 0; k < kElems; ++k) host_src[i][k] = static_cast<std::uint32_t>(i * 1000 + k);
   }
-  // Pinned, so the copies queue instead of blocking this thread (Note [Pageable copies]).
+  // Pinned, so the copies queue instead of blocking this thread (Note [Pageable copies] in core/device/sim_stream.cc).
   for (auto* arrays : {&host_src, &ring_out, &priv_out}) {
     for (auto& a : *arrays) device->pin_host(a.data(), kBytes);
   }

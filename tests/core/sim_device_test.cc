@@ -389,7 +389,7 @@ TEST(SimDevice, ACopyIssuedAfterReleaseAfterIsRefused) {
   DeviceMemory keep = device->allocate(64 * KiB, "kept");
   const void* p = mem.data();
   std::vector<unsigned char> host(128 * KiB);
-  device->pin_host(host.data(), host.size());  // so the copies below queue behind the gate (Note [Pageable copies])
+  device->pin_host(host.data(), host.size());  // so the copies below queue behind the gate (Note [Pageable copies] in core/device/sim_stream.cc)
   Gate gate;
   launch_sim_kernel(*copier, [&gate] { gate.wait(); });  // holds the copier back
   std::unique_ptr<Event> opened(device->create_event());
@@ -445,7 +445,7 @@ TEST(SimDevice, WorkQueuedWhenTheDeviceDiesFailsInsteadOfTouchingFreedMemory) {
   auto stream = device->create_stream("orphan");
   DeviceMemory mem = device->allocate(1 * MiB, "t");
   std::vector<unsigned char> host(1 * MiB, 1);
-  device->pin_host(host.data(), host.size());  // so the copy queues behind the gate (Note [Pageable copies])
+  device->pin_host(host.data(), host.size());  // so the copy queues behind the gate (Note [Pageable copies] in core/device/sim_stream.cc)
   Gate gate;
   std::atomic<bool> later_work_ran{false};
   launch_sim_kernel(*stream, [&] { gate.wait(); });

@@ -173,7 +173,7 @@ TEST_F(Checkpoint, ACapturedCheckpointEqualsTheCopiedOne) {
       EXPECT_GT(pieces, 4u) << what;
       EXPECT_EQ(captured.captured, pieces) << what;
       EXPECT_EQ(captured.engine->overlapped_chunk_updates() > 0, overlap) << what;
-      // Alive beside `captured`, so on its own swap files (Note [Run locks]).
+      // Alive beside `captured`, so on its own swap files (Note [Run locks] in core/run_lock.h).
       TrainConfig c2 = c;
       testing_toy::toy_offload(c2, tier, tier, dir_.sub("swap-copied" + tag));
       ToyTrainer copied(c2);

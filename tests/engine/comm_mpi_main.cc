@@ -2,8 +2,8 @@
 // collective against values computed locally from the same formula, with the deterministic tree
 // order checked bit for bit, hybrid-sharding splits, and point to point (single transfers and
 // exchanges); with the argument `staged`
-// the same checks through the staged communicator (Note [Staged MPI]). Prints "N passed, N failed"
-// per rank and exits non-zero on any failure.
+// the same checks through the staged communicator (Note [Staged MPI] in comm/comm_staged.cc). Prints "N passed, N
+// failed" per rank and exits non-zero on any failure.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -211,8 +211,8 @@ void check_exchange(Collectives& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // `staged`: the same checks through the staged communicator (Note [Staged MPI]), whose copies on
-  // the sim device are what they are on cuda, in stream order.
+  // `staged`: the same checks through the staged communicator (Note [Staged MPI] in comm/comm_staged.cc), whose copies
+  // on the sim device are what they are on cuda, in stream order.
   const bool staged = argc > 1 && std::string(argv[1]) == "staged";
   if (!launched_by_mpi()) {
     std::fprintf(stderr, "comm_mpi_test must run under mpirun (ctest does this)\n");

@@ -114,7 +114,7 @@ TEST(Config, OutOfRangeSaysTheRange) {
   EXPECT_NE(error_of(json::parse(R"({"strata": {"device": {"memory": "lots"}}})")).find("byte size"),
             std::string::npos);
   // The transport of a multi-rank run: auto by default, mpi and nccl by name, anything else refused
-  // with the choices (Note [Staged MPI]).
+  // with the choices (Note [Staged MPI] in comm/comm_staged.cc).
   EXPECT_EQ(parse_train_config(json::object(), "test.json").strata.parallel.communicator, CommunicatorChoice::Auto);
   EXPECT_EQ(parse_train_config(json::parse(R"({"strata": {"parallel": {"communicator": "mpi"}}})"), "test.json")
                 .strata.parallel.communicator,

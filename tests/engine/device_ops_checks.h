@@ -337,8 +337,8 @@ inline void check_block_sum_squares(Rig& rig, std::size_t n, Poison poison, DTyp
                         NanBits::AnyNan));
 }
 
-// The exact sum of squares (Note [Exact sum of squares]) equals one accumulator fed the widened
-// values one by one, word for word; with `poison`, it counts the infinity and the NaN.
+// The exact sum of squares (Note [Exact sum of squares] in optim/exact_squares.h) equals one accumulator fed the
+// widened values one by one, word for word; with `poison`, it counts the infinity and the NaN.
 inline void check_exact_sum_squares(Rig& rig, std::size_t n, Poison poison, DType dtype = DType::F32) {
   SCOPED_TRACE(label("exact_sum_squares", n) + " " + std::string(dtype_name(dtype)) +
                (poison == Poison::Yes ? " with inf/nan" : ""));

@@ -1,5 +1,5 @@
-// Drive curves of machine files (plan/machine_curve.h, Note [Drive curves]): read and written with
-// the machine file, interpolated in log2 of size and depth on figures worked by hand, clamped at
+// Drive curves of machine files (plan/machine_curve.h, Note [Drive curves] in plan/machine_curve.h): read and written
+// with the machine file, interpolated in log2 of size and depth on figures worked by hand, clamped at
 // the grid's edges, and every kind of bad curve refused naming the field.
 #include "plan/machine_curve.h"
 

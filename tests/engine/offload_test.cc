@@ -1,5 +1,5 @@
-// The ZeRO engine with its state on host memory and NVMe (engine/zero_engine.h, Note [Offload]):
-// exact mode gives weights bit-identical to the in-memory run for every tier combination, stage,
+// The ZeRO engine with its state on host memory and NVMe (engine/zero_engine.h, Note [Offload] in
+// engine/zero_engine.h): exact mode gives weights bit-identical to the in-memory run for every tier combination, stage,
 // accumulation, with the waiting and the backward-overlapped update; the tiers really hold the state
 // (device bytes fall, NVMe bytes move, host arrays stay empty when everything is on NVMe); bad
 // configs are refused with the numbers. The multi-rank matrix is in engine_mpi_main.cc.
@@ -129,7 +129,7 @@ TEST_F(EngineOffload, StateLeavesTheDeviceAndAllNvmeKeepsHostArraysEmpty) {
   EXPECT_LE(nvme.pinned_pool_bytes, std::size_t{8} * (2u << 20)) << "pinned staging beyond the configured budget";
 
   // The optimizer's pinned pool does not grow with the model. (Two engines alive at once: each
-  // needs its own swap directory, as two runs do: Note [Run locks].)
+  // needs its own swap directory, as two runs do: Note [Run locks] in core/run_lock.h.)
   TrainConfig bigger = c;
   testing_toy::toy_offload(bigger, OffloadDevice::Nvme, OffloadDevice::Nvme, dir_.path() + "/deep");
   SimDeviceOptions o;

@@ -2,7 +2,7 @@
 // optimizer tier, parameter tier and precision, the bytes the tier planner sums over the plan are
 // the bytes the engine holds on the device, in host arrays, in the swap store and in pinned pools
 // once it is built; and after training, the most the host and NVMe tiers held is what the plan
-// allowed for the gradient partial sums on top. Placement rules exist once (Note [Run plan]); this
+// allowed for the gradient partial sums on top. Placement rules exist once (Note [Run plan] in plan/run_plan.h); this
 // test is what keeps the planner and the engine from drifting apart.
 #include <gtest/gtest.h>
 
@@ -97,8 +97,8 @@ TEST_F(RunPlanTest, EngineAllocatesWhatThePlanSums) {
     ZeroEngine engine(c, *device, *comm, groups, testing_toy::toy_init, plan);
     EXPECT_EQ(tag_bytes(*device, "optim."), bytes.device_optimizer);
     EXPECT_EQ(tag_bytes(*device, "param.w"), bytes.device_weights);
-    // The step's gradient buffers live across steps (Note [Gradient buffers kept across steps]):
-    // the plan's device gradient bytes.
+    // The step's gradient buffers live across steps (Note [Gradient buffers kept across steps] in
+    // engine/state_home_device.cc): the plan's device gradient bytes.
     EXPECT_EQ(tag_bytes(*device, "grad."),
               plan.optimizer_offloaded() ? 0u : bytes.device_state - bytes.device_optimizer);
     const TierIoStats tiers = engine.tier_stats();

@@ -4,7 +4,8 @@
 // backward run as sim kernels on the compute stream, and it exercises what matters to the
 // engine: many groups, a group acquired twice per pass (tied weights, gradients accumulated from two
 // places), forward then reverse order. Unit u of step s reads tokens derived from (s, u) only, so
-// any split of units over ranks and micro-batches sees the same data (Note [Exact gradient sums]).
+// any split of units over ranks and micro-batches sees the same data (Note [Exact gradient sums] in
+// engine/zero_engine.h).
 #pragma once
 
 #include <cmath>

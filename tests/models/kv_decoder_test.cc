@@ -4,7 +4,7 @@
 // a short prefill gives the logits of one forward over the whole sequence, and the training
 // decoder's loss; plus the sampler's contracts and the generation loop's stops.
 //
-// Bound, not bits: Note [KV cache] says why the logits would be the same bits but for the BLAS
+// Bound, not bits: Note [KV cache] in models/kv_decoder.h says why the logits would be the same bits but for the BLAS
 // (the same kernels, chunks and RoPE positions on fewer rows; attention_cached runs the forward's
 // per-row function and rope_at rope's angles, both checked bit for bit in ops_cached_test.cc).
 // OpenBLAS does not give a row of a product the same bits for every number of rows: 0.3.21's

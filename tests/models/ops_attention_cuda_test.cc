@@ -190,8 +190,8 @@ TEST_P(CudaAttentionByDtype, AttentionForwardAndBackwardMatchCpu) {
   }
 }
 
-// GPU only: the decoder's per-KV-group calls (Note [Replicated KV heads], ops_test.cc) over some
-// query heads with the whole lse (lse_heads) and dK|dV in a buffer of their own (dkv_row_stride)
+// GPU only: the decoder's per-KV-group calls (Note [Replicated KV heads] in models/tensor_parallel.h, ops_test.cc) over
+// some query heads with the whole lse (lse_heads) and dK|dV in a buffer of their own (dkv_row_stride)
 // give the whole call's bits, and a repeated backward gives the same bits (no atomics).
 TEST_P(CudaAttentionByDtype, AttentionOverSomeHeadsIsTheWholeCallBitForBitAndRepeatsExactly) {
   const AttnLayout L{AttnCase{"gqa", 2, 45, 4, 2, 64, 0}};

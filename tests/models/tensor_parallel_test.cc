@@ -31,7 +31,7 @@ TEST(TensorParallelLayout, SlicesOfEveryRankTileEachWholeTensorExactlyOnce) {
   ModelConfig odd = model_config_by_name("tiny");
   odd.vocab_size = 257;  // uneven vocabulary rows
   for (const ModelConfig& c : {odd, model_config_by_name("tiny-llama")}) {
-    for (int T : {1, 2, 4}) {  // tiny-llama at 4: its 2 KV heads each on 2 ranks (Note [Replicated KV heads])
+    for (int T : {1, 2, 4}) {  // tiny-llama at 4: its 2 KV heads each on 2 ranks (Note [Replicated KV heads] in models/tensor_parallel.h)
       std::vector<TensorParallelLayout> ranks;
       for (int t = 0; t < T; ++t) ranks.push_back(tensor_parallel_layout(c, T, t));
       const std::vector<ParamGroupSpec>& whole = ranks[0].whole;  // physical groups, whole shapes

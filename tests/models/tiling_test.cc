@@ -109,7 +109,7 @@ TEST_P(TiledEqualsUntiled, SameLossAndGradientsBitForBit) {
   c.dtype = tc.dtype;
   const TilingSpec spec = parse(c, tc.json);
   ASSERT_TRUE(spec.tiled()) << tc.json;
-  TilingSpec untiled_spec;  // the same reduction chunks, no tiles (Note [Tile-invariant linear layers])
+  TilingSpec untiled_spec;  // the same reduction chunks, no tiles (Note [Tile-invariant linear layers] in models/tiling.h)
   untiled_spec.chunks = spec.chunks;
   const RunResult untiled = run(c, {tc.checkpointing, untiled_spec});
   const RunResult tiled = run(c, {tc.checkpointing, spec});

@@ -293,7 +293,7 @@ TEST(EngineOracle, UringAndThreadsWriteIdenticalFiles) {
   EXPECT_EQ(testing::first_mismatch(reinterpret_cast<const std::byte*>(a.data()), a.size(), 11), -1);
 }
 
-// ---- separate request-size limits for reads and writes (Note [Request size and merging]) ----
+// ---- separate request-size limits for reads and writes (Note [Request size and merging] in offload/uring_engine.cc)
 
 class RequestLimitTest : public ::testing::TestWithParam<EngineKind> {};
 

@@ -4,7 +4,7 @@
 //
 // Exactness claim: the scalar path and the SIMD paths are BIT-EXACT against the reference (not
 // "within 1 ulp"): all of them evaluate optim/optim_math.h's operations in the same order with
-// explicit fma at the same places (Note [Explicit fma]), so these tests compare bits.
+// explicit fma at the same places (Note [Explicit fma] in optim/optim_math.h), so these tests compare bits.
 #include <gtest/gtest.h>
 
 #include <tbb/task_arena.h>

@@ -2,8 +2,8 @@
 # `strata bench io` (bench/bench_io.cc), the interface people script: a small matrix prints one JSON
 # object per row with the fields the issue fixes (rw, bs, qd, gbps, iops, p50_us, p99_us) and real
 # numbers; --huge-pages auto backs small random writes with 4 KiB pages and the rest with huge pages
-# (Note [Bench buffers]); the table has a row per cell; with fio installed, --vs-fio adds fio_gbps
-# and ratio from at least 3 pairs; bad flags end in one message naming the flag, exit status 1, and
+# (Note [Bench buffers] in bench/bench_io_files.h); the table has a row per cell; with fio installed, --vs-fio adds
+# fio_gbps and ratio from at least 3 pairs; bad flags end in one message naming the flag, exit status 1, and
 # leave no test file behind. Skips (exit 77) where the work directory refuses O_DIRECT.
 # Usage: bench_io_test.sh STRATA_BINARY WORKDIR
 set -euo pipefail

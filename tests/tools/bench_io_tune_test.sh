@@ -43,7 +43,8 @@ PY
 then ok "--tune: grid, jobs and read+write rows; aio fragment; the curve in the machine file is the grid"
 else bad "--tune: $(cat "$work/tune.jsonl") / $(cat "$work/tuned.json") / $(cat "$work/m.json")"; fi
 
-# strata simulate plans with the curve (Note [Drive curves]); the fragment's keys reach its plan.
+# strata simulate plans with the curve (Note [Drive curves] in plan/machine_curve.h); the fragment's keys reach its
+# plan.
 nvme=(--set "zero_optimization.offload_optimizer.nvme_path=\"$work/nvme\""
       --set "zero_optimization.offload_param.nvme_path=\"$work/nvme\"")
 sim=$("$strata" --log-level warn simulate --machine "$work/m.json" --json "${nvme[@]}") &&

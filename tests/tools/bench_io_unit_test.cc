@@ -2,7 +2,7 @@
 // histogram against the exact ones, the steady-state test on series with known answers, and the
 // block headers of --verify (Note [Bench verify] in bench/bench_io_verify.h) against each kind of
 // damage, including a torn write the header alone would not show; --jobs' slices of a group and
-// the buffer memory --vs-fio gives each side when told (Note [Bench equal memory]).
+// the buffer memory --vs-fio gives each side when told (Note [Bench equal memory] in bench/bench_io_runs.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -33,7 +33,7 @@ expect_error "a layout that does not divide the world" "valid choices for 1 rank
 # Replicated KV heads need slices of whole query heads, and KV heads must split or be split evenly:
 # each refused by name.
 expect_error "tensor slices that cut a query head (KV heads on several ranks)" \
-  "with more tensor ranks than the 2 KV heads, a multiple of them dividing the 4 attention heads (Note [Replicated KV heads]); valid choices: 4" \
+  "with more tensor ranks than the 2 KV heads, a multiple of them dividing the 4 attention heads (Note [Replicated KV heads] in models/tensor_parallel.h); valid choices: 4" \
   "$strata" estimate --config "$config" --world 4 --set strata.parallel.tensor=4 --set gradient_clipping=0 \
   --set strata.model='"tiny-llama"' --set strata.parallel.tensor_slices=8
 expect_error "tensor ranks that neither split the KV heads nor are a multiple of them" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `strata estimate` (sim/estimate_plan.h, Note [One plan for estimate and train]):
+# `strata estimate` (sim/estimate_plan.h, Note [One plan for estimate and train] in sim/estimate_plan.h):
 #  1. its tier line is byte for byte the line `strata train` logs before step 1, for the demo config
 #     (everything on NVMe), an "auto" config that spills past a host budget, and an in-memory one;
 #  2. the largest depth it reports fits and one layer more does not;
@@ -80,7 +80,7 @@ sed -e 's/"count": 4, "read_gbps": 7, "write_gbps": 6/"count": 0, "read_gbps": 0
 # 5. The plan's device figure is enough: a device capped at exactly hbm.total trains 3 steps, and its
 # peak stays within it (tiny model: one unit per step in bf16, in place; fast accumulation; exact
 # mode's binary counter at stages 1-3; at stage 3 GPT-2's tied head holds the embedding's gathered
-# weights beside its own, Note [Groups gathered together]).
+# weights beside its own, Note [Groups gathered together] in plan/tier_plan.cc).
 tiny="$repo/configs/tiny.json"
 at_plan() {  # description, --set arguments...
   local what="$1"; shift

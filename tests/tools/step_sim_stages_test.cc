@@ -194,7 +194,7 @@ TEST(PipelinedStepSim, EveryBoundaryCarriesBatchSeqWidthPerMicroBatchEachWay) {
   }
 }
 
-// GPT-2's tied embedding (Note [Tied embedding across stages]): the first stage sends the weights
+// GPT-2's tied embedding (Note [Tied embedding across stages] in models/pipeline.h): the first stage sends the weights
 // to the last once per step, the last sends its final-norm output back per micro-batch, and the
 // first recomputes the logits from it (one more vocabulary matmul per micro-batch).
 TEST(PipelinedStepSim, TiedEmbeddingTrafficAndTheFirstStagesHeadRecompute) {
@@ -221,7 +221,7 @@ TEST(PipelinedStepSim, TiedEmbeddingTrafficAndTheFirstStagesHeadRecompute) {
   const StepWorkload one = make_step_workload(load_train_config(config_path("tiny.json"), {"gradient_clipping=0"}), 1,
                                               std::uint64_t{64} << 20);
   // Without stages: logits, input gradient, the tied weight's gradient, and the logits of the
-  // micro-batch's second sequence recomputed for it (Note [Head one sequence at a time]).
+  // micro-batch's second sequence recomputed for it (Note [Head one sequence at a time] in models/decoder.h).
   EXPECT_DOUBLE_EQ(compute_flops(one.micro_batch, ComputeClass::Head), 3.5 * vocab_matmul);
 }
 

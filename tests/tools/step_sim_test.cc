@@ -1,4 +1,4 @@
-// The step simulator (sim/step_sim.h, Note [Step simulator]): cases whose answer is known
+// The step simulator (sim/step_sim.h, Note [Step simulator] in sim/step_sim.h): cases whose answer is known
 // exactly (one finite queue, a pipeline with one slot), the pipeline's slot bound, monotonicity in
 // the drives' speed, and the trace file. No timings are measured.
 #include <algorithm>
@@ -330,8 +330,8 @@ TEST(StepSim, TraceIsChromeJsonWithTheEnginesStreams) {
 // compute is its slices', and with only the GPU link finite the step is the link time of those
 // collectives plus the data-parallel ones.
 TEST(StepSim, TensorParallelCollectivesAreMegatronsCount) {
-  // tiny at T = 2; tiny-llama at T = 4, its 2 KV heads each on 2 ranks (Note [Replicated KV heads]:
-  // one more all-gather per block backward).
+  // tiny at T = 2; tiny-llama at T = 4, its 2 KV heads each on 2 ranks (Note [Replicated KV heads] in
+  // models/tensor_parallel.h: one more all-gather per block backward).
   for (const auto& [name, T] : {std::pair<std::string, int>{"tiny", 2}, {"tiny-llama", 4}}) {
     SCOPED_TRACE(name);
     const std::string model_set = "strata.model=\"" + name + "\"";
@@ -380,8 +380,8 @@ TEST(StepSim, TensorParallelCollectivesAreMegatronsCount) {
   }
 }
 
-// Sequence parallelism (Note [Sequence parallelism]): the decoder's reduce-scatters and all-gathers
-// of the rank's rows pair up into what ring all-reduces move, which the simulator charges; the
+// Sequence parallelism (Note [Sequence parallelism] in models/tensor_parallel.h): the decoder's reduce-scatters and
+// all-gathers of the rank's rows pair up into what ring all-reduces move, which the simulator charges; the
 // backward's 2 extra all-gathers per block (the norms' outputs again) are charged one pass each.
 // The activation bytes are the decoder's (fewer than without it).
 TEST(StepSim, SequenceParallelCollectivesPairIntoAllReduces) {

@@ -182,7 +182,7 @@ if [ -n "$mpiexec" ] && [ "$kind" = cuda ] && [ "${gpus:-0}" = 1 ]; then
   else echo "$out" | tail -3; bad "two ranks on one GPU: exit $rc without the message"; fi
 fi
 
-# 7c. Staged MPI (Note [Staged MPI], strata.parallel.communicator "mpi"): 2 and 4 ranks share the
+# 7c. Staged MPI (Note [Staged MPI] in comm/comm_staged.cc, strata.parallel.communicator "mpi"): 2 and 4 ranks share the
 #     GPU and talk over MPI through pinned host copies; exact data parallelism at stage 3 (the same 8
 #     sequences a step) gives the one-rank local run's bits.
 if [ -n "$mpiexec" ] && [ "$kind" = cuda ]; then

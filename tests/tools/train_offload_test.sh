@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# End-to-end tests of `strata train` with its state offloaded (engine/zero_engine.h, Note [Offload]):
+# End-to-end tests of `strata train` with its state offloaded (engine/zero_engine.h, Note [Offload] in
+# engine/zero_engine.h):
 #  1. exact mode, 10 steps, 4 units per step: byte-identical weight files between the in-memory
 #     run and optimizer cpu|nvme x parameters cpu|nvme at stage 3, world 1 and 2, with the update
 #     waiting (gradient clipping on) and overlapped with backward (clipping off); tiled = untiled;
@@ -83,8 +84,8 @@ compare ref.c1.0.st tiled.w1.st "world 1, tiled 4, optimizer and params nvme (wa
   --set 'strata.tiling={"default": {"mlp": 2}, "layers": {"1": 8}}' --save-weights tiled.w2.st
 compare ref.c0.st tiled.w2.st "world 2, tiled per layer, optimizer and params nvme (overlapped)"
 
-# 1a. One micro-batch per step in bf16 and fp16 (Note [One unit's gradient as it is]): the in-memory
-# run's norm and update read the reduced 16-bit gradient as it is, the offloaded run widens it to
+# 1a. One micro-batch per step in bf16 and fp16 (Note [One unit's gradient as it is] in engine/state_home_device.cc):
+# the in-memory run's norm and update read the reduced 16-bit gradient as it is, the offloaded run widens it to
 # fp32 on the host first; widening is exact, so the weights must be the same bytes (world 1 at
 # stage 0, world 2 at stage 2: whole and sharded gradients; clipping on, so the norm counts; fast
 # mode, as exact mode is fp32).
@@ -129,8 +130,8 @@ awk -v b="$per_step" -v t="$per_day" -v d="$days" 'BEGIN { exit !(b > 0 && t > 0
   --set strata.offload.host_budget='"40MiB"' --save-weights spill.w2.st >/dev/null 2>&1
 compare spill.ref.st spill.w2.st "world 2, optimizer and params auto, spilled past a 40 MiB host budget"
 # World 2 on a device so small that gathers are evicted and refetched: every rank must take the same
-# eviction and prefetch decisions (Note [Deterministic prefetch]), or their collectives pair up
-# wrongly and the run hangs (it did in about half of these runs before the allocator waited for
+# eviction and prefetch decisions (Note [Deterministic prefetch] in engine/param_fetcher.cc), or their collectives pair
+# up wrongly and the run hangs (it did in about half of these runs before the allocator waited for
 # every queued free before deciding).
 for i in 1 2 3; do
   # shellcheck disable=SC2046

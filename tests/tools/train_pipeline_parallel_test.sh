@@ -75,8 +75,8 @@ compare untiled.st tiled.p2.st "pipeline 2 with every block tiled in 4 = one ran
 run 4 1 2 4 3 off.st --set zero_optimization.offload_optimizer.device='"nvme"' \
   --set zero_optimization.offload_optimizer.nvme_path='"nvme"' --set zero_optimization.offload_param.device='"cpu"'
 compare ref.st off.st "data 2 x pipeline 2, stage 3, state on NVMe, weights on host = one rank"
-# Clipping: exact mode's norm is an exact sum (Note [Exact sum of squares]), so the clip coefficient
-# has the single-rank bits beside tensor ranks too. The norm is 1 to 1.6 here, so 0.05 clips every
+# Clipping: exact mode's norm is an exact sum (Note [Exact sum of squares] in optim/exact_squares.h), so the clip
+# coefficient has the single-rank bits beside tensor ranks too. The norm is 1 to 1.6 here, so 0.05 clips every
 # step (the clipped run must differ from the unclipped one, or the comparison proves nothing).
 clip=(--set gradient_clipping=0.05)
 run 1 1 1 8 0 clip.ref.st "${clip[@]}" --set strata.metrics='"clip.ref.jsonl"'
@@ -100,7 +100,7 @@ common=(--log-level warn train --config "$config" --set strata.steps=6 --set gra
 run 1 1 1 4 0 tiny.ref.st
 run 2 1 2 4 1 tiny.p2.st "${gpipe[@]}"
 compare tiny.ref.st tiny.p2.st "GPT-2 tiny (tied): pipeline 2 (GPipe), stage 1 = one rank"
-# Masked prompts (Note [Loss mask]): the last stage's loss and the first stage's tied head both
+# Masked prompts (Note [Loss mask] in models/token_data.h): the last stage's loss and the first stage's tied head both
 # ignore the masked targets; beside tensor and data ranks, and with every block tiled.
 masked=(--set strata.data.train="\"$work/masked.tok\"")
 run 1 1 1 4 0 tiny.m.ref.st "${masked[@]}"
@@ -122,8 +122,8 @@ run 4 1 4 8 3 g4.p4r.st --set strata.parallel.stage_recompute=true
 compare g4.ref.st g4.p4r.st "GPT-2 of 4 blocks (tied): pipeline 4, stages re-materialized, stage 3 = one rank"
 run 8 2 2 4 2 g4.d2t2p2.st
 compare g4.ref.st g4.d2t2p2.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pipeline 2, stage 2 = one rank"
-# Sequence parallelism beside the stages (Note [Sequence parallelism]): each tensor rank sends its
-# rows of the boundary (1/T of it) to the same tensor rank of the next stage; the tied head's final
+# Sequence parallelism beside the stages (Note [Sequence parallelism] in models/tensor_parallel.h): each tensor rank
+# sends its rows of the boundary (1/T of it) to the same tensor rank of the next stage; the tied head's final
 # norm output (every row) and the embedding's slice as before.
 run 8 2 2 4 2 g4.d2t2p2sp.st --set strata.parallel.sequence=true --summary-json g4sp.json
 compare g4.ref.st g4.d2t2p2sp.st "GPT-2 of 4 blocks (tied): data 2 x tensor 2 x pipeline 2 with sequence parallelism, stage 2 = one rank"

@@ -10,7 +10,8 @@
 #     ring while the optimizer writes into it: engine/state_home_tiered_state.cc, Note [Checkpoint
 #     capture]), the fewest over all of them equals step 40's count. Any step may sample up to 2
 #     more while the background deletion of a retired checkpoint (checkpoint/checkpoint_retention.cc,
-#     Note [Pruning in the background]) holds directory streams open; more than that fails too;
+#     Note [Pruning in the background] in checkpoint/checkpoint_retention.cc) holds directory streams open; more than
+# that fails too;
 #   swap file bytes on disk: the same at every step, and > 0 (the files are preallocated);
 #   resident memory: grows less than two checkpoint data files between step 40 and step 300. A
 #     healthy run grew 0-270 KiB here (allocator and thread noise) against a 768 KiB data file; a

@@ -2,8 +2,8 @@
 # Tensor parallelism (strata.parallel.tensor, models/tensor_parallel.h) end to end under mpirun.
 # 1. Exact mode, the master test: every factorization of 1, 2, 4 and 8 ranks into data x tensor,
 #    over ZeRO stages 0-3, optimizer/parameter offload and clipping, writes weights byte-identical to the
-#    single-rank run with the same strata.parallel.tensor_slices (Note [Tensor slices]); for the
-#    GPT-2 and the LLaMA-style (grouped-query) tiny models, an 8-head GPT-2 for 8 tensor ranks and a
+#    single-rank run with the same strata.parallel.tensor_slices (Note [Tensor slices] in models/tensor_parallel.h); for
+#    the GPT-2 and the LLaMA-style (grouped-query) tiny models, an 8-head GPT-2 for 8 tensor ranks and a
 #    LLaMA with 2 KV heads at 2, 4 and 8 (replicated KV heads); and across a checkpoint and a resume
 #    at other data and tensor ranks; and on prompt/completion data with the prompts masked from the
 #    loss (tests/tools/masked_tokens.py).
@@ -46,11 +46,12 @@ for model in tiny tiny-llama; do
     run 4 2 2 "$stage" "$model.d2t2s$stage.st"
     compare "$model.ref.st" "$model.d2t2s$stage.st" "$model: data 2 x tensor 2, stage $stage = one rank"
   done
-  # tiny-llama's 2 KV heads at tensor 4: each KV head on 2 ranks (Note [Replicated KV heads]).
+  # tiny-llama's 2 KV heads at tensor 4: each KV head on 2 ranks (Note [Replicated KV heads] in
+  # models/tensor_parallel.h).
   run 4 4 4 2 "$model.d1t4.st"
   compare "$model.ref.st" "$model.d1t4.st" "$model: tensor 4, stage 2 = one rank"
-  # Sequence parallelism (Note [Sequence parallelism]): the residual stream and the norms split by
-  # rows, reduce-scatters and all-gathers for all-reduces, the norms' weight gradients in rank order.
+  # Sequence parallelism (Note [Sequence parallelism] in models/tensor_parallel.h): the residual stream and the norms
+  # split by rows, reduce-scatters and all-gathers for all-reduces, the norms' weight gradients in rank order.
   run 2 2 4 0 "$model.d1t2sp.st" --set strata.parallel.sequence=true
   compare "$model.ref.st" "$model.d1t2sp.st" "$model: tensor 2 with sequence parallelism, stage 0 = one rank"
   run 4 2 2 3 "$model.d2t2sp.st" --set strata.parallel.sequence=true
@@ -83,7 +84,7 @@ for model in tiny tiny-llama; do
   if cmp -s "$model.ref.st" "$model.s1.st"; then
     echo "FAILED: $model: 4 slices and 1 slice wrote identical weights (the comparison proves nothing)"; fail=1
   fi
-  # Masked prompts (Note [Loss mask]): the vocabulary-parallel loss ignores the masked targets on
+  # Masked prompts (Note [Loss mask] in models/token_data.h): the vocabulary-parallel loss ignores the masked targets on
   # every tensor rank, with and without sequence parallelism, beside data ranks.
   masked=(--set strata.data.train="\"$work/masked.tok\"")
   run 1 1 4 0 "$model.m.ref.st" "${masked[@]}"
@@ -140,8 +141,8 @@ compare tp8.clip.ref.st tp8.clip.d2t4.st "8-head model clipped: data 2 x tensor 
 run 8 8 8 0 tp8.d1t8sp.st --set strata.parallel.sequence=true
 compare tp8.ref.st tp8.d1t8sp.st "8-head model: tensor 8 with sequence parallelism (4 rows a rank), stage 0 = one rank"
 
-# Replicated KV heads on 8 ranks (Note [Replicated KV heads]): a LLaMA of 8 heads and 2 KV heads, 8
-# slices; at tensor 8 each KV head is on 4 ranks, at tensor 4 on 2, at tensor 2 split. A copy that
+# Replicated KV heads on 8 ranks (Note [Replicated KV heads] in models/tensor_parallel.h): a LLaMA of 8 heads and 2 KV
+# heads, 8 slices; at tensor 8 each KV head is on 4 ranks, at tensor 4 on 2, at tensor 2 split. A copy that
 # drifted from the others would change its ranks' attention, and so every weight after it.
 kv8='{"name": "kv8", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 2, "d_model": 64, "n_heads": 8, "n_kv_heads": 2, "ffn_hidden": 128}'
 common=(--log-level warn train --config "$config" --set strata.steps=6 --set strata.model="$kv8" --set gradient_clipping=0
@@ -268,8 +269,8 @@ EOF
 then echo "ok: sequence parallelism in fast mode: plain tensor 2's loss; collectives as the formula says"
 else echo "FAILED: sequence parallelism in fast mode"; fail=1; fi
 # bf16 with sequence parallelism: no exact promise (each rank's part of a norm gradient is rounded
-# to bf16 before the all-reduce adds them, Note [Sequence parallelism]), so it trains as plain tensor 2
-# in bf16 does: the same first loss (the forward is row by row), a last loss within 0.1 % (8.6e-6
+# to bf16 before the all-reduce adds them, Note [Sequence parallelism] in models/tensor_parallel.h), so it trains as
+# plain tensor 2 in bf16 does: the same first loss (the forward is row by row), a last loss within 0.1 % (8.6e-6
 # when written) and falling.
 run 2 2 2 2 bf16.t2.st --summary-json bf16.t2.json --set bf16.enabled=true
 run 2 2 2 2 bf16.t2sp.st --summary-json bf16.t2sp.json --set bf16.enabled=true --set strata.parallel.sequence=true
