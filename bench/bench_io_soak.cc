@@ -220,7 +220,11 @@ class Soak {
     }
     for (VisitSet& s : sets_) wait_writes(s);
     const auto t1 = Clock::now();
-    if (seconds_between(last_tick_, t1) > 0 && (read_bytes_ > tick_read_ || write_bytes_ > tick_write_)) {
+    // The drain after the last tick is an interval of its own when it is a fair sample (half an
+    // interval or more, or the only one), else it only counts in the totals.
+    const double tail_s = seconds_between(last_tick_, t1);
+    if ((interval_ == 0 || tail_s >= std::chrono::duration<double>(plan_.interval).count() / 2) &&
+        (read_bytes_ > tick_read_ || write_bytes_ > tick_write_)) {
       report_interval(t1);
     }
     return summary(seconds_between(t0_, t1), fill_s, v);

@@ -114,8 +114,9 @@ using IoCallback = std::function<void(std::exception_ptr& error)>;
 // (`strata bench io`). The engine fills it in before the batch's callback runs: `submitted` is when
 // the call that handed the batch's last piece to the kernel returned (io_uring_submit, which
 // consumes the SQE and issues the I/O; for the thread engine, when a worker starts its pread or
-// pwrite). A resubmission after a short transfer or EAGAIN does not move it. A sleeping
-// io_uring_enter that also submits (a batch of SQEs, or IOPOLL) stamps the moment it was entered.
+// pwrite). A resubmission after a short transfer or EAGAIN does not move it. An io_uring_enter that
+// submits and then sleeps for completions (the engine's last SQE goes with its wait; IOPOLL) stamps
+// the moment it was entered, so that call's cost counts as completion time.
 struct IoTimes {
   std::chrono::steady_clock::time_point submitted{};
 };

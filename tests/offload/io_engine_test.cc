@@ -215,13 +215,19 @@ class FaultTest : public EngineTest {
     for (std::size_t k = 0; k < kBlocks; ++k) out.push_back(IoRequest{op, f, k * 2 * kBlock, base + k * kBlock, kBlock});
     return out;
   }
-  void run_case(const FaultCase& c) {
-    const FileId f = open_file("fault.bin");
+  // kBlocks blocks to write (the test pattern) and to read into.
+  struct Buffers {
     HostBuffer w = testing::aligned_buffer(kBlocks * kBlock);
     HostBuffer r = testing::aligned_buffer(kBlocks * kBlock);
-    auto* wp = static_cast<std::byte*>(w.data());
-    auto* rp = static_cast<std::byte*>(r.data());
-    testing::fill_pattern(wp, kBlocks * kBlock, 3);
+    std::byte* wp = static_cast<std::byte*>(w.data());
+    std::byte* rp = static_cast<std::byte*>(r.data());
+    Buffers() { testing::fill_pattern(wp, kBlocks * kBlock, 3); }
+  };
+  void run_case(const FaultCase& c) {
+    const FileId f = open_file("fault.bin");
+    Buffers b;
+    std::byte* wp = b.wp;
+    std::byte* rp = b.rp;
     if (c.op == IoOp::Write) faults_.add(FaultRule{c.kind, 3, IoOp::Write, 1});
     auto wr = requests(f, IoOp::Write, wp);
     std::exception_ptr werr = engine_->submit(wr).wait_error();
@@ -266,11 +272,9 @@ TEST_P(FaultTest, EintrOnReadIsRetried) { run_case({FaultKind::Eintr, IoOp::Read
 // A corrupt read succeeds with one flipped byte: only a checksum above the engine can tell.
 TEST_P(FaultTest, CorruptReadSucceedsWithOneByteFlipped) {
   const FileId f = open_file("fault.bin");
-  HostBuffer w = testing::aligned_buffer(kBlocks * kBlock);
-  HostBuffer r = testing::aligned_buffer(kBlocks * kBlock);
-  auto* wp = static_cast<std::byte*>(w.data());
-  auto* rp = static_cast<std::byte*>(r.data());
-  testing::fill_pattern(wp, kBlocks * kBlock, 3);
+  Buffers b;
+  std::byte* wp = b.wp;
+  std::byte* rp = b.rp;
   engine_->run(requests(f, IoOp::Write, wp));
   faults_.add(FaultRule{FaultKind::Corrupt, 1, IoOp::Read, 1});
   const IoRequest rd{IoOp::Read, f, 0, rp, kBlock};

@@ -22,7 +22,7 @@ sys.exit(0 if eval(sys.argv[1]) else 1)' "$2" <<<"$out"; then ok "$1"; else bad 
 out=$(soak --soak 2s --interval 250ms --interval-log "$work/soak.jsonl" --json)
 # 24 MiB holds 13 chunks of 1 MiB of state with their gradients and weights (every fourth shorter).
 check "a 2 s soak: intervals with reads and writes at once, every tensor read back and its extents verified" \
-  'summary["chunks"] >= 5 and summary["tensors"] == 3 * summary["chunks"] and summary["verified_tensors"] >= summary["tensors"] and summary["verified_extents"] >= summary["verified_tensors"] and summary["read_gbps"] > 0 and summary["write_gbps"] > 0 and summary["faults_injected"] == 0 and len(ivs) >= 3 and sum(i["verified_extents"] for i in ivs) == summary["verified_extents"] and any(i["read_gbps"] > 0 and i["write_gbps"] > 0 for i in ivs)'
+  'summary["chunks"] >= 5 and summary["tensors"] == 3 * summary["chunks"] and summary["verified_tensors"] >= summary["tensors"] and summary["verified_extents"] >= summary["verified_tensors"] and summary["read_gbps"] > 0 and summary["write_gbps"] > 0 and summary["faults_injected"] == 0 and len(ivs) >= 3 and sum(i["verified_extents"] for i in ivs) == ivs[-1]["verified_extents_total"] <= summary["verified_extents"] and any(i["read_gbps"] > 0 and i["write_gbps"] > 0 for i in ivs)'
 [ "$(grep -c soak_interval "$work/soak.jsonl")" -ge 3 ] && ok "--interval-log holds the soak's intervals" || bad "soak log: $(cat "$work/soak.jsonl")"
 ls "$work"/strata-soak-swap.bin 2>/dev/null && bad "the soak's swap file outlived the run" || ok "the soak's swap file is gone"
 
