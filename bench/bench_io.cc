@@ -48,6 +48,7 @@
 #include "bench/bench_io_tune.h"
 #include "bench/bench_io_report.h"
 #include "bench/bench_io_runs.h"
+#include "bench/bench_io_soak.h"
 #include "bench/bench_io_verify.h"
 #include "bench/bench_io_workload.h"
 #include "bench/bench_commands.h"
@@ -430,6 +431,19 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
   cmd->add_option("--plot", args->plot,
                   "draw a picture (FILE.svg or FILE.png, with gnuplot): bandwidth and latency per interval of a "
                   "--time/--interval run, or with --tune the heat maps of GB/s by request size x queue depth");
+  auto soak = std::make_shared<bench_io::SoakArgs>();
+  auto* soak_opt = cmd->add_option("--soak", soak->duration,
+                                   "run the swap store for this long (20s, 1h) under an optimizer step's traffic: "
+                                   "--size of chunk tensors read ahead and written behind at once, every extent's "
+                                   "checksum and every byte checked; a mismatch or I/O error fails naming the tensor, "
+                                   "extent and offset");
+  auto* soak_chunk_opt = cmd->add_option("--soak-chunk", soak->chunk,
+                                         "with --soak: fp32 optimizer state of one chunk (its gradient and bf16 "
+                                         "weights are stored beside it)")
+                             ->capture_default_str();
+  auto* soak_fault_opt = cmd->add_option("--soak-fault", soak->faults,
+                                         "with --soak: inject faults, KIND:OP:N[,...] (KIND eio, enospc, eagain, "
+                                         "eintr, short, corrupt; OP read, write, any; N the Nth such operation)");
   // Test hook: damages one block on disk before --verify's read-back (Note [Bench verify] in bench/bench_io_verify.h).
   cmd->add_option("--inject-fault", args->inject_fault)->group("");
   auto* replay_opt = cmd->add_option(
@@ -471,8 +485,27 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
                                            "--json --measure --out M.json) is updated, a new one measured as doctor "
                                            "--measure does");
   auto* size_opt = cmd->get_option("--size");
-  table[cmd] = [args, replay, tune, replay_opt, set_opt, machine_opt, steps_opt, tbw_opt, tune_opt, out_opt, config_opt,
-                sizes_opt, qds_opt, jobs_opt, rw_opt, machine_file_opt, size_opt]() -> int {
+  cmd->footer(
+      "Latency, as fio splits it: lat is a request's whole time, from the bench queueing it (the engine's "
+      "submit call) to its completion being reaped (the batch's callback on the engine thread); slat from the queueing "
+      "to its submission to the kernel (io_uring_submit returning, the SQE consumed; the thread engine: its "
+      "pread/pwrite starting), which includes the hand-over to the engine thread; clat from there to the completion "
+      "reaped. lat = slat + clat for every request; rows give p50-p99.99, max and mean of each (JSON \"slat\" and "
+      "\"clat\"), fio's beside them with --vs-fio.");
+  table[cmd] = [args, replay, tune, soak, replay_opt, set_opt, machine_opt, steps_opt, tbw_opt, tune_opt, out_opt,
+                config_opt, sizes_opt, qds_opt, jobs_opt, rw_opt, machine_file_opt, size_opt, soak_opt, soak_chunk_opt,
+                soak_fault_opt]() -> int {
+    if (soak_opt->count() > 0) {
+      if (tune_opt->count() > 0 || replay_opt->count() > 0 || args->vs_fio || !args->time.empty() || args->verify ||
+          !args->plot.empty()) {
+        throw ConfigError("--soak runs alone: drop --tune, --replay, --vs-fio, --time, --plot and --verify (it "
+                          "verifies every read itself)");
+      }
+      return bench_io::run_soak(*soak, *args);
+    }
+    for (const CLI::Option* o : {soak_chunk_opt, soak_fault_opt}) {
+      if (o->count() > 0) throw ConfigError(fmt::format("{} is an option of --soak: add --soak DURATION", o->get_name()));
+    }
     if (tune_opt->count() > 0) {
       if (replay_opt->count() > 0) throw ConfigError("--tune and --replay: run one at a time");
       tune->overrides = replay->overrides;

@@ -31,22 +31,6 @@ bool parse_on_off(const std::string& text, const char* flag) {
   throw ConfigError(fmt::format("{} '{}': use on or off", flag, text));
 }
 
-// "500ms", "1.5s", "10m", "1h"; a bare number is seconds.
-std::chrono::nanoseconds parse_duration(const std::string& text, const char* flag) {
-  double value = 0;
-  const char* last = text.data() + text.size();
-  const auto [end, ec] = std::from_chars(text.data(), last, value);
-  const std::string unit(end, last);
-  double scale = 0;
-  if (unit.empty() || unit == "s") scale = 1;
-  else if (unit == "ms") scale = 1e-3;
-  else if (unit == "m" || unit == "min") scale = 60;
-  else if (unit == "h") scale = 3600;
-  if (ec != std::errc() || scale == 0 || value <= 0) {
-    throw ConfigError(fmt::format("{} '{}': use a positive time such as 500ms, 30s, 10m or 1h", flag, text));
-  }
-  return std::chrono::nanoseconds(static_cast<std::int64_t>(value * scale * 1e9));
-}
 
 // --steady-state: "5%" or a fraction such as 0.05.
 double parse_bound(const std::string& text) {
@@ -216,6 +200,22 @@ void check_scale(const BenchIoArgs& a, BenchPlan& p) {
 }
 
 }  // namespace
+
+std::chrono::nanoseconds parse_duration(const std::string& text, const char* flag) {
+  double value = 0;
+  const char* last = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(text.data(), last, value);
+  const std::string unit(end, last);
+  double scale = 0;
+  if (unit.empty() || unit == "s") scale = 1;
+  else if (unit == "ms") scale = 1e-3;
+  else if (unit == "m" || unit == "min") scale = 60;
+  else if (unit == "h") scale = 3600;
+  if (ec != std::errc() || scale == 0 || value <= 0) {
+    throw ConfigError(fmt::format("{} '{}': use a positive time such as 500ms, 30s, 10m or 1h", flag, text));
+  }
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(value * scale * 1e9));
+}
 
 bool row_writes(const Row& row) { return row.rw.find("write") != std::string::npos || row.rw == "randrw"; }
 

@@ -89,6 +89,9 @@ struct BenchPlan {
 
 BenchPlan make_plan(const BenchIoArgs& a);
 
+// "500ms", "1.5s", "10m", "1h"; a bare number is seconds. ConfigError naming `flag` otherwise.
+std::chrono::nanoseconds parse_duration(const std::string& text, const char* flag);
+
 // The row's groups of requests: one for read/write/randread/randwrite/randrw; for a concurrent
 // row "A+B" readers on the first half of every file and writers on the second, each with its
 // own queue depth (--read-qd, --write-qd; the row's qd when not given).

@@ -42,6 +42,18 @@ std::string op_text(const char* name, const nlohmann::json& j) {
   return fmt::format("{} {:.3f} GB/s p99 {:.0f} us", name, j.at("gbps").get<double>(), j.at("p99_us").get<double>());
 }
 
+// fio's short form of the split: "slat p50 2 p99 6 max 90 us, clat p50 48 p99 95 max 4100 us".
+std::string split_text(const nlohmann::json& j) {
+  std::string out;
+  for (const char* part : {"slat", "clat"}) {
+    if (!j.contains(part)) continue;
+    const auto& l = j.at(part);
+    out += fmt::format("{}{} p50 {:.0f} p99 {:.0f} max {:.0f} us", out.empty() ? "" : ", ", part,
+                       l.at("p50_us").get<double>(), l.at("p99_us").get<double>(), l.at("max_us").get<double>());
+  }
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json ops_json(const OpStats& read, const OpStats& write, double seconds, double read_seconds,
@@ -114,6 +126,7 @@ void print_row(const RowReport& r, bool json) {
     for (const char* op : {"read", "write"}) {
       if (j.contains(op)) line(fmt::format("- {}", op), j.at(op), -1, "");
     }
+    fmt::print("{:>16} {}\n", "slat/clat", split_text(j));
     if (r.extra.contains("fio_mem")) {
       fmt::print("{:>16} Strata {} on {} pages, fio the same bytes from its --mem={} on {} pages ({}); fio's CPU "
                  "{:.3f} s/GB\n",
@@ -125,9 +138,10 @@ void print_row(const RowReport& r, bool json) {
     }
     if (!r.fio.empty()) {
       for (const auto& [op, l] : median_fio(r.fio).latency.items()) {
-        fmt::print("{:>16} p50 {:.0f} us, p99 {:.0f} us, p99.9 {:.0f} us, max {:.0f} us\n", "fio " + op,
+        const std::string split = split_text(l);
+        fmt::print("{:>16} p50 {:.0f} us, p99 {:.0f} us, p99.9 {:.0f} us, max {:.0f} us{}\n", "fio " + op,
                    l.at("p50_us").get<double>(), l.at("p99_us").get<double>(), l.at("p99_9_us").get<double>(),
-                   l.at("max_us").get<double>());
+                   l.at("max_us").get<double>(), split.empty() ? "" : "; " + split);
       }
     }
     if (r.extra.contains("steady")) fmt::print("{:>16} {}\n", "steady state", r.extra.at("steady").dump());

@@ -31,6 +31,16 @@ std::size_t free_hugetlb_bytes() {
   return free_pages * page_kib * 1024;
 }
 
+// fio's {"percentile": {"50.000000": ns, ...}, "max": ns, "mean": ns} in the bench's keys, in us.
+nlohmann::json fio_percentiles(const nlohmann::json& lat) {
+  const auto& pct = lat.at("percentile");
+  return {{"p50_us", pct.at("50.000000").get<double>() / 1e3},
+          {"p99_us", pct.at("99.000000").get<double>() / 1e3},
+          {"p99_9_us", pct.at("99.900000").get<double>() / 1e3},
+          {"max_us", lat.at("max").get<double>() / 1e3},
+          {"mean_us", lat.at("mean").get<double>() / 1e3}};
+}
+
 }  // namespace
 
 FioMemory choose_fio_memory(const std::string& mode, bool huge, std::size_t hugetlb_bytes) {
@@ -75,6 +85,8 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
       args.push_back("--direct=1");
       args.push_back("--ioengine=io_uring");
       args.push_back("--lat_percentiles=1");
+      args.push_back("--slat_percentiles=1");
+      args.push_back("--clat_percentiles=1");
       args.push_back("--percentile_list=50:99:99.9");
       if (part.rw == "randrw") args.push_back(fmt::format("--rwmixread={}", job.read_percent));
       if (job.time_s > 0) {
@@ -129,12 +141,11 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
       bytes_per_s += o.at("bw_bytes").get<double>();
       job_bytes += o.at("io_bytes").get<double>();
       if (o.at("total_ios").get<double>() > 0 && o.contains("lat_ns") && o.at("lat_ns").contains("percentile")) {
-        const auto& lat = o.at("lat_ns");
-        const auto& pct = lat.at("percentile");
-        result.latency[op] = {{"p50_us", pct.at("50.000000").get<double>() / 1e3},
-                              {"p99_us", pct.at("99.000000").get<double>() / 1e3},
-                              {"p99_9_us", pct.at("99.900000").get<double>() / 1e3},
-                              {"max_us", lat.at("max").get<double>() / 1e3}};
+        result.latency[op] = fio_percentiles(o.at("lat_ns"));
+        for (const char* part : {"slat", "clat"}) {
+          const std::string key = std::string(part) + "_ns";
+          if (o.contains(key) && o.at(key).contains("percentile")) result.latency[op][part] = fio_percentiles(o.at(key));
+        }
       }
     }
     bytes += job_bytes;

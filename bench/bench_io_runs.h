@@ -77,8 +77,9 @@ FioMemory choose_fio_memory(const std::string& mode, bool huge, std::size_t huge
 struct FioResult {
   double gbps = 0;         // reads + writes, 1e9 bytes/s
   double cpu_s_per_gb = 0;  // fio's usr + sys CPU over its run, per GB moved
-  // Per operation that ran ("read", "write"): p50_us, p99_us, p99_9_us, max_us of fio's total
-  // latency (submission to completion, as Strata's figures).
+  // Per operation that ran ("read", "write"): p50_us, p99_us, p99_9_us, max_us, mean_us of fio's
+  // total latency (lat: queued to completion, as Strata's figures), and the same in "slat"
+  // (queued to submitted) and "clat" (submitted to completion).
   nlohmann::json latency = nlohmann::json::object();
 };
 

@@ -27,12 +27,14 @@ void LatencyHistogram::record(std::uint64_t ns) {
   ++counts_[static_cast<std::size_t>(bucket_of(ns))];
   ++count_;
   max_ns_ = std::max(max_ns_, ns);
+  sum_ns_ += ns;
 }
 
 void LatencyHistogram::merge(const LatencyHistogram& other) {
   for (std::size_t i = 0; i < counts_.size(); ++i) counts_[i] += other.counts_[i];
   count_ += other.count_;
   max_ns_ = std::max(max_ns_, other.max_ns_);
+  sum_ns_ += other.sum_ns_;
 }
 
 double LatencyHistogram::percentile_us(double percent) const {
@@ -56,18 +58,23 @@ nlohmann::json LatencyHistogram::buckets_json() const {
   return out;
 }
 
+nlohmann::json percentiles_json(const LatencyHistogram& h) {
+  return {{"p50_us", h.percentile_us(50)},         {"p90_us", h.percentile_us(90)},
+          {"p99_us", h.percentile_us(99)},         {"p99_9_us", h.percentile_us(99.9)},
+          {"p99_99_us", h.percentile_us(99.99)}, {"max_us", h.max_us()},
+          {"mean_us", h.mean_us()}};
+}
+
 nlohmann::json OpStats::json(double seconds) const {
   const double s = seconds > 0 ? seconds : 1;
-  return {{"ios", ios},
-          {"bytes", bytes},
-          {"gbps", static_cast<double>(bytes) / s / 1e9},
-          {"iops", static_cast<double>(ios) / s},
-          {"p50_us", latency.percentile_us(50)},
-          {"p90_us", latency.percentile_us(90)},
-          {"p99_us", latency.percentile_us(99)},
-          {"p99_9_us", latency.percentile_us(99.9)},
-          {"p99_99_us", latency.percentile_us(99.99)},
-          {"max_us", latency.max_us()}};
+  nlohmann::json j = percentiles_json(latency);
+  j["ios"] = ios;
+  j["bytes"] = bytes;
+  j["gbps"] = static_cast<double>(bytes) / s / 1e9;
+  j["iops"] = static_cast<double>(ios) / s;
+  j["slat"] = percentiles_json(submit_latency);
+  j["clat"] = percentiles_json(completion_latency);
+  return j;
 }
 
 CpuTimes CpuTimes::now() {

@@ -24,6 +24,7 @@ class LatencyHistogram {
   // The latency at or under which `percent` of the requests completed, in microseconds (0 if none).
   double percentile_us(double percent) const;
   double max_us() const { return static_cast<double>(max_ns_) / 1e3; }
+  double mean_us() const { return count_ > 0 ? static_cast<double>(sum_ns_) / static_cast<double>(count_) / 1e3 : 0; }
   // Non-empty buckets as [[upper_us, count], ...] for plots.
   nlohmann::json buckets_json() const;
 
@@ -37,27 +38,47 @@ class LatencyHistogram {
   std::array<std::uint64_t, kBuckets> counts_{};
   std::uint64_t count_ = 0;
   std::uint64_t max_ns_ = 0;
+  std::uint64_t sum_ns_ = 0;  // exact, so the means of slat and clat add up to lat's
+};
+
+// One request's latency, as fio splits it: slat from the moment it was queued (the bench's submit
+// call) to its submission to the kernel (offload::IoTimes), clat from there to its completion being
+// reaped (the batch's callback), lat the whole (slat + clat).
+struct RequestLatency {
+  std::uint64_t slat_ns = 0;
+  std::uint64_t clat_ns = 0;
+  std::uint64_t lat_ns() const { return slat_ns + clat_ns; }
 };
 
 // One operation's (reads' or writes') requests over a span of time.
 struct OpStats {
   std::uint64_t bytes = 0;
   std::uint64_t ios = 0;
-  LatencyHistogram latency;
+  LatencyHistogram latency;  // lat
+  LatencyHistogram submit_latency;      // slat
+  LatencyHistogram completion_latency;  // clat
 
-  void record(std::uint64_t length_bytes, std::uint64_t ns) {
+  void record(std::uint64_t length_bytes, const RequestLatency& l) {
     bytes += length_bytes;
     ++ios;
-    latency.record(ns);
+    latency.record(l.lat_ns());
+    submit_latency.record(l.slat_ns);
+    completion_latency.record(l.clat_ns);
   }
   void merge(const OpStats& o) {
     bytes += o.bytes;
     ios += o.ios;
     latency.merge(o.latency);
+    submit_latency.merge(o.submit_latency);
+    completion_latency.merge(o.completion_latency);
   }
-  // {"gbps", "iops", "p50_us", "p90_us", "p99_us", "p99_9_us", "p99_99_us", "max_us"} over `seconds`.
+  // {"gbps", "iops", "p50_us", "p90_us", "p99_us", "p99_9_us", "p99_99_us", "max_us", "mean_us"} of
+  // lat over `seconds`, and "slat" and "clat" objects with the same percentiles, max and mean.
   nlohmann::json json(double seconds) const;
 };
+
+// p50/p90/p99/p99.9/p99.99, max and mean of one histogram, in microseconds.
+nlohmann::json percentiles_json(const LatencyHistogram& h);
 
 // User and system CPU seconds of the whole process (the engine's thread and io_uring's workers are
 // threads of it), from getrusage.

@@ -22,6 +22,17 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 double seconds_of(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
 
+std::uint64_t ns_between(Clock::time_point a, Clock::time_point b) {
+  return b > a ? static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count()) : 0;
+}
+
+// slat: queued to submitted; clat: submitted to done. A submission stamp outside [start, done]
+// (an engine that leaves IoTimes alone) counts all of it as clat.
+RequestLatency split_latency(Clock::time_point start, Clock::time_point submitted, Clock::time_point done) {
+  if (submitted < start || submitted > done) return RequestLatency{0, ns_between(start, done)};
+  return RequestLatency{ns_between(start, submitted), ns_between(submitted, done)};
+}
+
 class Workload {
  public:
   Workload(std::span<const Job> jobs, std::vector<TestFile>& files, std::span<std::byte> buffer,
@@ -132,7 +143,8 @@ class Workload {
     offload::IoRequest request;
     std::uint64_t block = 0;
     std::uint64_t generation = 0;  // with --verify: what a write stamps or a read expects
-    Clock::time_point start;
+    Clock::time_point start;        // queued: the submit call
+    offload::IoTimes times;         // when the engine handed it to the kernel
   };
 
   // The next block of the slot's stream (mutex_ held); false when the stream is done.
@@ -185,7 +197,7 @@ class Workload {
       stamp_block({slot.buffer, spec_.bs_bytes}, slot.request.offset_bytes, slot.generation, spec_.verify_seed);
     }
     slot.start = Clock::now();
-    jobs_[s.job].engine->submit(std::span(&slot.request, 1), [this, &slot, &s, write](std::exception_ptr& err) {
+    const auto on_done = [this, &slot, &s, write](std::exception_ptr& err) {
       const auto done = Clock::now();
       bool checked = false;
       if (!err && !write && spec_.verify != nullptr && slot.generation > 0) {
@@ -197,13 +209,13 @@ class Workload {
           err = std::current_exception();
         }
       }
-      const auto ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(done - slot.start).count());
+      const RequestLatency latency = split_latency(slot.start, slot.times.submitted, done);
       bool more = false;
       {
         std::lock_guard lock(mutex_);
         OpStats& interval = write ? interval_write_ : interval_read_;
-        interval.record(spec_.bs_bytes, ns);
-        if (done >= ramp_end_) (write ? result_.write : result_.read).record(spec_.bs_bytes, ns);
+        interval.record(spec_.bs_bytes, latency);
+        if (done >= ramp_end_) (write ? result_.write : result_.read).record(spec_.bs_bytes, latency);
         result_.all_bytes += spec_.bs_bytes;
         if (checked) ++result_.verified_blocks;
         if (spec_.verify != nullptr) {
@@ -219,7 +231,8 @@ class Workload {
         if (outstanding_ == 0) cv_.notify_all();
       }
       if (more) submit(slot);
-    });
+    };
+    jobs_[s.job].engine->submit(std::span(&slot.request, 1), on_done, &slot.times);
   }
 
   std::span<const Job> jobs_;

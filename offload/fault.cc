@@ -13,6 +13,7 @@ const char* fault_kind_name(FaultKind kind) {
     case FaultKind::Eagain: return "EAGAIN";
     case FaultKind::Eintr: return "EINTR";
     case FaultKind::ShortTransfer: return "short transfer";
+    case FaultKind::Corrupt: return "corrupt read";
   }
   return "?";
 }
@@ -45,6 +46,12 @@ long FaultInjector::on_complete(IoOp op, long result, std::byte* buffer, std::si
         }
         ++injected_;
         return short_bytes;
+      }
+      case FaultKind::Corrupt: {
+        if (op != IoOp::Read || buffer == nullptr || result <= 0) break;
+        buffer[0] ^= std::byte{0x01};
+        ++injected_;
+        return result;
       }
     }
   }

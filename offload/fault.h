@@ -18,7 +18,9 @@
 
 namespace strata::offload {
 
-enum class FaultKind : std::uint8_t { Eio, Enospc, Eagain, Eintr, ShortTransfer };
+// Corrupt: a read that succeeds with its first byte flipped, as a drive returning bad data
+// without an error (the swap store's checksums must catch it).
+enum class FaultKind : std::uint8_t { Eio, Enospc, Eagain, Eintr, ShortTransfer, Corrupt };
 const char* fault_kind_name(FaultKind kind);
 
 struct FaultRule {

@@ -89,12 +89,24 @@ RequestLimits request_limits(const IoEngineOptions& options) {
 
 namespace detail {
 
+void IoBatchState::mark_submitted(std::chrono::steady_clock::time_point when) {
+  if (times == nullptr) return;
+  const std::int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
+  std::int64_t seen = submitted_ns.load(std::memory_order_relaxed);
+  while (seen < ns && !submitted_ns.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
+  }
+}
+
 void IoBatchState::piece_done(std::exception_ptr err) {
   if (err) {
     std::lock_guard lock(mutex);
     if (!error) error = std::move(err);
   }
   if (pending_pieces.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (times != nullptr) {
+    times->submitted = std::chrono::steady_clock::time_point(
+        std::chrono::nanoseconds(submitted_ns.load(std::memory_order_relaxed)));
+  }
   std::exception_ptr final_error;
   {
     std::lock_guard lock(mutex);
@@ -163,12 +175,14 @@ SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_p
 
 
 SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_read_piece_bytes,
-                          std::size_t max_write_piece_bytes, IoCallback callback, const FileTable& files) {
+                          std::size_t max_write_piece_bytes, IoCallback callback, const FileTable& files,
+                          IoTimes* times) {
   STRATA_CHECK(max_read_piece_bytes >= 4096 && max_write_piece_bytes >= 4096, "max piece {}/{} bytes",
                max_read_piece_bytes, max_write_piece_bytes);
   SplitBatch out;
   out.batch = std::make_shared<IoBatchState>();
   out.batch->callback = std::move(callback);
+  out.batch->times = times;
   for (const IoRequest& r : requests) {
     if (!files.valid(r.file)) {
       throw ConfigError(fmt::format("I/O request names file id {}, which is not registered with the engine", r.file));
@@ -215,10 +229,10 @@ std::exception_ptr make_io_error(IoOp op, const std::string& path, std::uint64_t
     default: break;
   }
   std::string detail = what.empty() ? errno_text(err) : what;
-  return std::make_exception_ptr(IoError(fmt::format("cannot {} {} ({} bytes) at offset {} of {}: {}{}", io_op_name(op),
-                                                     format_bytes(length_bytes), length_bytes, offset_bytes, path,
-                                                     detail, hint),
-                                         err));
+  return std::make_exception_ptr(IoRequestError(fmt::format("cannot {} {} ({} bytes) at offset {} of {}: {}{}",
+                                                            io_op_name(op), format_bytes(length_bytes), length_bytes,
+                                                            offset_bytes, path, detail, hint),
+                                                err, path, offset_bytes));
 }
 
 std::exception_ptr transfer_piece(const IoPiece& piece, const std::string& path, unsigned max_retries,

@@ -12,6 +12,7 @@
 // See Note [Request size and merging] in offload/uring_engine.cc for the defaults.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -21,6 +22,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "core/error.h"
 
 namespace strata::offload {
 
@@ -78,6 +81,20 @@ struct RequestLimits {
 };
 RequestLimits request_limits(const IoEngineOptions& options);
 
+// The IoError of one failed request (every engine's): the file and the offset it failed at, for
+// callers that map it back to what they stored there (the swap store's extents).
+class IoRequestError : public IoError {
+ public:
+  IoRequestError(const std::string& what, int err, std::string path, std::uint64_t offset_bytes)
+      : IoError(what, err), path_(std::move(path)), offset_bytes_(offset_bytes) {}
+  const std::string& path() const { return path_; }
+  std::uint64_t offset_bytes() const { return offset_bytes_; }
+
+ private:
+  std::string path_;
+  std::uint64_t offset_bytes_;
+};
+
 // A registered file; an index into the engine's file table.
 using FileId = int;
 
@@ -92,6 +109,17 @@ struct IoRequest {
 // Runs on the engine thread when a batch finishes, before waiters wake. `error` is null on
 // success; the callback may replace it (e.g. a checksum check that fails) and must not block.
 using IoCallback = std::function<void(std::exception_ptr& error)>;
+
+// (optional) When a batch reached the kernel, for latency split as fio's slat and clat
+// (`strata bench io`). The engine fills it in before the batch's callback runs: `submitted` is when
+// the call that handed the batch's last piece to the kernel returned (io_uring_submit, which
+// consumes the SQE and issues the I/O; for the thread engine, when a worker starts its pread or
+// pwrite). A resubmission after a short transfer or EAGAIN does not move it. An io_uring_enter that
+// submits and then sleeps for completions (the engine's last SQE goes with its wait; IOPOLL) stamps
+// the moment it was entered, so that call's cost counts as completion time.
+struct IoTimes {
+  std::chrono::steady_clock::time_point submitted{};
+};
 
 namespace detail {
 struct IoBatchState;
@@ -146,12 +174,18 @@ class IoEngine {
   // in flight. Requests whose buffer lies outside every registered one still work.
   virtual void register_buffers(std::span<const std::span<std::byte>> buffers) = 0;
 
-  // Queues the batch; returns at once. Requests must stay valid until the handle completes.
-  virtual IoHandle submit(std::span<const IoRequest> requests, IoCallback callback = {}) = 0;
+  // Queues the batch; returns at once. Requests must stay valid until the handle completes, and
+  // `times` (optional) until the callback has run.
+  IoHandle submit(std::span<const IoRequest> requests, IoCallback callback = {}, IoTimes* times = nullptr) {
+    return queue_batch(requests, std::move(callback), times);
+  }
   // Convenience: submit + wait.
   void run(std::span<const IoRequest> requests);
 
   virtual IoEngineInfo info() const = 0;
+
+ protected:
+  virtual IoHandle queue_batch(std::span<const IoRequest> requests, IoCallback callback, IoTimes* times) = 0;
 };
 
 // Creates the engine `options.kind` asks for. Auto falls back to threads with one warning when

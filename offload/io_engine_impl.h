@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -28,7 +29,11 @@ struct IoBatchState {
   std::atomic<bool> done_flag{false};
   std::size_t bytes = 0;
   IoCallback callback;
+  IoTimes* times = nullptr;  // the caller's, filled in before the callback (IoTimes)
+  std::atomic<std::int64_t> submitted_ns{0};  // steady_clock, the latest first submission of a piece
 
+  // A piece reached the kernel for the first time at `when` (a no-op unless the caller asked for times).
+  void mark_submitted(std::chrono::steady_clock::time_point when);
   // One piece finished (err null on success). The last one runs the callback and wakes waiters.
   void piece_done(std::exception_ptr err);
 };
@@ -54,7 +59,8 @@ SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_p
                           const FileTable& files);
 // The same with a separate largest piece for writes.
 SplitBatch split_requests(std::span<const IoRequest> requests, std::size_t max_read_piece_bytes,
-                          std::size_t max_write_piece_bytes, IoCallback callback, const FileTable& files);
+                          std::size_t max_write_piece_bytes, IoCallback callback, const FileTable& files,
+                          IoTimes* times = nullptr);
 
 // The engines' request-size limits from the options: {largest read, largest write} in bytes
 // (Note [Request size and merging] in offload/uring_engine.cc).

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -50,8 +51,9 @@ class ThreadEngine final : public IoEngine {
   void unregister_file(FileId file) override { files_.remove(file); }
   void register_buffers(std::span<const std::span<std::byte>>) override {}
 
-  IoHandle submit(std::span<const IoRequest> requests, IoCallback callback) override {
-    SplitBatch split = split_requests(requests, limits_.read_bytes, limits_.write_bytes, std::move(callback), files_);
+  IoHandle queue_batch(std::span<const IoRequest> requests, IoCallback callback, IoTimes* times) override {
+    SplitBatch split =
+        split_requests(requests, limits_.read_bytes, limits_.write_bytes, std::move(callback), files_, times);
     {
       std::lock_guard lock(mutex_);
       for (auto& p : split.pieces) queue_.push_back(std::move(p));
@@ -97,6 +99,7 @@ class ThreadEngine final : public IoEngine {
                                              : ::pwrite(file.fd, p.buffer + done, n, off);
         return r < 0 ? -static_cast<long>(errno) : static_cast<long>(r);
       };
+      piece.batch->mark_submitted(std::chrono::steady_clock::now());
       auto err = transfer_piece(piece, file.path, options_.max_retries, options_.faults, io);
       auto batch = std::move(piece.batch);
       batch->piece_done(std::move(err));

@@ -27,7 +27,8 @@
 // one (the block layer's plug merges only within one submission).
 // (3) No merging by batching. Submitting many SQEs per io_uring_enter lets the plug merge adjacent
 // requests into 2-4 MiB ones behind the engine's back, which was slower for writes and for random
-// 4 KiB reads, so submit_batch is 1.
+// 4 KiB reads, so submit_batch is 1. The last SQE prepared goes to the kernel with the engine's
+// wait for completions, one io_uring_enter for both: at queue depth 1, one system call a request.
 // Fixed buffers, IOSQE_ASYNC, the ring flags and queue depth past 4 made no difference beyond the
 // noise; random 4 KiB I/O is bound by the per-request cost whatever the engine. The state of the
 // blocks written matters too: see Note [Bench file state] in bench/bench_io_files.h.
@@ -40,6 +41,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <future>
@@ -171,8 +173,9 @@ class UringEngine final : public IoEngine {
     });
   }
 
-  IoHandle submit(std::span<const IoRequest> requests, IoCallback callback) override {
-    SplitBatch split = split_requests(requests, limits_.read_bytes, limits_.write_bytes, std::move(callback), files_);
+  IoHandle queue_batch(std::span<const IoRequest> requests, IoCallback callback, IoTimes* times) override {
+    SplitBatch split =
+        split_requests(requests, limits_.read_bytes, limits_.write_bytes, std::move(callback), files_, times);
     if (split.pieces.empty()) return IoHandle(split.batch);
     {
       std::lock_guard lock(mutex_);
@@ -324,11 +327,15 @@ class UringEngine final : public IoEngine {
   }
 
   // Submits the prepared SQEs and waits for `wait_nr` completions, retrying EINTR/EAGAIN/EBUSY.
+  // The slots submitted for the first time are stamped (IoTimes): when the call returned, or when
+  // it was entered if it also slept.
   void submit_pending_sqes(unsigned wait_nr) {
     for (;;) {
+      const auto entered = std::chrono::steady_clock::now();
       int r = wait_nr > 0 ? io_uring_submit_and_wait(&ring_, wait_nr) : io_uring_submit(&ring_);
       if (r >= 0) {
         unsubmitted_ = 0;
+        stamp_submitted(wait_nr > 0 ? entered : std::chrono::steady_clock::now());
         return;
       }
       if (r == -EINTR || r == -EAGAIN || r == -EBUSY) {
@@ -337,6 +344,13 @@ class UringEngine final : public IoEngine {
       }
       STRATA_CHECK(false, "io_uring_submit failed: {}", errno_text(-r));
     }
+  }
+
+  void stamp_submitted(std::chrono::steady_clock::time_point when) {
+    for (const unsigned index : unstamped_) {
+      for (const Part& part : slots_[index].parts) part.batch->mark_submitted(when);
+    }
+    unstamped_.clear();
   }
 
   int find_buffer(const std::byte* p, std::size_t n) const {
@@ -367,14 +381,17 @@ class UringEngine final : public IoEngine {
     if (fixed_file) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
     io_uring_sqe_set_data64(sqe, index);
     ++unsubmitted_;
+    if (s.done_bytes == 0 && s.retries == 0) unstamped_.push_back(index);  // a first submission
   }
 
   // Moves pending pieces into free slots, merging adjacent ones (Note [Request size and merging]).
   void fill_slots() {
+    // A full batch goes to the kernel before the next SQE is prepared; the last, partial one goes
+    // with the loop's wait, in the same io_uring_enter (Note [Request size and merging], (3)).
     while (!resubmit_.empty()) {
+      if (unsubmitted_ >= submit_batch_) submit_pending_sqes(0);
       prep_slot(resubmit_.front());
       resubmit_.pop_front();
-      if (unsubmitted_ >= submit_batch_) submit_pending_sqes(0);
     }
     while (!free_slots_.empty() && !pending_.empty()) {
       const unsigned index = free_slots_.back();
@@ -406,8 +423,8 @@ class UringEngine final : public IoEngine {
         pending_.pop_front();
       }
       ++inflight_;
-      prep_slot(index);
       if (unsubmitted_ >= submit_batch_) submit_pending_sqes(0);
+      prep_slot(index);
     }
   }
 
@@ -564,6 +581,7 @@ class UringEngine final : public IoEngine {
   std::vector<Slot> slots_;
   std::vector<unsigned> free_slots_;
   std::deque<unsigned> resubmit_;
+  std::vector<unsigned> unstamped_;  // slots prepared for their first submission, not yet submitted
   unsigned inflight_ = 0;
   unsigned unsubmitted_ = 0;
   std::thread thread_;

@@ -1,6 +1,7 @@
 // Tests of the I/O engines: round trips of odd sizes and offsets, thousands of concurrent
 // requests, identical files from io_uring and the thread-pool oracle, and the fault-injection
-// matrix (EIO, ENOSPC, short read/write, EAGAIN, EINTR on the Nth operation) over both engines;
+// matrix (EIO, ENOSPC, short read/write, EAGAIN, EINTR, a corrupt read on the Nth operation) over
+// both engines, failed requests naming their file and offset; submission times (IoTimes);
 // the engine thread pinned to a CPU (IoEngineOptions::cpu) and a polled (IOPOLL) ring where the
 // kernel takes one, with the thread engine refusing polled I/O.
 #include <fcntl.h>
@@ -10,6 +11,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -17,6 +20,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "offload/fault.h"
@@ -152,6 +157,39 @@ TEST_P(EngineTest, ReadPastEndOfFileIsAnErrorNotZeros) {
   }
 }
 
+// IoTimes: each batch's submission lies between the submit call and its callback, for batches of
+// one piece and of several (1 MiB over 256 KiB pieces), many in flight at once.
+TEST_P(EngineTest, SubmissionTimeLiesBetweenQueueingAndCompletion) {
+  using Clock = std::chrono::steady_clock;
+  const FileId f = open_file("times.bin");
+  constexpr std::size_t kBatches = 64;
+  const std::size_t sizes[] = {4096, 1024 * 1024};
+  HostBuffer b = testing::aligned_buffer(kBatches * sizes[1]);
+  auto* p = static_cast<std::byte*>(b.data());
+  struct Seen {
+    Clock::time_point queued, completed;
+    IoTimes times;
+  };
+  std::vector<Seen> seen(kBatches);
+  std::vector<IoHandle> handles;
+  for (IoOp op : {IoOp::Write, IoOp::Read}) {
+    handles.clear();
+    for (std::size_t k = 0; k < kBatches; ++k) {
+      const std::size_t n = sizes[k % 2];
+      const IoRequest req{op, f, k * sizes[1], p + k * sizes[1], n};
+      Seen& s = seen[k];
+      s.queued = Clock::now();
+      handles.push_back(engine_->submit(std::span(&req, 1), [&s](std::exception_ptr&) { s.completed = Clock::now(); },
+                                        &s.times));
+    }
+    wait_all(handles);
+    for (std::size_t k = 0; k < kBatches; ++k) {
+      EXPECT_LE(seen[k].queued, seen[k].times.submitted) << io_op_name(op) << " batch " << k;
+      EXPECT_LE(seen[k].times.submitted, seen[k].completed) << io_op_name(op) << " batch " << k;
+    }
+  }
+}
+
 TEST_P(EngineTest, UnregisteredFileIsRefused) {
   HostBuffer b = testing::aligned_buffer(4096);
   const IoRequest rd{IoOp::Read, 77, 0, b.data(), 4096};
@@ -177,13 +215,19 @@ class FaultTest : public EngineTest {
     for (std::size_t k = 0; k < kBlocks; ++k) out.push_back(IoRequest{op, f, k * 2 * kBlock, base + k * kBlock, kBlock});
     return out;
   }
-  void run_case(const FaultCase& c) {
-    const FileId f = open_file("fault.bin");
+  // kBlocks blocks to write (the test pattern) and to read into.
+  struct Buffers {
     HostBuffer w = testing::aligned_buffer(kBlocks * kBlock);
     HostBuffer r = testing::aligned_buffer(kBlocks * kBlock);
-    auto* wp = static_cast<std::byte*>(w.data());
-    auto* rp = static_cast<std::byte*>(r.data());
-    testing::fill_pattern(wp, kBlocks * kBlock, 3);
+    std::byte* wp = static_cast<std::byte*>(w.data());
+    std::byte* rp = static_cast<std::byte*>(r.data());
+    Buffers() { testing::fill_pattern(wp, kBlocks * kBlock, 3); }
+  };
+  void run_case(const FaultCase& c) {
+    const FileId f = open_file("fault.bin");
+    Buffers b;
+    std::byte* wp = b.wp;
+    std::byte* rp = b.rp;
     if (c.op == IoOp::Write) faults_.add(FaultRule{c.kind, 3, IoOp::Write, 1});
     auto wr = requests(f, IoOp::Write, wp);
     std::exception_ptr werr = engine_->submit(wr).wait_error();
@@ -202,6 +246,12 @@ class FaultTest : public EngineTest {
         EXPECT_NE(msg.find("fault.bin"), std::string::npos) << msg;
         EXPECT_NE(msg.find("at offset"), std::string::npos) << msg;
         EXPECT_NE(msg.find(io_op_name(c.op)), std::string::npos) << msg;
+        // The failed request's place, for callers that map it back (the swap store's extents).
+        const auto* placed = dynamic_cast<const IoRequestError*>(&e);
+        ASSERT_NE(placed, nullptr) << msg;
+        EXPECT_NE(placed->path().find("fault.bin"), std::string::npos) << placed->path();
+        EXPECT_NE(msg.find(fmt::format("at offset {} ", placed->offset_bytes())), std::string::npos) << msg;
+        EXPECT_EQ(placed->offset_bytes() % (2 * kBlock), 0u) << msg;
       }
     } else {
       ASSERT_FALSE(err) << "a retried " << fault_kind_name(c.kind) << " surfaced as an error";
@@ -218,6 +268,21 @@ TEST_P(FaultTest, ShortWriteIsCompleted) { run_case({FaultKind::ShortTransfer, I
 TEST_P(FaultTest, EagainOnReadIsRetried) { run_case({FaultKind::Eagain, IoOp::Read, false, 0}); }
 TEST_P(FaultTest, EagainOnWriteIsRetried) { run_case({FaultKind::Eagain, IoOp::Write, false, 0}); }
 TEST_P(FaultTest, EintrOnReadIsRetried) { run_case({FaultKind::Eintr, IoOp::Read, false, 0}); }
+
+// A corrupt read succeeds with one flipped byte: only a checksum above the engine can tell.
+TEST_P(FaultTest, CorruptReadSucceedsWithOneByteFlipped) {
+  const FileId f = open_file("fault.bin");
+  Buffers b;
+  std::byte* wp = b.wp;
+  std::byte* rp = b.rp;
+  engine_->run(requests(f, IoOp::Write, wp));
+  faults_.add(FaultRule{FaultKind::Corrupt, 1, IoOp::Read, 1});
+  const IoRequest rd{IoOp::Read, f, 0, rp, kBlock};
+  engine_->run(std::span(&rd, 1));
+  EXPECT_EQ(faults_.injected(), 1u);
+  EXPECT_EQ(rp[0], wp[0] ^ std::byte{0x01});
+  EXPECT_EQ(std::memcmp(rp + 1, wp + 1, kBlock - 1), 0);
+}
 
 TEST_P(FaultTest, EndlessEagainGivesUp) {
   const FileId f = open_file("fault.bin");

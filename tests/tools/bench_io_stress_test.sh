@@ -39,6 +39,21 @@ check "--steady-state 95% stops the run early" 'rows[0]["steady"]["reached"] and
 out=$(bench --size 32M --bs 256K --qd 4 --rw read --time 1s --interval 100ms --steady-state 0.0001% --steady-window 500ms --json)
 check "an impossible --steady-state runs the full --time" 'not rows[0]["steady"]["reached"] and rows[0]["seconds"] >= 0.9'
 
+# Latency apart (fio's slat/clat/lat): every row and interval has both parts with lat's percentiles,
+# each ordered (p50 <= p99 <= max), each part at or under the whole, the parts' means adding up to
+# lat's mean and lat's max at most their maxima added; on both engines, for reads and writes.
+split='all(all(x[p]["p50_us"] <= x[p]["p99_us"] <= x[p]["p99_9_us"] <= x[p]["max_us"] and x[p]["p50_us"] <= x["p50_us"] and x[p]["p99_us"] <= x["p99_us"] and x[p]["max_us"] <= x["max_us"] for p in ("slat", "clat")) and abs(x["slat"]["mean_us"] + x["clat"]["mean_us"] - x["mean_us"]) <= 1e-6 * x["mean_us"] + 1e-9 and x["max_us"] <= x["slat"]["max_us"] + x["clat"]["max_us"] + 1e-9 and x["clat"]["mean_us"] > 0 for x in objs)'
+for engine in uring threads; do
+  out=$(bench --engine "$engine" --size 16M --bs 64K --qd 4 --rw randrw --mix 50 --time 1s --interval 250ms --json 2>/dev/null) || true
+  check "slat and clat apart ($engine): ordered, under lat, means adding up to lat's (row, reads, writes, intervals)" \
+    "len(rows) == 1 and (lambda objs: $split)([rows[0], rows[0]['read'], rows[0]['write']] + ivs)"
+done
+text=$(bench --size 16M --bs 64K --qd 4 --rw read)
+grep -q 'slat/clat slat p50 [0-9]* p99 [0-9]* max [0-9]* us, clat p50 [0-9]* p99 [0-9]* max [0-9]* us' <<<"$text" &&
+  ok "the table shows slat and clat in short" || bad "no slat/clat line: $text"
+"$strata" bench io --help | grep -q 'slat from the queueing' && ok "--help says what slat and clat measure" ||
+  bad "--help does not explain slat/clat"
+
 # Mixed and concurrent.
 out=$(bench --size 32M --bs 64K --qd 8 --rw randrw --mix 70 --histogram --json)
 check "randrw --mix 70: reads and writes apart, 60-80 % reads, a histogram" \
@@ -67,6 +82,8 @@ if command -v fio >/dev/null; then
   out=$(bench --size 16M --bs 64K --qd 4 --rw randrw --mix 70 --time 1s --vs-fio --pairs 3 --json)
   check "--vs-fio on a timed randrw row: fio's GB/s, CPU s/GB, latency per operation and buffer memory beside Strata's" \
     'rows[0]["fio_gbps"] > 0 and rows[0]["ratio"] > 0 and rows[0]["fio_cpu_s_per_gb"] >= 0 and len(rows[0]["fio_runs_gbps"]) == 3 and rows[0]["buffer_bytes"] == 4 * 65536 and rows[0]["fio_mem"] == "malloc" and all(rows[0]["fio_latency"][op]["p99_us"] >= rows[0]["fio_latency"][op]["p50_us"] > 0 for op in ("read", "write"))'
+  check "--vs-fio: fio's slat and clat beside Strata's, each under fio's lat" \
+    'all(0 <= rows[0]["fio_latency"][op][p]["p50_us"] <= rows[0]["fio_latency"][op][p]["max_us"] <= rows[0]["fio_latency"][op]["max_us"] for op in ("read", "write") for p in ("slat", "clat"))'
   out=$(bench --size 16M --bs 64K --qd 2 --rw read+write --read-qd 4 --vs-fio --pairs 3 --json)
   check "--vs-fio on a read+write row: fio runs readers and writers as two jobs" \
     'rows[0]["fio_gbps"] > 0 and rows[0]["read_qd"] == 4 and rows[0]["buffer_bytes"] == 6 * 65536'

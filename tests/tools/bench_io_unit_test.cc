@@ -1,5 +1,5 @@
 // The arithmetic of `strata bench io` without a disk: latency percentiles from the log-bucket
-// histogram against the exact ones, the steady-state test on series with known answers, and the
+// histogram against the exact ones, slat and clat adding up to lat, the steady-state test on series with known answers, and the
 // block headers of --verify (Note [Bench verify] in bench/bench_io_verify.h) against each kind of
 // damage, including a torn write the header alone would not show; --jobs' slices of a group and
 // the buffer memory --vs-fio gives each side when told (Note [Bench equal memory] in bench/bench_io_runs.h).
@@ -47,6 +47,31 @@ TEST(BenchIoStats, SmallValuesAreExactAndMergeAdds) {
   EXPECT_DOUBLE_EQ(a.percentile_us(0.001), 0.005);  // values under 32 ns have a bucket each
   EXPECT_DOUBLE_EQ(a.max_us(), 10.0);
   EXPECT_DOUBLE_EQ(LatencyHistogram().percentile_us(99), 0.0);
+}
+
+// slat + clat = lat for every request, so each part's percentiles sit at or under lat's, the
+// whole's max under the parts' maxima added, and the means add up exactly.
+TEST(BenchIoStats, SubmitAndCompletionLatencyAddUpToTheWhole) {
+  std::mt19937_64 rng(11);
+  std::lognormal_distribution<double> slat(8.0, 1.5), clat(11.0, 0.8);
+  OpStats s;
+  for (int i = 0; i < 50000; ++i) {
+    s.record(4096, RequestLatency{static_cast<std::uint64_t>(slat(rng)), static_cast<std::uint64_t>(clat(rng))});
+  }
+  const nlohmann::json j = s.json(1.0);
+  for (const char* part : {"slat", "clat"}) {
+    for (const char* key : {"p50_us", "p90_us", "p99_us", "p99_9_us", "p99_99_us", "max_us", "mean_us"}) {
+      ASSERT_TRUE(j.at(part).contains(key)) << part << " " << key;
+      EXPECT_LE(j.at(part).at(key).get<double>(), j.at(key).get<double>()) << part << " " << key;
+    }
+  }
+  EXPECT_LE(j.at("max_us").get<double>(), j.at("slat").at("max_us").get<double>() + j.at("clat").at("max_us").get<double>());
+  EXPECT_NEAR(j.at("mean_us").get<double>(),
+              j.at("slat").at("mean_us").get<double>() + j.at("clat").at("mean_us").get<double>(), 1e-9);
+  OpStats merged = s;
+  merged.merge(s);
+  EXPECT_DOUBLE_EQ(merged.json(1.0).at("clat").at("mean_us").get<double>(), j.at("clat").at("mean_us").get<double>());
+  EXPECT_EQ(merged.completion_latency.count(), 100000u);
 }
 
 TEST(BenchIoStats, SteadyStateNeedsRangeAndDriftWithinBound) {
