@@ -1,4 +1,4 @@
-// `strata bench io --soak` (bench/bench_io_soak.h; Note [Bench soak] there).
+// `strata bench io --soak` (bench/bench_io_soak.h; Note [Bench soak] in bench/bench_io_soak.h there).
 #include "bench/bench_io_soak.h"
 
 #include <algorithm>
@@ -21,12 +21,12 @@
 #include "offload/fault.h"
 #include "offload/swap_store.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A chunk's tensors and their bytes per parameter (Note [Bench soak]).
+// A chunk's tensors and their bytes per parameter (Note [Bench soak] in bench/bench_io_soak.h).
 struct TensorKind {
   const char* name;
   std::size_t bytes_per_param;
@@ -453,4 +453,4 @@ int run_soak(const SoakArgs& soak, const BenchIoArgs& a) {
   return 0;
 }
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io

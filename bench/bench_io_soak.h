@@ -23,7 +23,7 @@
 
 #include "bench/bench_io_plan.h"
 
-namespace strata::tools::bench_io {
+namespace strata::bench::bench_io {
 
 struct SoakArgs {
   std::string duration;       // --soak: how long (30s, 10m, 1h)
@@ -35,4 +35,4 @@ struct SoakArgs {
 // --json of `a`; prints intervals and a summary. Throws (exit 1) on the first mismatch or I/O error.
 int run_soak(const SoakArgs& soak, const BenchIoArgs& a);
 
-}  // namespace strata::tools::bench_io
+}  // namespace strata::bench::bench_io
