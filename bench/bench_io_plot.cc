@@ -79,7 +79,7 @@ void check_plot_output(const std::string& path) {
     throw ConfigError(fmt::format("--plot {}: the picture's kind comes from its name; end it in .svg or .png", path));
   }
   if (path.find('\n') != std::string::npos) throw ConfigError("--plot: the path holds a newline; choose another name");
-  check_output_path(path, "--plot", OutputWrite::Replaced);
+  train::check_output_path(path, "--plot", train::OutputWrite::Replaced);
   if (!gnuplot_on_path()) {
     throw ConfigError(fmt::format("--plot {}: gnuplot is not installed (strata draws its plots with it); install the "
                                   "Debian package gnuplot-nox (sudo apt-get install gnuplot-nox; tools/setup.sh "

@@ -253,7 +253,19 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-int run_replay(const ReplayArgs& a) {
+namespace {
+
+// The config, the machine and the step `strata train` would run (Note [One plan for estimate and
+// train] in sim/estimate_plan.h), for rank 0.
+struct ReplaySetup {
+  TrainConfig cfg;
+  bool measure = false;  // the machine is this host, measured now
+  sim::SimMachine machine;
+  sim::StepWorkload workload;
+  MachineDrives yardstick;  // the sequential yardstick of `strata bench step` (plan/bench_disk.h), when measured
+};
+
+ReplaySetup plan_replay(const ReplayArgs& a) {
   if (a.steps < 1 || a.steps > 1000) {
     throw ConfigError(fmt::format("--replay-steps {}: must be 1-1000 (replayed steps measured after one untimed)", a.steps));
   }
@@ -263,119 +275,154 @@ int run_replay(const ReplayArgs& a) {
                                   "built-in configs/demo.json",
                                   a.config));
   }
-  const TrainConfig cfg = train::load_train_config_or_demo(a.config == "demo" ? std::string() : a.config, a.overrides);
-  const bool measure = a.machine == "measure";
-  sim::SimMachine machine;
-  if (!measure) machine.spec = load_machine(a.machine);
-  // The plan `strata train` makes (Note [One plan for estimate and train] in sim/estimate_plan.h).
+  ReplaySetup r;
+  r.cfg = train::load_train_config_or_demo(a.config == "demo" ? std::string() : a.config, a.overrides);
+  r.measure = a.machine == "measure";
+  if (!r.measure) r.machine.spec = load_machine(a.machine);
   sim::EstimateInputs in;
-  in.config = cfg;
-  if (!measure) in.machine = machine.spec;
+  in.config = r.cfg;
+  if (!r.measure) in.machine = r.machine.spec;
   in.world_size = 1;
   sim::resolve_planned_batch_sizes(in);
   const sim::Estimate planned = estimate_run(in);
-  if (!planned.fits) throw ConfigError(fmt::format("--replay {}: {}", cfg.source, planned.why_not));
+  if (!planned.fits) throw ConfigError(fmt::format("--replay {}: {}", r.cfg.source, planned.why_not));
   if (planned.pipeline_stages > 1) {
     throw ConfigError(fmt::format("--replay {}: strata.parallel.pipeline = {}: replaying a pipeline stage's I/O is not "
                                   "built; replay with strata.parallel.pipeline = 1",
-                                  cfg.source, planned.pipeline_stages));
+                                  r.cfg.source, planned.pipeline_stages));
   }
-  const sim::StepWorkload workload = sim::make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
-  if (measure) machine = sim::measure_sim_machine(planned.resolved, workload);
-  // The sequential yardstick of `strata bench step` (plan/bench_disk.h), when measured here.
-  const MachineDrives yardstick = machine.spec.drives;
+  r.workload = sim::make_step_workload(planned.resolved, planned.world_size, planned.device_bytes);
+  if (r.measure) r.machine = sim::measure_sim_machine(planned.resolved, r.workload);
+  r.yardstick = r.machine.spec.drives;
+  return r;
+}
 
+// What the replay measured and what the simulator makes of it.
+struct ReplayResult {
+  std::string engine;
+  StepIo io;
+  std::vector<double> seconds;  // I/O time of each measured step
+  std::uint64_t read_bytes = 0, written_bytes = 0;  // of the last step
+  double io_s = 0, io_gbps = 0;
+  double compute_s = 0;  // the step with drives that take (almost) no time
+  sim::SimResult step;   // the step with this drive
+  int drives = 1;
+  SsdWear wear;
+  double yard_s = 0;  // the same bytes at the sequential yardstick's rates (0: not measured)
+};
+
+ReplayResult replay_and_predict(const ReplayArgs& a, const ReplaySetup& setup) {
+  const sim::StepWorkload& workload = setup.workload;
+  ReplayResult r;
   // The step with drives that take (almost) no time: its compute side, and the fetches the engine
   // issues. Not infinitely fast: an operation of no length at the step's first instant (the
   // gathers the previous step's end started) would fall outside the step's window.
-  sim::SimMachine free_drives = machine;
-  free_drives.spec.drives.count = std::max(machine.spec.drives.count, 1);
+  sim::SimMachine free_drives = setup.machine;
+  free_drives.spec.drives.count = std::max(setup.machine.spec.drives.count, 1);
   free_drives.spec.drives.read_gbps = free_drives.spec.drives.write_gbps = 1e6;
   const sim::SimResult free_run = simulate_step(workload, free_drives);
-  const StepIo io = step_io_of(workload, free_run);
+  r.io = step_io_of(workload, free_run);
+  r.compute_s = free_run.step_seconds;
 
   ReplayTiers tiers(workload.plan);
   tiers.store_initial_state();
-  std::vector<double> seconds;
   TierIoStats before = tiers.stats();
-  std::uint64_t read_bytes = 0, written_bytes = 0;
   for (int s = 0; s <= a.steps; ++s) {
-    const double t = tiers.run_step(io);
+    const double t = tiers.run_step(r.io);
     const TierIoStats after = tiers.stats();
     if (s > 0) {
-      seconds.push_back(t);
-      read_bytes = after.nvme_bytes_read - before.nvme_bytes_read;
-      written_bytes = after.nvme_bytes_written - before.nvme_bytes_written;
+      r.seconds.push_back(t);
+      r.read_bytes = after.nvme_bytes_read - before.nvme_bytes_read;
+      r.written_bytes = after.nvme_bytes_written - before.nvme_bytes_written;
     }
     before = after;
   }
-  const double io_s = median(seconds);
-  const double moved = static_cast<double>(read_bytes + written_bytes);
-  const double io_gbps = io_s > 0 ? moved / io_s / 1e9 : 0;
+  r.engine = tiers.engine().info().name;
+  r.io_s = median(r.seconds);
+  const double moved = static_cast<double>(r.read_bytes + r.written_bytes);
+  r.io_gbps = r.io_s > 0 ? moved / r.io_s / 1e9 : 0;
 
   // The step with this drive: the simulator's NVMe at the rate the replay reached.
-  sim::SimMachine with_drive = machine;
-  const int drives = static_cast<int>(workload.plan.offload.nvme_dirs.size());
-  with_drive.spec.drives.count = drives;
-  with_drive.spec.drives.read_gbps = with_drive.spec.drives.write_gbps = io_gbps / drives;
-  const sim::SimResult step = simulate_step(workload, with_drive);
-  const double compute_s = free_run.step_seconds;
-  const bool bottleneck = step.slowest == sim::SimQueue::Nvme;
-  const double tokens = static_cast<double>(workload.tokens_per_step);
-  const SsdWear wear = ssd_wear(static_cast<double>(written_bytes), step.step_seconds, drives, a.drive_tbw);
-  const double yard_s = measure && yardstick.read_gbps > 0
-                            ? static_cast<double>(read_bytes) / (yardstick.read_gbps * drives * 1e9) +
-                                  static_cast<double>(written_bytes) / (yardstick.write_gbps * drives * 1e9)
-                            : 0;
-  const auto info = tiers.engine().info();
+  sim::SimMachine with_drive = setup.machine;
+  r.drives = static_cast<int>(workload.plan.offload.nvme_dirs.size());
+  with_drive.spec.drives.count = r.drives;
+  with_drive.spec.drives.read_gbps = with_drive.spec.drives.write_gbps = r.io_gbps / r.drives;
+  r.step = simulate_step(workload, with_drive);
+  r.wear = ssd_wear(static_cast<double>(r.written_bytes), r.step.step_seconds, r.drives, a.drive_tbw);
+  const MachineDrives& y = setup.yardstick;
+  r.yard_s = setup.measure && y.read_gbps > 0
+                 ? static_cast<double>(r.read_bytes) / (y.read_gbps * r.drives * 1e9) +
+                       static_cast<double>(r.written_bytes) / (y.write_gbps * r.drives * 1e9)
+                 : 0;
+  return r;
+}
 
-  if (a.json) {
-    nlohmann::json j = {{"replay", cfg.source},
-                        {"steps", a.steps},
-                        {"engine", info.name},
-                        {"param_fetches", io.fetches.size()},
-                        {"micro_batches", io.units},
-                        {"overlapped_update", io.overlap},
-                        {"slots", workload.plan.offload.slot_count},
-                        {"slot_bytes", workload.plan.offload.slot_bytes},
-                        {"nvme_read_bytes_per_step", read_bytes},
-                        {"nvme_written_bytes_per_step", written_bytes},
-                        {"io_seconds", io_s},
-                        {"io_seconds_all", seconds},
-                        {"io_gbps", io_gbps},
-                        {"compute_step_seconds", compute_s},
-                        {"predicted_step_seconds", step.step_seconds},
-                        {"slowest_queue", sim::sim_queue_name(step.slowest)},
-                        {"nvme_bottleneck", bottleneck},
-                        {"tokens_per_step", workload.tokens_per_step},
-                        {"nvme_tokens_per_s", io_s > 0 ? tokens / io_s : 0},
-                        {"predicted_tokens_per_s", step.tokens_per_second},
-                        {"nvme_tb_written_per_day", wear.tb_per_day},
-                        {"days_to_rated_endurance", wear.days_to_rated},
-                        {"machine", measure ? "measure" : a.machine}};
-    if (yard_s > 0) j["sequential_yardstick_seconds"] = yard_s;
-    std::printf("%s\n", j.dump().c_str());
-    return 0;
-  }
-  const OffloadPlan& op = workload.plan.offload;
+void print_replay_json(const ReplayArgs& a, const ReplaySetup& setup, const ReplayResult& r) {
+  const sim::StepWorkload& workload = setup.workload;
+  const double tokens = static_cast<double>(workload.tokens_per_step);
+  nlohmann::json j = {{"replay", setup.cfg.source},
+                      {"steps", a.steps},
+                      {"engine", r.engine},
+                      {"param_fetches", r.io.fetches.size()},
+                      {"micro_batches", r.io.units},
+                      {"overlapped_update", r.io.overlap},
+                      {"slots", workload.plan.offload.slot_count},
+                      {"slot_bytes", workload.plan.offload.slot_bytes},
+                      {"nvme_read_bytes_per_step", r.read_bytes},
+                      {"nvme_written_bytes_per_step", r.written_bytes},
+                      {"io_seconds", r.io_s},
+                      {"io_seconds_all", r.seconds},
+                      {"io_gbps", r.io_gbps},
+                      {"compute_step_seconds", r.compute_s},
+                      {"predicted_step_seconds", r.step.step_seconds},
+                      {"slowest_queue", sim::sim_queue_name(r.step.slowest)},
+                      {"nvme_bottleneck", r.step.slowest == sim::SimQueue::Nvme},
+                      {"tokens_per_step", workload.tokens_per_step},
+                      {"nvme_tokens_per_s", r.io_s > 0 ? tokens / r.io_s : 0},
+                      {"predicted_tokens_per_s", r.step.tokens_per_second},
+                      {"nvme_tb_written_per_day", r.wear.tb_per_day},
+                      {"days_to_rated_endurance", r.wear.days_to_rated},
+                      {"machine", setup.measure ? "measure" : a.machine}};
+  if (r.yard_s > 0) j["sequential_yardstick_seconds"] = r.yard_s;
+  std::printf("%s\n", j.dump().c_str());
+}
+
+void print_replay_text(const ReplayArgs& a, const ReplaySetup& setup, const ReplayResult& r) {
+  const OffloadPlan& op = setup.workload.plan.offload;
+  const double tokens = static_cast<double>(setup.workload.tokens_per_step);
   std::printf("replay of %s: one step of rank 0 through the engine's swap store (%s, %zu drive(s)), %d micro-batches, "
               "%zu parameter fetches, %zu pinned slots of %s, %s update\n",
-              cfg.source.c_str(), info.name.c_str(), op.nvme_dirs.size(), io.units, io.fetches.size(), op.slot_count,
-              format_bytes(op.slot_bytes).c_str(), io.overlap ? "overlapped" : "separate");
+              setup.cfg.source.c_str(), r.engine.c_str(), op.nvme_dirs.size(), r.io.units, r.io.fetches.size(),
+              op.slot_count, format_bytes(op.slot_bytes).c_str(), r.io.overlap ? "overlapped" : "separate");
   std::printf("nvme per step: read %s, written %s; I/O alone %.4f s (median of %d replayed steps), %.3f GB/s\n",
-              format_bytes(read_bytes).c_str(), format_bytes(written_bytes).c_str(), io_s, a.steps, io_gbps);
-  if (yard_s > 0) {
-    std::printf("the same bytes as bench step's sequential passes: %.4f s (replay / that = %.2f)\n", yard_s,
-                io_s / yard_s);
+              format_bytes(r.read_bytes).c_str(), format_bytes(r.written_bytes).c_str(), r.io_s, a.steps, r.io_gbps);
+  if (r.yard_s > 0) {
+    std::printf("the same bytes as bench step's sequential passes: %.4f s (replay / that = %.2f)\n", r.yard_s,
+                r.io_s / r.yard_s);
   }
   std::printf("compute alone (simulated on %s): step %.4f s; with this drive: step %.4f s, slowest queue %s\n",
-              measure ? "this host as the sim device" : a.machine.c_str(), compute_s, step.step_seconds,
-              sim::sim_queue_name(step.slowest));
+              setup.measure ? "this host as the sim device" : a.machine.c_str(), r.compute_s, r.step.step_seconds,
+              sim::sim_queue_name(r.step.slowest));
   std::printf("NVMe %s the bottleneck: it allows %.1f tokens/s (I/O alone), the step %.1f tokens/s\n",
-              bottleneck ? "is" : "is not", io_s > 0 ? tokens / io_s : 0, step.tokens_per_second);
-  std::printf("ssd wear: %.3g TB written per day over %d drive(s)", wear.tb_per_day, drives);
-  if (wear.days_to_rated > 0) std::printf(", %.0f days to the rated %.0f TBW per drive", wear.days_to_rated, a.drive_tbw);
+              r.step.slowest == sim::SimQueue::Nvme ? "is" : "is not", r.io_s > 0 ? tokens / r.io_s : 0,
+              r.step.tokens_per_second);
+  std::printf("ssd wear: %.3g TB written per day over %d drive(s)", r.wear.tb_per_day, r.drives);
+  if (r.wear.days_to_rated > 0) {
+    std::printf(", %.0f days to the rated %.0f TBW per drive", r.wear.days_to_rated, a.drive_tbw);
+  }
   std::printf("\n");
+}
+
+}  // namespace
+
+int run_replay(const ReplayArgs& a) {
+  const ReplaySetup setup = plan_replay(a);
+  const ReplayResult result = replay_and_predict(a, setup);
+  if (a.json) {
+    print_replay_json(a, setup, result);
+  } else {
+    print_replay_text(a, setup, result);
+  }
   return 0;
 }
 

@@ -55,7 +55,10 @@ FioMemory choose_fio_memory(const std::string& mode, bool huge, std::size_t huge
                                format_bytes(hugetlb_bytes), format_bytes(have), hugetlb_bytes / (2 * MiB) + 8)};
 }
 
-FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJob& job) {
+namespace {
+
+// fio's command line for one row: a job per file and part, as Strata runs them.
+std::vector<std::string> fio_command(const std::vector<TestFile>& files, const Row& row, const FioJob& job) {
   const auto& extra_options = job.extra_options;
   std::vector<std::string> args = {"fio", "--output-format=json", "--group_reporting"};
   for (std::size_t i = 0; i < files.size(); ++i) {
@@ -97,6 +100,11 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
       for (const auto& o : extra_options) args.push_back(o);
     }
   }
+  return args;
+}
+
+// Runs fio and returns what it printed on stdout; a failed run throws naming the row.
+std::string run_fio_process(std::vector<std::string> args, const Row& row, bool extra_options) {
   int pipefd[2];
   STRATA_CHECK_ERRNO(::pipe(pipefd));
   const pid_t pid = ::fork();
@@ -126,8 +134,12 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
     throw Error(fmt::format("fio failed (exit {}) for rw={} bs={} qd={}{}; is fio installed and io_uring allowed? "
                             "Run without --vs-fio to skip it",
                             WIFEXITED(status) ? WEXITSTATUS(status) : -1, row.rw, row.bs_bytes, row.qd,
-                            extra_options.empty() ? "" : " with the --fio-option given"));
+                            !extra_options ? "" : " with the --fio-option given"));
   }
+  return out;
+}
+
+FioResult parse_fio_json(const std::string& out) {
   // fio may print notes before the JSON document.
   const auto brace = out.find('{');
   if (brace == std::string::npos) throw Error("fio printed no JSON result");
@@ -156,6 +168,12 @@ FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJ
   result.gbps = bytes_per_s / 1e9;
   result.cpu_s_per_gb = bytes > 0 ? cpu_s / (bytes / 1e9) : 0;
   return result;
+}
+
+}  // namespace
+
+FioResult run_fio(const std::vector<TestFile>& files, const Row& row, const FioJob& job) {
+  return parse_fio_json(run_fio_process(fio_command(files, row, job), row, !job.extra_options.empty()));
 }
 
 }  // namespace strata::bench::bench_io

@@ -104,7 +104,7 @@ Target tune_target(const TuneArgs& t, const BenchIoArgs& base) {
   Target target{base, {}};
   BenchIoArgs& a = target.a;
   if (a.dir.empty() && a.paths.empty()) {
-    const TrainConfig cfg = load_train_config_or_demo(t.config, t.overrides);
+    const TrainConfig cfg = train::load_train_config_or_demo(t.config, t.overrides);
     target.dirs = nvme_dirs_of(cfg);
     if (target.dirs.empty()) {
       throw ConfigError(fmt::format("--tune: {} has no nvme_path; give --dir (or --paths) on the drive to tune, or a "
@@ -257,7 +257,7 @@ unsigned sweep_concurrent(const BenchIoArgs& base, const TuneLists& l, const Pic
 // The machine file --machine-file names: read now, so a bad one is refused before the sweep.
 std::optional<MachineSpec> existing_machine(const std::string& path) {
   if (path.empty()) return std::nullopt;
-  check_output_path(path, "--machine-file", OutputWrite::Replaced);
+  train::check_output_path(path, "--machine-file", train::OutputWrite::Replaced);
   if (!std::filesystem::exists(path)) return std::nullopt;
   return load_machine(path);
 }
@@ -309,7 +309,7 @@ nlohmann::json tuned_fragment(const TuneChoice& c) {
 
 int run_tune(const TuneArgs& t, const BenchIoArgs& base) {
   const TuneLists lists = parse_lists(t);
-  check_output_path(t.out, "--out", OutputWrite::Replaced);
+  train::check_output_path(t.out, "--out", train::OutputWrite::Replaced);
   std::optional<MachineSpec> machine = existing_machine(t.machine_file);
   if (!base.plot.empty()) check_plot_output(base.plot);
   const Target target = tune_target(t, base);

@@ -198,7 +198,7 @@ class SimStream final : public Stream, public SimKernelQueue {
                  "stream '{}' {}: {} [{}, +{} bytes) is not inside the device memory of {} ([{}, +{} bytes)); "
                  "pass memory from this device's allocate()",
                  name_, what, role, ptr, bytes, state.name, static_cast<const void*>(state.allocator.arena_base()),
-                 state.allocator.capacity_bytes());
+                 state.allocator.arena_bytes());
     if (bytes == 0) return;
     // As cudaMemcpyAsync, which refuses a range outside one live allocation ("invalid argument").
     const std::string why = state.allocator.usable(ptr, bytes);

@@ -27,15 +27,15 @@ std::string write_fragment(const nlohmann::json& fragment, const std::string& na
 
 // The built-in demo (it swaps to NVMe) with the fragment merged as train merges it.
 RunPlan plan_with(const std::vector<std::string>& fragment_keys) {
-  const TrainConfig cfg = load_train_config_or_demo("", fragment_keys);
-  return make_step_workload(cfg, 1, std::uint64_t{6} << 20).plan;
+  const TrainConfig cfg = train::load_train_config_or_demo("", fragment_keys);
+  return sim::make_step_workload(cfg, 1, std::uint64_t{6} << 20).plan;
 }
 
 TEST(TuneFragment, LoadsThroughTheStrictReaderAndChangesThePlan) {
   const bench_io::TuneChoice choice{12, std::size_t{512} << 10, std::size_t{128} << 10};
   const nlohmann::json fragment = bench_io::tuned_fragment(choice);
   const std::string path = write_fragment(fragment, "tuned");
-  const std::vector<std::string> keys = config_fragment_overrides(path);
+  const std::vector<std::string> keys = train::config_fragment_overrides(path);
   std::filesystem::remove(path);
   EXPECT_EQ(keys.size(), 3u);
 
@@ -54,7 +54,7 @@ TEST(TuneFragment, AKeyTheEngineDoesNotReadIsRefused) {
   nlohmann::json fragment = bench_io::tuned_fragment({8, std::size_t{1} << 20, std::size_t{1} << 20});
   fragment["aio"]["jobs"] = 2;  // --tune sweeps jobs, but the engine has no such setting
   const std::string path = write_fragment(fragment, "tuned-bad");
-  const std::vector<std::string> keys = config_fragment_overrides(path);
+  const std::vector<std::string> keys = train::config_fragment_overrides(path);
   std::filesystem::remove(path);
   try {
     plan_with(keys);
