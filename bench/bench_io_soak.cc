@@ -128,7 +128,7 @@ SoakPlan make_soak_plan(const SoakArgs& s, const BenchIoArgs& a) {
   const BenchPlan p = make_plan(checked);  // the drives, engine, interval and seed, checked as for rows
   if (p.devices) throw ConfigError("--soak runs through swap files; give --dir or --paths instead of --device");
   SoakPlan plan;
-  plan.dirs = p.dirs;
+  for (const std::string& d : p.dirs) plan.dirs.push_back(offload::check_directory(d, "--dir"));
   plan.duration = parse_duration(s.duration, "--soak");
   plan.interval = p.interval.count() > 0 ? p.interval : std::chrono::seconds(1);
   plan.engine = p.engine_options;

@@ -56,4 +56,7 @@ refuse "a bad --soak-fault" "--soak-fault 'boom:read:1'" --soak 1s --soak-fault 
 refuse "--soak-chunk without --soak" "--soak-chunk is an option of --soak" --soak-chunk 1M
 refuse "--soak with --vs-fio" "--soak runs alone" --soak 1s --vs-fio
 refuse "a --size too small for the pipeline" "the soak needs 5" --soak 1s --soak-chunk 4M
+rc=0; msg=$("$strata" bench io --dir "$work/missing" --size 24M --soak-chunk 1M --soak 1s 2>&1) || rc=$?
+if [ "$rc" = 1 ] && grep -q -- "--dir '$work/missing' does not exist" <<<"$msg"; then ok "a missing --dir is named as --dir: $msg"
+else bad "a missing --dir: exit $rc: $msg"; fi
 exit $fail
