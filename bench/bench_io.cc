@@ -26,6 +26,7 @@
 // --device scale the run out (bench/bench_io_jobs.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <cstdio>
@@ -374,6 +375,7 @@ struct IoModes {
   CLI::Option* rw = nullptr;
   CLI::Option* machine_file = nullptr;
   CLI::Option* size = nullptr;
+  CLI::App* cmd = nullptr;  // every option, for what a mode does not read
 };
 
 // What `strata bench io` parsed into, shared by the flags and the command.
@@ -528,6 +530,19 @@ void add_tune_flags(CLI::App* cmd, TuneArgs& tune, IoModes& m) {
                                    "--measure does");
 }
 
+// --replay reads its config (the drive is the config's nvme_path) and its own options; a row's option given beside
+// it (--dir, --bs, --qd, ...) would be silently unused, so it is refused.
+void refuse_unread_by_replay(const IoModes& m) {
+  const std::vector<const CLI::Option*> read = {m.replay, m.set, m.machine, m.steps, m.tbw, m.cmd->get_option("--json")};
+  for (const CLI::Option* o : m.cmd->get_options()) {
+    if (o->count() == 0 || std::find(read.begin(), read.end(), o) != read.end()) continue;
+    throw ConfigError(fmt::format("{} is not an option of --replay, which replays one step of the config on its "
+                                  "nvme_path (change that with --set zero_optimization.offload_optimizer.nvme_path=...)"
+                                  ": drop {}",
+                                  o->get_name(), o->get_name()));
+  }
+}
+
 // One mode per run: --soak, --tune, --replay or the rows; a mode's options without it are refused.
 int run_io_command(IoCommand& io) {
   if (io.modes.soak->count() > 0) {
@@ -544,6 +559,10 @@ int run_io_command(IoCommand& io) {
   }
   if (io.modes.tune->count() > 0) {
     if (io.modes.replay->count() > 0) throw ConfigError("--tune and --replay: run one at a time");
+    if ((!io.args.dir.empty() || !io.args.paths.empty()) && (io.modes.config->count() > 0 || io.modes.set->count() > 0)) {
+      throw ConfigError("--tune: --dir/--paths name the drive to tune, and so do --config/--set (through the config's "
+                        "nvme_path); give one of them");
+    }
     io.tune.overrides = io.replay.overrides;
     io.tune.size_given = io.modes.size->count() > 0;
     return bench_io::run_tune(io.tune, io.args);
@@ -564,6 +583,7 @@ int run_io_command(IoCommand& io) {
   if (!io.args.plot.empty()) {
     throw ConfigError("--plot draws a --time/--interval run or --tune's heat maps, not --replay: drop it");
   }
+  refuse_unread_by_replay(io.modes);
   io.replay.json = io.args.json;
   return bench_io::run_replay(io.replay);
 }
@@ -580,6 +600,7 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
   bench_io::add_replay_flags(cmd, io->replay, io->modes);
   bench_io::add_tune_flags(cmd, io->tune, io->modes);
   io->modes.size = cmd->get_option("--size");
+  io->modes.cmd = cmd;
   cmd->footer(
       "Latency, as fio splits it: lat is a request's whole time, from the bench queueing it (the engine's "
       "submit call) to its completion being reaped (the batch's callback on the engine thread); slat from the queueing "

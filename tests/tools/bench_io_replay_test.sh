@@ -59,6 +59,11 @@ refuse_replay "--replay-steps 0" "--replay-steps 0: must be 1-1000" --replay dem
 refuse_replay "--set without --replay" "--set is an option of --replay" --dir "$work" --set a=1
 refuse_replay "a config without NVMe" "keeps nothing on NVMe" --replay demo \
   --set zero_optimization.offload_optimizer.device='"cpu"' --set zero_optimization.offload_param.device='"cpu"'
+refuse_replay "--dir beside --replay (replay runs on the config's nvme_path)" \
+  "--dir is not an option of --replay, which replays one step of the config on its nvme_path" --replay demo --dir "$work"
+refuse_replay "--qd beside --replay" "--qd is not an option of --replay" --replay demo --qd 4 "${nvme[@]}"
+refuse_replay "--tune with both --dir and --config" "--tune: --dir/--paths name the drive to tune, and so do --config" \
+  --tune --dir "$work" --config "$work/no-such.json"
 refuse_replay "a missing config" "no-such-replay.json: no such config file" --replay "$work/no-such-replay.json"
 # --tune: a small sweep on the config's nvme_path; the fragment's settings reach train's plan line.
 out=$("$strata" --log-level warn bench io --tune --size 8M --tune-request-sizes 128K,512K --tune-qd 2,8 \
