@@ -7,7 +7,8 @@
 // bandwidth moves from one second to the next (docs/MEASUREMENTS.md), so every repetition runs
 // pass, Adam, pass back to back, each figure is the best of the repetitions, and the fraction is
 // taken against the mean of the pass before and the pass after (both printed; also against the
-// faster one).
+// faster one). The shard, its fill and that timing are optim/adam_yardstick.h's, the same code
+// `strata doctor --measure` and the simulator's machine measurement run (measure_adam_rates).
 //
 // --mode phase times the whole optimizer phase with a dynamic loss scale and gradient clipping:
 // the fused phase (optim::fused_optimizer_phase: one norm/non-finite pass over the gradients + one
@@ -17,18 +18,14 @@
 // repetition (untimed), because the unfused phase scales them in place.
 //
 // Rates are parameters per second; GB/s counts the bytes the kernel must move (1e9 bytes/s).
-#include <unistd.h>
-
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,13 +36,12 @@
 #include "core/cpu_features.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/host_buffer.h"
 #include "core/units.h"
+#include "optim/adam_yardstick.h"
 #include "optim/memory_pass.h"
 #include "optim/optimizer.h"
 #include "optim/optimizer_phase.h"
 #include "bench/bench_commands.h"
-#include "plan/yardsticks.h"
 
 namespace strata::bench {
 namespace {
@@ -59,73 +55,8 @@ struct BenchAdamArgs {
   bool json = false;
 };
 
-// Deterministic cheap fill (splitmix64): the values only need to be realistic, not random.
-float hash_unit(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return static_cast<float>(x >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
-}
-
-// The buffers of one shard, in (transparent) huge-page host memory, first touched by the threads
-// of the widest arena so pages are spread like they would be in training.
-struct BenchState {
-  std::size_t n = 0;
-  DType grad_dtype = DType::F32;
-  HostBuffer p, m, v, g, g_pristine, out, scratch;
-
-  optim::OptimShard shard(bool with_out) const {
-    optim::OptimShard s;
-    s.master = p.as<float>().subspan(0, n);
-    s.moment1 = m.as<float>().subspan(0, n);
-    s.moment2 = v.as<float>().subspan(0, n);
-    s.grad = optim::GradRef{g.data(), grad_dtype};
-    if (with_out) s.out = optim::LowPrecisionOut{out.data(), DType::BF16};
-    return s;
-  }
-};
-
-HostBuffer alloc(std::size_t bytes) {
-  HostBufferOptions options;
-  options.huge_pages = HugePages::Transparent;
-  return HostBuffer::allocate(bytes, options);
-}
-
-void fill_state(BenchState& st, float grad_magnitude, tbb::task_arena& arena) {
-  const std::size_t gb = dtype_bytes(st.grad_dtype);
-  arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, st.n, optim::kCpuBlockElems),
-                      [&](const tbb::blocked_range<std::size_t>& r) {
-                        float* p = st.p.as<float>().data();
-                        float* m = st.m.as<float>().data();
-                        float* v = st.v.as<float>().data();
-                        for (std::size_t i = r.begin(); i != r.end(); ++i) {
-                          p[i] = hash_unit(4 * i);
-                          m[i] = 1e-3f * hash_unit(4 * i + 1);
-                          v[i] = 1e-6f * std::fabs(hash_unit(4 * i + 2));
-                          const float g = grad_magnitude * hash_unit(4 * i + 3);
-                          auto* dst = static_cast<std::uint8_t*>(st.g.data()) + i * gb;
-                          if (st.grad_dtype == DType::F32) {
-                            std::memcpy(dst, &g, 4);
-                          } else {
-                            const std::uint16_t bits =
-                                st.grad_dtype == DType::BF16 ? f32_to_bf16(g).bits : f32_to_f16(g).bits;
-                            std::memcpy(dst, &bits, 2);
-                          }
-                        }
-                        if (!st.out.empty()) std::memset(static_cast<std::uint16_t*>(st.out.data()) + r.begin(), 0, 2 * r.size());
-                        if (!st.scratch.empty()) std::memset(st.scratch.as<float>().data() + r.begin(), 0, 4 * r.size());
-                        if (!st.g_pristine.empty()) {
-                          std::memcpy(static_cast<std::uint8_t*>(st.g_pristine.data()) + r.begin() * gb,
-                                      static_cast<std::uint8_t*>(st.g.data()) + r.begin() * gb, r.size() * gb);
-                        }
-                      });
-  });
-}
-
 // Restores the gradients the unfused phase scaled in place (untimed).
-void restore_grads(BenchState& st, tbb::task_arena& arena) {
+void restore_grads(optim::YardstickShard& st, tbb::task_arena& arena) {
   const std::size_t gb = dtype_bytes(st.grad_dtype);
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, st.n, optim::kCpuBlockElems),
@@ -135,18 +66,6 @@ void restore_grads(BenchState& st, tbb::task_arena& arena) {
                                     r.size() * gb);
                       });
   });
-}
-
-double seconds_of(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::size_t available_memory_bytes() {
-  const long pages = sysconf(_SC_AVPHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
 }
 
 // The checked flags: the shard size, the gradient type and the mode.
@@ -186,32 +105,6 @@ BenchAdamPlan check_args(const BenchAdamArgs& args) {
   return plan;
 }
 
-// Allocates the shard's buffers (the phase's bf16 output, pristine and fp32 gradients too), after
-// checking that the host has the memory.
-void allocate_state(BenchState& st, const std::string& params_flag, bool phase) {
-  const DType gdt = st.grad_dtype;
-  const std::size_t gb = dtype_bytes(gdt);
-  std::size_t need = st.n * (12 + gb);
-  if (phase) need += st.n * (2 + gb + (gdt == DType::F32 ? 0 : 4));
-  const std::size_t avail = available_memory_bytes();
-  if (avail != 0 && need > avail) {
-    throw ConfigError(fmt::format("--params {} needs {} of host memory but {} is available; use a smaller --params",
-                                  params_flag, format_bytes(need), format_bytes(avail)));
-  }
-  st.p = alloc(st.n * 4);
-  st.m = alloc(st.n * 4);
-  st.v = alloc(st.n * 4);
-  st.g = alloc(st.n * gb);
-  if (phase) {
-    st.out = alloc(st.n * 2);
-    st.g_pristine = alloc(st.n * gb);
-    if (gdt != DType::F32) st.scratch = alloc(st.n * 4);
-  }
-}
-
-// The bytes AdamW and the memory pass must move per parameter: read p, m, v, g; write p, m, v.
-std::size_t adam_bytes_per_param(DType grad_dtype) { return 24 + dtype_bytes(grad_dtype); }
-
 // What every printed row shares.
 struct BenchAdamRun {
   const BenchAdamArgs& args;
@@ -228,7 +121,7 @@ void print_header(const BenchAdamRun& run, bool phase) {
   if (!phase) {
     fmt::print("yardstick: Adam-shaped memory pass (read p,m,v,g; write p,m,v; {} bytes/param), run before and "
                "after each AdamW repetition\n",
-               adam_bytes_per_param(run.gdt));
+               optim::adam_bytes_per_param(run.gdt));
     fmt::print("{:>7}  {:>14}  {:>8}  {:>17}  {:>17}  {:>13}  {:>15}\n", "threads", "AdamW Mparam/s", "GB/s",
                "pass before Mp/s", "pass after Mp/s", "fraction/mean", "fraction/faster");
   } else {
@@ -239,36 +132,11 @@ void print_header(const BenchAdamRun& run, bool phase) {
   }
 }
 
-// Best seconds of the repetitions: the memory pass before and after, and the timed kernels
-// (a: AdamW or the fused phase; b: the separate passes, phase mode only).
-struct BestSeconds {
-  double before = 1e30, after = 1e30, a = 1e30, b = 1e30;
-};
-
-// --mode update: pass, AdamW, pass, after one warm-up of each.
-BestSeconds time_update(const optim::OptimShard& shard, const optim::CpuExec& exec, int reps) {
-  auto pass = [&] { optim::adam_shaped_memory_pass({&shard, 1}, exec); };
-  BestSeconds best;
-  optim::AdamParams params;
-  std::int64_t step = 1;
-  auto adam = [&] {
-    optim::adam_step(optim::make_adam_consts(params, step++, 1.0f), params.weight_decay_mode, {&shard, 1}, exec);
-  };
-  pass();  // warm-up: page faults, TBB workers
-  adam();
-  for (int r = 0; r < reps; ++r) {
-    best.before = std::min(best.before, seconds_of(pass));
-    best.a = std::min(best.a, seconds_of(adam));
-    best.after = std::min(best.after, seconds_of(pass));
-  }
-  return best;
-}
-
 // --mode phase: pass, fused phase, separate passes, pass; gradients restored before each phase.
-BestSeconds time_phase(BenchState& st, const optim::OptimShard& shard, tbb::task_arena& arena,
+optim::BestSeconds time_phase(optim::YardstickShard& st, const optim::OptimShard& shard, tbb::task_arena& arena,
                        const optim::CpuExec& exec, int reps) {
   auto pass = [&] { optim::adam_shaped_memory_pass({&shard, 1}, exec); };
-  BestSeconds best;
+  optim::BestSeconds best;
   optim::LossScalerConfig lc;
   lc.initial_scale_power = 10;  // = loss_scale in run_bench_adam
   optim::LossScaler fused_scaler(lc), unfused_scaler(lc);
@@ -285,14 +153,14 @@ BestSeconds time_phase(BenchState& st, const optim::OptimShard& shard, tbb::task
     last = optim::unfused_optimizer_phase(unfused_group, {&shard, 1}, {&g32, 1}, &unfused_scaler, options, exec);
   };
   for (int r = -1; r < reps; ++r) {  // r = -1: warm-up
-    const double before = seconds_of(pass);
+    const double before = optim::seconds_of(pass);
     restore_grads(st, arena);
-    const double a = seconds_of(fused);
+    const double a = optim::seconds_of(fused);
     STRATA_CHECK(last.applied && last.clip_coef < 1.0, "bench phase: step skipped or not clipped");
     restore_grads(st, arena);
-    const double b = seconds_of(unfused);
+    const double b = optim::seconds_of(unfused);
     STRATA_CHECK(last.applied && last.clip_coef < 1.0, "bench phase: step skipped or not clipped");
-    const double after = seconds_of(pass);
+    const double after = optim::seconds_of(pass);
     if (r < 0) continue;
     best.before = std::min(best.before, before);
     best.a = std::min(best.a, a);
@@ -303,9 +171,9 @@ BestSeconds time_phase(BenchState& st, const optim::OptimShard& shard, tbb::task
 }
 
 // One thread count's row of --mode update: AdamW's rate and its fraction of the memory pass's.
-void print_update_row(const BenchAdamRun& run, int threads, const BestSeconds& best) {
+void print_update_row(const BenchAdamRun& run, int threads, const optim::BestSeconds& best) {
   const double n = static_cast<double>(run.n);
-  const double adam_bytes = n * static_cast<double>(adam_bytes_per_param(run.gdt));
+  const double adam_bytes = n * static_cast<double>(optim::adam_bytes_per_param(run.gdt));
   const double rate_before = n / best.before, rate_after = n / best.after, rate_a = n / best.a;
   const double roofline = 0.5 * (rate_before + rate_after);
   const double fraction = rate_a / roofline;
@@ -332,7 +200,7 @@ void print_update_row(const BenchAdamRun& run, int threads, const BestSeconds& b
 }
 
 // One thread count's row of --mode phase: the fused phase beside the separate passes and the memory pass.
-void print_phase_row(const BenchAdamRun& run, int threads, const BestSeconds& best) {
+void print_phase_row(const BenchAdamRun& run, int threads, const optim::BestSeconds& best) {
   const double n = static_cast<double>(run.n);
   const double rate_before = n / best.before, rate_after = n / best.after, rate_a = n / best.a;
   const double roofline = 0.5 * (rate_before + rate_after);
@@ -361,11 +229,12 @@ void print_phase_row(const BenchAdamRun& run, int threads, const BestSeconds& be
 int run_bench_adam(const BenchAdamArgs& args) {
   const BenchAdamPlan plan = check_args(args);
   const bool phase = plan.phase;
+  const optim::YardstickRun run_kind = phase ? optim::YardstickRun::Phase : optim::YardstickRun::Update;
   const int max_threads = plan.max_threads;
-  BenchState st;
+  optim::YardstickShard st;
   st.n = plan.n;
   st.grad_dtype = plan.gdt;
-  allocate_state(st, args.params, phase);
+  optim::allocate_yardstick_shard(st, args.params, run_kind);
   const int reps = args.reps > 0 ? args.reps : (st.n <= 20'000'000 ? 20 : (st.n <= 200'000'000 ? 8 : 3));
   const SimdLevel simd = simd_level();
   const float loss_scale = 1024.0f;
@@ -373,7 +242,7 @@ int run_bench_adam(const BenchAdamArgs& args) {
     tbb::task_arena widest(std::max(max_threads, args.threads));
     // Gradients as they arrive in fp16 training: scaled by the loss scale; |g| ~ 1e-3 unscaled, so
     // the global norm is ~ 1e-3 * sqrt(n / 3), twice time_phase's max_grad_norm: clipping is active.
-    fill_state(st, phase ? 1e-3f * loss_scale : 1e-3f, widest);
+    optim::fill_yardstick_shard(st, phase ? 1e-3f * loss_scale : 1e-3f, widest);
   }
 
   std::vector<int> thread_counts;
@@ -382,7 +251,7 @@ int run_bench_adam(const BenchAdamArgs& args) {
   } else {
     for (int t = 1; t <= max_threads; ++t) thread_counts.push_back(t);
   }
-  const optim::OptimShard shard = st.shard(phase);
+  const optim::OptimShard shard = st.shard(run_kind);
   const BenchAdamRun run{args, st.n, plan.gdt, simd, reps};
   if (!args.json) print_header(run, phase);
 
@@ -390,7 +259,7 @@ int run_bench_adam(const BenchAdamArgs& args) {
     tbb::task_arena arena(threads);
     const optim::CpuExec exec{simd, &arena};
     if (!phase) {
-      print_update_row(run, threads, time_update(shard, exec, reps));
+      print_update_row(run, threads, optim::time_adam_between_passes(shard, exec, reps));
     } else {
       print_phase_row(run, threads, time_phase(st, shard, arena, exec, reps));
     }
@@ -400,30 +269,6 @@ int run_bench_adam(const BenchAdamArgs& args) {
 }
 
 }  // namespace
-
-}  // namespace strata::bench
-
-// Declared by plan/yardsticks.h in namespace strata, so `strata doctor --measure` and the
-// simulator reach it; defined here, beside the benchmark it is one run of.
-namespace strata {
-AdamRates measure_adam_rates(std::size_t params, int reps) {
-  using namespace strata::bench;  // the benchmark's state and timing
-  BenchState st;
-  st.n = params;
-  st.grad_dtype = DType::F32;
-  allocate_state(st, std::to_string(params), /*phase=*/false);
-  tbb::task_arena arena(tbb::info::default_concurrency());
-  fill_state(st, 1e-3f, arena);
-  const BestSeconds best = time_update(st.shard(false), optim::CpuExec{simd_level(), &arena}, reps);
-  const double n = static_cast<double>(params);
-  AdamRates rates;
-  rates.adam_params_per_s = n / best.a;
-  rates.memory_gbps = n * static_cast<double>(adam_bytes_per_param(DType::F32)) / std::min(best.before, best.after) / 1e9;
-  return rates;
-}
-}  // namespace strata
-
-namespace strata::bench {
 
 void register_bench_adam(CLI::App& bench, CommandTable& table) {
   auto args = std::make_shared<BenchAdamArgs>();

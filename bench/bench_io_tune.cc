@@ -15,7 +15,7 @@
 #include "core/file_io.h"
 #include "core/topology.h"
 #include "core/units.h"
-#include "plan/doctor_measure.h"
+#include "sim/doctor_measure.h"
 #include "plan/machine.h"
 #include "plan/run_plan.h"
 #include "train/output_file.h"
@@ -268,7 +268,7 @@ void write_machine_file(const std::string& path, std::optional<MachineSpec> mach
   std::string how = "updated";
   if (!machine) {  // a new file: this machine as strata doctor --measure describes it
     Topology topo;
-    machine = measure_machine(MeasureOptions{dirs.front(), 0}, topo);
+    machine = sim::measure_machine(sim::MeasureOptions{dirs.front(), 0}, topo);
     how = "measured as strata doctor --measure does";
   }
   MachineDrives& d = machine->drives;

@@ -1,10 +1,11 @@
 // `strata bench model`: forward+backward tokens/s and achieved GFLOP/s of a decoder, beside a GEMM
 // yardstick measured in the same run, and their ratio. On the sim device (CPU kernels) the yardstick
-// is this machine's sgemm (the matmul op on a block-sized fp32 shape, inline); on a cuda device it
-// is the matmul op (cuBLAS) on the same GPU, in the model's dtype, on the MLP up-projection's shape
-// for the whole micro-batch. Model FLOPs: models::train_flops_per_token (6 x the matmul parameters,
-// head included, + 12 x layers x heads x head_dim x seq for attention, no causal halving and no
-// recompute counted). On cuda also the peak device memory Strata allocated. A benchmark, never a test.
+// is this machine's sgemm (models/sgemm_yardstick.h: the matmul op on a block-sized fp32 shape,
+// inline); on a cuda device it is the matmul op (cuBLAS) on the same GPU, in the model's dtype, on
+// the MLP up-projection's shape for the whole micro-batch. Model FLOPs: models::train_flops_per_token
+// (6 x the matmul parameters, head included, + 12 x layers x heads x head_dim x seq for attention,
+// no causal halving and no recompute counted). On cuda also the peak device memory Strata
+// allocated. A benchmark, never a test.
 #include "bench/bench_commands.h"
 
 #include <algorithm>
@@ -25,9 +26,9 @@
 #include "models/decoder.h"
 #include "models/kernels/ops.h"
 #include "models/resident_provider.h"
+#include "models/sgemm_yardstick.h"
 #include "models/tiling.h"
 #include "train/compute_device.h"
-#include "plan/yardsticks.h"
 
 namespace strata::bench {
 
@@ -49,36 +50,6 @@ struct BenchModelOptions {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-}  // namespace
-
-}  // namespace strata::bench
-
-// Declared by plan/yardsticks.h in namespace strata, so `strata doctor --measure` and the
-// simulator reach it; defined here, beside the benchmark it is one run of.
-namespace strata {
-double measure_sgemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, double min_seconds) {
-  using namespace strata::models;
-  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(n * k), 0.25f),
-      c(static_cast<std::size_t>(m * n));
-  MatmulArgs args{DType::F32, Trans::No, Trans::Yes, m, n, k, a.data(), k, 0, b.data(), k, 0, c.data(), n, 0, 1};
-  const KernelContext inline_ctx{};
-  matmul(inline_ctx, args);  // warm up
-  int reps = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  while (elapsed < min_seconds || reps < 3) {
-    matmul(inline_ctx, args);
-    ++reps;
-    elapsed = bench::seconds_since(t0);
-  }
-  return 2.0 * static_cast<double>(m * n * k) * reps / elapsed / 1e9;
-}
-}  // namespace strata
-
-namespace strata::bench {
-
-namespace {
 
 // The matmul op on `device`'s compute stream: m x n x k (B transposed, as a linear layer), in dtype,
 // TFLOP/s over at least min_seconds (the stream synchronized around the timed launches).
@@ -208,7 +179,7 @@ ModelRunResult time_model(const BenchModelOptions& o, ModelBench& b) {
   r.gemm_m = cuda ? o.batch * o.seq_len : o.seq_len;
   r.sgemm_gflops = cuda ? 1e3 * measure_device_gemm_tflops(device, cs, config.dtype, r.gemm_m, config.ffn_hidden,
                                                             config.d_model, 1.0)
-                        : measure_sgemm_gflops(r.gemm_m, config.ffn_hidden, config.d_model, 1.0);
+                        : models::measure_sgemm_gflops(r.gemm_m, config.ffn_hidden, config.d_model, 1.0);
   return r;
 }
 
@@ -336,7 +307,7 @@ int run_bench_attention(const BenchAttentionOptions& o) {
   const double fwd_s = time_it(fwd), bwd_s = time_it(bwd);
   const double fwd_tflops = 2 * unit / fwd_s / 1e12, bwd_tflops = 5 * unit / bwd_s / 1e12;
   const double gemm_tflops = cuda ? measure_device_gemm_tflops(*device, cs, dtype, rows, 4 * width, width, 0.5)
-                                  : measure_sgemm_gflops(o.seq, 4 * width, width, 0.5) / 1e3;
+                                  : models::measure_sgemm_gflops(o.seq, 4 * width, width, 0.5) / 1e3;
   if (o.json) {
     nlohmann::json j = {{"device", device->name()}, {"dtype", std::string(dtype_name(dtype))},
                         {"batch", o.batch}, {"seq", o.seq}, {"heads", o.heads}, {"head_dim", o.head_dim},

@@ -6,7 +6,7 @@
 // or FAIL (an offload run into --dir would fail); the exit code is 1 when any check FAILs, and the
 // reason is printed on the failing line with the fix.
 //
-// --measure then describes this machine as a machine file (plan/doctor_measure.h): printed as the
+// --measure then describes this machine as a machine file (sim/doctor_measure.h): printed as the
 // "machine" member of --json's object (or as the file's text without --json), and written to --out
 // for `strata estimate` and `strata simulate --machine`.
 #include <fcntl.h>
@@ -38,7 +38,7 @@
 #include "plan/machine.h"
 #include "offload/io_engine.h"
 #include "cli/commands.h"
-#include "plan/doctor_measure.h"
+#include "sim/doctor_measure.h"
 #include "train/output_file.h"
 
 namespace strata::cli {
@@ -271,7 +271,7 @@ void write_machine_file(const std::string& path, const nlohmann::json& machine) 
 
 int run_doctor(const DoctorArgs& args) {
   const std::size_t need_bytes = args.need.empty() ? 0 : parse_bytes_or_throw(args.need, "--need");
-  MeasureOptions measure{args.dir, 0};
+  sim::MeasureOptions measure{args.dir, 0};
   if (!args.measure && (!args.out.empty() || !args.device_memory.empty())) {
     throw ConfigError("--out and --device-memory describe the machine --measure measures; add --measure");
   }
@@ -286,7 +286,7 @@ int run_doctor(const DoctorArgs& args) {
   checks.push_back(check_o_direct(args.dir));
   checks.push_back(check_free_space(args.dir, need_bytes));
   checks.push_back(check_memlock());
-  const nlohmann::json machine = args.measure ? machine_to_json(measure_machine(measure, topo)) : nlohmann::json();
+  const nlohmann::json machine = args.measure ? machine_to_json(sim::measure_machine(measure, topo)) : nlohmann::json();
 
   bool failed = false;
   for (const auto& c : checks) failed = failed || c.verdict == Verdict::Fail;

@@ -16,9 +16,10 @@
 #include "plan/tier_plan.h"
 #include "models/decoder.h"
 #include "models/resident_provider.h"
+#include "models/sgemm_yardstick.h"
+#include "optim/adam_yardstick.h"
 #include "plan/bench_disk.h"
 #include "train/trainer.h"
-#include "plan/yardsticks.h"
 
 namespace strata::sim {
 namespace {
@@ -128,7 +129,7 @@ SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workl
   MachineSpec& s = m.spec;
   s.name = "this host's CPU as the sim device (measured)";
   s.source = "--machine measure";
-  const double peak = measure_sgemm_gflops(cfg.strata.data.seq_len, model.ffn_hidden, model.d_model, 0.3) * 1e9;
+  const double peak = models::measure_sgemm_gflops(cfg.strata.data.seq_len, model.ffn_hidden, model.d_model, 0.3) * 1e9;
   s.gpus.count = 1;
   s.gpus.memory_bytes = cfg.strata.device.memory_bytes;
   s.gpus.bf16_tflops = peak / 1e12;
@@ -144,9 +145,9 @@ SimMachine measure_sim_machine(const TrainConfig& cfg, const StepWorkload& workl
   const double copy = memcpy_bytes_per_s();
   s.host.memory_bytes = measure_capacities(plan_tiers(workload.plan, 1, 0), 0, 1).host_available;
   s.host.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  // As `strata doctor --measure` describes a host (plan/yardsticks.h): AdamW and the Adam-shaped
+  // As `strata doctor --measure` describes a host (optim/adam_yardstick.h): AdamW and the Adam-shaped
   // memory pass around it, on this rank's parameters (at most 4 Mi: the rate is per parameter).
-  const AdamRates adam = measure_adam_rates(std::min<std::size_t>(workload.parameters, 4u << 20), 3);
+  const optim::AdamRates adam = optim::measure_adam_rates(std::min<std::size_t>(workload.parameters, 4u << 20), 3);
   s.host.memory_gbps = adam.memory_gbps;
   s.host.adam_params_per_s = adam.adam_params_per_s;
   m.device_memory_gbps = s.host.memory_gbps;

@@ -1,5 +1,5 @@
-// `strata doctor --measure` (plan/doctor_measure.h).
-#include "plan/doctor_measure.h"
+// `strata doctor --measure` (sim/doctor_measure.h).
+#include "sim/doctor_measure.h"
 
 #include <unistd.h>
 
@@ -15,11 +15,12 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "config/config.h"
+#include "models/sgemm_yardstick.h"
 #include "offload/file.h"
+#include "optim/adam_yardstick.h"
 #include "plan/bench_disk.h"
-#include "plan/yardsticks.h"
 
-namespace strata {
+namespace strata::sim {
 namespace {
 
 // Sizes that keep the whole measurement to a few seconds while running well outside the caches:
@@ -66,7 +67,7 @@ MachineGpus describe_gpus(const MeasureOptions& o, std::uint64_t host_bytes, std
   }
   g.count = 1;
   g.memory_bytes = o.device_memory_bytes != 0 ? o.device_memory_bytes : std::max<std::uint64_t>(GiB, host_bytes / 4 / GiB * GiB);
-  const double gflops = measure_sgemm_gflops(kGemmM, kGemmN, kGemmK, kGemmSeconds);
+  const double gflops = models::measure_sgemm_gflops(kGemmM, kGemmN, kGemmK, kGemmSeconds);
   g.bf16_tflops = gflops / 1e3;
   notes->push_back(fmt::format(
       "gpus: no CUDA device ({}), so the sim device: memory {} ({}), bf16_tflops = this machine's fp32 sgemm "
@@ -82,7 +83,7 @@ MachineHost measure_host(const Topology& topo, std::uint64_t host_bytes, std::ve
   MachineHost h;
   h.memory_bytes = host_bytes;
   h.cores = topo.physical_cores();
-  const AdamRates rates = measure_adam_rates(kAdamParams, kAdamReps);
+  const optim::AdamRates rates = optim::measure_adam_rates(kAdamParams, kAdamReps);
   h.memory_gbps = rates.memory_gbps;
   h.adam_params_per_s = rates.adam_params_per_s;
   notes->push_back(fmt::format("host: {}, MemTotal; memory_gbps and adam_params_per_s from strata bench adam's "
@@ -134,4 +135,4 @@ MachineSpec measure_machine(const MeasureOptions& options, const Topology& topo)
   return parse_machine(machine_to_json(m), "strata doctor --measure");
 }
 
-}  // namespace strata
+}  // namespace strata::sim
