@@ -234,7 +234,7 @@ int run_bench_adam(const BenchAdamArgs& args) {
   optim::YardstickShard st;
   st.n = plan.n;
   st.grad_dtype = plan.gdt;
-  optim::allocate_yardstick_shard(st, args.params, run_kind);
+  optim::allocate_yardstick_shard(st, {"--params " + args.params, "use a smaller --params"}, run_kind);
   const int reps = args.reps > 0 ? args.reps : (st.n <= 20'000'000 ? 20 : (st.n <= 200'000'000 ? 8 : 3));
   const SimdLevel simd = simd_level();
   const float loss_scale = 1024.0f;

@@ -54,7 +54,7 @@ OptimShard YardstickShard::shard(YardstickRun run) const {
   return s;
 }
 
-void allocate_yardstick_shard(YardstickShard& st, const std::string& params_flag, YardstickRun run) {
+void allocate_yardstick_shard(YardstickShard& st, const ShardRequest& asked, YardstickRun run) {
   const bool phase = run == YardstickRun::Phase;
   const DType gdt = st.grad_dtype;
   const std::size_t gb = dtype_bytes(gdt);
@@ -62,8 +62,8 @@ void allocate_yardstick_shard(YardstickShard& st, const std::string& params_flag
   if (phase) need += st.n * (2 + gb + (gdt == DType::F32 ? 0 : 4));
   const std::size_t avail = available_memory_bytes();
   if (avail != 0 && need > avail) {
-    throw ConfigError(fmt::format("--params {} needs {} of host memory but {} is available; use a smaller --params",
-                                  params_flag, format_bytes(need), format_bytes(avail)));
+    throw ConfigError(fmt::format("{} needs {} of host memory but {} is available; {}", asked.what, format_bytes(need),
+                                  format_bytes(avail), asked.fix));
   }
   st.p = alloc(st.n * 4);
   st.m = alloc(st.n * 4);
@@ -136,7 +136,9 @@ AdamRates measure_adam_rates(std::size_t params, int reps) {
   YardstickShard st;
   st.n = params;
   st.grad_dtype = DType::F32;
-  allocate_yardstick_shard(st, std::to_string(params), YardstickRun::Update);
+  allocate_yardstick_shard(st, {fmt::format("the CPU yardstick's AdamW over {} parameters", params),
+                               "free host memory (it measures this host's Adam rate)"},
+                           YardstickRun::Update);
   tbb::task_arena arena(tbb::info::default_concurrency());
   fill_yardstick_shard(st, 1e-3f, arena);
   const BestSeconds best =

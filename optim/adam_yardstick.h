@@ -32,9 +32,14 @@ struct YardstickShard {
   OptimShard shard(YardstickRun run) const;
 };
 
+// Who asks for a yardstick shard, for the one error allocate_yardstick_shard may throw.
+struct ShardRequest {
+  std::string what;  // who asked for the shard, for the error: "--params 100M"
+  std::string fix;   // what to do when the host lacks the memory: "use a smaller --params"
+};
 // Allocates the buffers `run` needs for n parameters of grad_dtype (set in `st`), after checking
-// that the host has the memory; `params_flag` is how the caller wrote n, for the error.
-void allocate_yardstick_shard(YardstickShard& st, const std::string& params_flag, YardstickRun run);
+// that the host has the memory (a ConfigError naming `asked` and its fix when it does not).
+void allocate_yardstick_shard(YardstickShard& st, const ShardRequest& asked, YardstickRun run);
 
 // Fills the shard with deterministic, realistic values (gradients of `grad_magnitude`), first
 // touched by the threads of `arena` so pages are spread like they would be in training.

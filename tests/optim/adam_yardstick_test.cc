@@ -23,7 +23,7 @@ YardstickShard filled_shard(DType grad_dtype, YardstickRun run, int threads) {
   YardstickShard st;
   st.n = kElems;
   st.grad_dtype = grad_dtype;
-  allocate_yardstick_shard(st, "16403", run);
+  allocate_yardstick_shard(st, {"--params 16403", "use a smaller --params"}, run);
   tbb::task_arena arena(threads);
   fill_yardstick_shard(st, 1e-3f, arena);
   return st;
@@ -86,7 +86,7 @@ TEST(AdamYardstick, ShardLargerThanTheHostIsOneClearError) {
   YardstickShard st;
   st.n = std::size_t{1} << 40;  // 16 TiB of fp32 streams
   try {
-    allocate_yardstick_shard(st, "1T", YardstickRun::Update);
+    allocate_yardstick_shard(st, {"--params 1T", "use a smaller --params"}, YardstickRun::Update);
     FAIL() << "a 16 TiB shard was allocated";
   } catch (const ConfigError& e) {
     const std::string what = e.what();
