@@ -27,8 +27,12 @@
 // one (the block layer's plug merges only within one submission).
 // (3) No merging by batching. Submitting many SQEs per io_uring_enter lets the plug merge adjacent
 // requests into 2-4 MiB ones behind the engine's back, which was slower for writes and for random
-// 4 KiB reads, so submit_batch is 1. The last SQE prepared goes to the kernel with the engine's
-// wait for completions, one io_uring_enter for both: at queue depth 1, one system call a request.
+// 4 KiB reads, so submit_batch is 1. Re-measured with each refill going in before the next
+// completion (Note [Refill before the next completion]): a batch of the queue depth still ran random
+// 4 KiB reads and writes at qd 64 at 0.6-0.8x of one SQE per enter; 1 MiB rows moved within the
+// noise (docs/MEASUREMENTS.md, "refill before the next completion"). The last SQE prepared goes to
+// the kernel with the engine's wait for completions, one io_uring_enter for both: at queue depth 1,
+// one system call a request.
 // Fixed buffers, IOSQE_ASYNC, the ring flags and queue depth past 4 made no difference beyond the
 // noise; random 4 KiB I/O is bound by the per-request cost whatever the engine. The state of the
 // blocks written matters too: see Note [Bench file state] in bench/bench_io_files.h.
