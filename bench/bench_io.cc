@@ -606,7 +606,8 @@ void register_bench_io(CLI::App& bench, CommandTable& table) {
       "submit call) to its completion being reaped (the batch's callback on the engine thread); slat from the queueing "
       "to its submission to the kernel (io_uring_submit returning, the SQE consumed; when the SQE goes in with the "
       "engine's wait for completions, the moment that io_uring_enter is entered; the thread engine: its pread/pwrite "
-      "starting), which includes the hand-over to the engine thread; clat from there to the completion "
+      "starting), which includes the hand-over to the engine thread for the first --qd requests (later ones are "
+      "queued from a completion's callback, on that thread); clat from there to the completion "
       "reaped. lat = slat + clat for every request; rows give p50-p99.99, max and mean of each (JSON \"slat\" and "
       "\"clat\"), fio's beside them with --vs-fio.");
   table[cmd] = [io]() -> int { return bench_io::run_io_command(*io); };

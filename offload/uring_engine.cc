@@ -27,14 +27,16 @@
 // one (the block layer's plug merges only within one submission).
 // (3) No merging by batching. Submitting many SQEs per io_uring_enter lets the plug merge adjacent
 // requests into 2-4 MiB ones behind the engine's back, which was slower for writes and for random
-// 4 KiB reads, so submit_batch is 1. The last SQE prepared goes to the kernel with the engine's
-// wait for completions, one io_uring_enter for both: at queue depth 1, one system call a request.
+// 4 KiB reads, so submit_batch is 1. Re-measured with each refill going in before the next
+// completion (Note [Refill before the next completion]): a batch of the queue depth still ran random
+// 4 KiB reads and writes at qd 64 at 0.6-0.8x of one SQE per enter; 1 MiB rows moved within the
+// noise (docs/MEASUREMENTS.md, "refill before the next completion"). The last SQE prepared goes to
+// the kernel with the engine's wait for completions, one io_uring_enter for both: at queue depth 1,
+// one system call a request.
 // Fixed buffers, IOSQE_ASYNC, the ring flags and queue depth past 4 made no difference beyond the
 // noise; random 4 KiB I/O is bound by the per-request cost whatever the engine. The state of the
 // blocks written matters too: see Note [Bench file state] in bench/bench_io_files.h.
 #include <liburing.h>
-#include <pthread.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -55,24 +57,13 @@
 #include "core/error.h"
 #include "offload/fault.h"
 #include "offload/io_engine_impl.h"
+#include "offload/uring_ring.h"
 
 namespace strata::offload::detail {
 namespace {
 
 constexpr std::uint64_t kWakeTag = ~std::uint64_t{0};
 constexpr unsigned kSparseFiles = 64;
-
-struct FlagName {
-  unsigned flag;
-  const char* name;
-};
-// Requested best-first; on -EINVAL the last remaining one is dropped and the setup retried.
-constexpr FlagName kRingFlags[] = {
-    {IORING_SETUP_SUBMIT_ALL, "SUBMIT_ALL"},
-    {IORING_SETUP_COOP_TASKRUN, "COOP_TASKRUN"},
-    {IORING_SETUP_SINGLE_ISSUER, "SINGLE_ISSUER"},
-    {IORING_SETUP_DEFER_TASKRUN, "DEFER_TASKRUN"},
-};
 
 struct Part {
   std::shared_ptr<IoBatchState> batch;
@@ -177,12 +168,16 @@ class UringEngine final : public IoEngine {
     SplitBatch split =
         split_requests(requests, limits_.read_bytes, limits_.write_bytes, std::move(callback), files_, times);
     if (split.pieces.empty()) return IoHandle(split.batch);
+    const bool from_engine_thread = std::this_thread::get_id() == engine_thread_;
     {
       std::lock_guard lock(mutex_);
       if (broken_) std::rethrow_exception(broken_);
-      for (auto& p : split.pieces) incoming_.push_back(std::move(p));
+      // A callback's request goes straight to the engine's own queue: reap() fills the freed slot
+      // before it handles the next completion (Note [Refill before the next completion]).
+      auto& queue = from_engine_thread ? pending_ : incoming_;
+      for (auto& p : split.pieces) queue.push_back(std::move(p));
     }
-    wake();
+    if (!from_engine_thread) wake();
     return IoHandle(split.batch);
   }
 
@@ -234,8 +229,9 @@ class UringEngine final : public IoEngine {
 
   // ---- the engine thread ----
   void thread_main(std::promise<std::exception_ptr>& started) {
+    engine_thread_ = std::this_thread::get_id();  // read by callers only after `started` is set
     try {
-      pin_thread(options_.cpu);
+      pin_engine_thread(options_.cpu);
       setup_ring();
     } catch (...) {
       started.set_value(std::current_exception());
@@ -265,46 +261,11 @@ class UringEngine final : public IoEngine {
   }
 
   void setup_ring() {
-    if (io_uring_disabled_setting() == 2) {
-      throw IoError("io_uring is disabled on this machine (/proc/sys/kernel/io_uring_disabled = 2)", EPERM);
-    }
     const unsigned entries = options_.queue_depth + 2;  // + the armed eventfd read, + rounding slack
-    std::vector<FlagName> flags;
-    for (const FlagName& f : kRingFlags) {
-      if (options_.sqpoll == SqPoll::On && f.flag == IORING_SETUP_DEFER_TASKRUN) continue;
-      flags.push_back(f);
-    }
-    for (;;) {
-      io_uring_params p{};
-      for (const FlagName& f : flags) p.flags |= f.flag;
-      if (options_.iopoll == IoPoll::On) p.flags |= IORING_SETUP_IOPOLL;
-      if (options_.sqpoll == SqPoll::On) {
-        p.flags |= IORING_SETUP_SQPOLL;
-        p.sq_thread_idle = 50;  // ms before the kernel poller sleeps
-      }
-      int r = io_uring_queue_init_params(entries, &ring_, &p);
-      if (r == 0) break;
-      if (r == -EINVAL && !flags.empty()) {
-        spdlog::debug("io_uring: setup flag {} refused; retrying without it", flags.back().name);
-        flags.pop_back();
-        continue;
-      }
-      if (r == -EINVAL && options_.sqpoll == SqPoll::On) {
-        spdlog::warn("io_uring: SQPOLL refused; continuing without it");
-        options_.sqpoll = SqPoll::Off;
-        continue;
-      }
-      throw IoError(fmt::format("io_uring_queue_init({} entries) failed: {}{}", entries, errno_text(-r),
-                                r == -EPERM || r == -ENOSYS ? " (io_uring refused by the kernel or a seccomp filter)" : ""),
-                    -r);
-    }
-    for (const FlagName& f : flags) flags_text_ += (flags_text_.empty() ? "" : "|") + std::string(f.name);
-    if (options_.sqpoll == SqPoll::On) flags_text_ += flags_text_.empty() ? "SQPOLL" : "|SQPOLL";
-    if (options_.iopoll == IoPoll::On) flags_text_ += flags_text_.empty() ? "IOPOLL" : "|IOPOLL";
-    if (flags_text_.empty()) flags_text_ = "no-flags";
-    int r = io_uring_register_files_sparse(&ring_, kSparseFiles);
-    fixed_files_ = r >= 0;
-    if (r < 0) spdlog::debug("io_uring: no registered files ({})", errno_text(-r));
+    const RingSetup setup = setup_uring(ring_, options_, entries, kSparseFiles);
+    options_.sqpoll = setup.sqpoll;
+    flags_text_ = setup.flags_text;
+    fixed_files_ = setup.fixed_files;
     slots_.resize(options_.queue_depth);
     for (unsigned i = 0; i < options_.queue_depth; ++i) free_slots_.push_back(options_.queue_depth - 1 - i);
     if (options_.iopoll == IoPoll::Off) arm_wake();  // an IOPOLL ring takes only O_DIRECT reads/writes
@@ -526,17 +487,16 @@ class UringEngine final : public IoEngine {
     reap(cqes);
   }
 
-  // Pins the calling (engine) thread to `cpu`; -1 leaves it where the scheduler puts it.
-  static void pin_thread(int cpu) {
-    if (cpu < 0) return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (const int r = pthread_setaffinity_np(pthread_self(), sizeof set, &set); r != 0) {
-      throw IoError(fmt::format("pinning the io_uring engine thread to CPU {} failed: {}", cpu, errno_text(r)), r);
-    }
-  }
-
+  // Note [Refill before the next completion]
+  // A slot freed by a completion is refilled, and its SQE submitted, before the next completion is
+  // handled: from the pending queue, from a resubmission (EAGAIN, short transfer), or from the
+  // completion's own callback queueing the next request (the bench keeps its depth so, and so does
+  // any caller that chains I/O from callbacks; on the engine thread queue_batch goes straight to
+  // pending_). Refilling only after the whole reaped batch left each new request waiting for the
+  // batch's other callbacks and for one io_uring_enter per earlier refill: at queue depth 64 on a
+  // virtio disk ~20 completions a reap and ~4 us an enter, 68 us slat p50 (docs/MEASUREMENTS.md,
+  // "Bench io 4 KiB rows: refill before the next completion"). The last refill of a reap still
+  // goes with the loop's wait, so the system calls per request are as before (one at qd 1).
   void reap(std::vector<io_uring_cqe*>& cqes) {
     for (;;) {
       const unsigned n = io_uring_peek_batch_cqe(&ring_, cqes.data(), static_cast<unsigned>(cqes.size()));
@@ -549,7 +509,9 @@ class UringEngine final : public IoEngine {
           rearm = true;
           continue;
         }
+        if (unsubmitted_ >= submit_batch_) submit_pending_sqes(0);  // the last refill, before this completion
         complete(static_cast<unsigned>(tag), res);
+        fill_slots();
       }
       io_uring_cq_advance(&ring_, n);
       if (rearm) arm_wake();
@@ -585,6 +547,7 @@ class UringEngine final : public IoEngine {
   unsigned inflight_ = 0;
   unsigned unsubmitted_ = 0;
   std::thread thread_;
+  std::thread::id engine_thread_;
 };
 
 }  // namespace

@@ -13,8 +13,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <latch>
 #include <optional>
 #include <random>
 #include <string>
@@ -188,6 +191,57 @@ TEST_P(EngineTest, SubmissionTimeLiesBetweenQueueingAndCompletion) {
       EXPECT_LE(seen[k].times.submitted, seen[k].completed) << io_op_name(op) << " batch " << k;
     }
   }
+}
+
+// Note [Refill before the next completion] in offload/uring_engine.cc: a request queued from a
+// completion's callback reaches the kernel (IoTimes::submitted) before the engine runs the next
+// completion's callback. Reads of a buffered file that is in the page cache complete during their
+// own submission, so the engine reaps several completions at once and the old order (refill after
+// the whole reaped batch) stamps a chained request after later callbacks: this test failed then.
+TEST_P(EngineTest, ChainedRequestIsSubmittedBeforeTheNextCompletionIsHandled) {
+  using Clock = std::chrono::steady_clock;
+  if (GetParam().kind != EngineKind::Uring) GTEST_SKIP() << "the thread engine's workers run callbacks in parallel";
+  constexpr std::size_t kChains = 8, kLinks = 12, kBlock = 4096;
+  const FileId f = open_file("chain.bin", Direct::Off);
+  HostBuffer b = testing::aligned_buffer(2 * kChains * kBlock);
+  auto* p = static_cast<std::byte*>(b.data());
+  const IoRequest fill{IoOp::Write, f, 0, p, 2 * kChains * kBlock};
+  engine_->run(std::span(&fill, 1));
+  struct Handled {
+    Clock::time_point at;      // the callback started
+    const IoTimes* chained;    // the request it queued, or null at a chain's end
+  };
+  std::vector<Handled> log;    // callbacks run one at a time on the engine thread
+  std::deque<IoTimes> times;   // stable addresses, one per chained request
+  std::latch chains_done(kChains);
+  // Every other block, so that no two chains' requests are adjacent (nothing to coalesce).
+  std::vector<IoRequest> requests;
+  for (std::size_t c = 0; c < kChains; ++c) requests.push_back({IoOp::Read, f, 2 * c * kBlock, p + 2 * c * kBlock, kBlock});
+  std::function<void(std::size_t, std::size_t)> issue = [&](std::size_t chain, std::size_t link) {
+    engine_->submit(std::span(&requests[chain], 1), [&, chain, link](std::exception_ptr& err) {
+      log.push_back({Clock::now(), nullptr});
+      if (err || link + 1 == kLinks) {
+        chains_done.count_down();
+        return;
+      }
+      times.emplace_back();
+      log.back().chained = &times.back();
+      issue(chain, link + 1);
+    }, link == 0 ? nullptr : &times.back());
+  };
+  for (std::size_t c = 0; c < kChains; ++c) issue(c, 0);
+  chains_done.wait();
+  ASSERT_EQ(log.size(), kChains * kLinks);
+  std::size_t late = 0;
+  std::string first;
+  for (std::size_t i = 0; i + 1 < log.size(); ++i) {
+    if (log[i].chained == nullptr || log[i].chained->submitted <= log[i + 1].at) continue;
+    if (late++ == 0) {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(log[i].chained->submitted - log[i + 1].at);
+      first = fmt::format("callback {}'s request went in {} ns after callback {} ran", i, ns.count(), i + 1);
+    }
+  }
+  EXPECT_EQ(late, 0u) << first;
 }
 
 TEST_P(EngineTest, UnregisteredFileIsRefused) {
