@@ -8,6 +8,8 @@
 #      bits?), then the demo (configs/demo.json), each with per-step seconds in a metrics file and, if
 #      it is still running at its limit, every thread's stack (gdb, else eu-stack, else /proc) before
 #      it is killed, so a hang and a slow run tell apart;
+#   1b. a GPU capped at the plan's device figure (strata estimate's hbm.total) trains tiny at stage 0 bf16 and
+#      stage 3 exact (cuda's allocations against the plan's, Note [Part bytes] in plan/part_bytes.h);
 #   2. the attention tests with each opt-in kernel (wmma, fa2w), and when fa2w passes, fa2 and fa2w
 #      timed alone, alternating; then the gpu-labelled tests (ctest -L gpu): the model op set against
 #      its CPU reference, the engine's device ops, the CUDA AdamW, training on cuda
@@ -91,6 +93,25 @@ if [[ " $* " != *" --no-offload "* ]]; then
   # The demo: ZeRO-3, bf16, state on NVMe, the GPU capped at 6 MiB (20 steps take 16 s on sim).
   offload_run demo 120 "$here/../configs/demo.json" --steps 20
 fi
+# The plan's device figure on cuda (Note [Part bytes] in plan/part_bytes.h; Note [Cuda capacity]): a GPU capped at
+# exactly `strata estimate`'s hbm.total trains 3 steps, as tests/tools/estimate_test.sh checks on sim; a failure here
+# means cuda allocates something the plan does not count (cuBLAS workspace, a kernel's scratch).
+at_plan_on_cuda() {  # NAME --set arguments...
+  local name="$1"; shift
+  mkdir -p "$out/plan-$name"
+  "$b/bin/strata" estimate --config "$here/../configs/tiny.json" --json "$@" >"$out/plan-$name/estimate.json" 2>"$out/plan-$name/estimate.err"
+  local total; total=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["hbm"]["total"])' \
+    "$out/plan-$name/estimate.json" 2>/dev/null)
+  (cd "$out/plan-$name" && timeout 120 "$b/bin/strata" --log-level warn train --config "$here/../configs/tiny.json" \
+     --steps 3 --set strata.device.kind='"cuda"' --set strata.device.memory="${total:-0}" "$@" \
+     --summary-json summary.json >train.log 2>&1)
+  echo "plan figure on cuda, $name: rc $? at ${total:-?} bytes; peak $(sed -n 's/.*"peak_device_bytes": *\([0-9]*\).*/\1/p' \
+    "$out/plan-$name/summary.json" 2>/dev/null); $(tail -1 "$out/plan-$name/train.log" | cut -c1-200)"
+}
+stamp "the plan's device figure on cuda"
+at_plan_on_cuda stage0-bf16 --set zero_optimization.stage=0 --set gradient_accumulation_steps=1 \
+  --set bf16.enabled=true --set strata.exact=false
+at_plan_on_cuda stage3-exact
 # Before ctest -L gpu, whose training runs take minutes: the opt-in attention kernels are quick to test
 # and time, and the call's limit must not cut them off.
 stamp "attention kernels: wmma, fa2w"
