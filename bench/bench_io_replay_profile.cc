@@ -27,7 +27,8 @@ nlohmann::json ReplayIoProfile::to_json() const {
           {"write_busy_seconds", write_busy_seconds},
           {"mixed_seconds", mixed_seconds},
           {"mean_requests_in_flight", mean_requests_in_flight},
-          {"callback_seconds", callback_seconds}};
+          {"callback_seconds", callback_seconds},
+          {"median_reaction_seconds", median_reaction_seconds}};
 }
 
 RecordingIoEngine::RecordingIoEngine(std::unique_ptr<offload::IoEngine> inner) : inner_(std::move(inner)) {
@@ -65,6 +66,23 @@ offload::IoHandle RecordingIoEngine::queue_batch(std::span<const offload::IoRequ
     slot->done = done;
   };
   return inner_->submit(requests, std::move(recorded), times);
+}
+
+double RecordingIoEngine::median_reaction(const std::deque<Batch>& batches) {
+  std::vector<Clock::time_point> done;
+  for (const Batch& b : batches) {
+    if (b.done != Clock::time_point{}) done.push_back(b.done);
+  }
+  std::sort(done.begin(), done.end());
+  std::vector<double> gaps;
+  for (const Batch& b : batches) {
+    const auto after = std::upper_bound(done.begin(), done.end(), b.submitted);
+    if (after == done.begin()) continue;  // nothing had completed yet
+    gaps.push_back(std::chrono::duration<double>(b.submitted - *(after - 1)).count());
+  }
+  if (gaps.empty()) return 0;
+  std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+  return gaps[gaps.size() / 2];
 }
 
 ReplayIoProfile RecordingIoEngine::profile() const {
@@ -107,6 +125,7 @@ ReplayIoProfile RecordingIoEngine::profile() const {
     weighted += static_cast<double>(requests) * dt;
   }
   p.mean_requests_in_flight = p.busy_seconds > 0 ? weighted / p.busy_seconds : 0;
+  p.median_reaction_seconds = median_reaction(batches_);
   return p;
 }
 

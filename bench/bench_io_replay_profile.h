@@ -34,6 +34,10 @@ struct ReplayIoProfile {
   double mixed_seconds = 0;      // reads and writes in flight together
   double mean_requests_in_flight = 0;  // time-weighted, over busy_seconds
   double callback_seconds = 0;   // in the batches' callbacks (checksums), on the engine's thread
+  // Median of, for each batch, the time from the latest completion before it to its submission:
+  // how long a thread that waited for I/O takes to issue the next, in a pipeline where most
+  // submissions follow a completion (see Note [Wake-ups] in sim/step_sim.h).
+  double median_reaction_seconds = 0;
   double mean_read_request_bytes() const;
   double mean_write_request_bytes() const;
   nlohmann::json to_json() const;
@@ -64,6 +68,8 @@ class RecordingIoEngine final : public offload::IoEngine {
     std::uint64_t requests = 0;
     Clock::time_point submitted{}, transferred{}, done{};
   };
+  static double median_reaction(const std::deque<Batch>& batches);
+
   std::unique_ptr<offload::IoEngine> inner_;
   offload::RequestLimits limits_{};
   mutable std::mutex mutex_;
