@@ -338,7 +338,8 @@ ReplayResult replay_and_predict(const ReplayArgs& a, const ReplaySetup& setup) {
   const sim::SimResult free_run = simulate_step(workload, free_drives);
   const MachineDrives& d = setup.machine.spec.drives;
   if (d.count > 0 && d.read_gbps > 0 && d.write_gbps > 0) {
-    r.simulated_nvme_s = simulate_step(workload, setup.machine).busy_seconds[static_cast<std::size_t>(sim::SimQueue::Nvme)];
+    const sim::SimResult on_drives = simulate_step(workload, setup.machine);
+    r.simulated_nvme_s = on_drives.busy_seconds[static_cast<std::size_t>(sim::SimQueue::Nvme)];
   }
   r.io = step_io_of(workload, free_run);
   r.compute_s = free_run.step_seconds;
@@ -432,8 +433,10 @@ void print_replay_text(const ReplayArgs& a, const ReplaySetup& setup, const Repl
   const ReplayIoProfile& p = r.profile;
   std::printf("as the engine saw it: %llu reads of %s and %llu writes of %s (mean kernel request); in flight %.4f s "
               "of %.4f s (reads and writes together %.4f s), %.1f requests on average; callbacks %.4f s\n",
-              static_cast<unsigned long long>(p.read_requests), format_bytes(static_cast<std::uint64_t>(p.mean_read_request_bytes())).c_str(),
-              static_cast<unsigned long long>(p.write_requests), format_bytes(static_cast<std::uint64_t>(p.mean_write_request_bytes())).c_str(),
+              static_cast<unsigned long long>(p.read_requests),
+              format_bytes(static_cast<std::uint64_t>(p.mean_read_request_bytes())).c_str(),
+              static_cast<unsigned long long>(p.write_requests),
+              format_bytes(static_cast<std::uint64_t>(p.mean_write_request_bytes())).c_str(),
               p.busy_seconds, p.wall_seconds, p.mixed_seconds, p.mean_requests_in_flight, p.callback_seconds);
   std::printf("compute alone (simulated on %s): step %.4f s; with this drive: step %.4f s, slowest queue %s\n",
               setup.measure ? "this host as the sim device" : a.machine.c_str(), r.compute_s, r.step.step_seconds,

@@ -146,7 +146,10 @@ TuneGrid sweep_grid(BenchIoArgs a, const TuneLists& l) {
       const double gbps = row.runs.front().gbps();
       const bool read = row.row.rw == "randread";
       (read ? grid.read_gbps : grid.write_gbps)[s][q] = gbps;
-      if (a.json) print_json({{"tune", read ? "read" : "write"}, {"request_size", l.sizes[s]}, {"qd", row.row.qd}, {"gbps", gbps}});
+      if (a.json) {
+        print_json(
+            {{"tune", read ? "read" : "write"}, {"request_size", l.sizes[s]}, {"qd", row.row.qd}, {"gbps", gbps}});
+      }
     }
   }
   if (!a.json) {
@@ -287,9 +290,9 @@ void write_machine_file(const std::string& path, std::optional<MachineSpec> mach
   for (const auto& dir : dirs) d.paths.push_back(std::filesystem::absolute(dir).lexically_normal().string());
   d.read_gbps = d.curve.best_gbps(DriveOp::Read);
   d.write_gbps = d.curve.best_gbps(DriveOp::Write);
-  machine->note += fmt::format("{}drives: curve (GB/s of one drive by request size x queue depth, each request at a random offset, one ring "
-                               "per drive, {} drive(s) at once) and read_gbps/write_gbps (its best points) from "
-                               "strata bench io --tune",
+  machine->note += fmt::format("{}drives: curve (GB/s of one drive by request size x queue depth, each request "
+                               "at a random offset, one ring per drive, {} drive(s) at once) and "
+                               "read_gbps/write_gbps (its best points) from strata bench io --tune",
                                machine->note.empty() ? "" : ". ", dirs.size());
   const nlohmann::json j = machine_to_json(*machine);
   (void)parse_machine(j, path);  // what is written must read back as any machine file

@@ -25,8 +25,9 @@ double DriveModel::key_requests(DriveOp op, std::uint64_t bytes) const {
 
 double DriveModel::seconds(DriveOp op, double bytes, double requests, double streams) const {
   if (bytes <= 0) return 0;
-  STRATA_CHECK(set() && requests >= 1 && streams >= 1, "DriveModel::seconds: {} bytes in {} requests, {} streams, {} drives",
-               bytes, requests, streams, drives.count);
+  STRATA_CHECK(set() && requests >= 1 && streams >= 1,
+               "DriveModel::seconds: {} bytes in {} requests, {} streams, {} drives", bytes, requests, streams,
+               drives.count);
   const auto request = static_cast<std::uint64_t>(std::max(1.0, std::round(bytes / requests)));
   const double in_flight = std::min(static_cast<double>(queue_depth), requests * streams);
   const double depth = std::max(1.0, in_flight * ranks / drives.count);
