@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_io_replay_profile.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/units.h"
@@ -108,7 +109,9 @@ class ReplayTiers {
                         "\"nvme\" with an nvme_path); there is no I/O to replay");
     }
     for (const auto& d : op.nvme_dirs) ensure_directory(d, "nvme_path directory");
-    io_ = offload::make_io_engine(op.io);
+    auto recorder = std::make_unique<RecordingIoEngine>(offload::make_io_engine(op.io));
+    recorder_ = recorder.get();
+    io_ = std::move(recorder);
     offload::SwapStoreOptions so;
     so.dirs = op.nvme_dirs;
     so.capacity_bytes = op.swap_capacity_bytes;
@@ -198,6 +201,7 @@ class ReplayTiers {
 
   TierIoStats stats() const { return store_->stats(); }
   const offload::IoEngine& engine() const { return *io_; }
+  RecordingIoEngine& recorder() { return *recorder_; }
 
  private:
   // TieredStateHome::upload_params: the group's NVMe chunks read into one parameter slot, waited for.
@@ -240,6 +244,7 @@ class ReplayTiers {
 
   const RunPlan& plan_;
   std::unique_ptr<offload::IoEngine> io_;
+  RecordingIoEngine* recorder_ = nullptr;  // io_ itself
   std::unique_ptr<offload::SwapStore> swap_;
   std::unique_ptr<TierStore> store_;
   std::unique_ptr<offload::BufferPool> pool_;
@@ -249,6 +254,14 @@ class ReplayTiers {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The index of the element median() returns.
+std::size_t median_index(const std::vector<double>& v) {
+  std::vector<std::size_t> order(v.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return v[x] < v[y]; });
+  return order.empty() ? 0 : order[order.size() / 2];
 }
 
 }  // namespace
@@ -309,6 +322,8 @@ struct ReplayResult {
   int drives = 1;
   SsdWear wear;
   double yard_s = 0;  // the same bytes at the sequential yardstick's rates (0: not measured)
+  ReplayIoProfile profile;  // the median step's, as the engine saw it
+  double simulated_nvme_s = 0;  // the NVMe queue's busy seconds of the step simulated on the machine's drives
 };
 
 ReplayResult replay_and_predict(const ReplayArgs& a, const ReplaySetup& setup) {
@@ -321,17 +336,25 @@ ReplayResult replay_and_predict(const ReplayArgs& a, const ReplaySetup& setup) {
   free_drives.spec.drives.count = std::max(setup.machine.spec.drives.count, 1);
   free_drives.spec.drives.read_gbps = free_drives.spec.drives.write_gbps = 1e6;
   const sim::SimResult free_run = simulate_step(workload, free_drives);
+  const MachineDrives& d = setup.machine.spec.drives;
+  if (d.count > 0 && d.read_gbps > 0 && d.write_gbps > 0) {
+    const sim::SimResult on_drives = simulate_step(workload, setup.machine);
+    r.simulated_nvme_s = on_drives.busy_seconds[static_cast<std::size_t>(sim::SimQueue::Nvme)];
+  }
   r.io = step_io_of(workload, free_run);
   r.compute_s = free_run.step_seconds;
 
   ReplayTiers tiers(workload.plan);
   tiers.store_initial_state();
   TierIoStats before = tiers.stats();
+  std::vector<ReplayIoProfile> profiles;
   for (int s = 0; s <= a.steps; ++s) {
+    tiers.recorder().clear();
     const double t = tiers.run_step(r.io);
     const TierIoStats after = tiers.stats();
     if (s > 0) {
       r.seconds.push_back(t);
+      profiles.push_back(tiers.recorder().profile());
       r.read_bytes = after.nvme_bytes_read - before.nvme_bytes_read;
       r.written_bytes = after.nvme_bytes_written - before.nvme_bytes_written;
     }
@@ -339,6 +362,7 @@ ReplayResult replay_and_predict(const ReplayArgs& a, const ReplaySetup& setup) {
   }
   r.engine = tiers.engine().info().name;
   r.io_s = median(r.seconds);
+  r.profile = profiles[median_index(r.seconds)];
   const double moved = static_cast<double>(r.read_bytes + r.written_bytes);
   r.io_gbps = r.io_s > 0 ? moved / r.io_s / 1e9 : 0;
 
@@ -384,6 +408,8 @@ void print_replay_json(const ReplayArgs& a, const ReplaySetup& setup, const Repl
                       {"days_to_rated_endurance", r.wear.days_to_rated},
                       {"machine", setup.measure ? "measure" : a.machine}};
   if (r.yard_s > 0) j["sequential_yardstick_seconds"] = r.yard_s;
+  j["simulated_nvme_seconds"] = r.simulated_nvme_s;
+  j["io_profile"] = r.profile.to_json();
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -400,6 +426,18 @@ void print_replay_text(const ReplayArgs& a, const ReplaySetup& setup, const Repl
     std::printf("the same bytes as bench step's sequential passes: %.4f s (replay / that = %.2f)\n", r.yard_s,
                 r.io_s / r.yard_s);
   }
+  if (r.simulated_nvme_s > 0) {
+    std::printf("strata simulate's nvme seconds for this step on %s's drives: %.4f s (replay / that = %.2f)\n",
+                setup.measure ? "this host" : a.machine.c_str(), r.simulated_nvme_s, r.io_s / r.simulated_nvme_s);
+  }
+  const ReplayIoProfile& p = r.profile;
+  std::printf("as the engine saw it: %llu reads of %s and %llu writes of %s (mean kernel request); in flight %.4f s "
+              "of %.4f s (reads and writes together %.4f s), %.1f requests on average; callbacks %.4f s\n",
+              static_cast<unsigned long long>(p.read_requests),
+              format_bytes(static_cast<std::uint64_t>(p.mean_read_request_bytes())).c_str(),
+              static_cast<unsigned long long>(p.write_requests),
+              format_bytes(static_cast<std::uint64_t>(p.mean_write_request_bytes())).c_str(),
+              p.busy_seconds, p.wall_seconds, p.mixed_seconds, p.mean_requests_in_flight, p.callback_seconds);
   std::printf("compute alone (simulated on %s): step %.4f s; with this drive: step %.4f s, slowest queue %s\n",
               setup.measure ? "this host as the sim device" : a.machine.c_str(), r.compute_s, r.step.step_seconds,
               sim::sim_queue_name(r.step.slowest));

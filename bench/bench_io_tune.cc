@@ -135,16 +135,21 @@ TuneGrid sweep_grid(BenchIoArgs a, const TuneLists& l) {
   TuneGrid grid{l.sizes, l.qds, {}, {}};
   grid.read_gbps.assign(l.sizes.size(), std::vector<double>(l.qds.size(), 0));
   grid.write_gbps = grid.read_gbps;
-  a.rw = "read,write";
-  a.bs = std::to_string(l.sizes.back());  // the transfer the engine splits into requests of each size
+  // Each request at an offset of its own: the swap store's keys lie in extents scattered over the
+  // swap file, so a step's requests are not one sequential stream (Note [Drive curves] in plan/machine_curve.h).
+  a.rw = "randread,randwrite";
   a.qd = join(l.qds);
   for (std::size_t s = 0; s < l.sizes.size(); ++s) {
-    a.request_size = a.write_request_size = std::to_string(l.sizes[s]);
+    a.bs = a.request_size = a.write_request_size = std::to_string(l.sizes[s]);
     for (const RowReport& row : measure_rows(a)) {
       const std::size_t q = static_cast<std::size_t>(std::find(l.qds.begin(), l.qds.end(), row.row.qd) - l.qds.begin());
       const double gbps = row.runs.front().gbps();
-      (row.row.rw == "read" ? grid.read_gbps : grid.write_gbps)[s][q] = gbps;
-      if (a.json) print_json({{"tune", row.row.rw}, {"request_size", l.sizes[s]}, {"qd", row.row.qd}, {"gbps", gbps}});
+      const bool read = row.row.rw == "randread";
+      (read ? grid.read_gbps : grid.write_gbps)[s][q] = gbps;
+      if (a.json) {
+        print_json(
+            {{"tune", read ? "read" : "write"}, {"request_size", l.sizes[s]}, {"qd", row.row.qd}, {"gbps", gbps}});
+      }
     }
   }
   if (!a.json) {
@@ -285,9 +290,9 @@ void write_machine_file(const std::string& path, std::optional<MachineSpec> mach
   for (const auto& dir : dirs) d.paths.push_back(std::filesystem::absolute(dir).lexically_normal().string());
   d.read_gbps = d.curve.best_gbps(DriveOp::Read);
   d.write_gbps = d.curve.best_gbps(DriveOp::Write);
-  machine->note += fmt::format("{}drives: curve (GB/s of one drive by request size x queue depth, sequential, one ring "
-                               "per drive, {} drive(s) at once) and read_gbps/write_gbps (its best points) from "
-                               "strata bench io --tune",
+  machine->note += fmt::format("{}drives: curve (GB/s of one drive by request size x queue depth, each request "
+                               "at a random offset, one ring per drive, {} drive(s) at once) and "
+                               "read_gbps/write_gbps (its best points) from strata bench io --tune",
                                machine->note.empty() ? "" : ". ", dirs.size());
   const nlohmann::json j = machine_to_json(*machine);
   (void)parse_machine(j, path);  // what is written must read back as any machine file

@@ -1,7 +1,9 @@
 // `strata bench io --tune [--out tuned.json] [--machine-file M.json] [--plot heat.svg]`: the
 // drive(s) of a config's nvme_path (or --dir/--paths) swept in three stages, each at the winners
 // of the one before (the full product would be hundreds of rows):
-//   1. kernel request size x queue depth, sequential reads and writes apart, one ring per drive:
+//   1. kernel request size x queue depth, reads and writes apart, each request at an offset of
+//      its own (randread/randwrite rows of that block size, as the swap store's scattered keys),
+//      one ring per drive:
 //      the read and the write request size (each the fastest at its depth) and a first depth, the
 //      one whose best read and best write move equal bytes in the least time;
 //   2. --tune-jobs: rings per drive (bench io's --jobs) at those settings. The engine runs one

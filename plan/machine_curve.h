@@ -1,7 +1,7 @@
 // A drive's bandwidth as a curve (a machine file's optional `drives.curve`, plan/machine.h): GB/s
 // of one drive for reads and for writes, measured over a grid of kernel request sizes x queue
-// depths, so that `strata simulate` plans with the figure of the request size and depth the run
-// plan issues rather than one number. `strata bench io --tune --machine-file M.json` writes it.
+// depths, so that `strata simulate` plans each transfer with the figure of the request size and
+// depth it issues rather than one number. `strata bench io --tune --machine-file M.json` writes it.
 //
 // Note [Drive curves]: `drives.curve` is
 //
@@ -10,16 +10,27 @@
 //    "write_gbps": [[...], [...], [...]]}
 //
 // one row per request size (ascending, whole 4 KiB pages), one column per queue depth (ascending,
-// requests in flight at one drive), GB/s (1e9 bytes/s) of one drive. Where several drives were
-// measured together (one stream per drive, as the swap store stripes), a point is their sum divided
-// by their count. Between grid points the figure is interpolated bilinearly in log2(request size)
-// and log2(depth), the axes a drive's bandwidth is roughly piecewise linear in; outside the grid it
-// is clamped to the nearest edge (no extrapolation: a drive measured up to depth 32 is not assumed
-// faster at 64). The step simulator reads the curve at the run plan's largest kernel read and write
-// (aio.request_size, aio.write_request_size, or the engine's defaults, never above a pinned slot:
-// no transfer is larger) and at the depth one drive sees: every rank's aio.queue_depth spread over
-// the machine's drives (sim/step_sim.cc, rates_of). Without a curve, read_gbps and write_gbps are
-// used as they are.
+// kernel requests in flight at one drive), GB/s (1e9 bytes/s) of one drive. `bench io --tune`
+// measures each point with every request at an offset of its own (randread / randwrite rows of
+// that block size): a step's keys lie in extents scattered over the swap file, so its requests are
+// no sequential stream. Where several drives were measured together (one stream per drive, as the
+// swap store stripes), a point is their sum divided by their count. Between grid points the figure
+// is interpolated bilinearly in log2(request size) and log2(depth), the axes a drive's bandwidth is
+// roughly piecewise linear in; outside the grid it is clamped to the nearest edge (no
+// extrapolation: a drive measured up to depth 32 is not assumed faster at 64).
+//
+// The step simulator reads the curve once per NVMe transfer, at what that transfer really issues
+// (sim/drive_model.h): its kernel requests are its keys' (engine/chunk_fields.h), each padded to
+// 4 KiB, striped over the swap files (offload/striping.h) and cut at aio.request_size /
+// aio.write_request_size (or the engine's defaults); the request size is bytes / requests, and the
+// depth one drive sees is min(aio.queue_depth, requests x streams) x ranks / drives, where streams
+// is how many such transfers the issuer keeps in flight: a chunk pipeline's jobs, min(slots, jobs)
+// (Note [Chunk pipeline] in engine/offload_tier.h), or 1 for a parameter fetch, which is waited for.
+// Without a curve, read_gbps
+// and write_gbps are used as they are. What the model still leaves out (docs/MEASUREMENTS.md,
+// "Replay beside simulate"): the drive's latency tail, which a step's waits (each fetch, each
+// pipeline's drain) feel and a steady bench row does not, and reads and writes sharing the drive
+// (served in turn, each at its own figure).
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "engine/chunk_fields.h"
 #include "engine/engine_context.h"
 #include "plan/part_bytes.h"
 #include "sim/step_sim_engine.h"
@@ -20,12 +21,6 @@ namespace detail {
 Rates rates_of(const SimMachine& m, int ranks, const RunPlan& plan) {
   const MachineSpec& s = m.spec;
   const double share = 1.0 / ranks;
-  // The drives' figures at the plan's requests and depth (Note [Drive curves] in plan/machine_curve.h).
-  const offload::RequestLimits limits = offload::request_limits(plan.offload.io);
-  const auto request = [&](std::size_t limit) {
-    return static_cast<std::uint64_t>(plan.offload.slot_bytes > 0 ? std::min(limit, plan.offload.slot_bytes) : limit);
-  };
-  const double depth = static_cast<double>(plan.offload.io.queue_depth) * ranks / std::max(s.drives.count, 1);
   Rates r;
   r.flops = s.gpus.bf16_tflops * 1e12;
   r.block_eff = m.block_efficiency;
@@ -34,9 +29,8 @@ Rates rates_of(const SimMachine& m, int ranks, const RunPlan& plan) {
   r.device_memory = m.device_memory_gbps * kGiga;
   r.host_memory = s.host.memory_gbps * kGiga * share;
   r.adam = s.host.adam_params_per_s * share;
-  r.io.nvme_read_bytes_per_s = s.drives.count * s.drives.gbps(DriveOp::Read, request(limits.read_bytes), depth) * kGiga * share;
-  r.io.nvme_write_bytes_per_s =
-      s.drives.count * s.drives.gbps(DriveOp::Write, request(limits.write_bytes), depth) * kGiga * share;
+  // NVMe transfers take the drives' seconds at their own requests and depth (Note [Drive curves] in plan/machine_curve.h).
+  r.io.drives = drive_model(s.drives, ranks, plan);
   r.io.h2d_bytes_per_s = s.gpus.pcie_h2d_gbps * kGiga;
   r.io.d2h_bytes_per_s = s.gpus.pcie_d2h_gbps * kGiga;
   return r;
@@ -230,12 +224,16 @@ void EngineSim::start_gather(std::size_t g) {
     double ready = host_;
     const bool spilled = p_.params_on_nvme(g);  // some chunks come from NVMe through a pinned slot
     if (spilled) {
-      double nvme_bytes = 0;
-      for (const StateChunk& c : plan(g).chunks) nvme_bytes += c.params == Home::Nvme ? c.elems * wbytes() : 0;
+      double nvme_bytes = 0, requests = 0;
+      for (const StateChunk& c : plan(g).chunks) {
+        if (c.params != Home::Nvme) continue;
+        nvme_bytes += c.elems * wbytes();
+        requests += r_.io.drives.key_requests(DriveOp::Read, c.elems * p_.working_bytes());
+      }
       const std::size_t k = param_slot_back_.size(), slots = std::max<std::size_t>(p_.offload.param_slot_count, 1);
       if (k >= slots) host_wait(param_slot_back_[k - slots]);  // reserve_param_slot waits
       ready = tl_.add("nvme read params " + gname(g), SimLane::Io, SimQueue::Nvme,
-                      transfer_seconds(nvme_bytes, r_.io.nvme_read_bytes_per_s), host_,
+                      r_.io.drives.seconds(DriveOp::Read, nvme_bytes, requests, 1), host_,
                       static_cast<std::uint64_t>(nvme_bytes));
       host_wait(ready);  // upload_params: the host waits for the reads, then enqueues the copies up
     }
@@ -306,47 +304,45 @@ std::vector<PipelineJob> EngineSim::combine_jobs(std::size_t g, int unit) const 
   const GroupPlan& P = plan(g);
   const bool last = unit + 1 == w_.micro_batches;
   const bool overlap = last && w_.overlap_update;
-  int reads = 0, writes = 0;  // fp32 arrays of the chunk read from / written to the tier
+  int reads = 0;  // fp32 partial sums of the chunk the pass reads
   if (w_.exact) {
     const int merges = counter_merges(unit);
     reads = merges + (last ? static_cast<int>(counter_levels_left(w_.micro_batches, merges).size()) : 0);
-    writes = overlap ? 0 : 1;
   } else {
     reads = unit > 0 ? 1 : 0;
-    writes = overlap ? 0 : 1;
   }
   std::vector<PipelineJob> jobs;
   for (std::size_t k = 0; k < P.chunks.size(); ++k) {
-    const StateChunk& c = P.chunks[k];
-    const double n = static_cast<double>(c.elems);
-    const double state = static_cast<double>(p_.state_arrays) * 4 * n;
+    const double n = static_cast<double>(P.chunks[k].elems);
     PipelineJob j;
     j.name = fmt::format("sum {}.{} unit {}", gname(g), k, unit);
     j.d2h_bytes = static_cast<std::uint64_t>(n * wbytes());
-    double read = 0, write = 0;  // NVMe bytes of the job
-    if (on_nvme(c.grads)) {
-      read += reads * 4 * n;
-      write += writes * 4 * n;
-    }
     // The pass: the unit read, the widened copy written, each partial read, the sum written.
     j.cpu_seconds = host_pass(n * wbytes() + 4 * n * (reads + 2)) + (last ? host_pass(4 * n) : 0);
     if (overlap) {
-      if (on_nvme(c.state)) {
-        read += state;
-        write += state;
-      }
       j.cpu_seconds += adam(n);
-      if (weights_on_tier(g)) {
-        if (on_nvme(c.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
-      } else {
-        j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
-      }
+      if (!weights_on_tier(g)) j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
     }
-    j.nvme_read_bytes += static_cast<std::uint64_t>(read);
-    j.nvme_write_bytes += static_cast<std::uint64_t>(write);
+    add_nvme(j, combine_fields(p_, g, k, unit, w_.exact, w_.overlap_update).fields);
     jobs.push_back(std::move(j));
   }
   return jobs;
+}
+
+// A job's NVMe bytes and kernel requests: the arrays the engine's job names (engine/chunk_fields.h),
+// the ones on NVMe read before it runs (Read, Update) and written after (Update, Write).
+void EngineSim::add_nvme(PipelineJob& job, std::span<const ChunkField> fields) const {
+  for (const ChunkField& f : fields) {
+    if (f.tier != Home::Nvme || f.kind == ChunkField::Scratch) continue;
+    if (f.kind != ChunkField::Write) {
+      job.nvme_read_bytes += f.bytes;
+      job.nvme_read_requests += r_.io.drives.key_requests(DriveOp::Read, f.bytes);
+    }
+    if (f.kind != ChunkField::Read) {
+      job.nvme_write_bytes += f.bytes;
+      job.nvme_write_requests += r_.io.drives.key_requests(DriveOp::Write, f.bytes);
+    }
+  }
 }
 
 // TieredStateHome::update: every chunk's state and final gradient read, the CPU optimizer, the
@@ -355,22 +351,12 @@ std::vector<PipelineJob> EngineSim::update_jobs() const {
   std::vector<PipelineJob> jobs;
   for (std::size_t g = 0; g < p_.groups.size(); ++g) {
     for (std::size_t k = 0; k < plan(g).chunks.size(); ++k) {
-      const StateChunk& c = plan(g).chunks[k];
-      const double n = static_cast<double>(c.elems);
-      const double state = static_cast<double>(p_.state_arrays) * 4 * n;
+      const double n = static_cast<double>(plan(g).chunks[k].elems);
       PipelineJob j;
       j.name = fmt::format("update {}.{}", gname(g), k);
       j.cpu_seconds = adam(n);
-      if (on_nvme(c.state)) {
-        j.nvme_read_bytes = static_cast<std::uint64_t>(state);
-        j.nvme_write_bytes = static_cast<std::uint64_t>(state);
-      }
-      if (on_nvme(c.grads)) j.nvme_read_bytes += static_cast<std::uint64_t>(4 * n);
-      if (weights_on_tier(g)) {
-        if (on_nvme(c.params)) j.nvme_write_bytes += static_cast<std::uint64_t>(n * wbytes());
-      } else {
-        j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
-      }
+      if (!weights_on_tier(g)) j.h2d_bytes = static_cast<std::uint64_t>(n * wbytes());
+      add_nvme(j, update_fields(p_, g, k).fields);
       jobs.push_back(std::move(j));
     }
   }

@@ -28,9 +28,9 @@
 //     activations are checkpointed; attention 4 x seq x d_attn per token forward (the 12 x L x s x h
 //     of models::train_flops_per_token split 1:2 into forward and backward); non-matmul ops are
 //     inside the efficiency, which is one figure for the blocks and one for the head and embedding.
-//   - NVMe: the swap store's requests are taken to keep the drives at their rated bandwidth (the
-//     engine's queue depth and request size are what reach it; bench io checks that); a drive
-//     serves reads and writes in turn, not both at full speed.
+//   - NVMe: each transfer at the drives' figure for the kernel requests and depth it issues (Note
+//     [Drive curves] in plan/machine_curve.h; one figure per direction without a curve); a drive
+//     serves reads and writes in turn, not both at full speed; its latency tail is not modeled.
 //   - One rank is simulated; what the node's ranks share (the drives, host memory bandwidth, the
 //     CPU's Adam rate) is split evenly among them, as every rank runs the same step at once.
 //   - Collectives: ring algorithms at the link bandwidth, no latency; world 1 copies on the device.

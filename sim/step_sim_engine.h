@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/offload_tier.h"
 #include "sim/step_sim.h"
 #include "sim/step_sim_timeline.h"
 
@@ -30,7 +31,7 @@ struct Rates {
 
 // The simulated rank's rates. What the node's `ranks` share (the drives, host memory, the CPU's
 // Adam rate) is split evenly among them: every rank runs the same step at the same time. The drives
-// are read at `plan`'s request sizes and queue depth (Note [Drive curves] in plan/machine_curve.h).
+// are a DriveModel of `plan`'s engine (Note [Drive curves] in plan/machine_curve.h).
 Rates rates_of(const SimMachine& m, int ranks, const RunPlan& plan);
 // The figures the workload needs must be there: one ConfigError naming the field.
 void check_machine(const StepWorkload& w, const SimMachine& m);
@@ -89,7 +90,6 @@ class EngineSim {
   const GroupPlan& plan(std::size_t g) const { return p_.groups[g]; }
   double wbytes() const { return static_cast<double>(p_.working_bytes()); }
   std::string gname(std::size_t g) const { return w_.group_names[g]; }
-  bool on_nvme(Home h) const { return h == Home::Nvme; }
   // W of group g lives on the parameter tier (else on the device, updated by a copy up).
   bool weights_on_tier(std::size_t g) const { return p_.params_offloaded() && plan(g).sharded_params; }
 
@@ -119,6 +119,7 @@ class EngineSim {
   double add_unit(std::size_t g, int unit, double reduced_at);
   std::vector<PipelineJob> combine_jobs(std::size_t g, int unit) const;
   std::vector<PipelineJob> update_jobs() const;
+  void add_nvme(PipelineJob& job, std::span<const ChunkField> fields) const;
   void norm_on_device();
   void end_step_on_device();
 

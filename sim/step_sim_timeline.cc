@@ -102,6 +102,12 @@ double simulate_pipeline(Timeline& timeline, SimLane lane, double start, const s
   slots = std::max<std::size_t>(slots, 1);
   start = std::max(start, timeline.lane_end(lane));  // the thread gets to the pipeline then
   const std::size_t n = jobs.size();
+  const double streams = static_cast<double>(std::min(slots, std::max<std::size_t>(n, 1)));
+  const auto nvme_seconds = [&](DriveOp op, std::uint64_t bytes, double requests) {
+    if (rates.drives.set()) return rates.drives.seconds(op, static_cast<double>(bytes), requests, streams);
+    return transfer_seconds(static_cast<double>(bytes),
+                            op == DriveOp::Read ? rates.nvme_read_bytes_per_s : rates.nvme_write_bytes_per_s);
+  };
   std::vector<double> ran(n, start), slot_back(n, start), reads_done(n, start);
   std::size_t issued = 0;  // jobs whose reads are placed
   double thread = start;
@@ -127,7 +133,7 @@ double simulate_pipeline(Timeline& timeline, SimLane lane, double start, const s
       if (job.nvme_read_bytes == 0) continue;
       reads_done[issued] =
           timeline.add("nvme read " + job.name, SimLane::Io, SimQueue::Nvme,
-                       transfer_seconds(static_cast<double>(job.nvme_read_bytes), rates.nvme_read_bytes_per_s), issue,
+                       nvme_seconds(DriveOp::Read, job.nvme_read_bytes, job.nvme_read_requests), issue,
                        job.nvme_read_bytes);
     }
     const PipelineJob& job = jobs[j];
@@ -147,7 +153,7 @@ double simulate_pipeline(Timeline& timeline, SimLane lane, double start, const s
     if (job.nvme_write_bytes > 0) {
       slot_back[j] =
           timeline.add("nvme write " + job.name, SimLane::Io, SimQueue::Nvme,
-                       transfer_seconds(static_cast<double>(job.nvme_write_bytes), rates.nvme_write_bytes_per_s),
+                       nvme_seconds(DriveOp::Write, job.nvme_write_bytes, job.nvme_write_requests),
                        thread, job.nvme_write_bytes);
     }
     all_done = std::max(all_done, slot_back[j]);

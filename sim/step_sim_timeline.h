@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "sim/drive_model.h"
+
 namespace strata::sim {
 
 // The hardware a step's work waits for.
@@ -97,14 +99,19 @@ struct PipelineJob {
   std::uint64_t d2h_bytes = 0;
   std::uint64_t h2d_bytes = 0;
   double cpu_seconds = 0;
+  double nvme_read_requests = 0;  // kernel requests of the NVMe bytes (DriveModel::key_requests)
+  double nvme_write_requests = 0;
 };
 
 // What the pipeline's figures are turned into seconds with.
 struct PipelineRates {
-  double nvme_read_bytes_per_s = 0;
+  double nvme_read_bytes_per_s = 0;  // without `drives`: every NVMe transfer at these
   double nvme_write_bytes_per_s = 0;
   double h2d_bytes_per_s = 0;
   double d2h_bytes_per_s = 0;
+  // When set: a job's NVMe reads or writes take the drives' seconds at their requests, with the
+  // pipeline's jobs in flight (min(slots, jobs)) as the streams (Note [Drive curves] in plan/machine_curve.h).
+  DriveModel drives;
 };
 
 // Runs `jobs` as ChunkPipeline::run does with `slots` pinned slots, its thread being `lane` from

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -71,7 +72,7 @@ std::vector<PipelineJob> jobs(int n) {
   return j;
 }
 
-const PipelineRates kHundredBytesPerSecond{100, 100, kInf, kInf};
+const PipelineRates kHundredBytesPerSecond{100, 100, kInf, kInf, {}};
 
 TEST(Pipeline, OneSlotSerializesReadRunWrite) {
   Timeline t;
@@ -88,41 +89,54 @@ TEST(Pipeline, MoreSlotsOverlapUpToTheDrive) {
   }
 }
 
-// A drive curve is read at the plan's largest kernel read and write, never above a pinned slot, and
-// at the depth one drive sees (Note [Drive curves] in plan/machine_curve.h): aio.queue_depth x ranks
-// / drives.
-TEST(StepSim, DriveCurveIsReadAtThePlansRequestsAndDepth) {
-  SimMachine m = instant_machine();  // two drives
+// On a drive curve each NVMe transfer takes the curve's figure at its own requests and depth (Note
+// [Drive curves] in plan/machine_curve.h): a parameter fetch, waited for, at its chunks' reads; a
+// gradient combine's read of the partial sum at one request per chunk, its group's chunks in flight.
+TEST(StepSim, EachTransferReadsTheCurveAtItsRequestsAndDepth) {
+  SimMachine m = instant_machine();
+  m.spec.drives.count = 1;
   m.spec.drives.read_gbps = m.spec.drives.write_gbps = 100;  // not used: the curve is
-  // Request sizes 256 KiB and 1 MiB (two octaves apart), depths 4 and 64 (four octaves apart).
-  m.spec.drives.curve = DriveCurve{{256 << 10, 1 << 20}, {4, 64}, {{1, 2}, {3, 4}}, {{0.5, 1}, {1.5, 2}}};
-  const auto workload = [&](std::vector<std::string> aio) {
-    return make_step_workload(load_train_config(config_path("demo.json"), aio), 1, std::uint64_t{6} << 20);
+  // 64 KiB .. 4 MiB (six octaves), depths 1 .. 16 (four octaves); reads rise with both.
+  m.spec.drives.curve = DriveCurve{{64 << 10, 4 << 20}, {1, 16}, {{1, 2}, {4, 8}}, {{1, 1}, {1, 1}}};
+  const StepWorkload w = demo_workload();
+  ASSERT_FALSE(w.exact);  // fast mode: unit 1 of a combine reads the partial sum, 4 bytes an element
+  ASSERT_EQ(w.plan.offload.nvme_dirs.size(), 1u);
+  const SimResult r = simulate_step(w, m);
+  const auto gbps = [&](double request, double depth) {
+    const double s = std::clamp(std::log2(request / (64 << 10)) / 6, 0.0, 1.0);
+    const double q = std::clamp(std::log2(depth) / 4, 0.0, 1.0);
+    return (1 + q) * (1 - s) + (4 + 4 * q) * s;
   };
-  const auto expect_step = [](const SimResult& r, double read_gbps, double write_gbps) {
-    ASSERT_GT(r.nvme_read_bytes, 0u);
-    ASSERT_GT(r.nvme_written_bytes, 0u);
-    EXPECT_NEAR(r.step_seconds,
-                static_cast<double>(r.nvme_read_bytes) / (2 * read_gbps * 1e9) +
-                    static_cast<double>(r.nvme_written_bytes) / (2 * write_gbps * 1e9),
-                1e-9);
-  };
-  // Reads up to 512 KiB (halfway in log2), writes up to 256 KiB, depth 8 / 2 drives = 4.
-  const SimResult a =
-      simulate_step(workload({"aio.queue_depth=8", "aio.request_size=524288", "aio.write_request_size=262144"}), m);
-  expect_step(a, 2, 0.5);
-  // Depth 128 / 2 = 64; reads of 4 MiB lie past the grid: its edge, 1 MiB.
-  const SimResult b =
-      simulate_step(workload({"aio.queue_depth=128", "aio.request_size=4194304", "aio.write_request_size=262144"}), m);
-  expect_step(b, 4, 1);
-  EXPECT_LT(b.step_seconds, a.step_seconds);
-  // No transfer is larger than a pinned slot, so neither is a request: 4 MiB reads are read at the slot.
-  const StepWorkload w = workload({"aio.queue_depth=8", "aio.request_size=4194304", "aio.write_request_size=1048576"});
-  const double slot = static_cast<double>(w.plan.offload.slot_bytes);
-  ASSERT_GT(slot, 1 << 20);
-  ASSERT_LT(slot, 4 << 20);  // the demo's slot lies between the curve's sizes
-  m.spec.drives.curve = DriveCurve{{1 << 20, 4 << 20}, {4, 64}, {{1, 1}, {3, 3}}, {{1, 1}, {1, 1}}};
-  expect_step(simulate_step(w, m), 1 + 2 * std::log2(slot / (1 << 20)) / 2, 1);
+  const auto pages = [](double bytes) { return std::ceil(bytes / 4096) * 4096; };
+  const double limit = 4 << 20;  // the engine's default largest read
+  int fetches = 0, sums = 0;
+  for (std::size_t g = 0; g < w.plan.groups.size(); ++g) {
+    const GroupPlan& P = w.plan.groups[g];
+    double fetch_bytes = 0, fetch_requests = 0;
+    for (const StateChunk& c : P.chunks) {
+      if (c.params != Home::Nvme) continue;
+      fetch_bytes += static_cast<double>(c.elems * w.plan.working_bytes());
+      fetch_requests += std::ceil(pages(static_cast<double>(c.elems * w.plan.working_bytes())) / limit);
+    }
+    const double streams = static_cast<double>(std::min(w.plan.offload.slot_count, P.chunks.size()));
+    for (const SimOp& op : r.ops) {
+      if (op.name == "nvme read params " + w.group_names[g] && op.begin > 0 && op.end < r.step_seconds) {
+        ++fetches;
+        EXPECT_NEAR(op.end - op.begin, fetch_bytes / (gbps(std::round(fetch_bytes / fetch_requests), fetch_requests) * 1e9), 1e-12)
+            << op.name;
+      }
+      for (std::size_t k = 0; k < P.chunks.size(); ++k) {
+        if (op.name != fmt::format("nvme read sum {}.{} unit 1", w.group_names[g], k)) continue;
+        ++sums;
+        const double bytes = 4.0 * static_cast<double>(P.chunks[k].elems);
+        const double requests = std::ceil(pages(bytes) / limit);
+        EXPECT_EQ(static_cast<double>(op.bytes), bytes) << op.name;
+        EXPECT_NEAR(op.end - op.begin, bytes / (gbps(std::round(bytes / requests), requests * streams) * 1e9), 1e-12) << op.name;
+      }
+    }
+  }
+  EXPECT_GT(fetches, 10);
+  EXPECT_GT(sums, 10);
 }
 
 // See Note [Wake-ups] in sim/step_sim.h.
@@ -133,14 +147,14 @@ TEST(Pipeline, EachCopyWakesTheStreamAndTheThread) {
              0.25);
   const std::vector<PipelineJob> js(3, PipelineJob{"job", 0, 0, 100, 100, 1.0});
   // Per job: a wake-up, 1 s down, a wake-up, 1 s of CPU, a wake-up, 1 s up, a wake-up.
-  EXPECT_DOUBLE_EQ(simulate_pipeline(t, SimLane::Worker, 0, js, 2, PipelineRates{kInf, kInf, 100, 100}), 3 * 4.0);
+  EXPECT_DOUBLE_EQ(simulate_pipeline(t, SimLane::Worker, 0, js, 2, PipelineRates{kInf, kInf, 100, 100, {}}), 3 * 4.0);
 }
 
 TEST(Pipeline, NeverMoreJobsInFlightThanSlots) {
   for (std::size_t slots : {1, 2, 3}) {
     Timeline t;
     const std::vector<PipelineJob> js = jobs(9);
-    simulate_pipeline(t, SimLane::Worker, 0, js, slots, PipelineRates{400, 50, kInf, kInf});
+    simulate_pipeline(t, SimLane::Worker, 0, js, slots, PipelineRates{400, 50, kInf, kInf, {}});
     // A job holds its slot from its read's start to its write's end.
     std::vector<std::pair<double, double>> held(js.size(), {kInf, 0});
     for (const SimOp& op : t.ops()) {
