@@ -93,9 +93,10 @@ if [[ " $* " != *" --no-offload "* ]]; then
   # The demo: ZeRO-3, bf16, state on NVMe, the GPU capped at 6 MiB (20 steps take 16 s on sim).
   offload_run demo 120 "$here/../configs/demo.json" --steps 20
 fi
-# The plan's device figure on cuda (Note [Part bytes] in plan/part_bytes.h; Note [Cuda capacity] in core/device/cuda_state_cuda.cc): a GPU capped at
-# exactly `strata estimate`'s hbm.total trains 3 steps, as tests/tools/estimate_test.sh checks on sim; a failure here
-# means cuda allocates something the plan does not count (cuBLAS workspace, a kernel's scratch).
+# The plan's device figure on cuda (Note [Part bytes] in plan/part_bytes.h; Note [Cuda capacity] in
+# core/device/cuda_state_cuda.cc): a GPU capped at exactly `strata estimate`'s hbm.total trains 3 steps, as
+# tests/tools/estimate_test.sh checks on sim; a failure here means cuda allocates something the plan does not count
+# (cuBLAS workspace, a kernel's scratch).
 at_plan_on_cuda() {  # NAME --set arguments...
   local name="$1"; shift
   mkdir -p "$out/plan-$name"
