@@ -89,7 +89,7 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
   }
   // The norm's partials, one buffer kept with the state (Note [One wait for the norm] in
   // engine/state_home_device.cc).
-  p.device_state += device_norm_bytes(rp);
+  p.device_norm = device_norm_bytes(rp);
   p.activations = activation_bytes;
   p.pinned = o.pinned_bytes();
   p.nvme = o.swap_bytes * static_cast<std::uint64_t>(world_size);
@@ -206,7 +206,7 @@ void check_plan_fits(const TierPlan& p, const TierCapacities& cap, const std::st
       std::string fix;
     };
     std::vector<Part> parts = {
-        {p.device_state, "optimizer state and gradient sums",
+        {p.device_state + p.device_norm, "optimizer state and gradient sums",
          "offload them: zero_optimization.offload_optimizer.device = \"cpu\" or \"nvme\" (stage 1-3)"},
         {p.device_weights, "resident working weights",
          "shard them with zero_optimization.stage = 3 and offload_param.device = \"cpu\" or \"nvme\", or lower "
@@ -225,7 +225,7 @@ void check_plan_fits(const TierPlan& p, const TierCapacities& cap, const std::st
         "{}: this config cannot fit the device: each rank needs at least {} at once but the device holds {} "
         "(optimizer state {}, working weights {}, largest group in use {}, activations {}). The largest part is {}: "
         "{}; or raise strata.device.memory",
-        source, format_bytes(p.device_total()), format_bytes(cap.device), format_bytes(p.device_state),
+        source, format_bytes(p.device_total()), format_bytes(cap.device), format_bytes(p.device_state + p.device_norm),
         format_bytes(p.device_weights), format_bytes(std::max(p.device_window, p.device_export)),
         format_bytes(p.activations), top.what, top.fix));
   }

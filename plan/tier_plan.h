@@ -29,8 +29,8 @@ namespace strata {
 
 struct TierPlan {
   // Device, per rank.
-  std::uint64_t device_state = 0;    // master, moments, the step's gradient buffers and the norm's
-                                     // partials on the device
+  std::uint64_t device_state = 0;    // master, moments and the step's gradient buffers on the device
+  std::uint64_t device_norm = 0;     // the norm's partials beside them (device_norm_bytes, plan/part_bytes.h)
   std::uint64_t device_optimizer = 0;  // of which master and moments (resident between steps)
   std::uint64_t device_weights = 0;  // resident working weights (full or sharded)
   std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction, and
@@ -73,7 +73,7 @@ struct TierPlan {
   std::vector<std::string> placement;
 
   std::uint64_t device_total() const {
-    return device_state + device_weights + std::max(device_window, device_export) + activations;
+    return device_state + device_norm + device_weights + std::max(device_window, device_export) + activations;
   }
   std::uint64_t host_total() const { return host_arrays + pinned; }
 };

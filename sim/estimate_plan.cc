@@ -362,7 +362,7 @@ nlohmann::json estimate_to_json(const Estimate& e, const LargestFit& largest) {
       {"tiling", e.tiling},
       {"hbm", {{"total", p.device_total()}, {"optimizer_state", p.device_state}, {"resident_weights", p.device_weights},
                {"group_window", p.device_window}, {"largest_group", p.largest_group},
-               {"export_between_steps", p.device_export},
+               {"export_between_steps", p.device_export}, {"norm_partials", p.device_norm},
                {"reduction_in_flight", p.device_in_flight}, {"activations", p.activations},
                {"activations_checkpointed", e.activations_checkpointed}, {"activations_full", e.activations_full}}},
       {"host", {{"total", p.host_total()}, {"pinned", e.host_pinned}, {"staging_pools", p.pinned},

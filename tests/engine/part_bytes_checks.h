@@ -266,7 +266,9 @@ inline std::vector<std::string> check_part_bytes(const PartCase& k, Communicator
   // The tier planner's device sums are the sums of those allocations.
   expect(tiers.device_weights == sum_of(built, {"param.w"}), "the plan's resident weights");
   expect(tiers.device_optimizer == sum_of(built, {"optim.master", "optim.moments"}), "the plan's device optimizer");
-  expect(tiers.device_state == sum_of(built, construction_tags) - tiers.device_weights, "the plan's device state");
+  expect(tiers.device_state == sum_of(built, construction_tags) - tiers.device_weights - tiers.device_norm,
+         "the plan's device state");
+  expect(tiers.device_norm == sum_of(built, {"norm.partials"}), "the plan's norm partials");
   // Host arrays, swap store and pinned pools of the tiered home (gradient sums dropped after the step).
   expect(io.host_bytes == tiers.host_arrays - tiers.host_gradients,
          fmt::format("host arrays {} vs the plan's {}", io.host_bytes, tiers.host_arrays - tiers.host_gradients));
