@@ -223,34 +223,19 @@ void convert_add_left(Stream& stream, const void* src, DType src_dtype, float* d
       [=](auto native) { cuda::convert_add_left(src, src_dtype, dst, n_elems, native); });
 }
 
-std::size_t sum_squares_blocks(std::size_t n_elems) {
-  return (n_elems + optim::kCpuBlockElems - 1) / optim::kCpuBlockElems;
-}
-
-void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems, double* out_host,
+void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems, double* out,
                        const optim::CpuExec& exec) {
   if (n_elems == 0) return;
-  check_pointers("block_sum_squares", n_elems, {grad, out_host});
+  check_pointers("block_sum_squares", n_elems, {grad, out});
   launch(
-      stream, "block_sum_squares", [=] { cpu::block_sum_squares(grad, grad_dtype, n_elems, out_host, exec); },
-      [&stream, grad, grad_dtype, n_elems, out_host](auto native) {
-        // The partials land in device memory first; the stream copies them out and frees them.
-        const std::size_t bytes = sum_squares_blocks(n_elems) * sizeof(double);
-        DeviceMemory partials = stream.device().allocate(bytes, "device_ops.block_sums");
-        cuda::block_sum_squares(grad, grad_dtype, n_elems, optim::kCpuBlockElems, partials.as<double>(), native);
-        stream.copy_d2h(out_host, partials.data(), bytes);
-        stream.release_after(std::move(partials));
-      });
-}
-
-std::size_t exact_sum_squares_parts(std::size_t n_elems) {
-  return static_cast<std::size_t>((n_elems + optim::kExactMaxAdds - 1) / optim::kExactMaxAdds);
+      stream, "block_sum_squares", [=] { cpu::block_sum_squares(grad, grad_dtype, n_elems, out, exec); },
+      [=](auto native) { cuda::block_sum_squares(grad, grad_dtype, n_elems, optim::kCpuBlockElems, out, native); });
 }
 
 void exact_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems,
-                       optim::ExactSquares* out_host, const optim::CpuExec& exec) {
+                       optim::ExactSquares* out, const optim::CpuExec& exec) {
   if (n_elems == 0) return;
-  check_pointers("exact_sum_squares", n_elems, {grad, out_host});
+  check_pointers("exact_sum_squares", n_elems, {grad, out});
   const std::size_t parts = exact_sum_squares_parts(n_elems);
   launch(
       stream, "exact_sum_squares",
@@ -258,18 +243,14 @@ void exact_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::
         for (std::size_t p = 0; p < parts; ++p) {
           const std::size_t begin = p * optim::kExactMaxAdds;
           const std::size_t n = std::min<std::size_t>(optim::kExactMaxAdds, n_elems - begin);
-          out_host[p] = optim::exact_sum_squares(static_cast<const std::byte*>(grad) + begin * dtype_bytes(grad_dtype),
-                                                 grad_dtype, n, exec);
+          out[p] = optim::exact_sum_squares(static_cast<const std::byte*>(grad) + begin * dtype_bytes(grad_dtype),
+                                            grad_dtype, n, exec);
         }
       },
-      [&stream, grad, grad_dtype, n_elems, out_host, parts](auto native) {
-        // The kernel adds into zeroed device words; the stream copies them out and frees them.
-        const std::size_t bytes = parts * sizeof(optim::ExactSquares);
-        DeviceMemory sums = stream.device().allocate(bytes, "device_ops.exact_sums");
-        stream.memset(sums.data(), 0, bytes);
-        cuda::exact_sum_squares(grad, grad_dtype, n_elems, static_cast<std::uint64_t*>(sums.data()), native);
-        stream.copy_d2h(out_host, sums.data(), bytes);
-        stream.release_after(std::move(sums));
+      [&stream, grad, grad_dtype, n_elems, out, parts](auto native) {
+        // The kernel adds into the parts' words: they start from zero, in stream order.
+        stream.memset(out, 0, parts * sizeof(optim::ExactSquares));
+        cuda::exact_sum_squares(grad, grad_dtype, n_elems, reinterpret_cast<std::uint64_t*>(out), native);
       });
 }
 

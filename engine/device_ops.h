@@ -36,6 +36,7 @@
 #include "core/dtype.h"
 #include "optim/cpu_exec.h"
 #include "optim/exact_squares.h"
+#include "optim/grad_stats.h"
 #include "optim/optimizer.h"
 
 namespace strata::device_ops {
@@ -62,35 +63,39 @@ void add_left_host(float* dst, const float* left, std::size_t n_elems);
 // sim: CPU chunks (core/dtype_bulk.h convert into a stack tile, then the add). cuda: one kernel.
 void convert_add_left(Stream& stream, const void* src, DType src_dtype, float* dst, std::size_t n_elems);
 
-// How many blocks block_sum_squares writes for n_elems gradients: ceil(n_elems / kCpuBlockElems).
-std::size_t sum_squares_blocks(std::size_t n_elems);
+// How many blocks block_sum_squares writes for n_elems gradients: ceil(n_elems / kCpuBlockElems)
+// (one definition, optim/grad_stats.h).
+using optim::sum_squares_blocks;
 
-// out_host[b] = the sum of squares, in double, of the gradients of block b (grad_dtype: fp32, bf16
+// out[b] = the sum of squares, in double, of the gradients of block b (grad_dtype: fp32, bf16
 // or fp16, widened exactly): the elements [b * kCpuBlockElems, min((b + 1) * kCpuBlockElems,
-// n_elems)) of `grad` (the last block may be partial). out_host is HOST memory of sum_squares_blocks(n_elems) doubles, written when the stream
-// reaches the op; read it after Stream::synchronize or an event. On cuda make it pinned
-// (core/host_buffer.h with the device as pinner): a copy into pageable memory blocks the caller
-// until the stream gets there.
-// Bits: out_host[b] == optim::grad_stats({GradSpan{block b, grad_dtype, len}}, any exec).sum_squares
+// n_elems)) of `grad` (the last block may be partial). `out` is DEVICE memory of
+// sum_squares_blocks(n_elems) doubles, written when the stream reaches the op; the caller copies it
+// out (Stream::copy_d2h, into pinned memory on cuda: a copy into pageable memory blocks the caller
+// until the stream gets there). The op allocates nothing: its buffer is the caller's, sized by the
+// plan (see Note [Part bytes] in plan/part_bytes.h), so that what a step allocates on the device is the
+// same on every backend.
+// Bits: out[b] == optim::grad_stats({GradSpan{block b, grad_dtype, len}}, any exec).sum_squares
 // (for a 16-bit gradient: the same as for its fp32 widening), i.e.
 // optim/cpu_kernels.h's 16-lane rule (element i to lane i % 16, lanes summed 0..15); adding the
 // partials in block order gives grad_stats over the whole buffer.
 // sim: grad_stats per block, blocks in parallel (in exec.arena when set; it must outlive the op).
-// cuda: a kernel that runs the same lane rule in double, one thread per lane, then copy_d2h.
-void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems, double* out_host,
+// cuda: a kernel that runs the same lane rule in double, one thread per lane.
+void block_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems, double* out,
                        const optim::CpuExec& exec = optim::default_cpu_exec());
 
 // The exact sum of squares (optim/exact_squares.h, Note [Exact sum of squares] in optim/exact_squares.h) of n_elems
-// gradients of grad_dtype (fp32, bf16 or fp16, widened exactly), the norm of exact mode. out_host
-// is HOST memory of exact_sum_squares_parts(n_elems) accumulators, one per run of
-// optim::kExactMaxAdds elements, written when the stream reaches the op (pinned on cuda, as for
-// block_sum_squares); merge them. Bits: the merged sum equals optim::exact_sum_squares over the same
-// values, and so any other split of them merged.
-// sim: optim::exact_sum_squares per part. cuda: a kernel adding each square's pieces with integer
-// atomics (their order cannot matter), then copy_d2h.
-std::size_t exact_sum_squares_parts(std::size_t n_elems);
+// gradients of grad_dtype (fp32, bf16 or fp16, widened exactly), the norm of exact mode. `out` is
+// DEVICE memory of exact_sum_squares_parts(n_elems) accumulators, one per run of
+// optim::kExactMaxAdds elements (one definition, optim/exact_squares.h), written when the stream
+// reaches the op; the caller copies them out and merges them (as for block_sum_squares, the buffer
+// is the caller's). Bits: the merged sum equals optim::exact_sum_squares over the same values, and
+// so any other split of them merged.
+// sim: optim::exact_sum_squares per part. cuda: the parts zeroed on the stream, then a kernel
+// adding each square's pieces into them with integer atomics (their order cannot matter).
+using optim::exact_sum_squares_parts;
 void exact_sum_squares(Stream& stream, const void* grad, DType grad_dtype, std::size_t n_elems,
-                       optim::ExactSquares* out_host, const optim::CpuExec& exec = optim::default_cpu_exec());
+                       optim::ExactSquares* out, const optim::CpuExec& exec = optim::default_cpu_exec());
 
 // One optimizer update of device-resident shards as step number `step` (from 1): master weights,
 // moments, the gradient (fp32, bf16 or fp16; multiplied by grad_scale) and, where shard.out is

@@ -23,8 +23,7 @@ void add_left(float* dst, const float* left, std::size_t n_elems, void* stream);
 void convert_add_left(const void* src, DType src_dtype, float* dst, std::size_t n_elems, void* stream);
 
 // Writes one double per block of block_elems (optim::kCpuBlockElems, passed in so that this file
-// needs no oneTBB header) to out_device (device memory); the front layer copies them to the
-// caller's host array.
+// needs no oneTBB header) to out_device (device memory, the caller's buffer).
 void block_sum_squares(const void* grad, DType grad_dtype, std::size_t n_elems, std::size_t block_elems,
                        double* out_device, void* stream);
 

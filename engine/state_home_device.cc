@@ -134,7 +134,7 @@ class DeviceStateHome final : public StateHome {
 
   std::vector<double> block_partials(std::size_t g) override {
     STRATA_CHECK(!ctx_.exact(), "group {}: block partials in exact mode (its norm is the exact sum)", g);
-    const auto* first = norms_.as<double>().data() + norm_offsets_[g];
+    const double* first = norm_slice<double>(norms_.data(), g);
     return std::vector<double>(first, first + device_ops::sum_squares_blocks(ctx_.group(g).grad_elems));
   }
 
@@ -142,7 +142,7 @@ class DeviceStateHome final : public StateHome {
 
   optim::ExactSquares exact_squares(std::size_t g) override {
     STRATA_CHECK(ctx_.exact(), "group {}: exact_squares outside exact mode", g);
-    const auto* first = norms_.as<optim::ExactSquares>().data() + norm_offsets_[g];
+    const optim::ExactSquares* first = norm_slice<optim::ExactSquares>(norms_.data(), g);
     optim::ExactSquares sum;
     for (std::size_t p = 0; p < device_ops::exact_sum_squares_parts(ctx_.group(g).grad_elems); ++p) sum.merge(first[p]);
     return sum;
@@ -246,24 +246,27 @@ class DeviceStateHome final : public StateHome {
   // mode: its exact sum, otherwise its block partials) to decide the clip. Enqueued one group at a
   // time, each waited for by itself, the host and the communication stream woke each other once per
   // group (on the sim device some 40 us a wait, docs/MEASUREMENTS.md, "Device memory: buffers kept
-  // across steps"; on a GPU, a stream synchronization per group). So every group's norm op is
-  // enqueued into one pinned host buffer (a slice per group; the copies into it stay asynchronous
-  // on cuda) and finish_grads waits once
-  // for all of them. The buffer is page-locked with the state home, before any step's work is queued:
-  // once a step runs, streams are running and on cuda the pin may wait for all of them (Note
-  // [Pinning while streams run] in core/device/sim_device.cc).
+  // across steps"; on a GPU, a stream synchronization per group). So every group's norm op writes
+  // its slice of one device buffer ("norm.partials"), one copy brings them all into one pinned host
+  // buffer (the copy stays asynchronous on cuda), and finish_grads waits once for all of them. Both
+  // buffers are allocated with the state home, at the plan's size (see Note [Part bytes] in
+  // plan/part_bytes.h: norm_partials_bytes), and reused every step: the norm allocates nothing per
+  // step, on cuda as on sim, so a device capped at the plan holds it. The host buffer is page-locked
+  // before any step's work is queued: once a step runs, streams are running and on cuda the pin may
+  // wait for all of them (Note [Pinning while streams run] in core/device/sim_device.cc).
   void allocate_norms() {
-    const bool exact = ctx_.exact();
-    const std::size_t item = exact ? sizeof(optim::ExactSquares) : sizeof(double);
-    std::size_t items = 0;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      norm_offsets_.push_back(items);
-      const std::size_t n = ctx_.group(g).grad_elems;
-      items += exact ? device_ops::exact_sum_squares_parts(n) : device_ops::sum_squares_blocks(n);
-    }
+    const std::uint64_t bytes = device_norm_bytes(ctx_.plan);
+    if (bytes > 0) norm_partials_ = ctx_.device.allocate(bytes, "norm.partials");
+    for (std::size_t g = 0; g < groups_.size(); ++g) norm_offsets_.push_back(norm_partials_offset(ctx_.plan, g));
     HostBufferOptions o;
     o.pinner = &ctx_.device;
-    norms_ = HostBuffer::allocate(std::max<std::size_t>(items, 1) * item, o);
+    norms_ = HostBuffer::allocate(std::max<std::uint64_t>(bytes, 1), o);
+  }
+
+  // Group g's slice of the norm's device buffer, or of its host copy.
+  template <typename T>
+  T* norm_slice(void* base, std::size_t g) const {
+    return reinterpret_cast<T*>(static_cast<std::byte*>(base) + norm_offsets_[g]);
   }
 
   void enqueue_norms() {
@@ -273,19 +276,23 @@ class DeviceStateHome final : public StateHome {
       const Group& G = groups_[g];
       if (exact) {
         device_ops::exact_sum_squares(ctx_.comm, G.final_grad, G.final_dtype, n,
-                                      norms_.as<optim::ExactSquares>().data() + norm_offsets_[g], ctx_.exec);
+                                      norm_slice<optim::ExactSquares>(norm_partials_.data(), g), ctx_.exec);
       } else {
         device_ops::block_sum_squares(ctx_.comm, G.final_grad, G.final_dtype, n,
-                                      norms_.as<double>().data() + norm_offsets_[g], ctx_.exec);
+                                      norm_slice<double>(norm_partials_.data(), g), ctx_.exec);
       }
+    }
+    if (const std::uint64_t bytes = norm_partials_total(ctx_.plan); bytes > 0) {
+      ctx_.comm.copy_d2h(norms_.data(), norm_partials_.data(), bytes);
     }
   }
 
   EngineContext& ctx_;
   WorkingWeights& weights_;
   std::vector<Group> groups_;
-  HostBuffer norms_;                      // Note [One wait for the norm]
-  std::vector<std::size_t> norm_offsets_;  // group g's first item in norms_
+  DeviceMemory norm_partials_;  // Note [One wait for the norm]: every group's slice, written on the device
+  HostBuffer norms_;            // and copied here once per step
+  std::vector<std::uint64_t> norm_offsets_;  // group g's slice begins here, in both
 };
 
 // Master and moments piece by piece from `source`, and W over the state range from the new master

@@ -297,8 +297,13 @@ std::vector<float> ZeroEngine::gather_master(std::size_t g, std::size_t tensor) 
   if (P.layout.shard_count() > 1) {
     std::vector<float> mine = std::move(full);
     full.assign(total, 0.0f);
-    DeviceMemory src = device_.allocate(P.state_elems * sizeof(float), "io.gather");
-    DeviceMemory tmp = device_.allocate(total * sizeof(float), "io.gather");
+    // At the plan's sizes (see Note [Part bytes] in plan/part_bytes.h: export_shard_bytes,
+    // export_gather_bytes), through the fetcher: on a full device it gives back the gathered copies
+    // nobody holds (the next step's prefetch) and waits for queued frees, so the export fits where
+    // the step's window was (TierPlan::device_export).
+    const std::size_t no_group_kept = specs_.size();
+    DeviceMemory src = fetcher_->allocate(export_shard_bytes(plan_, g), "io.gather", no_group_kept);
+    DeviceMemory tmp = fetcher_->allocate(export_gather_bytes(plan_, g), "io.gather", no_group_kept);
     comm_stream_->copy_h2d(src.data(), mine.data(), P.state_elems * sizeof(float));
     shard_comm_->all_gather(src.data(), tmp.data(), P.layout.shard_elems(), DType::F32, *comm_stream_);
     comm_stream_->copy_d2h(full.data(), tmp.data(), total * sizeof(float));

@@ -105,6 +105,12 @@ struct ExactSquares {
   double value() const;
 };
 
+// How many accumulators the exact sum of n_elems values is taken in when each may take at most
+// kExactMaxAdds of them (the device ops' parts, engine/device_ops.h; their buffer, plan/part_bytes.h).
+constexpr std::size_t exact_sum_squares_parts(std::size_t n_elems) {
+  return static_cast<std::size_t>((n_elems + kExactMaxAdds - 1) / kExactMaxAdds);
+}
+
 // The exact sum of squares of n values of dtype (fp32, bf16 or fp16, widened exactly), in
 // parallel in exec's arena; the result does not depend on the split.
 ExactSquares exact_sum_squares(const void* data, DType dtype, std::size_t n, const CpuExec& exec);

@@ -31,6 +31,13 @@ struct GradStats {
   bool finite() const;       // false iff some element was NaN or +-Inf
 };
 
+// How many block partials a gradient of n_elems elements has: ceil(n_elems / kCpuBlockElems), one per
+// block of Note [Blocks] in optim/cpu_exec.h (the last may be partial). The device ops write that many
+// (engine/device_ops.h), and the plan sizes their buffer with it (plan/part_bytes.h).
+constexpr std::size_t sum_squares_blocks(std::size_t n_elems) {
+  return (n_elems + kCpuBlockElems - 1) / kCpuBlockElems;
+}
+
 // Over all spans, in the order given.
 GradStats grad_stats(std::span<const GradSpan> grads, const CpuExec& exec);
 // Over the gradients of optimizer shards (elems = master.size()).

@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "offload/swap_store.h"
+#include "optim/exact_squares.h"
+#include "optim/grad_stats.h"
 
 namespace strata {
 
@@ -76,6 +78,36 @@ DeviceGradBuffers device_grad_buffers(const RunPlan& plan, std::size_t g) {
 
 std::uint64_t final_grad_bytes(const RunPlan& plan, std::size_t g) {
   return static_cast<std::uint64_t>(plan.groups[g].grad_elems) * dtype_bytes(plan.final_grad_dtype());
+}
+
+std::uint64_t norm_partials_bytes(const RunPlan& plan, std::size_t g) {
+  if (plan.optimizer_offloaded()) return 0;
+  const std::size_t n = plan.groups[g].grad_elems;
+  if (plan.exact) return optim::exact_sum_squares_parts(n) * sizeof(optim::ExactSquares);
+  return optim::sum_squares_blocks(n) * sizeof(double);
+}
+
+std::uint64_t norm_partials_offset(const RunPlan& plan, std::size_t g) {
+  std::uint64_t offset = 0;
+  for (std::size_t h = 0; h < g; ++h) offset += norm_partials_bytes(plan, h);
+  return offset;
+}
+
+std::uint64_t norm_partials_total(const RunPlan& plan) { return norm_partials_offset(plan, plan.groups.size()); }
+
+std::uint64_t device_norm_bytes(const RunPlan& plan) {
+  const std::uint64_t total = norm_partials_total(plan);
+  return (total + kDeviceGranuleBytes - 1) / kDeviceGranuleBytes * kDeviceGranuleBytes;
+}
+
+std::uint64_t export_shard_bytes(const RunPlan& plan, std::size_t g) {
+  const GroupPlan& G = plan.groups[g];
+  return G.layout.shard_count() > 1 ? 4 * static_cast<std::uint64_t>(G.state_elems) : 0;
+}
+
+std::uint64_t export_gather_bytes(const RunPlan& plan, std::size_t g) {
+  const GroupPlan& G = plan.groups[g];
+  return G.layout.shard_count() > 1 ? 4 * static_cast<std::uint64_t>(G.layout.total_elems()) : 0;
 }
 
 std::uint64_t init_chunk_staging_bytes(const RunPlan& plan) {

@@ -3,13 +3,16 @@
 // Note [Part bytes]: placement is decided once (Note [Run plan] in plan/run_plan.h), and what each
 // part of the engine then allocates for a param group is a function of that plan, written here
 // once. The part calls it to size the allocation (engine/working_weights.cc,
-// engine/param_fetcher.cc, engine/grad_reducer.cc, engine/state_home_device.cc, the tiered home's
-// staging in engine/state_home_tiered.cc), the tier planner sums it per tier (plan/tier_plan.cc,
+// engine/param_fetcher.cc, engine/grad_reducer.cc, engine/state_home_device.cc with the norm's
+// partials, the tiered home's staging in engine/state_home_tiered.cc, the export's gathers in
+// engine/zero_engine.cc); no device op allocates on its own, on any backend, so what the sim device
+// allocates is what cuda does. The tier planner sums it per tier (plan/tier_plan.cc,
 // which `strata estimate`, `strata simulate` and the trainer print and check), and the step
 // simulator moves it (sim/step_sim.cc); none of them writes the formula again. The host arrays of
 // the tiered home are RunPlan's host_state_bytes, host_gradient_bytes and host_param_bytes, its
 // pinned pools OffloadPlan::pinned_bytes (plan/run_plan.h). tests/engine/part_bytes_checks.h holds
-// a built engine, at world 1 and 2, to every one of them, allocation by allocation.
+// a built engine, at worlds 1, 2 and 4, to every one of them, allocation by allocation, and trains
+// and exports on a device capped at the planner's figure.
 #pragma once
 
 #include <cstddef>
@@ -66,6 +69,35 @@ DeviceGradBuffers device_grad_buffers(const RunPlan& plan, std::size_t g);
 
 // The step's final gradient of g, as the norm and the update read it (RunPlan::final_grad_dtype).
 std::uint64_t final_grad_bytes(const RunPlan& plan, std::size_t g);
+
+// DeviceStateHome's norm partials (Note [One wait for the norm] in engine/state_home_device.cc): the
+// device ops write group g's part of the gradient norm into device memory, one double per block of
+// the final gradient (optim::sum_squares_blocks), or in exact mode one optim::ExactSquares per run
+// of optim::kExactMaxAdds elements (optim::exact_sum_squares_parts), and one copy per step brings
+// every group's part to the host. The groups' slices lie one after another in one buffer
+// ("norm.partials"), allocated once with the state and reused every step, so the norm allocates
+// nothing per step on any device. 0 where the optimizer state is offloaded (the tiered home sums
+// the norm on the host).
+std::uint64_t norm_partials_bytes(const RunPlan& plan, std::size_t g);   // group g's slice
+std::uint64_t norm_partials_offset(const RunPlan& plan, std::size_t g);  // where it begins in the buffer
+std::uint64_t norm_partials_total(const RunPlan& plan);                  // every slice: what the copy brings
+// The buffer: norm_partials_total rounded up to kDeviceGranuleBytes (0 when that is 0).
+std::uint64_t device_norm_bytes(const RunPlan& plan);
+
+// Every device allocation is a multiple of this (core/device/device.h: "aligned to at least 256
+// bytes"; both backends round up to it), so a buffer the plan counts smaller than a block is
+// counted as the block it takes.
+inline constexpr std::uint64_t kDeviceGranuleBytes = 256;
+
+// ZeroEngine::gather_master, between steps (weights export, tests): for a group split over several
+// ranks, this rank's fp32 state range brought up ("io.gather", export_shard_bytes) and the whole
+// group's fp32 master all-gathered into ("io.gather", export_gather_bytes); 0 for a group on one
+// rank, which is read from its home directly. It allocates through the parameter fetcher, which
+// gives back gathered copies nobody holds when the device is full, so between steps the bytes of
+// the step's window are its to use: the tier planner counts the larger of the window and this
+// (TierPlan::device_export, plan/tier_plan.h).
+std::uint64_t export_shard_bytes(const RunPlan& plan, std::size_t g);
+std::uint64_t export_gather_bytes(const RunPlan& plan, std::size_t g);
 
 // TieredStateHome::init_group: the host buffer a chunk's state or W goes through on its way to
 // NVMe (0 where nothing of the plan is on NVMe).

@@ -409,6 +409,7 @@ RunPlan make_run_plan(const TrainConfig& c, std::span<const ParamGroupSpec> grou
   p.shard_index = p.stage == 0 ? 0 : p.topo.shard_index();
   p.working = working_dtype_of(c.precision);
   p.state_arrays = optim::state_arrays(optimizer_kind_of(c.optimizer));
+  p.exact = c.strata.exact;
   p.grad_partials = c.strata.exact ? counter_levels(c.gradient_accumulation_steps) : 1;
   p.accumulation = c.gradient_accumulation_steps;
   p.offload.optimizer = home_of(c.zero.offload_optimizer.device);

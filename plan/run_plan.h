@@ -114,6 +114,7 @@ struct RunPlan {
   // levels plus the one being formed (Note [Exact gradient sums] in engine/zero_engine.h); 1 accumulator in fast mode.
   int grad_partials = 1;
   int accumulation = 1;  // micro-batches per step (gradient_accumulation_steps)
+  bool exact = false;    // strata.exact: exact gradient sums and the exact norm (its partials' size)
   std::vector<GroupPlan> groups;
   OffloadPlan offload;
 

@@ -80,12 +80,16 @@ TierPlan plan_tiers(const RunPlan& rp, int world_size, std::uint64_t activation_
       p.largest_group = L.name();
       p.largest_group_bytes = unit_grad_bytes(rp, g);
     }
+    p.device_export = std::max(p.device_export, export_shard_bytes(rp, g) + export_gather_bytes(rp, g));
     // Note [Reductions in flight] (engine/grad_reducer.cc): another group's micro-batch gradient
     // and its reduction may still be queued beside the group in use when the device has room for
     // them (on a device sized to the plan the allocation waits for them instead): at most the
     // largest such pair, nothing where the gradients are written in place.
     p.device_in_flight = std::max(p.device_in_flight, micro_grad_bytes(rp, g) + reduced_grad_bytes(rp, g));
   }
+  // The norm's partials, one buffer kept with the state (Note [One wait for the norm] in
+  // engine/state_home_device.cc).
+  p.device_norm = device_norm_bytes(rp);
   p.activations = activation_bytes;
   p.pinned = o.pinned_bytes();
   p.nvme = o.swap_bytes * static_cast<std::uint64_t>(world_size);
@@ -202,14 +206,16 @@ void check_plan_fits(const TierPlan& p, const TierCapacities& cap, const std::st
       std::string fix;
     };
     std::vector<Part> parts = {
-        {p.device_state, "optimizer state and gradient sums",
+        {p.device_state + p.device_norm, "optimizer state and gradient sums",
          "offload them: zero_optimization.offload_optimizer.device = \"cpu\" or \"nvme\" (stage 1-3)"},
         {p.device_weights, "resident working weights",
          "shard them with zero_optimization.stage = 3 and offload_param.device = \"cpu\" or \"nvme\", or lower "
          "stage3_param_persistence_threshold"},
-        {p.device_window,
-         fmt::format("the largest param group '{}' in use ({} gathered, plus its gradient)", p.largest_group,
-                     format_bytes(p.largest_group_bytes)),
+        {std::max(p.device_window, p.device_export),
+         p.device_export > p.device_window
+             ? std::string("the largest param group's fp32 master gathered between steps (its export)")
+             : fmt::format("the largest param group '{}' in use ({} gathered, plus its gradient)", p.largest_group,
+                           format_bytes(p.largest_group_bytes)),
          "tile it (strata.tiling) so it is fetched in pieces"},
         {p.activations, "activations of one micro-batch",
          "lower train_micro_batch_size_per_gpu or strata.data.seq_len, or set strata.model.checkpoint_activations"},
@@ -219,8 +225,9 @@ void check_plan_fits(const TierPlan& p, const TierCapacities& cap, const std::st
         "{}: this config cannot fit the device: each rank needs at least {} at once but the device holds {} "
         "(optimizer state {}, working weights {}, largest group in use {}, activations {}). The largest part is {}: "
         "{}; or raise strata.device.memory",
-        source, format_bytes(p.device_total()), format_bytes(cap.device), format_bytes(p.device_state),
-        format_bytes(p.device_weights), format_bytes(p.device_window), format_bytes(p.activations), top.what, top.fix));
+        source, format_bytes(p.device_total()), format_bytes(cap.device), format_bytes(p.device_state + p.device_norm),
+        format_bytes(p.device_weights), format_bytes(std::max(p.device_window, p.device_export)),
+        format_bytes(p.activations), top.what, top.fix));
   }
   const std::uint64_t host_need = p.host_total() * static_cast<std::uint64_t>(cap.ranks_on_node);
   if (cap.host_available > 0 && host_need > cap.host_available) {
@@ -248,9 +255,13 @@ void check_plan_fits(const TierPlan& p, const TierCapacities& cap, const std::st
 
 std::string describe_plan(const TierPlan& p, const TierCapacities& cap) {
   std::ostringstream o;
-  o << fmt::format("tier plan per rank: device {} of {} (state {}, weights {}, group window {}, activations {})",
+  o << fmt::format("tier plan per rank: device {} of {} (state {}, weights {}, group window {}{}, activations {})",
                    format_bytes(p.device_total()), format_bytes(cap.device), format_bytes(p.device_state),
-                   format_bytes(p.device_weights), format_bytes(p.device_window), format_bytes(p.activations));
+                   format_bytes(p.device_weights), format_bytes(p.device_window),
+                   p.device_export > p.device_window
+                       ? fmt::format(", below the export between steps {}", format_bytes(p.device_export))
+                       : std::string(),
+                   format_bytes(p.activations));
   o << fmt::format("; host {} ({} arrays + {} pinned)", format_bytes(p.host_total()), format_bytes(p.host_arrays),
                    format_bytes(p.pinned));
   if (!p.nvme_dirs.empty()) {

@@ -15,6 +15,7 @@
 // ranks of the node) and statvfs of each directory.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -29,11 +30,17 @@ namespace strata {
 struct TierPlan {
   // Device, per rank.
   std::uint64_t device_state = 0;    // master, moments and the step's gradient buffers on the device
+  std::uint64_t device_norm = 0;     // the norm's partials beside them (device_norm_bytes, plan/part_bytes.h)
   std::uint64_t device_optimizer = 0;  // of which master and moments (resident between steps)
   std::uint64_t device_weights = 0;  // resident working weights (full or sharded)
   std::uint64_t device_window = 0;   // the largest group gathered, its gradient and reduction, and
                                      // the groups gathered with it (Note [Groups gathered together] in
                                      // plan/tier_plan.cc)
+  // Between steps, ZeroEngine::gather_master's buffers for the largest group split over ranks
+  // (export_shard_bytes + export_gather_bytes, plan/part_bytes.h). It allocates where the window's
+  // buffers were (the step's gradients and reductions are freed by then, gathered copies given back
+  // when the device is full), so device_total() counts the larger of the two.
+  std::uint64_t device_export = 0;
   // Not in device_total(): with room for it, another group's micro-batch gradient and reduction
   // still queued beside the window (Note [Reductions in flight] in engine/grad_reducer.cc); 0 with gradients in place.
   std::uint64_t device_in_flight = 0;
@@ -65,7 +72,9 @@ struct TierPlan {
   // Why the state is where it is: one line per decision resolve_placement made (empty otherwise).
   std::vector<std::string> placement;
 
-  std::uint64_t device_total() const { return device_state + device_weights + device_window + activations; }
+  std::uint64_t device_total() const {
+    return device_state + device_norm + device_weights + std::max(device_window, device_export) + activations;
+  }
   std::uint64_t host_total() const { return host_arrays + pinned; }
 };
 

@@ -312,10 +312,13 @@ std::string describe_estimate(const Estimate& e, const LargestFit& largest) {
                    format_bytes(e.device_bytes));
   if (!e.tiling.empty()) o << "  " << e.tiling << "\n";
   o << fmt::format("per rank{}:\n  HBM    {} of {}: optimizer state and gradient sums {}, resident weights {}, largest "
-                   "group in use {} ('{}'), activations {} ({} with block checkpointing, {} without)\n",
+                   "group in use {} ('{}'){}, activations {} ({} with block checkpointing, {} without)\n",
                    e.pipeline_stages > 1 ? " (pipeline stage 0; every stage's plan below)" : "",
                    format_bytes(p.device_total()), format_bytes(e.device_bytes), format_bytes(p.device_state),
                    format_bytes(p.device_weights), format_bytes(p.device_window), p.largest_group,
+                   p.device_export > p.device_window
+                       ? fmt::format(" below its export between steps {}", format_bytes(p.device_export))
+                       : std::string(),
                    format_bytes(p.activations), format_bytes(e.activations_checkpointed),
                    format_bytes(e.activations_full));
   o << fmt::format("  host   {}: pinned {} (staging pools {}), pageable {}; {} available to {} rank(s)\n",
@@ -359,6 +362,7 @@ nlohmann::json estimate_to_json(const Estimate& e, const LargestFit& largest) {
       {"tiling", e.tiling},
       {"hbm", {{"total", p.device_total()}, {"optimizer_state", p.device_state}, {"resident_weights", p.device_weights},
                {"group_window", p.device_window}, {"largest_group", p.largest_group},
+               {"export_between_steps", p.device_export}, {"norm_partials", p.device_norm},
                {"reduction_in_flight", p.device_in_flight}, {"activations", p.activations},
                {"activations_checkpointed", e.activations_checkpointed}, {"activations_full", e.activations_full}}},
       {"host", {{"total", p.host_total()}, {"pinned", e.host_pinned}, {"staging_pools", p.pinned},

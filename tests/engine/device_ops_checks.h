@@ -325,7 +325,9 @@ inline void check_block_sum_squares(Rig& rig, std::size_t n, Poison poison, DTyp
   ASSERT_EQ(want.size(), sum_squares_blocks(n));
   DeviceMemory d_grad = rig.upload(stored);
   std::vector<double> got(want.size(), -1.0);
-  block_sum_squares(rig.stream, d_grad.data(), dtype, n, got.data());
+  DeviceMemory d_out = rig.upload(got);  // -1 everywhere: every partial must be written
+  block_sum_squares(rig.stream, d_grad.data(), dtype, n, d_out.as<double>());
+  rig.download(got.data(), d_out, got.size() * sizeof(double));
   rig.stream.synchronize();
   EXPECT_TRUE(same_bits(got, want, "block_sum_squares", rig.nan));
   // In block order, the partials add up to grad_stats over the whole buffer.
@@ -356,7 +358,11 @@ inline void check_exact_sum_squares(Rig& rig, std::size_t n, Poison poison, DTyp
   DeviceMemory d_grad = rig.upload(stored);
   std::vector<optim::ExactSquares> parts(exact_sum_squares_parts(n));
   ASSERT_EQ(parts.size(), 1u);
-  exact_sum_squares(rig.stream, d_grad.data(), dtype, n, parts.data());
+  // The buffer starts as garbage (as a reused one does): the op must not add to what it holds.
+  std::memset(static_cast<void*>(parts.data()), 0x5A, parts.size() * sizeof(optim::ExactSquares));
+  DeviceMemory d_parts = rig.upload(parts);
+  exact_sum_squares(rig.stream, d_grad.data(), dtype, n, d_parts.as<optim::ExactSquares>());
+  rig.download(parts.data(), d_parts, parts.size() * sizeof(optim::ExactSquares));
   rig.stream.synchronize();
   optim::ExactSquares got;
   for (const optim::ExactSquares& p : parts) got.merge(p);

@@ -90,8 +90,6 @@ struct PendingOp {
   const void* result = nullptr;
   std::size_t result_bytes = 0;
   Bytes expected;
-  std::vector<double> sums;  // block_sum_squares writes host memory
-  optim::ExactSquares exact;  // and exact_sum_squares
 
   Bytes read() const {
     const auto* p = static_cast<const std::uint8_t*>(result);
@@ -155,29 +153,30 @@ std::unique_ptr<PendingOp> make_pending(Op op, Device& device) {
       break;
     }
     case Op::BlockSumSquares: {
+      const std::vector<double> before(sum_squares_blocks(n), -1.0);
       p->keep.push_back(sim_copy(device, a.data(), n * 4));
-      p->sums.assign(sum_squares_blocks(n), -1.0);
+      p->keep.push_back(sim_copy(device, before.data(), before.size() * sizeof(double)));
       const float* grad = p->keep[0].as<float>();
-      double* out = p->sums.data();
+      double* out = p->keep[1].as<double>();
       p->enqueue = [=](Stream& s) { block_sum_squares(s, grad, DType::F32, n, out); };
       p->result = out;
-      p->result_bytes = p->sums.size() * sizeof(double);
       p->expected = as_bytes(testing::reference::block_sum_squares(a.data(), n));
-      return p;
+      break;
     }
     case Op::ExactSumSquares: {
+      const optim::ExactSquares before;
       p->keep.push_back(sim_copy(device, a.data(), n * 4));
+      p->keep.push_back(sim_copy(device, &before, sizeof before));
       const float* grad = p->keep[0].as<float>();
-      optim::ExactSquares* out = &p->exact;
+      auto* out = p->keep[1].as<optim::ExactSquares>();
       p->enqueue = [=](Stream& s) { exact_sum_squares(s, grad, DType::F32, n, out); };
       p->result = out;
-      p->result_bytes = sizeof(optim::ExactSquares);
       optim::ExactSquares want;
       for (float x : a) want.add(x);
       want.normalize();  // what the op writes: one normalized accumulator
       const auto* w = reinterpret_cast<const std::uint8_t*>(&want);
       p->expected = Bytes(w, w + sizeof want);
-      return p;
+      break;
     }
     case Op::OptimizerUpdate: {
       const std::vector<float> m = testing::normal_floats(n, 4, 1e-2f);
@@ -272,12 +271,14 @@ TEST_P(DeviceOpsChain, OpsReadWhatTheOpBeforeWrote) {
   DeviceMemory d_left = r.upload(left);
   DeviceMemory d_acc = device_->allocate(n * sizeof(float), "test.device_ops");
   std::vector<double> sums(sum_squares_blocks(n), -1.0);
+  DeviceMemory d_sums = device_->allocate(sums.size() * sizeof(double), "test.device_ops");
   convert(*stream_, d_reduced.data(), working, d_acc.data(), DType::F32, n);
   add_left(*stream_, d_acc.as<float>(), d_left.as<float>(), n);
   convert_add_left(*stream_, d_reduced.data(), working, d_acc.as<float>(), n);
-  block_sum_squares(*stream_, d_acc.as<float>(), DType::F32, n, sums.data());
+  block_sum_squares(*stream_, d_acc.as<float>(), DType::F32, n, d_sums.as<double>());
   std::vector<float> got(n);
   r.download(got.data(), d_acc, n * sizeof(float));
+  r.download(sums.data(), d_sums, sums.size() * sizeof(double));
   stream_->synchronize();
   EXPECT_TRUE(testing::same_bits(got.data(), want.data(), DType::F32, n, "chain", NanBits::Exact));
   EXPECT_TRUE(testing::same_bits(sums, want_sums, "chain sums", NanBits::Exact));
@@ -500,9 +501,10 @@ TEST_P(DeviceOpsCudaKind, RefusesWithADeviceErrorNamingTheOpAndEnqueuesNothing) 
   const std::size_t n = 1000;
   DeviceMemory a = device_.allocate(n * 4, "t"), b = device_.allocate(n * 4, "t"), c = device_.allocate(n * 4, "t"),
                d = device_.allocate(n * 4, "t");
-  std::vector<double> sums(sum_squares_blocks(n));
-  optim::ExactSquares exact;
-  const OpCall call{a.as<float>(), b.as<float>(), c.as<float>(), d.as<float>(), sums.data(), &exact, n};
+  DeviceMemory sums = device_.allocate(sum_squares_blocks(n) * sizeof(double), "t");
+  DeviceMemory exact = device_.allocate(sizeof(optim::ExactSquares), "t");
+  const OpCall call{a.as<float>(), b.as<float>(), c.as<float>(), d.as<float>(), sums.as<double>(),
+                    exact.as<optim::ExactSquares>(), n};
   try {
     enqueue_op(op, *stream_, call);
     FAIL() << op_name(op) << " on a cuda stream without a cudaStream_t must be refused";

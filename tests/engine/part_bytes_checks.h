@@ -6,13 +6,15 @@
 // reduction, every gathered copy and fetched shard at their sizes), the tier planner's sums must be
 // the sums of those allocations, and the tiered home's host arrays, swap store and pinned pools
 // the plan's. Used by tests/engine/part_bytes_test.cc (world 1) and
-// tests/engine/part_bytes_mpi_main.cc (worlds 2 and 4, under mpirun).
+// tests/engine/part_bytes_mpi_main.cc (worlds 2 and 4, under mpirun). check_at_plan trains and
+// exports on a device capped at the plan's figure.
 #pragma once
 
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "core/device/device.h"
+#include "core/error.h"
 #include "engine/zero_engine.h"
 #include "plan/part_bytes.h"
 #include "plan/tier_plan.h"
@@ -27,7 +30,9 @@
 
 namespace strata::testing_parts {
 
-// A Device that hands every call to another and logs each allocation's tag and size.
+// A Device that hands every call to another and logs each allocation's tag and size. With a cap,
+// an allocation that would take the inner device's live bytes past it fails as the device itself
+// would (OutOfMemoryError), so a run can be held to a figure from some point on.
 class AllocationLog final : public Device {
  public:
   explicit AllocationLog(Device& inner) : inner_(inner) {}
@@ -35,10 +40,19 @@ class AllocationLog final : public Device {
   std::string name() const override { return inner_.name(); }
   std::size_t capacity_bytes() const override { return inner_.capacity_bytes(); }
   DeviceMemory allocate(std::size_t bytes, std::string_view tag) override {
-    DeviceMemory m = inner_.allocate(bytes, tag);
     const std::lock_guard<std::mutex> lock(mutex_);
+    const std::uint64_t live = inner_.memory_stats().allocated_bytes;
+    const std::uint64_t rounded = (bytes + kDeviceGranuleBytes - 1) / kDeviceGranuleBytes * kDeviceGranuleBytes;
+    if (cap_ > 0 && live + rounded > cap_) {
+      throw OutOfMemoryError(fmt::format("{} bytes for '{}' on top of {} live: over the cap of {}", bytes, tag, live, cap_));
+    }
+    DeviceMemory m = inner_.allocate(bytes, tag);
     log_.emplace_back(std::string(tag), bytes);
     return m;
+  }
+  void cap(std::uint64_t bytes) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    cap_ = bytes;
   }
   MemoryStats memory_stats() const override { return inner_.memory_stats(); }
   void reset_peak_stats() override { inner_.reset_peak_stats(); }
@@ -57,6 +71,7 @@ class AllocationLog final : public Device {
   Device& inner_;
   mutable std::mutex mutex_;
   std::vector<std::pair<std::string, std::uint64_t>> log_;
+  std::uint64_t cap_ = 0;  // 0: none
 };
 
 struct PartCase {
@@ -120,6 +135,20 @@ inline Allocations planned_construction(const RunPlan& plan) {
     }
     const DeviceGradBuffers grads = device_grad_buffers(plan, g);
     for (int i = 0; i < grads.count; ++i) out.emplace_back(grads.tag, grads.bytes);
+  }
+  if (const std::uint64_t b = device_norm_bytes(plan); b > 0) out.emplace_back("norm.partials", b);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// What gather_master allocates for every tensor of every group (the toy run gathers them all).
+inline Allocations planned_export(const RunPlan& plan, std::span<const ParamGroupSpec> groups) {
+  Allocations out;
+  for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+    for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) {
+      if (const std::uint64_t b = export_shard_bytes(plan, g); b > 0) out.emplace_back("io.gather", b);
+      if (const std::uint64_t b = export_gather_bytes(plan, g); b > 0) out.emplace_back("io.gather", b);
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -199,6 +228,7 @@ inline std::vector<std::string> check_part_bytes(const PartCase& k, Communicator
   AllocationLog device(*sim);
   Allocations built;  // the construction tags, over the whole run: each allocated once
   Allocations during;  // the step tags
+  Allocations exported;  // gather_master's
   TierIoStats io;
   std::size_t pinned = 0;
   if (trains) {
@@ -213,8 +243,8 @@ inline std::vector<std::string> check_part_bytes(const PartCase& k, Communicator
     io = engine.tier_stats();
     pinned = engine.pinned_pool_bytes();
   }
-  const std::vector<std::string> construction_tags = {"param.w", "optim.master", "optim.moments", "grad.step",
-                                                      "grad.accum", "grad.levels"};
+  const std::vector<std::string> construction_tags = {"param.w",    "optim.master", "optim.moments", "grad.step",
+                                                      "grad.accum", "grad.levels",  "norm.partials"};
   const std::vector<std::string> step_tags = {"grad.micro", "grad.reduced", "param.gathered", "param.shard"};
   for (const auto& [tag, bytes] : device.log()) {
     const auto is = [&](const std::vector<std::string>& tags) {
@@ -224,8 +254,10 @@ inline std::vector<std::string> check_part_bytes(const PartCase& k, Communicator
       built.emplace_back(tag, bytes);
     } else if (is(step_tags)) {
       during.emplace_back(tag, bytes);
+    } else if (tag == "io.gather") {
+      exported.emplace_back(tag, bytes);
     } else {
-      expect(tag.rfind("io.", 0) == 0, fmt::format("an allocation no part of the plan names: {} {}", tag, bytes));
+      expect(false, fmt::format("an allocation no part of the plan names: {} {}", tag, bytes));
     }
   }
   std::sort(built.begin(), built.end());
@@ -234,15 +266,56 @@ inline std::vector<std::string> check_part_bytes(const PartCase& k, Communicator
   // The tier planner's device sums are the sums of those allocations.
   expect(tiers.device_weights == sum_of(built, {"param.w"}), "the plan's resident weights");
   expect(tiers.device_optimizer == sum_of(built, {"optim.master", "optim.moments"}), "the plan's device optimizer");
-  expect(tiers.device_state == sum_of(built, construction_tags) - tiers.device_weights, "the plan's device state");
+  expect(tiers.device_state == sum_of(built, construction_tags) - tiers.device_weights - tiers.device_norm,
+         "the plan's device state");
+  expect(tiers.device_norm == sum_of(built, {"norm.partials"}), "the plan's norm partials");
   // Host arrays, swap store and pinned pools of the tiered home (gradient sums dropped after the step).
   expect(io.host_bytes == tiers.host_arrays - tiers.host_gradients,
          fmt::format("host arrays {} vs the plan's {}", io.host_bytes, tiers.host_arrays - tiers.host_gradients));
   expect(io.nvme_bytes == tiers.nvme - tiers.nvme_gradients,
          fmt::format("swap store {} vs the plan's {}", io.nvme_bytes, tiers.nvme - tiers.nvme_gradients));
   expect(pinned == tiers.pinned, fmt::format("pinned pools {} vs the plan's {}", pinned, tiers.pinned));
-  if (trains) check_steps(plan, during, steps * k.accumulation, expect);
+  if (trains) {
+    check_steps(plan, during, steps * k.accumulation, expect);
+    std::sort(exported.begin(), exported.end());
+    const Allocations planned_io = planned_export(plan, groups);
+    expect(exported == planned_io, "gather_master:" + describe(exported) + "; the plan:" + describe(planned_io));
+    std::uint64_t largest = 0;
+    for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+      largest = std::max(largest, export_shard_bytes(plan, g) + export_gather_bytes(plan, g));
+    }
+    expect(tiers.device_export == largest, "the plan's export between steps");
+  }
   return bad;
+}
+
+// The plan's device figure suffices for the export between steps, and for the step where the toy
+// model allows: rank comm.rank()'s engine trains two steps, then gathers every tensor's master
+// (gather_master's "io.gather" buffers, where the step's window was) with the device's live bytes
+// capped at plan_tiers' device_total (the toy model allocates no activations). The step runs under
+// the cap too where gradients are written in place; elsewhere the toy holds its tied embedding's
+// micro-batch gradient through the whole backward beside each block's, one more gradient buffer
+// than the plan counts (its groups declare no such thing), so there the cap starts after the steps.
+// Every rank plans the same bytes, so a shortfall throws on each. Returns the failure, or "".
+inline std::string check_at_plan(const PartCase& k, Communicator& comm, const std::string& swap_dir) {
+  const TrainConfig c = part_config(k, swap_dir);
+  testing_toy::ToyRunOptions o;
+  o.shape = testing_toy::ToyShape{64, 96, 3, 6};
+  o.steps = 2;
+  const RunPlan plan = make_run_plan(c, testing_toy::toy_groups(o.shape, DType::F32), comm.world_size(), comm.rank());
+  const std::uint64_t total = plan_tiers(plan, 1, 0).device_total();
+  SimDeviceOptions d;
+  d.capacity_bytes = 64 << 20;
+  auto sim = make_sim_device(d);
+  AllocationLog device(*sim);
+  if (plan.gradients_in_place()) device.cap(total);
+  o.before_gather = [&] { device.cap(total); };
+  try {
+    testing_toy::run_toy_engine(c, device, comm, o);
+  } catch (const std::exception& e) {
+    return fmt::format("{}: the device capped at the plan's {} bytes: {}", case_name(k), total, e.what());
+  }
+  return "";
 }
 
 }  // namespace strata::testing_parts

@@ -21,6 +21,20 @@ TEST(PartBytes, EveryPartAllocatesWhatThePlanSays) {
   }
 }
 
+// A device held to the plan's figure trains (where gradients are written in place: every buffer
+// of the step, the norm's partials with them, must fit) and exports (one rank gathers nothing;
+// worlds 2 and 4 do, in part_bytes_mpi).
+TEST(PartBytes, ADeviceHeldToThePlansFigureTrainsAndExports) {
+  offload::testing::TempDir dir;
+  auto comm = make_local_communicator();
+  for (const testing_parts::PartCase& k : testing_parts::part_cases()) {
+    if (k.precision != Precision::Fp32) continue;  // the toy model trains in fp32
+    if (const std::string failure = testing_parts::check_at_plan(k, *comm, dir.path() + "/swap"); !failure.empty()) {
+      ADD_FAILURE() << failure;
+    }
+  }
+}
+
 // The planner sums the same functions: where the gradients are written in place (one rank, one
 // micro-batch, the state on the device) no part allocates a micro-batch buffer or a reduction, so
 // the group in use costs only its gathered copy.

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -219,6 +220,7 @@ struct ToyRunOptions {
   ToyShape shape;
   bool prepare_step = false;  // announce each step's lr first (lets an offloaded update overlap)
   bool declare_ready = false;  // groups declare their grads_ready calls (see toy_groups)
+  std::function<void()> before_gather;  // if set: called after the last step, before the gathers
 };
 
 // Trains the toy model for `o.steps` steps on `comm`; this rank runs units a * world + rank.
@@ -240,6 +242,7 @@ inline ToyRun run_toy_engine(const TrainConfig& config, Device& device, Communic
   }
   stream->synchronize();  // the step's releases on the compute stream have run
   r.state_bytes = engine.model_state_device_bytes();
+  if (o.before_gather) o.before_gather();
   for (std::size_t g = 0; g < groups.size(); ++g) {
     for (std::size_t t = 0; t < groups[g].tensors.size(); ++t) r.weights.push_back(engine.gather_master(g, t));
   }
