@@ -26,7 +26,7 @@ mpi_launcher "$mpiexec"
 # step 2 on each update is a ratio of moments that carries it into the weights compared. The plain
 # pass runs the full length.
 steps6=6 steps8=8 steps4=4
-[ "${STRATA_TEST_SHORT:-0}" = 1 ] && { steps6=3 steps8=4 steps4=2; echo "short run (STRATA_TEST_SHORT=1)"; }
+short && { steps6=3 steps8=4 steps4=2; }
 python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
 run() {  # ranks, tensor ranks, pipeline stages, accumulation, ZeRO stage, output, extra...
   local np="$1" t="$2" p="$3" acc="$4" stage="$5" out="$6"; shift 6

@@ -26,7 +26,7 @@ mpi_launcher "$mpiexec"
 # gradient bit that differs in any step still changes the weights compared. The plain pass runs the
 # full length.
 steps12=12 steps6=6 steps8=8 steps4=4 steps3=3
-[ "${STRATA_TEST_SHORT:-0}" = 1 ] && { steps12=3 steps6=3 steps8=4 steps4=2 steps3=2; echo "short run (STRATA_TEST_SHORT=1)"; }
+short && { steps12=3 steps6=3 steps8=4 steps4=2 steps3=2; }
 python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
 same_norms() {  # reference metrics, candidate metrics, description: every step's grad_norm, all 17 digits
   if python3 -c '
