@@ -9,6 +9,8 @@
 #   mpi_launcher MPIEXEC      sets mpi, the mpiexec command line of the multi-rank tests
 #   ranks NP COMMAND...       COMMAND on one rank as it is, on NP > 1 ranks under "${mpi[@]}"
 #   skip WHY                  prints "skipped: WHY" and exits 77
+#   short                     true under STRATA_TEST_SHORT=1 (.ci/run's ASan pass): the script runs
+#                             its short size, which its header describes; prints "short run" once
 fail=0
 ok() { echo "ok: $1"; }
 bad() { echo "FAILED: $1"; fail=1; }
@@ -21,3 +23,7 @@ ranks() {
   if [ "$np" -gt 1 ]; then "${mpi[@]}" -np "$np" "$@"; else "$@"; fi
 }
 skip() { echo "skipped: $1"; exit 77; }
+short() {
+  [ "${STRATA_TEST_SHORT:-0}" = 1 ] || return 1
+  [ -n "${short_said:-}" ] || { echo "short run (STRATA_TEST_SHORT=1)"; short_said=1; }
+}

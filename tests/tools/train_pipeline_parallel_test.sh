@@ -20,6 +20,13 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$(dirname "$0")/lib.sh"
 fresh_workdir "$work"
 mpi_launcher "$mpiexec"
+# STRATA_TEST_SHORT=1 (set by .ci/run for its ASan pass only): the exact-mode runs train 3 steps
+# instead of 6 (checkpoints: 2 + 2 instead of 4 + 4). Every layout, path and check below still runs;
+# step 1's Adam update is nearly the sign of the gradient and can hide a last-bit difference, from
+# step 2 on each update is a ratio of moments that carries it into the weights compared. The plain
+# pass runs the full length.
+steps6=6 steps8=8 steps4=4
+short && { steps6=3 steps8=4 steps4=2; }
 python3 "$here/masked_tokens.py" "$work/masked.tok"  # prompts masked from the loss
 run() {  # ranks, tensor ranks, pipeline stages, accumulation, ZeRO stage, output, extra...
   local np="$1" t="$2" p="$3" acc="$4" stage="$5" out="$6"; shift 6
@@ -31,7 +38,7 @@ gpipe=(--set strata.parallel.schedule='"gpipe"')
 # ---- 1. Exact mode -------------------------------------------------------------------------------
 # An 8-block LLaMA (untied head) with 2 KV heads; 8 units of one sequence per step.
 model='{"name": "pp8", "arch": "llama", "vocab_size": 256, "max_seq_len": 64, "n_layers": 8, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 64}'
-common=(--log-level warn train --config "$config" --set strata.steps=6 --set strata.model="$model" --set gradient_clipping=0
+common=(--log-level warn train --config "$config" --set strata.steps=$steps6 --set strata.model="$model" --set gradient_clipping=0
         --set train_micro_batch_size_per_gpu=1 --set strata.parallel.tensor_slices=2)
 run 1 1 1 8 0 ref.st
 run 1 1 1 8 0 init.st --steps 0
@@ -95,7 +102,7 @@ compare clip.ref.st clip.d2t2p2sp.st "clipped: data 2 x tensor 2 x pipeline 2 wi
 
 # GPT-2: the head tied to the embedding across the first and last stage (Note [Tied embedding
 # across stages]): the built-in 2-block tiny model and a 4-block one.
-common=(--log-level warn train --config "$config" --set strata.steps=6 --set gradient_clipping=0
+common=(--log-level warn train --config "$config" --set strata.steps=$steps6 --set gradient_clipping=0
         --set train_micro_batch_size_per_gpu=1 --set strata.parallel.tensor_slices=2)
 run 1 1 1 4 0 tiny.ref.st
 run 2 1 2 4 1 tiny.p2.st "${gpipe[@]}"
@@ -220,19 +227,19 @@ compare g6.ref.st g6.p3g.st "GPT-2 (tied), 32 KiB boundaries: pipeline 3 (GPipe)
 # pipelined checkpoint is the --save-weights file.
 common=(--log-level warn train --config "$config" --set strata.model="$model" --set gradient_clipping=0
         --set train_micro_batch_size_per_gpu=1 --set strata.parallel.tensor_slices=2)
-run 1 1 1 8 0 ck.ref.st --steps 8
-run 2 1 2 8 1 ck.first.st --steps 4 --set strata.checkpoint.dir='"ck"' \
+run 1 1 1 8 0 ck.ref.st --steps $steps8
+run 2 1 2 8 1 ck.first.st --steps $steps4 --set strata.checkpoint.dir='"ck"' \
   --set zero_optimization.offload_optimizer.device='"nvme"' --set zero_optimization.offload_optimizer.nvme_path='"nvme"'
 cp -r ck ckb; cp -r ck ckc
-run 1 1 1 8 0 ck.to1.st --steps 8 --set strata.checkpoint.dir='"ck"' --resume ck
-compare ck.ref.st ck.to1.st "checkpoint at pipeline 2 (NVMe), resumed at one rank = 8 steps straight"
-run 4 1 4 8 2 ck.to4.st --steps 8 --set strata.checkpoint.dir='"ckb"' --resume ckb
-compare ck.ref.st ck.to4.st "checkpoint at pipeline 2, resumed at pipeline 4 = 8 steps straight"
-run 2 2 1 8 1 ck.tot2.st --steps 8 --set strata.checkpoint.dir='"ckc"' --resume ckc
-compare ck.ref.st ck.tot2.st "checkpoint at pipeline 2, resumed at tensor 2 (resliced) = 8 steps straight"
-run 1 1 1 8 0 ck1.first.st --steps 4 --set strata.checkpoint.dir='"ck1"'
-run 8 2 2 4 2 ck1.to222.st --steps 8 --set strata.checkpoint.dir='"ck1"' --resume ck1
-compare ck.ref.st ck1.to222.st "checkpoint of one rank, resumed at data 2 x tensor 2 x pipeline 2 = 8 steps straight"
+run 1 1 1 8 0 ck.to1.st --steps $steps8 --set strata.checkpoint.dir='"ck"' --resume ck
+compare ck.ref.st ck.to1.st "checkpoint at pipeline 2 (NVMe), resumed at one rank = the straight run"
+run 4 1 4 8 2 ck.to4.st --steps $steps8 --set strata.checkpoint.dir='"ckb"' --resume ckb
+compare ck.ref.st ck.to4.st "checkpoint at pipeline 2, resumed at pipeline 4 = the straight run"
+run 2 2 1 8 1 ck.tot2.st --steps $steps8 --set strata.checkpoint.dir='"ckc"' --resume ckc
+compare ck.ref.st ck.tot2.st "checkpoint at pipeline 2, resumed at tensor 2 (resliced) = the straight run"
+run 1 1 1 8 0 ck1.first.st --steps $steps4 --set strata.checkpoint.dir='"ck1"'
+run 8 2 2 4 2 ck1.to222.st --steps $steps8 --set strata.checkpoint.dir='"ck1"' --resume ck1
+compare ck.ref.st ck1.to222.st "checkpoint of one rank, resumed at data 2 x tensor 2 x pipeline 2 = the straight run"
 "$strata" ckpt verify ck1 > verify.txt 2>&1 && echo "ok: ckpt verify of a pipelined checkpoint" ||
   { cat verify.txt; echo "FAILED: ckpt verify"; fail=1; }
 "$strata" ckpt export ck1 ck1.exported.st > /dev/null
@@ -240,7 +247,7 @@ compare ck1.to222.st ck1.exported.st "ckpt export of a data x tensor x pipeline 
 
 # Clipping (at 0.1: every step clips): the stages' per-block partial norms are summed in model
 # order, so the clipped weights are the single-rank run's too.
-common=(--log-level warn train --config "$config" --set strata.steps=6 --set strata.model="$model"
+common=(--log-level warn train --config "$config" --set strata.steps=$steps6 --set strata.model="$model"
         --set gradient_clipping=0.1 --set train_micro_batch_size_per_gpu=1)
 run 1 1 1 8 0 clip.ref.st
 run 4 1 4 8 2 clip.p4.st

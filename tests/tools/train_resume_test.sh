@@ -8,6 +8,8 @@
 #   20 interruptions at random moments of a run with a checkpoint every 10 steps, then --resume:
 #   16 kill -9 (maybe inside a checkpoint write) and 4 SIGTERM (the run finishes its step, writes a
 #   checkpoint and exits with 143); 4 of them in sanitizer builds, whose runs are several times slower;
+#   each resumes to the next multiple of 10 past its checkpoint (1 to 10 steps: a state the
+#   checkpoint lost shows in the first step after it) against the reference's checkpoint there;
 #   bf16 and fp16 (fast mode), state on the device and offloaded to host memory;
 # and `strata ckpt verify|inspect|export` on the result (a flipped byte is caught, naming the file;
 # export with Strata and Hugging Face names).
@@ -84,9 +86,14 @@ if cmp -s ref10.safetensors ref10.u4.safetensors; then
   echo "FAILED: 2-unit and 4-unit runs wrote identical weights (the reshard comparisons prove nothing)"; fail=1
 fi
 
-# Interruptions: long runs against an uninterrupted reference of the same length.
+# Interruptions: long runs (the signal must come before the end) against an uninterrupted reference
+# that keeps a checkpoint every 10 steps; that writing them leaves the weights as the straight run's
+# is checked here, so a resume compares with the reference's checkpoint 1 to 10 steps after its own.
 long=600
 train 1 --steps "$long" --save-weights refN.safetensors
+train 1 --steps "$long" $(ckdir refck) --set strata.checkpoint.interval_steps=10 --set strata.checkpoint.keep=1000
+"$strata" ckpt export refck refck.safetensors > /dev/null
+compare refN.safetensors refck.safetensors "a run writing a checkpoint every 10 steps = the straight run"
 interrupt() {  # signal, checkpoint dir, expected exit status, tenths of a second to wait after the first checkpoint
   local sig="$1" dir="$2" want="$3" delay="$4"
   "$strata" --log-level warn train --config "$config" --steps "$long" $(ckdir "$dir") \
@@ -107,8 +114,10 @@ interrupt() {  # signal, checkpoint dir, expected exit status, tenths of a secon
     echo "FAILED: SIG$sig: the run had finished before the signal (proves nothing)"; fail=1; return
   fi
   "$strata" --log-level warn ckpt verify "$dir"
-  train 1 --steps "$long" --resume "$dir" $(ckdir "$dir") --save-weights "$dir.safetensors"
-  compare refN.safetensors "$dir.safetensors" "SIG$sig at $at, then resume to $long"
+  local next=$(( (10#${at#step-} / 10 + 1) * 10 ))
+  train 1 --steps "$next" --resume "$dir" $(ckdir "$dir") --save-weights "$dir.safetensors"
+  "$strata" ckpt export "refck/$(printf step-%08d "$next")" "ref$next.safetensors" > /dev/null
+  compare "ref$next.safetensors" "$dir.safetensors" "SIG$sig at $at, then resume to step $next"
 }
 # kill -9 at several moments (maybe inside a checkpoint write: the last complete one must load),
 # and SIGTERM (a final checkpoint after the step, exit 143).
