@@ -14,6 +14,10 @@ target_compile_options(strata_options INTERFACE
 if(STRATA_HAVE_CUDA)
   target_compile_definitions(strata_options INTERFACE STRATA_HAVE_CUDA=1)
 endif()
+# STRATA_DEBUG_INFO=lines (CMakeLists.txt): the later -g1 overrides RelWithDebInfo's -g.
+if(STRATA_DEBUG_INFO STREQUAL "lines")
+  target_compile_options(strata_options INTERFACE $<$<AND:$<CONFIG:RelWithDebInfo>,$<COMPILE_LANGUAGE:CXX>>:-g1>)
+endif()
 # Debug builds poison freed sim-device memory (see core/device/sim_allocator.h).
 target_compile_definitions(strata_options INTERFACE $<$<CONFIG:Debug>:STRATA_DEBUG_POISON=1>)
 if(STRATA_SANITIZE)
