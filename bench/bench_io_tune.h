@@ -52,6 +52,8 @@ nlohmann::json tuned_fragment(const TuneChoice& choice);
 
 // Every row of the flags' matrix, measured (bench/bench_io.cc).
 std::vector<RowReport> measure_rows(const BenchIoArgs& a);
+// The rows of `strata bench io` printed as a table or JSON lines (with --plot, drawn too); 0 on success.
+int run_bench_io(const BenchIoArgs& a);
 
 // `base`: the bench's other flags (--dir/--paths, --engine, --size, --json, --plot: the heat maps, ...).
 int run_tune(const TuneArgs& t, const BenchIoArgs& base);

@@ -290,7 +290,7 @@ class DeviceStateHome final : public StateHome {
   EngineContext& ctx_;
   WorkingWeights& weights_;
   std::vector<Group> groups_;
-  DeviceMemory norm_partials_;  // Note [One wait for the norm]: every group's slice, written on the device
+  DeviceMemory norm_partials_;  // see Note [One wait for the norm]: every group's slice, written on the device
   HostBuffer norms_;            // and copied here once per step
   std::vector<std::uint64_t> norm_offsets_;  // group g's slice begins here, in both
 };
